@@ -1,0 +1,136 @@
+"""Dataset manifests: what a dataset folder holds, with hashes, so any copy can be checked.
+
+A dataset folder holds `manifest.json`, the tokenizer file and the shards. The manifest
+(format "pg-dataset", version 1) lists each shard's name, split, token count, document count, byte
+size and sha256, the tokenizer's file and sha256, the document counts per split, a sha256 over
+the selected documents (the selection and its order), and the unigram counts of the training
+tokens (for the unigram reference bpb every result prints).
+
+`make_split_view` makes the folder a phase is allowed to see: the training process gets a view
+holding the training shards alone, the scorer a view holding the validation shards alone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from data.io import read_json, sha256_file, write_json_atomic
+from data.shards import read_header
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_FORMAT = "pg-dataset"
+MANIFEST_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    name: str
+    split: str
+    tokens: int
+    docs: int
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A parsed, validated `manifest.json`. `raw` keeps every field as written."""
+
+    root: Path
+    raw: dict[str, Any]
+
+    @property
+    def shards(self) -> list[ShardEntry]:
+        return [ShardEntry(**s) for s in self.raw["shards"]]
+
+    def shard_paths(self, split: str) -> list[Path]:
+        return [self.root / s.name for s in self.shards if s.split == split]
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.root / self.raw["tokenizer"]["file"]
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.raw["tokenizer"]["vocab_size"])
+
+    @property
+    def bos_id(self) -> int:
+        return int(self.raw["tokenizer"]["bos_id"])
+
+    def split_tokens(self, split: str) -> int:
+        return sum(s.tokens for s in self.shards if s.split == split)
+
+
+def shard_entry(path: Path, split: str, docs: int) -> dict[str, Any]:
+    return {
+        "name": path.name,
+        "split": split,
+        "tokens": read_header(path),
+        "docs": docs,
+        "bytes": path.stat().st_size,
+        "sha256": sha256_file(path),
+    }
+
+
+def load_manifest(directory: str | os.PathLike[str]) -> Manifest:
+    """Read and check `DIR/manifest.json` (format, version, required fields)."""
+    root = Path(directory)
+    path = root / MANIFEST_NAME
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no {MANIFEST_NAME} in {root}: not a dataset folder. "
+            "HINT: build one with `pgolf data build` or download one with `pgolf data download`."
+        )
+    raw = read_json(path, what="dataset manifest")
+    if raw.get("format") != MANIFEST_FORMAT:
+        raise ValueError(f"{path}: format is {raw.get('format')!r}, expected {MANIFEST_FORMAT!r}")
+    if raw.get("format_version") != MANIFEST_VERSION:
+        raise ValueError(
+            f"{path}: format_version {raw.get('format_version')!r}; this harness reads version {MANIFEST_VERSION}"
+        )
+    for key in ("tokenizer", "shards", "docs"):
+        if key not in raw:
+            raise ValueError(f"{path}: missing field {key!r}; rebuild the dataset")
+    return Manifest(root, raw)
+
+
+def write_manifest(directory: str | os.PathLike[str], fields: dict[str, Any]) -> Path:
+    path = Path(directory) / MANIFEST_NAME
+    write_json_atomic(path, {"format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION, **fields})
+    return path
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """Hard-link when the filesystem allows (no bytes copied, no path back to the source), else copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def make_split_view(src: str | os.PathLike[str], dst: str | os.PathLike[str], split: str) -> Path:
+    """Make `dst` a dataset folder holding only `split`'s shards, the tokenizer and a filtered manifest.
+
+    Files are hard links (or copies), never symbolic links, so the view does not reveal where the
+    other split lives.
+    """
+    m = load_manifest(src)
+    dst = Path(dst)
+    if dst.exists():
+        shutil.rmtree(dst)
+    dst.mkdir(parents=True)
+    raw = dict(m.raw)
+    raw["shards"] = [s for s in m.raw["shards"] if s["split"] == split]
+    raw["view"] = {"split": split, "source_manifest_sha256": sha256_file(m.root / MANIFEST_NAME)}
+    if split != "train":
+        raw.pop("train_unigram_counts", None)
+    for s in raw["shards"]:
+        _link_or_copy(m.root / s["name"], dst / s["name"])
+    _link_or_copy(m.tokenizer_path, dst / m.raw["tokenizer"]["file"])
+    write_json_atomic(dst / MANIFEST_NAME, {k: v for k, v in raw.items()})
+    return dst

@@ -1,0 +1,194 @@
+"""Tokenizers and their byte tables (the exact byte accounting of bits per byte).
+
+Two kinds, one small interface (`Tokenizer`):
+- `SentencePieceTokenizer`: a SentencePiece `.model` file (the official `sp1024` and friends).
+- `ByteTokenizer` (`byte260`): ids 0..3 are pad/bos/eos/unk, id 4 + b is the raw byte b.
+
+A token's bytes (DESIGN.md, "Exact byte accounting"): 0 for control/unknown/unused pieces, 1 for a
+byte-fallback piece, otherwise the UTF-8 length of the piece without its leading "▁", plus 1 when
+the piece starts with "▁" and the previous token is not a boundary (control/unknown). `ByteTable`
+holds the three lookup arrays that make this one vectorised expression.
+
+`train_sentencepiece` trains a BPE tokenizer with the reference settings (byte fallback, nmt_nfkc,
+split digits, no dummy prefix, ids pad/bos/eos/unk = 0/1/2/3, character coverage 0.999).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+BYTE260_VOCAB_SIZE = 260
+BYTE260_OFFSET = 4
+SPACE_MARK = "\u2581"  # "▁", SentencePiece's whitespace marker
+
+
+@dataclass(frozen=True)
+class ByteTable:
+    """Per-token byte lookup tables for one tokenizer (arrays of length vocab_size)."""
+
+    base_bytes: np.ndarray  # int16: bytes the piece spells, without a leading "▁"
+    has_leading_space: np.ndarray  # bool: the piece starts with "▁"
+    is_boundary: np.ndarray  # bool: control/unknown/unused: no bytes, resets the leading space
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.base_bytes.shape[0])
+
+    def token_bytes(self, prev_ids: np.ndarray, target_ids: np.ndarray) -> np.ndarray:
+        """Bytes of each target token given the token before it (same shapes; int64)."""
+        out = self.base_bytes[target_ids].astype(np.int64)
+        out += self.has_leading_space[target_ids] & ~self.is_boundary[prev_ids]
+        return out
+
+    def count_bytes(self, ids: Sequence[int] | np.ndarray, prev_id: int = BOS_ID) -> int:
+        """Total bytes spelled by `ids` when preceded by `prev_id` (a document after its BOS)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size == 0:
+            return 0
+        prev = np.concatenate([[prev_id], ids[:-1]])
+        return int(self.token_bytes(prev, ids).sum())
+
+
+class Tokenizer(Protocol):
+    """What the data pipeline and the scorer need from a tokenizer."""
+
+    kind: str
+    vocab_size: int
+    bos_id: int
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def byte_table(self) -> ByteTable: ...
+
+
+class SentencePieceTokenizer:
+    """A SentencePiece model file."""
+
+    kind = "sentencepiece"
+
+    def __init__(self, model_path: str | os.PathLike[str]):
+        import sentencepiece as spm
+
+        self.path = Path(model_path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"tokenizer model not found: {self.path}")
+        try:
+            self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
+        except (RuntimeError, OSError) as e:
+            raise ValueError(f"{self.path} is not a SentencePiece model file ({e})") from e
+        self.vocab_size = int(self.sp.vocab_size())
+        self.bos_id = int(self.sp.bos_id())
+        if self.bos_id < 0:
+            raise ValueError(f"tokenizer {self.path} has no BOS piece; documents need one (train with bos_id=1)")
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        return self.sp.encode(list(texts), out_type=int)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.sp.decode([int(i) for i in ids])
+
+    def byte_table(self) -> ByteTable:
+        v = self.vocab_size
+        base = np.zeros(v, dtype=np.int16)
+        space = np.zeros(v, dtype=np.bool_)
+        boundary = np.ones(v, dtype=np.bool_)
+        for i in range(v):
+            if self.sp.is_control(i) or self.sp.is_unknown(i) or self.sp.is_unused(i):
+                continue
+            boundary[i] = False
+            if self.sp.is_byte(i):
+                base[i] = 1
+                continue
+            piece = self.sp.id_to_piece(i)
+            if piece.startswith(SPACE_MARK):
+                space[i] = True
+                piece = piece[len(SPACE_MARK):]
+            base[i] = len(piece.encode("utf-8"))
+        return ByteTable(base, space, boundary)
+
+
+class ByteTokenizer:
+    """`byte260`: 4 specials then the 256 raw bytes; every document round-trips exactly."""
+
+    kind = "byte260"
+    vocab_size = BYTE260_VOCAB_SIZE
+    bos_id = BOS_ID
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        return [(np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(np.int64) + BYTE260_OFFSET).tolist() for t in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        arr = np.asarray([i for i in ids if i >= BYTE260_OFFSET], dtype=np.int64) - BYTE260_OFFSET
+        return arr.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+    def byte_table(self) -> ByteTable:
+        base = np.zeros(self.vocab_size, dtype=np.int16)
+        base[BYTE260_OFFSET:] = 1
+        boundary = np.ones(self.vocab_size, dtype=np.bool_)
+        boundary[BYTE260_OFFSET:] = False
+        return ByteTable(base, np.zeros(self.vocab_size, dtype=np.bool_), boundary)
+
+
+BYTE260_FILENAME = "byte260.json"
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
+    """Load a tokenizer file: a SentencePiece `.model`, or `byte260.json` for the byte-level variant."""
+    path = Path(path)
+    if path.name == BYTE260_FILENAME:
+        if not path.is_file():
+            raise FileNotFoundError(f"tokenizer file not found: {path}")
+        return ByteTokenizer()
+    if path.suffix != ".model":
+        raise ValueError(f"unknown tokenizer file {path}: expected a SentencePiece .model or {BYTE260_FILENAME}")
+    return SentencePieceTokenizer(path)
+
+
+def write_byte260(path: str | os.PathLike[str]) -> None:
+    """The byte260 tokenizer's marker file (it has no parameters; the file names the kind)."""
+    Path(path).write_text('{"kind": "byte260", "vocab_size": 260, "offset": 4}\n', encoding="utf-8")
+
+
+def train_sentencepiece(
+    texts: Iterable[str], vocab_size: int, out_model: str | os.PathLike[str], *, num_threads: int | None = None
+) -> Path:
+    """Train a BPE SentencePiece model with the reference settings; returns the `.model` path."""
+    import sentencepiece as spm
+
+    if vocab_size < BYTE260_OFFSET + 256 + 1:
+        raise ValueError(f"--vocab-size must exceed 260 (4 specials + 256 byte pieces), got {vocab_size}")
+    out_model = Path(out_model)
+    out_model.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = Path(tmp) / "tok"
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=(t for t in texts if t),
+            model_prefix=str(prefix),
+            model_type="bpe",
+            vocab_size=vocab_size,
+            character_coverage=0.999,
+            byte_fallback=True,
+            split_digits=True,
+            normalization_rule_name="nmt_nfkc",
+            add_dummy_prefix=False,
+            hard_vocab_limit=False,
+            pad_id=PAD_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            unk_id=UNK_ID,
+            max_sentence_length=1 << 20,
+            num_threads=num_threads or os.cpu_count() or 1,
+            minloglevel=2,
+        )
+        os.replace(prefix.with_suffix(".model"), out_model)
+    return out_model

@@ -1,0 +1,166 @@
+"""The submission contract: everything a submission's `train.py` may use from the harness.
+
+This module is the whole public API. It imports no other harness module and nothing outside
+torch and the standard library, so a submission folder depends on this file alone.
+
+A submission folder holds (see submissions/README.md):
+    model.py    build_model(config: dict) -> nn.Module; forward(input_ids [B, L] int64) -> logits [B, L, V].
+                torch only. The scorer builds the model from this file and computes the loss itself.
+    train.py    train(ctx: TrainContext) -> TrainResult. Imports this module and its own folder only.
+    config.toml presets: [model] (given to build_model), [train] (ctx.hparams), harness tables.
+    codec.py    optional custom codec (NAME, VERSION, encode(state) -> bytes, decode(bytes) -> state).
+
+What train(ctx) may do, and must not:
+    - It reads training tokens only through ctx.data; it is never given validation data or its path.
+    - It checks the clock once per step with ctx.clock.tick(); every rank gets the same reading, and
+      when reading.stop is True every rank must return (or raise TrainingComplete) at once.
+      A run that is still going at budget + grace is killed and reported over_budget, never scored.
+    - It returns the trained model (or its state dict). Rank 0's return value is what gets packed.
+    - It logs through ctx.log (rank 0 prints; metrics go to the run's metrics file).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol, TypeAlias
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+API_VERSION = 1
+
+TrainResult: TypeAlias = nn.Module | Mapping[str, torch.Tensor]
+"""What train(ctx) returns: the trained module, or its state dict (CPU or device tensors)."""
+
+
+class TrainingComplete(Exception):  # noqa: N818  (a signal, not an error)
+    """Raise from anywhere in train() to end training early. Attach the result: TrainingComplete(model)."""
+
+    def __init__(self, result: TrainResult | None = None):
+        super().__init__("training complete")
+        self.result = result
+
+
+class ClockReading(NamedTuple):
+    elapsed_s: float
+    """Training seconds on the harness's clock, agreed by all ranks (the maximum over ranks)."""
+    remaining_s: float
+    """budget_s - elapsed_s, at least 0."""
+    stop: bool
+    """True on every rank at the same step once the budget is spent: return now."""
+
+
+class BudgetClock(Protocol):
+    budget_s: float
+    """The training budget in seconds (inf on untimed tracks)."""
+
+    def tick(self) -> ClockReading:
+        """One collective call per training step, on every rank. Synchronises the device first."""
+        ...
+
+    def elapsed_s(self) -> float:
+        """This rank's own elapsed training seconds; no collective (for logging only)."""
+        ...
+
+
+class TokenStream(Protocol):
+    """The training tokens: a deterministic stream over the training shards, shared by all ranks."""
+
+    def next_batch(self, batch_tokens: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's next (x, y), each [batch_tokens // seq_len, seq_len] int64 on ctx.dist.device.
+
+        One call on every rank consumes world_size * (batch_tokens + 1) tokens of the stream; rank r
+        gets the r-th disjoint slice, and y is x shifted by one token. So a 1-rank run calling it k
+        times sees the same tokens as a k-rank run calling it once.
+        """
+        ...
+
+    @property
+    def tokens_consumed(self) -> int:
+        """Training tokens handed out so far, summed over ranks."""
+        ...
+
+
+class Logger(Protocol):
+    def info(self, msg: str) -> None:
+        """A human line (printed by rank 0, kept in the run log)."""
+        ...
+
+    def metrics(self, step: int, **values: float) -> None:
+        """Numbers for this step (rank 0 writes them to metrics.jsonl)."""
+        ...
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits in the job, and the collectives a submission commonly needs."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    """"nccl", "gloo", or "none" for a single process without a process group."""
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """In-place all-reduce ("sum", "mean", "max", "min"); returns `t`. No-op on one rank."""
+        if not self.distributed:
+            return t
+        ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+        if op not in ops:
+            raise ValueError(f"op must be one of {sorted(ops)}, got {op!r}")
+        dist.all_reduce(t, op=ops[op])
+        if op == "mean":
+            t.div_(self.world_size)
+        return t
+
+    def broadcast(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
+        if self.distributed:
+            dist.broadcast(t, src=src)
+        return t
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def ddp(self, model: nn.Module, **kwargs: Any) -> nn.Module:
+        """Wrap in DistributedDataParallel when there is more than one rank; else return `model`."""
+        if not self.distributed:
+            return model
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        if self.device.type == "cuda":
+            kwargs.setdefault("device_ids", [self.device.index])
+        return DDP(model, **kwargs)
+
+
+@dataclass(frozen=True)
+class TrainContext:
+    """Everything train(ctx) receives. Nothing here reaches validation data."""
+
+    hparams: Mapping[str, Any]
+    """The resolved [train] table of the preset (with --set overrides applied)."""
+    model_config: Mapping[str, Any]
+    """The resolved [model] table: pass it to your build_model; the scorer gets the same dict."""
+    data: TokenStream
+    dist: DistInfo
+    clock: BudgetClock
+    log: Logger
+    seed: int
+    """The run's seed; the harness has already seeded torch, numpy and random with it."""
+    vocab_size: int
+    """The tokenizer's vocabulary size (token ids are < vocab_size)."""
+    submission_dir: Path
+    scratch_dir: Path
+    """A private folder for checkpoints or caches (not counted, not packed)."""

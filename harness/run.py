@@ -1,0 +1,186 @@
+"""`pgolf run`: data → train → pack → score → report, each phase its own process.
+
+    1. data    resolve the dataset (--data DIR, or the embedded corpus, built on first use)
+    2. train   torchrun -m harness.worker, given a view holding the training shards alone;
+               supervised against the budget (harness/launch.py)
+    3. pack    python -m harness.cli pack: codec + artifact + cap check
+    4. score   python -m scoring score, given the artifact, the model code (the folder without
+               train.py) and a view holding the validation shards alone, made only after training ended
+    5. report  result.json (harness/report.py), appended to the results ledger, and a card printed
+
+Every phase writes its versioned JSON record into RUN_DIR; a phase that fails stops the pipeline
+and the result records the status (error, over_budget, over_cap) instead of a score.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from data.embedded import ensure_embedded_dataset
+from data.io import read_json, write_json_atomic
+from data.manifest import load_manifest, make_split_view
+from harness.config import ResolvedConfig, load_config
+from harness.launch import LaunchConfig, supervise, torchrun_command
+from harness.report import build_result, print_card, write_result
+from harness.submission import check_submission
+from harness.worker import STATE_FILE, TRAIN_RECORD
+from scoring.tracks import get_track
+
+STAGED_EXCLUDE = ("train.py",)
+
+
+def default_run_dir(submission_dir: Path, preset: str | None) -> Path:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{submission_dir.resolve().name}-{preset or 'default'}-{stamp}"
+
+
+def _subprocess_env() -> dict[str, str]:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _run_phase(name: str, cmd: list[str], log_path: Path) -> subprocess.CompletedProcess:
+    print(f"[{name}] {' '.join(cmd[1:4])} ...", flush=True)
+    with open(log_path, "ab") as log:
+        return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=_subprocess_env(), check=False)
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def stage_model_code(submission_dir: Path, dest: Path) -> Path:
+    """Copy the submission folder without its training code: what the scorer may see."""
+    shutil.copytree(submission_dir, dest, ignore=shutil.ignore_patterns(*STAGED_EXCLUDE, "__pycache__", "runs"))
+    return dest
+
+
+def run_pipeline(
+    submission_dir: str | Path,
+    *,
+    preset: str | None = None,
+    seed: int | None = None,
+    data_dir: str | Path | None = None,
+    out_dir: str | Path | None = None,
+    overrides: list[str] | None = None,
+    ledger: str | Path | None = None,
+) -> dict[str, Any]:
+    t_pipeline = time.perf_counter()
+    submission_dir = Path(submission_dir).resolve()
+    meta = check_submission(submission_dir)
+    cfg: ResolvedConfig = load_config(submission_dir, preset, overrides)
+    if seed is not None:
+        cfg.tables["run"]["seed"] = seed
+    run_cfg = cfg.section("run")
+    budget = cfg.section("budget")
+    launch: LaunchConfig = cfg.section("launch")
+    track = get_track(run_cfg.track)
+    if budget.train_s > track.train_budget_s:
+        raise ValueError(
+            f"budget.train_s = {budget.train_s} exceeds track {track.name}'s training budget of {track.train_budget_s} s"
+        )
+    device = launch.resolved_device()
+    run_dir = Path(out_dir) if out_dir else default_run_dir(submission_dir, preset)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise FileExistsError(f"run folder {run_dir} already exists and is not empty; pass a new --out")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = run_dir.resolve()
+    write_json_atomic(run_dir / "config.json", {"format": "pg-config", "format_version": 1, "preset": preset, "tables": cfg.tables})
+    phases: dict[str, Any] = {}
+
+    # ---- 1. data ----
+    t0 = time.perf_counter()
+    data_root = Path(data_dir).resolve() if data_dir else ensure_embedded_dataset()
+    manifest = load_manifest(data_root)
+    phases["data"] = {"dir": str(data_root), "time_s": time.perf_counter() - t0}
+    print(f"[data] {data_root} ({manifest.split_tokens('train'):,} train / {manifest.split_tokens('val'):,} val tokens)", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="pgolf-views-") as views_tmp:
+        views = Path(views_tmp)
+        # ---- 2. train ----
+        train_view = make_split_view(data_root, views / "train", "train")
+        spec = {
+            "submission_dir": str(submission_dir),
+            "data_dir": str(train_view),
+            "run_dir": str(run_dir),
+            "model_config": cfg.model,
+            "hparams": cfg.train,
+            "seed": run_cfg.seed,
+            "budget_s": budget.train_s,
+            "device": device,
+            "threads": launch.threads_per_rank(),
+            "train_shards": cfg.section("data").train_shards,
+        }
+        write_json_atomic(run_dir / "train_spec.json", spec)
+        print(f"[train] {launch.nproc_per_node} rank(s) on {device}, budget {budget.train_s:.0f} s", flush=True)
+        outcome = supervise(torchrun_command(launch, run_dir / "train_spec.json"), run_dir, budget, run_dir / "train.log", _subprocess_env())
+        shutil.rmtree(train_view, ignore_errors=True)
+        phases["train"] = {"status": outcome.status, "wall_s": outcome.wall_s, "detail": outcome.detail}
+        if outcome.status == "ok" and (run_dir / TRAIN_RECORD).is_file():
+            phases["train"].update(read_json(run_dir / TRAIN_RECORD))
+        elif outcome.status == "ok":
+            phases["train"].update(status="error", detail="training exited 0 but wrote no train.json")
+        if phases["train"]["status"] != "ok":
+            errors = sorted(run_dir.glob("train_error_rank*.txt"))
+            phases["train"]["errors"] = {p.name: p.read_text()[-4000:] for p in errors}
+            return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=phases["train"]["status"],
+                           hint=_tail(run_dir / "train.log"))
+
+        # ---- 3. pack ----
+        artifact = run_dir / "artifact.pgolf"
+        cmd = [sys.executable, "-m", "harness.cli", "pack", str(run_dir / STATE_FILE), "--submission", str(submission_dir),
+               "--out", str(artifact), "--codec", cfg.section("pack").codec, "--cap-bytes", str(track.cap_bytes),
+               "--json-out", str(run_dir / "pack.json")]
+        proc = _run_phase("pack", cmd, run_dir / "pack.log")
+        if not (run_dir / "pack.json").is_file():
+            phases["pack"] = {"status": "error", "detail": _tail(run_dir / "pack.log")}
+            return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="error")
+        phases["pack"] = read_json(run_dir / "pack.json")
+        if proc.returncode != 0 or not phases["pack"]["within_cap"]:
+            return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="over_cap")
+
+        # ---- 4. score ----
+        staged = stage_model_code(submission_dir, views / "model_code")
+        val_view = make_split_view(data_root, views / "val", "val")
+        ev = cfg.section("eval").to_eval_config(track.eval_max_tokens)
+        cmd = [sys.executable, "-m", "scoring", "score", str(artifact), "--submission", str(staged), "--data", str(val_view),
+               "--mode", ev.mode, "--seq-len", str(ev.seq_len), "--batch-seqs", str(ev.batch_seqs),
+               "--max-tokens", str(ev.max_tokens or 0), "--dtype", ev.dtype, "--device", device,
+               "--threads", str(os.cpu_count() or 1), "--json-out", str(run_dir / "score.json")]
+        proc = _run_phase("score", cmd, run_dir / "score.log")
+        if proc.returncode != 0 or not (run_dir / "score.json").is_file():
+            phases["score"] = {"status": "error", "detail": _tail(run_dir / "score.log")}
+            return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="error")
+        phases["score"] = read_json(run_dir / "score.json")
+        over_eval = phases["score"]["eval_time_s"] > track.eval_budget_s
+        status = "over_eval_budget" if over_eval and math.isfinite(track.eval_budget_s) else "ok"
+        return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=status)
+
+
+def _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, *, status: str, hint: str = "") -> dict[str, Any]:
+    result = build_result(run_dir, cfg, meta, track, phases, manifest, status=status, pipeline_s=time.perf_counter() - t_pipeline)
+    write_result(run_dir, result, Path(ledger) if ledger else run_dir.parent / "ledger.jsonl")
+    print_card(result)
+    if status != "ok" and hint:
+        print(f"--- last lines of {run_dir / 'train.log'} ---\n{hint}", file=sys.stderr)
+    return result
+
+
+def load_result(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    return json.loads((p / "result.json" if p.is_dir() else p).read_text())

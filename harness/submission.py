@@ -1,0 +1,73 @@
+"""The submission folder: structural checks before any compute is spent, and submission.json.
+
+`check_submission(dir)` verifies the required files and hooks exist (by reading the code, not
+running it) and validates submission.json against its schema (schema_version 1):
+
+    name, author, github_id (str), date (YYYY-MM-DD), track (a known track), data_variant (str),
+    blurb (str); optional: builds_on (str), claimed (object of numbers; never trusted).
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+from data.io import read_json
+from scoring.tracks import TRACKS
+
+SUBMISSION_JSON = "submission.json"
+SCHEMA_VERSION = 1
+REQUIRED_FIELDS = {"name": str, "author": str, "github_id": str, "date": str, "track": str, "data_variant": str, "blurb": str}
+OPTIONAL_FIELDS = {"builds_on": str, "claimed": dict, "schema_version": int}
+
+
+def _defines(path: Path, func: str) -> bool:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return any(isinstance(n, ast.FunctionDef) and n.name == func for n in tree.body)
+
+
+def validate_metadata(meta: Any, where: str) -> dict[str, Any]:
+    if not isinstance(meta, dict):
+        raise ValueError(f"{where}: expected a JSON object")
+    version = meta.get("schema_version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION:
+        raise ValueError(f"{where}: schema_version {version}; this harness reads {SCHEMA_VERSION}")
+    for key, typ in REQUIRED_FIELDS.items():
+        if not isinstance(meta.get(key), typ):
+            raise ValueError(f"{where}: field {key!r} is required and must be a {typ.__name__} (got {meta.get(key)!r})")
+    for key, typ in OPTIONAL_FIELDS.items():
+        if key in meta and not isinstance(meta[key], typ):
+            raise ValueError(f"{where}: field {key!r} must be a {typ.__name__}")
+    unknown = set(meta) - set(REQUIRED_FIELDS) - set(OPTIONAL_FIELDS)
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: {sorted(REQUIRED_FIELDS) + sorted(OPTIONAL_FIELDS)}")
+    try:
+        dt.date.fromisoformat(meta["date"])
+    except ValueError as e:
+        raise ValueError(f"{where}: date {meta['date']!r} must be YYYY-MM-DD") from e
+    if meta["track"] not in TRACKS:
+        raise ValueError(f"{where}: unknown track {meta['track']!r}; known: {', '.join(TRACKS)}")
+    for k, v in meta.get("claimed", {}).items():
+        if not isinstance(v, int | float):
+            raise ValueError(f"{where}: claimed.{k} must be a number")
+    return meta
+
+
+def check_submission(submission_dir: str | Path) -> dict[str, Any]:
+    """Check the folder's structure and return its validated submission.json."""
+    root = Path(submission_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"submission folder not found: {root}")
+    for fname, func in (("model.py", "build_model"), ("train.py", "train")):
+        p = root / fname
+        if not p.is_file():
+            raise FileNotFoundError(f"{p} is missing: a submission needs model.py (build_model) and train.py (train)")
+        try:
+            ok = _defines(p, func)
+        except SyntaxError as e:
+            raise ValueError(f"{p} does not parse: {e}") from e
+        if not ok:
+            raise ValueError(f"{p} must define a top-level function {func}(...)")
+    return validate_metadata(read_json(root / SUBMISSION_JSON, what="submission metadata"), str(root / SUBMISSION_JSON))

@@ -1,0 +1,7 @@
+"""`python -m scoring ...`: the scorer as its own process (no harness code is imported)."""
+
+import sys
+
+from scoring.cli import main
+
+sys.exit(main())

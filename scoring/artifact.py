@@ -1,0 +1,127 @@
+"""The artifact: one versioned file holding a codec's payload and a JSON header. No pickle.
+
+Layout:
+    8 bytes   magic b"PGOLFART"
+    uint32 LE format_version (1)
+    uint32 LE header length H
+    H bytes   header, UTF-8 JSON: format "pg-artifact", format_version, codec {name, version},
+              model_config (what build_model receives), code_files {path: sha256}, bytes_code,
+              tensors {name: {shape, dtype}}, payload_bytes, payload_sha256
+    rest      the codec's payload
+
+bytes_model is the whole file's size: the header counts against the cap too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from data.io import sha256_bytes, write_bytes_atomic
+from scoring.codecs import Codec, StateDict
+
+ARTIFACT_MAGIC = b"PGOLFART"
+ARTIFACT_FORMAT = "pg-artifact"
+ARTIFACT_VERSION = 1
+_PREFIX = struct.Struct("<8sII")
+
+
+class ArtifactError(ValueError):
+    """An artifact file is malformed or does not match what it claims."""
+
+
+@dataclass(frozen=True)
+class Artifact:
+    header: dict[str, Any]
+    payload: bytes
+
+    @property
+    def codec_name(self) -> str:
+        return str(self.header["codec"]["name"])
+
+    @property
+    def model_config(self) -> dict[str, Any]:
+        return dict(self.header.get("model_config") or {})
+
+
+def build_header(
+    state: StateDict, codec: Codec, payload: bytes, *, model_config: dict, code_files: dict[str, str], bytes_code: int,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "format": ARTIFACT_FORMAT,
+        "format_version": ARTIFACT_VERSION,
+        "codec": {"name": codec.name, "version": codec.version},
+        "model_config": model_config,
+        "code_files": code_files,
+        "bytes_code": bytes_code,
+        "tensors": {k: {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")} for k, v in state.items()},
+        "payload_bytes": len(payload),
+        "payload_sha256": sha256_bytes(payload),
+        **(extra or {}),
+    }
+
+
+def encode_artifact(header: dict[str, Any], payload: bytes) -> bytes:
+    head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    return _PREFIX.pack(ARTIFACT_MAGIC, ARTIFACT_VERSION, len(head)) + head + payload
+
+
+def write_artifact(path: str | os.PathLike[str], header: dict[str, Any], payload: bytes) -> int:
+    """Write atomically; returns the file's size in bytes (bytes_model)."""
+    data = encode_artifact(header, payload)
+    write_bytes_atomic(path, data)
+    return len(data)
+
+
+def read_artifact(path: str | os.PathLike[str]) -> Artifact:
+    """Read and check magic, version, header and payload hash."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"artifact not found: {path}")
+    data = path.read_bytes()
+    if len(data) < _PREFIX.size:
+        raise ArtifactError(f"{path} is {len(data)} bytes: too short to be an artifact")
+    magic, version, hlen = _PREFIX.unpack_from(data)
+    if magic != ARTIFACT_MAGIC:
+        raise ArtifactError(f"{path} is not a pgolf artifact (magic {magic!r}); make one with `pgolf pack`")
+    if version != ARTIFACT_VERSION:
+        raise ArtifactError(f"{path} has artifact format_version {version}; this scorer reads {ARTIFACT_VERSION}")
+    if _PREFIX.size + hlen > len(data):
+        raise ArtifactError(f"{path}: header length {hlen} runs past the end of the file (truncated?)")
+    try:
+        header = json.loads(data[_PREFIX.size : _PREFIX.size + hlen])
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ArtifactError(f"{path}: header is not valid JSON ({e})") from e
+    payload = data[_PREFIX.size + hlen :]
+    if header.get("format") != ARTIFACT_FORMAT:
+        raise ArtifactError(f"{path}: header format {header.get('format')!r}, expected {ARTIFACT_FORMAT!r}")
+    if len(payload) != header.get("payload_bytes") or sha256_bytes(payload) != header.get("payload_sha256"):
+        raise ArtifactError(f"{path}: payload does not match its recorded size/sha256 (corrupt or truncated)")
+    return Artifact(header, payload)
+
+
+def decode_state(artifact: Artifact, codec: Codec) -> StateDict:
+    """Decode the payload and check the tensors against the header's names and shapes.
+
+    Dtypes are not compared: a codec may hand back a wider dtype (int8_zlib keeps control tensors in
+    float32, as the reference does), and load_state_dict casts into the model's parameters.
+    """
+    if codec.name != artifact.codec_name:
+        raise ArtifactError(f"artifact was packed with codec {artifact.codec_name!r}, not {codec.name!r}")
+    state = codec.decode(artifact.payload)
+    want = artifact.header["tensors"]
+    if set(state) != set(want):
+        missing, extra = sorted(set(want) - set(state)), sorted(set(state) - set(want))
+        raise ArtifactError(f"codec {codec.name} decoded the wrong tensors: missing {missing[:5]}, unexpected {extra[:5]}")
+    for name, meta in want.items():
+        t = state[name]
+        if list(t.shape) != meta["shape"]:
+            raise ArtifactError(f"codec {codec.name} decoded {name} with shape {list(t.shape)}, header says {meta['shape']}")
+    return {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in state.items()}

@@ -1,0 +1,75 @@
+"""Load a submission's model code by path and build the model from an artifact.
+
+The scorer imports `model.py` from the folder it is given (with that folder first on sys.path so
+the model may import its own files) and calls `build_model(config)` with the artifact's recorded
+model config. Before importing, the code files are checked against the sha256 the artifact
+recorded, so the scorer runs exactly the code that was packed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from data.io import sha256_file
+from scoring.artifact import Artifact, ArtifactError
+
+MODEL_FILE = "model.py"
+
+
+def import_file(path: Path, module_name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    folder = str(path.parent)
+    sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if sys.path and sys.path[0] == folder:
+            sys.path.pop(0)
+    return module
+
+
+def check_code_hashes(artifact: Artifact, submission_dir: Path) -> None:
+    """Every recorded code file present in `submission_dir` must match its recorded sha256."""
+    for rel, digest in artifact.header.get("code_files", {}).items():
+        p = submission_dir / rel
+        if p.is_file() and sha256_file(p) != digest:
+            raise ArtifactError(
+                f"{p} differs from the code packed into the artifact (sha256 {digest[:12]}…); "
+                "score with the submission folder the artifact was packed from"
+            )
+    if MODEL_FILE not in artifact.header.get("code_files", {}):
+        raise ArtifactError(f"the artifact records no {MODEL_FILE}; it was not packed from a submission folder")
+
+
+def build_model(submission_dir: str | Path, config: dict) -> nn.Module:
+    path = Path(submission_dir) / MODEL_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: a submission defines build_model(config) in {MODEL_FILE}")
+    module = import_file(path, "pgolf_submission_model")
+    fn = getattr(module, "build_model", None)
+    if not callable(fn):
+        raise ValueError(f"{path} must define build_model(config) -> nn.Module")
+    model = fn(dict(config))
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"{path}: build_model returned {type(model).__name__}, expected torch.nn.Module")
+    return model
+
+
+def load_model(artifact: Artifact, state: dict[str, torch.Tensor], submission_dir: str | Path, device: torch.device) -> nn.Module:
+    """Build the model, load the decoded tensors with strict=True, move to `device`, eval mode."""
+    check_code_hashes(artifact, Path(submission_dir))
+    model = build_model(submission_dir, artifact.model_config)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise ArtifactError(f"the artifact's tensors do not fit the model built from {MODEL_FILE}: {e}") from e
+    return model.to(device).eval()
