@@ -8,7 +8,8 @@ non-overlapping windows: x = tokens[i*L : (i+1)*L], y = tokens[i*L+1 : (i+1)*L+1
 is scored once, with the context of its own window only.
 
 The scorer takes the model's logits, checks their shape and finiteness, and computes
-log-softmax and the loss itself in float32 (float64 sums); a model never reports its own loss.
+log-softmax and the loss itself in float64 (and float64 sums); a model never reports its own loss.
+float64 makes the analytic goldens exact: uniform logits over 256 byte pieces score 8.0 bpb.
 The byte count of target y_t is table.token_bytes(x_t, y_t) (DESIGN.md, exact byte accounting).
 """
 
@@ -73,7 +74,7 @@ def standard_targets(tokens: np.ndarray, seq_len: int, max_tokens: int | None = 
 
 
 def token_nats(model: nn.Module, x_BL: torch.Tensor, y_BL: torch.Tensor, vocab_size: int, dtype: str) -> torch.Tensor:
-    """Per-token negative log-likelihood (nats, float32, shape B×L) from the model's logits."""
+    """Per-token negative log-likelihood (nats, float64, shape B×L) from the model's logits."""
     autocast = dtype == "bfloat16"
     with torch.autocast(device_type=x_BL.device.type, dtype=torch.bfloat16, enabled=autocast):
         logits_BLV = model(x_BL)
@@ -84,7 +85,7 @@ def token_nats(model: nn.Module, x_BL: torch.Tensor, y_BL: torch.Tensor, vocab_s
         raise ValueError(
             f"model returned logits of shape {tuple(logits_BLV.shape)}; expected ({B}, {L}, V) with V >= {vocab_size}"
         )
-    logits_BLV = logits_BLV.float()
+    logits_BLV = logits_BLV.double()
     if not torch.isfinite(logits_BLV).all():
         raise ValueError("model returned non-finite logits (nan or inf)")
     logp_BLV = F.log_softmax(logits_BLV, dim=-1)
