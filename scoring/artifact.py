@@ -30,6 +30,9 @@ ARTIFACT_MAGIC = b"PGOLFART"
 ARTIFACT_FORMAT = "pg-artifact"
 ARTIFACT_VERSION = 1
 _PREFIX = struct.Struct("<8sII")
+HEADER_KEYS = frozenset(
+    {"format", "format_version", "codec", "model_config", "code_files", "bytes_code", "tensors", "payload_bytes", "payload_sha256"}
+)
 
 
 class ArtifactError(ValueError):
@@ -100,8 +103,11 @@ def read_artifact(path: str | os.PathLike[str]) -> Artifact:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ArtifactError(f"{path}: header is not valid JSON ({e})") from e
     payload = data[_PREFIX.size + hlen :]
-    if header.get("format") != ARTIFACT_FORMAT:
-        raise ArtifactError(f"{path}: header format {header.get('format')!r}, expected {ARTIFACT_FORMAT!r}")
+    if not isinstance(header, dict) or header.get("format") != ARTIFACT_FORMAT:
+        raise ArtifactError(f"{path}: header is not a {ARTIFACT_FORMAT!r} header")
+    missing = sorted(HEADER_KEYS - set(header))
+    if missing:
+        raise ArtifactError(f"{path}: header lacks {missing} (corrupt, or written by another tool)")
     if len(payload) != header.get("payload_bytes") or sha256_bytes(payload) != header.get("payload_sha256"):
         raise ArtifactError(f"{path}: payload does not match its recorded size/sha256 (corrupt or truncated)")
     return Artifact(header, payload)

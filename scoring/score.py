@@ -75,6 +75,7 @@ def score_artifact(
         "device": dev.type,
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
+        "submission_files_seen": sorted(p.relative_to(submission_dir).as_posix() for p in Path(submission_dir).rglob("*") if p.is_file()),
         "artifact_sha256": sha256_file(artifact_path),
         "codec": artifact.header["codec"],
         "data_manifest_sha256": sha256_file(Path(data_dir) / MANIFEST_NAME),

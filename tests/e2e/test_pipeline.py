@@ -1,0 +1,92 @@
+"""End to end on CPU: pgolf run (train → pack → score → report) with the baseline's tiny preset.
+
+Also: the scorer is deterministic (two `pgolf score` runs give bit-identical val_bpb), training is
+deterministic for a fixed seed, and a failing submission is recorded as an error, never scored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import BASELINE
+
+
+def pgolf(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=600)
+    if check:
+        assert r.returncode == 0, f"pgolf {' '.join(args)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+@pytest.fixture(scope="module")
+def tiny_run(sp_dataset, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "tiny"
+    r = pgolf("run", str(BASELINE), "--preset", "tiny", "--data", str(sp_dataset), "--out", str(out))
+    return out, r.stdout
+
+
+def test_run_produces_a_complete_result(tiny_run, sp_dataset):
+    out, stdout = tiny_run
+    res = json.loads((out / "result.json").read_text())
+    assert res["format"] == "pg-result" and res["format_version"] == 1
+    assert res["status"] == "ok" and res["verification"] == "unverified"
+    assert res["within_cap"] is True
+    assert res["bytes_total"] == res["bytes_code"] + res["bytes_model"] == res["bytes_code"] + (out / "artifact.pgolf").stat().st_size
+    for key in ("val_loss", "val_bpb", "unigram_bpb", "train_time_s", "eval_time_s"):
+        assert isinstance(res[key], float) and res[key] > 0, key
+    assert res["steps"] > 0 and res["tokens_seen"] == res["steps"] * 1024
+    assert res["val_tokens"] == 4096 and res["eval_mode"] == "standard"
+    assert set(res["provenance"]["code_files"]) == {"config.toml", "model.py", "train.py"}
+    assert res["provenance"]["libraries"]["torch"]
+    assert (out.parent / "ledger.jsonl").read_text().count("\n") == 1
+    assert "val_bpb" in stdout and "within_cap True" in stdout
+    # the scorer never saw train.py: the score phase ran on a staged copy without it
+    seen = json.loads((out / "score.json").read_text())["submission_files_seen"]
+    assert "model.py" in seen and "train.py" not in seen
+
+
+def test_score_twice_is_bit_identical(tiny_run, sp_dataset):
+    out, _ = tiny_run
+    args = ["score", str(out / "artifact.pgolf"), "--submission", str(BASELINE), "--data", str(sp_dataset),
+            "--seq-len", "64", "--batch-seqs", "16", "--max-tokens", "4096", "--threads", str(os.cpu_count()), "--json"]
+    a, b = (json.loads(pgolf(*args).stdout) for _ in range(2))
+    assert a["val_bpb"] == b["val_bpb"] and a["val_loss_sum_nats"] == b["val_loss_sum_nats"]
+    # and it agrees with the pipeline's own score phase
+    assert a["val_bpb"] == json.loads((out / "result.json").read_text())["val_bpb"]
+
+
+def test_same_seed_same_losses(tiny_dataset, tmp_path):
+    """A step count, not the clock, ends these runs (the LR warmdown is wall-clock driven)."""
+    losses = []
+    for name in ("a", "b"):
+        pgolf("run", str(BASELINE), "--preset", "tiny", "--data", str(tiny_dataset), "--out", str(tmp_path / name),
+              "--set", "budget.train_s=300", "--set", "train.iterations=8", "--set", "model.vocab_size=260",
+              "--set", "eval.max_tokens=2048")
+        losses.append([json.loads(line)["train_loss"] for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()])
+    assert len(losses[0]) == 8
+    assert losses[0] == losses[1]
+
+
+def test_failing_submission_is_an_error_not_a_score(tmp_path, tiny_dataset):
+    sub = tmp_path / "broken"
+    shutil.copytree(BASELINE, sub)
+    (sub / "train.py").write_text("def train(ctx):\n    raise RuntimeError('boom at step 0')\n")
+    r = pgolf("run", str(sub), "--preset", "tiny", "--data", str(tiny_dataset), "--out", str(tmp_path / "run"), check=False)
+    assert r.returncode == 1
+    res = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert res["status"] == "error" and res["val_bpb"] is None
+    assert "boom at step 0" in res["phases"]["train"]["errors"]["train_error_rank0.txt"]
+
+
+def test_bad_user_input_is_one_clear_line(tmp_path):
+    r = pgolf("run", str(BASELINE), "--preset", "tiny", "--set", "train.lr=0.1", "--out", str(tmp_path / "r"), check=False)
+    assert r.returncode == 2
+    assert "unknown key 'train.lr'" in r.stderr and "Traceback" not in r.stderr
+    r = pgolf("score", str(tmp_path / "missing.pgolf"), "--submission", str(BASELINE), "--data", str(tmp_path), check=False)
+    assert r.returncode == 2 and "Traceback" not in r.stderr

@@ -1,0 +1,84 @@
+"""Artifact container and the cap: round trips, corruption refused, exact byte accounting."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from scoring.artifact import ArtifactError, read_artifact
+from scoring.cap import ArtifactTooLarge, CapCheck, code_bytes, counted_files
+from scoring.codecs import CODECS
+from scoring.pack import pack_state, unpack_artifact
+
+
+@pytest.fixture
+def submission(tmp_path):
+    sub = tmp_path / "sub"
+    (sub / "logs").mkdir(parents=True)
+    (sub / "model.py").write_text("def build_model(config):\n    pass\n")
+    (sub / "train.py").write_text("def train(ctx):\n    pass\n")
+    (sub / "config.toml").write_text("[model]\n")
+    (sub / "README.md").write_text("not counted")
+    (sub / "submission.json").write_text("{}")
+    (sub / "logs" / "run.txt").write_text("not counted")
+    (sub / "train.log").write_text("not counted")
+    (sub / ".hidden").write_text("not counted")
+    return sub
+
+
+def state():
+    g = torch.Generator().manual_seed(0)
+    return {"w": torch.randn(300, 300, generator=g), "b": torch.randn(7, generator=g), "n": torch.tensor([3])}
+
+
+def test_counted_files(submission):
+    files = counted_files(submission)
+    assert sorted(files) == ["config.toml", "model.py", "train.py"]
+    assert code_bytes(submission) == sum((submission / f).stat().st_size for f in files)
+
+
+def test_bytes_total_is_artifact_size_plus_code(submission, tmp_path):
+    out = tmp_path / "a.pgolf"
+    rec = pack_state(state(), submission, out, codec_name="int8_zlib", model_config={"d": 1}, cap_bytes=10**9)
+    assert rec["bytes_model"] == out.stat().st_size
+    assert rec["bytes_code"] == code_bytes(submission)
+    assert rec["bytes_total"] == rec["bytes_code"] + rec["bytes_model"]
+    art = read_artifact(out)
+    assert art.header["code_files"] == counted_files(submission)
+    assert art.model_config == {"d": 1}
+    assert art.header["codec"] == {"name": "int8_zlib", "version": 1}
+    back = unpack_artifact(out, tmp_path / "back.safetensors")
+    assert torch.equal(back["n"], torch.tensor([3]))
+    assert torch.equal(back["w"], CODECS["int8_zlib"].decode(CODECS["int8_zlib"].encode(state()))["w"])
+
+
+def test_over_the_cap_names_every_number(submission, tmp_path):
+    rec = pack_state(state(), submission, tmp_path / "a.pgolf", codec_name="int8_zlib", model_config={}, cap_bytes=1000)
+    assert not rec["within_cap"]
+    with pytest.raises(ArtifactTooLarge) as e:
+        CapCheck(rec["bytes_code"], rec["bytes_model"], 1000).enforce()
+    msg = str(e.value)
+    for n in (rec["bytes_total"], rec["bytes_code"], rec["bytes_model"], 1000, rec["bytes_total"] - 1000):
+        assert f"{n:,}" in msg
+
+
+def test_exactly_at_the_cap_is_within():
+    assert CapCheck(10, 90, 100).within_cap and not CapCheck(10, 91, 100).within_cap
+
+
+@pytest.mark.parametrize("where", ["magic", "header", "payload", "truncate"])
+def test_corrupt_artifacts_are_refused(submission, tmp_path, where):
+    out = tmp_path / "a.pgolf"
+    pack_state(state(), submission, out, codec_name="int8_zlib", model_config={}, cap_bytes=10**9)
+    b = bytearray(out.read_bytes())
+    if where == "magic":
+        b[0] ^= 1
+    elif where == "header":
+        b[20] = ord("}")
+    elif where == "payload":
+        b[-10] ^= 0x40
+    else:
+        b = b[:-5]
+    out.write_bytes(bytes(b))
+    with pytest.raises(ArtifactError):
+        read_artifact(out)

@@ -1,0 +1,71 @@
+"""Config: presets, overrides, and the loud failures on unknown keys and wrong types."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.config import load_config, parse_override
+from tests.conftest import BASELINE
+
+
+def test_presets_and_overrides_resolve():
+    cfg = load_config(BASELINE, "cpu-smoke", ["train.matrix_lr=0.02", "budget.train_s=30", "model.num_layers=3"])
+    assert cfg.train["matrix_lr"] == 0.02
+    assert cfg.section("budget").train_s == 30.0 and isinstance(cfg.section("budget").train_s, float)
+    assert cfg.model["num_layers"] == 3 and cfg.model["model_dim"] == 128
+    assert cfg.section("launch").device == "cpu"
+    official = load_config(BASELINE, "official")
+    assert official.model["num_layers"] == 9 and official.section("launch").nproc_per_node == 8
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("train.matrix_lrr=0.1", "unknown key 'train.matrix_lrr'"),
+        ("bogus.x=1", "unknown section 'bogus'"),
+        ("model.num_layers=2.5", "has type float"),
+        ("train.compile=1", "has type int"),
+        ("launch.device='tpu'", "launch.device must be one of"),
+        ("budget.train_s=-1", "budget.train_s must be positive"),
+        ("noequals", "expected SECTION.KEY=VALUE"),
+        ("train=1", "must be SECTION.KEY"),
+    ],
+)
+def test_bad_overrides_are_refused_clearly(override, match):
+    with pytest.raises(ValueError, match=match):
+        load_config(BASELINE, "cpu-smoke", [override])
+
+
+def test_unknown_preset_lists_the_known_ones():
+    with pytest.raises(ValueError, match="presets: cpu-smoke, official, one-gpu, tiny"):
+        load_config(BASELINE, "nope")
+
+
+def test_bad_toml_files(tmp_path):
+    (tmp_path / "config.toml").write_text("[model]\nx = 1\n[presets.p]\nmodel.y = 2\n")
+    with pytest.raises(ValueError, match=r"\[presets.p\]: unknown key 'model.y'"):
+        load_config(tmp_path, "p")
+    (tmp_path / "config.toml").write_text("[modle]\n")
+    with pytest.raises(ValueError, match="unknown table"):
+        load_config(tmp_path)
+    (tmp_path / "config.toml").write_text("[model\n")
+    with pytest.raises(ValueError, match="not valid TOML"):
+        load_config(tmp_path)
+    with pytest.raises(FileNotFoundError, match="config.toml not found"):
+        load_config(tmp_path / "missing")
+
+
+def test_override_values_are_literals_or_strings():
+    assert parse_override("a.b=[1, 2]") == ("a.b", [1, 2])
+    assert parse_override("a.b=cpu") == ("a.b", "cpu")
+    assert parse_override("a.b = 3e-4") == ("a.b", 3e-4)
+
+
+def test_baseline_hparams_match_its_config():
+    """Every [train] key of the baseline's config is a field of its Hparams, and back."""
+    import ast
+
+    tree = ast.parse((BASELINE / "train.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Hparams")
+    fields = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
+    assert fields == set(load_config(BASELINE).train)
