@@ -1,19 +1,37 @@
 """Build a dataset folder from documents: tokenizer → shards → manifest.
 
-    pgolf data build --docs FILE.jsonl (--tokenizer MODEL | --vocab-size N) --val-docs N --out DIR
+    pgolf data build --docs FILE (--tokenizer MODEL | --tokenizer byte260 | --vocab-size N) --out DIR
+    pgolf data build --hf-dataset HuggingFaceFW/fineweb --hf-config sample-10BT --max-docs N ...
 
-The first `val_docs` documents are validation, the rest training; each document is written as BOS
-followed by its tokens; shards hold `shard_tokens` tokens (the last one of a split fewer). The
-tokenizer file is copied beside the shards and the manifest records everything with sha256.
+The documents come in a fixed order (see data/sources.py); the first `val_docs` (50,000 by default,
+the challenge's split) are validation, the rest training. Each document is written as BOS followed
+by the tokenizer's own encoding of its text, and shards hold `shard_tokens` tokens (100,000,000 by
+default; the last shard of a split fewer). A document may continue into the next shard; a shard's
+`docs` counts the documents that start in it (its BOS tokens).
+
+Tokenizers: a SentencePiece `.model` (copied beside the shards), `byte260` (256 bytes + 4
+specials), or a BPE trained here with the reference settings for any vocabulary size (trained on
+the training documents only, so validation text never shapes the tokenizer).
+
+Tokenization runs on all cores: batches of documents go to a pool of worker processes, each with
+its own copy of the tokenizer, and come back in submission order, so the output is identical to
+encoding the documents one by one. At most 2 batches per worker are in flight, so memory stays
+bounded however long the stream is. The manifest is written last; a folder without one is not a
+dataset.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing as mp
 import os
 import shutil
+import time
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +39,13 @@ import numpy as np
 from tqdm import tqdm
 
 from data.io import sha256_file
-from data.manifest import shard_entry, write_manifest
-from data.shards import shard_name, write_shard
+from data.manifest import MANIFEST_NAME, shard_entry, write_manifest
+from data.shards import TOKEN_DTYPE, shard_name, write_shard
 from data.tokenizer import (
     BYTE260_FILENAME,
+    BYTE260_OFFSET,
+    ByteTokenizer,
+    SentencePieceTokenizer,
     Tokenizer,
     load_tokenizer,
     train_sentencepiece,
@@ -32,129 +53,300 @@ from data.tokenizer import (
 )
 
 DEFAULT_SHARD_TOKENS = 100_000_000
+DEFAULT_VAL_DOCS = 50_000
 ENCODE_BATCH_DOCS = 256
+ENCODE_BATCH_BYTES = 1 << 20
+MAX_VOCAB_SIZE = 65_536
+
+
+def default_workers() -> int:
+    """Cores this process may use (affinity-aware)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def read_jsonl_texts(path: str | os.PathLike[str], field: str = "text") -> list[str]:
-    """Documents of a jsonl file (one JSON object a line, text in `field`)."""
+    """All documents of a jsonl file as a list (for small corpora; builds stream instead)."""
+    from data.sources import DocumentSource
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"documents file not found: {path}")
-    texts = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not a JSON object ({e})") from e
-            if not isinstance(obj, dict) or not isinstance(obj.get(field), str):
-                raise ValueError(f"{path}:{lineno}: expected an object with a string field {field!r}")
-            texts.append(obj[field])
-    return texts
+    return list(DocumentSource(kind="jsonl", path=str(path), field=field))
+
+
+class SelectionHash:
+    """Incremental sha256 over documents in order (length-prefixed, so boundaries count)."""
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+        self.docs = 0
+
+    def update(self, text: str) -> int:
+        """Add one document; returns its UTF-8 byte length."""
+        b = text.encode("utf-8")
+        self._h.update(len(b).to_bytes(8, "little"))
+        self._h.update(b)
+        self.docs += 1
+        return len(b)
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
 
 
 def selection_sha256(texts: Iterable[str]) -> str:
     """sha256 over the selected documents in order (length-prefixed, so boundaries count)."""
-    h = hashlib.sha256()
+    h = SelectionHash()
     for t in texts:
-        b = t.encode("utf-8")
-        h.update(len(b).to_bytes(8, "little"))
-        h.update(b)
+        h.update(t)
     return h.hexdigest()
 
 
-def _encode_docs(tok: Tokenizer, texts: Sequence[str], desc: str) -> Iterator[np.ndarray]:
-    """Yield each document as a uint16 array BOS + tokens, in order."""
-    with tqdm(total=len(texts), desc=desc, unit="doc", disable=None, leave=False) as bar:
-        for i in range(0, len(texts), ENCODE_BATCH_DOCS):
-            batch = texts[i : i + ENCODE_BATCH_DOCS]
-            for ids in tok.encode(batch):
-                arr = np.empty(len(ids) + 1, dtype=np.uint16)
-                arr[0] = tok.bos_id
-                arr[1:] = ids
-                yield arr
-            bar.update(len(batch))
+# ---- Encoding (in worker processes) ----
+
+_WORKER_TOKENIZER: Tokenizer | None = None
 
 
-def _write_split(
-    tok: Tokenizer, texts: Sequence[str], split: str, out: Path, shard_tokens: int, counts: np.ndarray | None
-) -> list[dict[str, Any]]:
-    entries: list[dict[str, Any]] = []
-    pending: list[np.ndarray] = []
-    pending_tokens = 0
-    pending_docs = 0
+def _init_worker(tokenizer_path: str) -> None:
+    global _WORKER_TOKENIZER
+    _WORKER_TOKENIZER = load_tokenizer(tokenizer_path)
 
-    def flush(final: bool) -> None:
-        nonlocal pending, pending_tokens, pending_docs
-        while pending_tokens >= shard_tokens or (final and pending_tokens > 0):
-            flat = np.concatenate(pending)
-            take, rest = flat[:shard_tokens], flat[shard_tokens:]
-            path = out / shard_name(split, len(entries))
+
+def encode_documents(tok: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Encode documents as one flat uint16 array of [BOS, tokens...] per document, plus each
+    document's length in that array (BOS included). Equal to concatenating BOS + tok.encode([t])."""
+    if isinstance(tok, ByteTokenizer):
+        raw = [t.encode("utf-8") for t in texts]
+        lens = np.fromiter((len(b) + 1 for b in raw), dtype=np.int64, count=len(raw))
+        body = np.frombuffer(b"".join(raw), dtype=np.uint8).astype(TOKEN_DTYPE) + BYTE260_OFFSET
+    else:
+        ids = tok.sp.encode(list(texts), out_type=int) if isinstance(tok, SentencePieceTokenizer) else tok.encode(texts)
+        lens = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
+        body = np.fromiter(chain.from_iterable(ids), dtype=TOKEN_DTYPE, count=int(lens.sum()) - len(ids))
+    flat = np.empty(int(lens.sum()), dtype=TOKEN_DTYPE)
+    starts = np.zeros(len(lens), dtype=np.int64)
+    np.cumsum(lens[:-1], out=starts[1:])
+    is_bos = np.zeros(flat.size, dtype=np.bool_)
+    is_bos[starts] = True
+    flat[is_bos] = tok.bos_id
+    flat[~is_bos] = body
+    return flat, lens
+
+
+def _encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    assert _WORKER_TOKENIZER is not None, "worker tokenizer not initialised"
+    return encode_documents(_WORKER_TOKENIZER, texts)
+
+
+@dataclass(frozen=True)
+class EncodeBatch:
+    split: str
+    texts: list[str]
+    text_bytes: int
+
+
+def _batches(texts: Iterable[str], val_docs: int, selection: SelectionHash) -> Iterator[EncodeBatch]:
+    """Group documents into batches (by count and bytes) that never straddle the val/train boundary."""
+    batch: list[str] = []
+    nbytes = 0
+    split = "val"
+    for text in texts:
+        doc_split = "val" if selection.docs < val_docs else "train"
+        if doc_split != split:
+            if batch:
+                yield EncodeBatch(split, batch, nbytes)
+            batch, nbytes, split = [], 0, doc_split
+        nbytes += selection.update(text)
+        batch.append(text)
+        if len(batch) >= ENCODE_BATCH_DOCS or nbytes >= ENCODE_BATCH_BYTES:
+            yield EncodeBatch(split, batch, nbytes)
+            batch, nbytes = [], 0
+    if batch:
+        yield EncodeBatch(split, batch, nbytes)
+
+
+def _pool(tokenizer_path: Path, workers: int) -> Any:
+    """A pool of tokenizer workers. fork where the OS has it: spawn and forkserver re-import the
+    caller's `__main__`, which breaks any script without an `if __name__ == "__main__"` guard. The
+    workers run only numpy and the tokenizer, never torch or OpenMP code, so the usual hazard of
+    forking a threaded parent does not reach them."""
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    return mp.get_context(method).Pool(workers, initializer=_init_worker, initargs=(str(tokenizer_path),))
+
+
+def encode_ordered(
+    tokenizer_path: Path, batches: Iterator[EncodeBatch], workers: int
+) -> Iterator[tuple[EncodeBatch, np.ndarray, np.ndarray]]:
+    """Encode batches on `workers` processes; results in input order, at most 2*workers in flight."""
+    if workers <= 1:
+        tok = load_tokenizer(tokenizer_path)
+        for b in batches:
+            yield (b, *encode_documents(tok, b.texts))
+        return
+    with _pool(tokenizer_path, workers) as pool:
+        pending: deque[tuple[EncodeBatch, Any]] = deque()
+        for b in batches:
+            pending.append((b, pool.apply_async(_encode_in_worker, (b.texts,))))
+            if len(pending) >= 2 * workers:
+                done, res = pending.popleft()
+                yield (done, *res.get())
+        while pending:
+            done, res = pending.popleft()
+            yield (done, *res.get())
+
+
+# ---- Shard writing ----
+
+
+class _SplitWriter:
+    """Cuts one split's token stream into shards of `shard_tokens`."""
+
+    def __init__(self, out: Path, split: str, shard_tokens: int, bos_id: int, counts: np.ndarray | None):
+        self.out, self.split, self.shard_tokens, self.bos_id, self.counts = out, split, shard_tokens, bos_id, counts
+        self.pending: list[np.ndarray] = []
+        self.pending_tokens = 0
+        self.entries: list[dict[str, Any]] = []
+        self.docs = 0
+        self.tokens = 0
+        self.text_bytes = 0
+        self.write_s = 0.0
+
+    def add(self, flat: np.ndarray, docs: int, text_bytes: int) -> None:
+        if self.counts is not None:
+            self.counts += np.bincount(flat, minlength=self.counts.size)
+        self.pending.append(flat)
+        self.pending_tokens += flat.size
+        self.docs += docs
+        self.tokens += flat.size
+        self.text_bytes += text_bytes
+        if self.pending_tokens >= self.shard_tokens:
+            self._flush(final=False)
+
+    def _flush(self, final: bool) -> None:
+        while self.pending_tokens >= self.shard_tokens or (final and self.pending_tokens > 0):
+            flat = np.concatenate(self.pending) if len(self.pending) > 1 else self.pending[0]
+            take, rest = flat[: self.shard_tokens], flat[self.shard_tokens :]
+            path = self.out / shard_name(self.split, len(self.entries))
+            t0 = time.perf_counter()
             write_shard(path, take)
-            docs = int((take == tok.bos_id).sum())
-            entries.append(shard_entry(path, split, docs))
-            pending = [rest] if rest.size else []
-            pending_tokens = int(rest.size)
-            pending_docs = 0
+            self.write_s += time.perf_counter() - t0
+            self.entries.append(shard_entry(path, self.split, int(np.count_nonzero(take == self.bos_id))))
+            self.pending = [rest] if rest.size else []
+            self.pending_tokens = int(rest.size)
 
-    for arr in _encode_docs(tok, texts, f"tokenize {split}"):
-        if counts is not None:
-            counts += np.bincount(arr, minlength=counts.size)[: counts.size]
-        pending.append(arr)
-        pending_tokens += arr.size
-        pending_docs += 1
-        if pending_tokens >= shard_tokens:
-            flush(final=False)
-    flush(final=True)
-    return entries
+    def close(self) -> list[dict[str, Any]]:
+        self._flush(final=True)
+        return self.entries
+
+
+# ---- The build ----
+
+
+def _prepare_out(out: Path, overwrite: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    old = [p for p in out.iterdir() if p.name == MANIFEST_NAME or (p.name.startswith("fineweb_") and p.suffix == ".bin")]
+    if old and not overwrite:
+        raise FileExistsError(
+            f"{out} already holds a dataset ({len(old)} shard/manifest files); "
+            "HINT: pass --overwrite to replace it, or choose a new --out"
+        )
+    for p in old:
+        p.unlink()
+
+
+def _prepare_tokenizer(
+    out: Path, texts: Iterable[str], tokenizer: str | os.PathLike[str] | None, vocab_size: int | None,
+    val_docs: int, tokenizer_train_docs: int | None,
+) -> Path:
+    if vocab_size is not None:
+        if iter(texts) is texts:
+            raise ValueError("training a tokenizer reads the documents twice; pass a list or a DocumentSource, not an iterator")
+        from itertools import islice
+
+        stop = None if tokenizer_train_docs is None else val_docs + tokenizer_train_docs
+        return train_sentencepiece(islice(iter(texts), val_docs, stop), vocab_size, out / f"tokenizer_{vocab_size}_bpe.model")
+    if str(tokenizer) == "byte260":
+        path = out / BYTE260_FILENAME
+        write_byte260(path)
+        return path
+    src = Path(tokenizer)  # type: ignore[arg-type]
+    if not src.is_file():
+        raise FileNotFoundError(f"--tokenizer {src} not found (HINT: a SentencePiece .model file, or 'byte260')")
+    dst = out / src.name
+    if src.resolve() != dst.resolve():
+        shutil.copyfile(src, dst)
+    return dst
 
 
 def build_dataset(
-    texts: Sequence[str],
+    texts: Iterable[str],
     out: str | os.PathLike[str],
     *,
-    val_docs: int,
+    val_docs: int = DEFAULT_VAL_DOCS,
     tokenizer: str | os.PathLike[str] | None = None,
     vocab_size: int | None = None,
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
     source: dict[str, Any] | None = None,
+    workers: int | None = None,
+    tokenizer_train_docs: int | None = None,
+    overwrite: bool = False,
+    progress: bool | None = None,
 ) -> Path:
-    """Tokenize `texts` into a dataset folder at `out`; returns the folder.
+    """Tokenize `texts` (a list, or a re-iterable such as `DocumentSource`) into a dataset folder.
 
     Exactly one of `tokenizer` (a `.model` file or "byte260") and `vocab_size` (train a SentencePiece
-    BPE on the training documents with the reference settings) must be given.
+    BPE on the training documents with the reference settings; `tokenizer_train_docs` caps how many)
+    must be given. `workers` processes tokenize (default: all cores). Returns the folder.
     """
     if (tokenizer is None) == (vocab_size is None):
-        raise ValueError("give exactly one of --tokenizer MODEL and --vocab-size N")
-    if not 0 < val_docs < len(texts):
-        raise ValueError(f"--val-docs must be between 1 and {len(texts) - 1} (the corpus has {len(texts)} documents), got {val_docs}")
+        raise ValueError("give exactly one of --tokenizer MODEL|byte260 and --vocab-size N")
+    if isinstance(texts, Sequence) and not 0 < val_docs < len(texts):
+        raise ValueError(
+            f"--val-docs must be between 1 and {len(texts) - 1} (the corpus has {len(texts)} documents), got {val_docs}"
+        )
+    if val_docs <= 0:
+        raise ValueError(f"--val-docs must be positive, got {val_docs}")
     if shard_tokens <= 0:
         raise ValueError(f"shard_tokens must be positive, got {shard_tokens}")
+    workers = default_workers() if workers is None else workers
+    if workers <= 0:
+        raise ValueError(f"--workers must be positive, got {workers}")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    val_texts, train_texts = texts[:val_docs], texts[val_docs:]
+    _prepare_out(out, overwrite)
 
-    if vocab_size is not None:
-        tok_path = train_sentencepiece(train_texts, vocab_size, out / f"tokenizer_{vocab_size}_bpe.model")
-    elif str(tokenizer) == "byte260":
-        tok_path = out / BYTE260_FILENAME
-        write_byte260(tok_path)
-    else:
-        src = Path(tokenizer)  # type: ignore[arg-type]
-        if not src.is_file():
-            raise FileNotFoundError(f"--tokenizer {src} not found")
-        tok_path = out / src.name
-        if src.resolve() != tok_path.resolve():
-            shutil.copyfile(src, tok_path)
+    tok_path = _prepare_tokenizer(out, texts, tokenizer, vocab_size, val_docs, tokenizer_train_docs)
     tok = load_tokenizer(tok_path)
-    if tok.vocab_size > 65_536:
-        raise ValueError(f"vocabulary of {tok.vocab_size} does not fit uint16 shards")
+    if tok.vocab_size > MAX_VOCAB_SIZE:
+        raise ValueError(f"a vocabulary of {tok.vocab_size} does not fit uint16 shards (max {MAX_VOCAB_SIZE})")
 
     counts = np.zeros(tok.vocab_size, dtype=np.int64)
-    shards = _write_split(tok, val_texts, "val", out, shard_tokens, None)
-    shards += _write_split(tok, train_texts, "train", out, shard_tokens, counts)
+    writers = {
+        "val": _SplitWriter(out, "val", shard_tokens, tok.bos_id, None),
+        "train": _SplitWriter(out, "train", shard_tokens, tok.bos_id, counts),
+    }
+    selection = SelectionHash()
+    total = len(texts) if isinstance(texts, Sequence) else None
+    t0 = time.perf_counter()
+    with tqdm(total=total, desc="tokenize", unit="doc", disable=None if progress is None else not progress) as bar:
+        for batch, flat, lens in encode_ordered(tok_path, _batches(texts, val_docs, selection), workers):
+            writers[batch.split].add(flat, len(lens), batch.text_bytes)
+            bar.update(len(lens))
+    elapsed_s = time.perf_counter() - t0
+    if writers["train"].docs == 0:
+        for p in out.glob("fineweb_*.bin"):
+            p.unlink()
+        raise ValueError(
+            f"the corpus has {selection.docs} documents and --val-docs is {val_docs}: no training documents left. "
+            f"HINT: pass --val-docs below {selection.docs} (or more documents)"
+        )
+    shards = writers["val"].close() + writers["train"].close()
+    text_mb = (writers["val"].text_bytes + writers["train"].text_bytes) / 1e6
+    print(
+        f"tokenized {selection.docs} documents ({text_mb:.1f} MB) in {elapsed_s:.1f} s on {workers} worker(s): "
+        f"{text_mb / max(elapsed_s, 1e-9):.2f} MB/s, {text_mb / max(elapsed_s, 1e-9) / workers:.2f} MB/s per worker"
+    )
     write_manifest(
         out,
         {
@@ -166,12 +358,15 @@ def build_dataset(
                 "sha256": sha256_file(tok_path),
                 "trained_here": vocab_size is not None,
             },
-            "docs": {"val": len(val_texts), "train": len(train_texts)},
-            "tokens": {
-                "val": sum(s["tokens"] for s in shards if s["split"] == "val"),
-                "train": sum(s["tokens"] for s in shards if s["split"] == "train"),
+            "docs": {"val": writers["val"].docs, "train": writers["train"].docs},
+            "tokens": {"val": writers["val"].tokens, "train": writers["train"].tokens},
+            "text_bytes": {"val": writers["val"].text_bytes, "train": writers["train"].text_bytes},
+            "selection_sha256": selection.hexdigest(),
+            "selection": {
+                "docs": selection.docs,
+                "val_docs": val_docs,
+                "order": "source order; the first val_docs documents are validation",
             },
-            "selection_sha256": selection_sha256(texts),
             "shard_tokens": shard_tokens,
             "source": source or {},
             "shards": shards,
@@ -179,3 +374,14 @@ def build_dataset(
         },
     )
     return out
+
+
+def summarize(out: str | os.PathLike[str]) -> str:
+    """One line about a built dataset, for the CLI."""
+    raw = json.loads((Path(out) / MANIFEST_NAME).read_text(encoding="utf-8"))
+    n = {s: sum(1 for e in raw["shards"] if e["split"] == s) for s in ("val", "train")}
+    return (
+        f"{out}: {raw['docs']['val']} val docs / {raw['tokens']['val']} tokens in {n['val']} shard(s), "
+        f"{raw['docs']['train']} train docs / {raw['tokens']['train']} tokens in {n['train']} shard(s), "
+        f"tokenizer {raw['tokenizer']['file']} (vocab {raw['tokenizer']['vocab_size']})"
+    )

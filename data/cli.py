@@ -1,42 +1,117 @@
-"""`pgolf data ...` commands: build (documents → dataset), and the data family's other verbs.
+"""`pgolf data ...`: build, download and verify datasets.
 
-Each command module exposes `register(subparsers)`; harness/cli.py mounts them under `pgolf data`.
+    pgolf data build --docs FILE|DIR (--tokenizer MODEL|byte260 | --vocab-size N) --out DIR [--val-docs 50000]
+    pgolf data build --hf-dataset HuggingFaceFW/fineweb --hf-config sample-10BT --max-docs N ... --out DIR
+    pgolf data download --variant sp1024 [--train-shards N] [--repo ID] [--revision REV] [--out DIR]
+    pgolf data verify DIR [--quick]
+
+`register(subparsers)` adds the commands; harness/cli.py mounts them under `pgolf data`. The same
+commands run without the harness as `python -m data.cli ...`. Exit status: 0 on success, 1 when a
+download or a verification fails, 2 on a user error (a one-line message naming the input).
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import sys
 
-from data.build import DEFAULT_SHARD_TOKENS, build_dataset, read_jsonl_texts
+from data.build import DEFAULT_SHARD_TOKENS, DEFAULT_VAL_DOCS, build_dataset, summarize
+from data.download import DEFAULT_REPO_ID, DownloadError, download_variant
+from data.sources import DEFAULT_HF_CONFIG, DocumentSource, source_from_path
+from data.verify import verify_dataset
+
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    texts = read_jsonl_texts(args.docs, field=args.field)
-    if args.max_docs:
-        texts = texts[: args.max_docs]
+    if args.docs:
+        src = source_from_path(args.docs, field=args.field, max_docs=args.max_docs or None)
+    else:
+        src = DocumentSource(
+            kind="hf", path=args.hf_dataset, config=args.hf_config or None, split=args.hf_split,
+            revision=args.hf_revision, field=args.field, max_docs=args.max_docs or None,
+        )
     out = build_dataset(
-        texts,
+        src,
         args.out,
         val_docs=args.val_docs,
         tokenizer=args.tokenizer,
         vocab_size=args.vocab_size,
         shard_tokens=args.shard_tokens,
-        source={"kind": "jsonl", "path": str(Path(args.docs).resolve()), "field": args.field},
+        source=src.describe(),
+        workers=args.workers,
+        tokenizer_train_docs=args.tokenizer_train_docs,
+        overwrite=args.overwrite,
     )
-    print(f"dataset written to {out}")
+    print(summarize(out))
     return 0
+
+
+def cmd_download(args: argparse.Namespace) -> int:
+    try:
+        out = download_variant(
+            args.variant, args.out, train_shards=args.train_shards, repo_id=args.repo, revision=args.revision,
+            endpoint=args.endpoint,
+        )
+    except DownloadError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(summarize(out))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    report = verify_dataset(args.dir, quick=args.quick)
+    print(report.table())
+    return 0 if report.ok else 1
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("build", help="tokenize documents into shards + manifest")
-    p.add_argument("--docs", required=True, help="documents: a .jsonl file with a text field")
-    p.add_argument("--field", default="text", help="JSON field holding the text (default: text)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--docs", help="a .jsonl, .parquet or .txt file, or a folder of .parquet / .txt files")
+    src.add_argument("--hf-dataset", help="stream a hub dataset with `datasets`, e.g. HuggingFaceFW/fineweb")
+    p.add_argument("--hf-config", default=DEFAULT_HF_CONFIG, help=f"hub dataset configuration (default {DEFAULT_HF_CONFIG})")
+    p.add_argument("--hf-split", default="train", help="hub dataset split (default train)")
+    p.add_argument("--hf-revision", help="hub dataset commit or tag (pin it for a reproducible selection)")
+    p.add_argument("--field", default="text", help="field / column holding the text (default: text)")
     tok = p.add_mutually_exclusive_group(required=True)
     tok.add_argument("--tokenizer", help="a SentencePiece .model file, or 'byte260'")
     tok.add_argument("--vocab-size", type=int, help="train a SentencePiece BPE of this size (reference settings)")
-    p.add_argument("--val-docs", type=int, required=True, help="the first N documents are validation")
+    p.add_argument("--tokenizer-train-docs", type=int, help="train the tokenizer on at most N training documents")
+    p.add_argument("--val-docs", type=int, default=DEFAULT_VAL_DOCS, help=f"the first N documents are validation (default {DEFAULT_VAL_DOCS:,})")
     p.add_argument("--max-docs", type=int, default=0, help="use only the first N documents (0 = all)")
-    p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard")
+    p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help=f"tokens per shard (default {DEFAULT_SHARD_TOKENS:,})")
+    p.add_argument("--workers", type=int, help="tokenizer processes (default: all cores)")
     p.add_argument("--out", required=True, help="output dataset folder")
+    p.add_argument("--overwrite", action="store_true", help="replace a dataset already in --out")
     p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("download", help="fetch the official cached shards from the dataset hub")
+    p.add_argument("--variant", default="sp1024", help="sp1024 (default), sp4096, sp8192, byte260, ... as the repo has them")
+    p.add_argument("--train-shards", type=int, help="how many training shards (default: 80, or all if fewer)")
+    p.add_argument("--repo", default=DEFAULT_REPO_ID, help=f"dataset repo (default {DEFAULT_REPO_ID})")
+    p.add_argument("--revision", default="main", help="branch, tag or commit (default main)")
+    p.add_argument("--out", help="destination folder (default $PG_DATA_DIR/fineweb10B_VARIANT)")
+    p.add_argument("--endpoint", help="hub endpoint (default: $HF_ENDPOINT or huggingface.co)")
+    p.set_defaults(func=cmd_download)
+
+    p = sub.add_parser("verify", help="check a dataset folder against its manifest")
+    p.add_argument("dir", help="dataset folder")
+    p.add_argument("--quick", action="store_true", help="headers, sizes and counts only; skip sha256 and document counts")
+    p.set_defaults(func=cmd_verify)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m data.cli", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    register(parser.add_subparsers(dest="data_command", required=True, metavar="COMMAND"))
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

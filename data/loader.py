@@ -4,7 +4,12 @@ Every rank opens the same shards in the same order. One `next_batch` call on eve
 next world_size * (batch_tokens + 1) tokens of the stream (wrapping around at the end of the last
 shard) and gives rank r the r-th disjoint slice; x and y are that slice shifted by one. Slicing is
 numpy on memory maps: no per-token Python loop. The number of training shards used is fixed at
-construction and recorded in every result, since the order of training data depends on it.
+construction and recorded in every result, since the order of training data depends on it:
+`train_shard_paths(dataset_dir, n)` picks the first n training shards of a dataset's manifest (and
+refuses to silently use fewer), and `loader.describe()` gives the record.
+
+Speed: a call costs a few memmap slice copies (uint16 → int64) per rank, so an 8-rank split of a
+524,288-token global batch runs at well over 100M tokens/s from page cache (`pgolf bench data`).
 """
 
 from __future__ import annotations
@@ -16,7 +21,27 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from data.manifest import load_manifest
 from data.shards import read_shard
+
+
+def train_shard_paths(dataset_dir: str | os.PathLike[str], num_shards: int | None = None) -> list[Path]:
+    """The first `num_shards` training shards of a dataset folder, in manifest order (None: all).
+
+    The count is part of a run's identity (it fixes where the stream wraps), so asking for more
+    shards than the folder holds is an error, never a silent shortfall.
+    """
+    paths = load_manifest(dataset_dir).shard_paths("train")
+    if num_shards is None:
+        return paths
+    if num_shards <= 0:
+        raise ValueError(f"train_shards must be positive (or None for all), got {num_shards}")
+    if num_shards > len(paths):
+        raise ValueError(
+            f"train_shards={num_shards} but {dataset_dir} holds {len(paths)} training shards. "
+            f"HINT: download more with `pgolf data download --train-shards {num_shards}` or ask for fewer"
+        )
+    return paths[:num_shards]
 
 
 class ShardStream:
@@ -84,8 +109,21 @@ class DistributedTokenLoader:
         return len(self.stream.paths)
 
     @property
+    def shard_names(self) -> list[str]:
+        return [p.name for p in self.stream.paths]
+
+    @property
     def tokens_consumed(self) -> int:
         return self._consumed
+
+    def describe(self) -> dict[str, object]:
+        """What a result records about the training stream (the data order depends on all of it)."""
+        return {
+            "train_shards_used": self.num_shards,
+            "train_shard_names": self.shard_names,
+            "train_tokens_available": int(sum(s.size for s in self.stream.shards)),
+            "world_size": self.world_size,
+        }
 
     def next_batch(self, batch_tokens: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         if batch_tokens <= 0 or seq_len <= 0 or batch_tokens % seq_len:

@@ -1,0 +1,444 @@
+"""Download the official cached FineWeb shards: `pgolf data download --variant sp1024 [--train-shards N]`.
+
+The challenge's export lives in the dataset repo `willdepueoai/parameter-golf` under the prefix
+`datasets/`, described by `datasets/manifest.json`. Files are fetched with `huggingface_hub`'s
+`hf_hub_download` (so `HF_ENDPOINT` / `--endpoint`, tokens, mirrors and Xet storage work as
+usual), pinned to the commit that `--revision` resolves to, so every file of one download comes from
+one commit. What is fetched: the manifest, the variant's tokenizer files, every validation shard,
+and the first N training shards.
+
+Assumed schema of the hub manifest (what the reference exporter writes; only these keys are read,
+unknown keys are ignored, and a file of another shape is refused with this description):
+
+    {"datasets": [{"name": "fineweb10B_sp1024",            # variant sp1024 <-> fineweb10B_sp1024
+                   "tokenizer_name": "sp_bpe_1024",
+                   "stats": {"files_train": 80, "files_val": 1, ...},
+                   "files": [{"name": "fineweb_val_000000.bin", "bytes": N, "sha256": "..."}]},  # optional
+                  ...],
+     "tokenizers": [{"name": "sp_bpe_1024",
+                     "model_path": "tokenizers/fineweb_1024_bpe.model",       # and/or "vocab_path",
+                     "vocab_path": "tokenizers/fineweb_1024_bpe.vocab"}],     # "path" (byte260's .json)
+     "files": [{"path": "datasets/fineweb10B_sp1024/fineweb_val_000000.bin", "sha256": "...", "bytes": N}]}  # optional
+
+`datasets` and `tokenizers` may also be objects keyed by name. Shards are
+`datasets/datasets/<name>/fineweb_{val,train}_NNNNNN.bin`, numbered from 0; tokenizer paths are
+relative to the prefix. Sizes and sha256s are used wherever the manifest gives them.
+
+Guarantees:
+- Every file is checked before it gets its final name: its size (against the hub's), the shard
+  header (magic, version, a size that matches the declared count, token ids below the vocabulary),
+  and its sha256 where the manifest gives one. A corrupt file is deleted and the error names it.
+  `hf_hub_download` itself writes to a temporary name, so a partial file never has a final name.
+- Resumable: a dropped connection is resumed in place with an HTTP Range request (up to 5 times per
+  file, by huggingface_hub); a rerun of an interrupted command skips every file already verified
+  (recorded in `.pgolf-download.json`) and fetches only the rest.
+- The folder ends with this harness's own `manifest.json` (data/manifest.py), so it is used exactly
+  like a built dataset: shard sha256s, document counts (BOS tokens), tokenizer entry, unigram counts.
+
+Destination: `--out`, else `$PG_DATA_DIR/fineweb10B_<variant>` (default `~/.cache/pgolf/datasets`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from data.io import read_json, sha256_file, write_bytes_atomic, write_json_atomic
+from data.manifest import write_manifest
+from data.shards import ShardError, read_header, read_shard, shard_name
+from data.tokenizer import BYTE260_FILENAME, BYTE260_OFFSET, BYTE260_VOCAB_SIZE, load_tokenizer, write_byte260
+
+DEFAULT_REPO_ID = "willdepueoai/parameter-golf"
+REMOTE_PREFIX = "datasets"
+HUB_MANIFEST_NAME = "manifest.json"
+DEFAULT_TRAIN_SHARDS = 80
+STATE_NAME = ".pgolf-download.json"
+STATE_FORMAT, STATE_VERSION = "pg-download-state", 1
+STAGING_NAME = ".hub-staging"
+HUB_MANIFEST_COPY = "hub_manifest.json"
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+SCHEMA_HINT = (
+    'expected {"datasets": [{"name": "fineweb10B_sp1024", "tokenizer_name": ..., '
+    '"stats": {"files_train": N, "files_val": M}}], "tokenizers": [{"name": ..., "model_path": ...}]}'
+)
+
+
+class DownloadError(RuntimeError):
+    """A file could not be fetched or failed its checks; the message names it and how to go on."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RemoteFile:
+    """One file to fetch: its path in the repo, its name in the dataset folder, what we know of it."""
+
+    path: str
+    name: str
+    kind: str  # "val" | "train" | "tokenizer"
+    size_bytes: int | None = None
+    sha256: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VariantPlan:
+    variant: str
+    dataset_name: str
+    files_train: int
+    files_val: int
+    train_shards: int
+    tokenizer_name: str
+    files: tuple[RemoteFile, ...]
+    docs_sha256: str | None = None
+
+
+# ---- The hub manifest ----
+
+
+def dataset_name_for(variant: str) -> str:
+    """sp1024 -> fineweb10B_sp1024 (byte260 -> fineweb10B_byte260), as the reference names them."""
+    if variant != "byte260" and not re.fullmatch(r"sp\d+", variant):
+        raise ValueError(f"--variant must be sp<VOCAB> (sp1024, sp4096, sp8192) or byte260, got {variant!r}")
+    return f"fineweb10B_{variant}"
+
+
+def _variant_of(name: str) -> str:
+    return name.split("_", 1)[1] if name.startswith("fineweb") and "_" in name else name
+
+
+def _entries(raw: dict[str, Any], key: str, where: str) -> list[dict[str, Any]]:
+    value = raw.get(key)
+    if isinstance(value, dict):
+        return [{"name": k, **v} for k, v in value.items() if isinstance(v, dict)]
+    if isinstance(value, list) and all(isinstance(v, dict) for v in value):
+        return value
+    raise ValueError(f"{where}: unknown manifest shape (no list {key!r}); {SCHEMA_HINT}")
+
+
+def _int_field(entry: dict[str, Any], keys: Iterable[str]) -> int | None:
+    stats = entry.get("stats") if isinstance(entry.get("stats"), dict) else {}
+    for k in keys:
+        for d in (stats, entry):
+            if isinstance(d.get(k), int | str) and str(d[k]).isdigit():
+                return int(d[k])
+    return None
+
+
+def _file_index(*lists: Any) -> dict[str, dict[str, Any]]:
+    """Known sizes / sha256s from optional `files` lists, keyed by repo-relative path and by base name."""
+    index: dict[str, dict[str, Any]] = {}
+    for lst in lists:
+        for f in lst if isinstance(lst, list) else []:
+            if not isinstance(f, dict):
+                continue
+            key = f.get("path") or f.get("name")
+            if not isinstance(key, str):
+                continue
+            info = {"size_bytes": _int_field(f, ("bytes", "size", "size_bytes"))}
+            sha = f.get("sha256")
+            info["sha256"] = sha.lower() if isinstance(sha, str) and _HEX64.match(sha.lower()) else None
+            index[key.lstrip("/")] = info
+            index.setdefault(Path(key).name, info)
+    return index
+
+
+def _relative(path: str) -> str:
+    """A tokenizer path as the exporter wrote it -> relative to the prefix (absolute paths keep their
+    `tokenizers/...` tail, since the exporter sometimes wrote its own local paths)."""
+    parts = Path(path).parts
+    if "tokenizers" in parts:
+        return "/".join(parts[parts.index("tokenizers") :])
+    if Path(path).is_absolute():
+        raise ValueError(f"tokenizer path {path!r} in the hub manifest is absolute and not under tokenizers/")
+    return path.lstrip("./")
+
+
+def parse_hub_manifest(
+    raw: Any, *, variant: str, train_shards: int | None, prefix: str = REMOTE_PREFIX, where: str = "hub manifest"
+) -> VariantPlan:
+    """Read the hub manifest (schema in the module docstring) into the list of files to fetch."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: unknown manifest shape (a {type(raw).__name__}, not an object); {SCHEMA_HINT}")
+    wanted = dataset_name_for(variant)
+    datasets = _entries(raw, "datasets", where)
+    entry = next((d for d in datasets if d.get("name") == wanted), None) or next(
+        (d for d in datasets if _variant_of(str(d.get("name"))) == variant), None
+    )
+    if entry is None:
+        have = sorted({_variant_of(str(d.get("name"))) for d in datasets if d.get("name")})
+        raise ValueError(
+            f"variant {variant!r} ({wanted}) is not in {where}; it has: {', '.join(have) or 'no datasets'}. "
+            "HINT: pick one of those with --variant, or another --repo / --revision"
+        )
+    name = str(entry["name"])
+    files_train = _int_field(entry, ("files_train", "train_shards", "num_train_shards"))
+    files_val = _int_field(entry, ("files_val", "val_shards", "num_val_shards"))
+    if files_train is None or files_val is None or files_val < 1:
+        raise ValueError(f"{where}: dataset {name} lacks stats.files_train / stats.files_val; {SCHEMA_HINT}")
+    if train_shards is None:
+        n = min(DEFAULT_TRAIN_SHARDS, files_train)
+    elif not 0 <= train_shards <= files_train:
+        raise ValueError(f"--train-shards {train_shards}: {variant} has {files_train} training shards on the hub (0..{files_train})")
+    else:
+        n = train_shards
+
+    tok_name = entry.get("tokenizer_name")
+    tokenizers = _entries(raw, "tokenizers", where) if "tokenizers" in raw else []
+    tok = next((t for t in tokenizers if t.get("name") == tok_name), None)
+    tok_paths = [str(tok[k]) for k in ("model_path", "vocab_path", "path") if tok and tok.get(k)]
+    if not tok_paths and isinstance(entry.get("tokenizer_files"), list):
+        tok_paths = [f"tokenizers/{f}" for f in entry["tokenizer_files"]]
+    if not tok_paths:
+        raise ValueError(f"{where}: no tokenizer files for {name} (tokenizer_name {tok_name!r}); {SCHEMA_HINT}")
+
+    index = _file_index(raw.get("files"), entry.get("files"), entry.get("shards"), (tok or {}).get("files"))
+    files: list[RemoteFile] = []
+    for rel in map(_relative, tok_paths):
+        info = index.get(rel) or index.get(Path(rel).name) or {}
+        files.append(RemoteFile(path=f"{prefix}/{rel}", name=Path(rel).name, kind="tokenizer", **info))
+    for split, count in (("val", files_val), ("train", n)):
+        for i in range(count):
+            rel = f"datasets/{name}/{shard_name(split, i)}"
+            info = index.get(rel) or index.get(shard_name(split, i)) or {}
+            files.append(RemoteFile(path=f"{prefix}/{rel}", name=shard_name(split, i), kind=split, **info))
+    docs_meta = raw.get("docs_meta") if isinstance(raw.get("docs_meta"), dict) else {}
+    return VariantPlan(
+        variant=variant, dataset_name=name, files_train=files_train, files_val=files_val, train_shards=n,
+        tokenizer_name=str(tok_name), files=tuple(files), docs_sha256=docs_meta.get("docs_sha256"),
+    )
+
+
+# ---- Fetching ----
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """OSError covers huggingface_hub's own errors; the HTTP client's transport errors are not OSErrors."""
+    errors: list[type[BaseException]] = [OSError]
+    for module, attr in (("httpx2", "HTTPError"), ("httpx", "HTTPError"), ("requests", "RequestException")):
+        try:
+            errors.append(getattr(importlib.import_module(module), attr))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(errors)
+
+
+class _Hub:
+    def __init__(self, repo_id: str, endpoint: str | None, token: str | bool | None, staging: Path):
+        self.repo_id, self.endpoint, self.token, self.staging = repo_id, endpoint, token, staging
+
+    def resolve(self, path: str, revision: str) -> str:
+        """The commit `revision` points at (from the X-Repo-Commit header of a HEAD on `path`)."""
+        from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+        url = hf_hub_url(self.repo_id, path, repo_type="dataset", revision=revision, endpoint=self.endpoint)
+        try:
+            meta = get_hf_file_metadata(url, token=self.token, endpoint=self.endpoint)
+        except _network_errors() as e:
+            raise DownloadError(
+                f"cannot reach {path} in dataset repo {self.repo_id} at revision {revision!r} ({type(e).__name__}: {e}). "
+                "HINT: check --repo / --revision, the network, or point HF_ENDPOINT / --endpoint at a mirror"
+            ) from e
+        if not meta.commit_hash:
+            raise DownloadError(f"{url} gave no X-Repo-Commit header: is --endpoint a Hugging Face hub?")
+        return meta.commit_hash
+
+    def fetch(self, path: str, commit: str) -> Path:
+        from huggingface_hub import hf_hub_download
+
+        try:
+            return Path(
+                hf_hub_download(
+                    self.repo_id, path, repo_type="dataset", revision=commit, local_dir=self.staging,
+                    endpoint=self.endpoint, token=self.token,
+                )
+            )
+        except _network_errors() as e:
+            raise DownloadError(
+                f"could not download {path} from {self.repo_id}@{commit[:12]} ({type(e).__name__}: {e}). "
+                "HINT: rerun the same command to resume; files already verified are kept"
+            ) from e
+
+
+# ---- Checking ----
+
+
+def _check_file(local: Path, f: RemoteFile, vocab_size: int | None, bos_id: int) -> dict[str, Any]:
+    """Size, shard header, token range and sha256 of a fetched file; raises DownloadError naming it."""
+    size = local.stat().st_size
+    if f.size_bytes is not None and size != f.size_bytes:
+        raise DownloadError(f"{f.path}: {size} bytes but the hub manifest says {f.size_bytes}; refused and removed")
+    record: dict[str, Any] = {"bytes": size}
+    if f.kind in ("val", "train"):
+        try:
+            record["tokens"] = read_header(local)
+        except ShardError as e:
+            raise DownloadError(f"{f.path}: not a valid shard ({str(e).split(' HINT')[0]}); refused and removed") from e
+        tokens = np.asarray(read_shard(local))
+        top = int(tokens.max()) if tokens.size else 0
+        if vocab_size is not None and top >= vocab_size:
+            raise DownloadError(f"{f.path}: token id {top} >= vocabulary {vocab_size}: corrupt; refused and removed")
+        record["docs"] = int(np.count_nonzero(tokens == bos_id))
+    digest = sha256_file(local)
+    if f.sha256 is not None and digest != f.sha256:
+        raise DownloadError(
+            f"{f.path}: sha256 {digest} but the hub manifest says {f.sha256}: corrupt download, refused and removed. "
+            "HINT: rerun to fetch it again"
+        )
+    record["sha256"] = digest
+    return record
+
+
+def _tokenizer_entry(dest: Path, plan: VariantPlan) -> dict[str, Any]:
+    """Our manifest's tokenizer entry; for byte260, check the reference's JSON and write our marker file."""
+    names = [f.name for f in plan.files if f.kind == "tokenizer"]
+    model = next((n for n in names if n.endswith(".model")), None)
+    if model is not None:
+        tok = load_tokenizer(dest / model)
+        path = dest / model
+    else:
+        js = next((n for n in names if n.endswith(".json")), None)
+        if js is None:
+            raise DownloadError(f"{plan.dataset_name}: no .model or .json tokenizer among {names}")
+        cfg = read_json(dest / js, what="byte tokenizer file")
+        expect = {"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3, "byte_offset": BYTE260_OFFSET, "byte_count": 256}
+        got = {k: (cfg.get("config") or {}).get(k, v) for k, v in expect.items()}
+        if cfg.get("tokenizer_type") != "pure_byte" or got != expect:
+            raise DownloadError(f"{js}: not the byte260 layout this harness reads ({got}); expected {expect}")
+        path = dest / BYTE260_FILENAME
+        write_byte260(path)
+        tok = load_tokenizer(path)
+        assert tok.vocab_size == BYTE260_VOCAB_SIZE
+    return {
+        "file": path.name, "kind": tok.kind, "vocab_size": tok.vocab_size, "bos_id": tok.bos_id,
+        "sha256": sha256_file(path), "trained_here": False,
+    }
+
+
+# ---- The download ----
+
+
+def _load_state(dest: Path, repo_id: str, commit: str) -> dict[str, Any]:
+    path = dest / STATE_NAME
+    fresh = {"format": STATE_FORMAT, "format_version": STATE_VERSION, "repo_id": repo_id, "commit": commit, "files": {}}
+    if not path.is_file():
+        return fresh
+    state = read_json(path, what="download state")
+    if state.get("format") != STATE_FORMAT or state.get("format_version") != STATE_VERSION:
+        return fresh
+    if state["files"] and (state.get("repo_id"), state.get("commit")) != (repo_id, commit):
+        raise ValueError(
+            f"{dest} holds files from {state.get('repo_id')}@{state.get('commit')}, but this download resolves to "
+            f"{repo_id}@{commit}; mixing commits would give an inconsistent dataset. "
+            f"HINT: pass --revision {state.get('commit')} to finish that download, or a new --out"
+        )
+    return state
+
+
+def default_destination(variant: str) -> Path:
+    from data.embedded import data_root
+
+    return data_root() / dataset_name_for(variant)
+
+
+def download_variant(
+    variant: str = "sp1024",
+    dest: str | os.PathLike[str] | None = None,
+    *,
+    train_shards: int | None = None,
+    repo_id: str = DEFAULT_REPO_ID,
+    revision: str = "main",
+    endpoint: str | None = None,
+    token: str | bool | None = None,
+    prefix: str = REMOTE_PREFIX,
+) -> Path:
+    """Fetch one variant of the cached export into `dest` and write its manifest; returns `dest`.
+
+    `train_shards` None means the first min(80, available) training shards, as the reference does.
+    """
+    dataset_name_for(variant)
+    dest = Path(dest) if dest is not None else default_destination(variant)
+    dest.mkdir(parents=True, exist_ok=True)
+    hub = _Hub(repo_id, endpoint, token, dest / STAGING_NAME)
+    manifest_path = f"{prefix}/{HUB_MANIFEST_NAME}"
+    commit = hub.resolve(manifest_path, revision)
+    where = f"{repo_id}@{revision} {manifest_path}"
+    hub_manifest = hub.fetch(manifest_path, commit)
+    raw = read_json(hub_manifest, what=f"hub manifest {manifest_path}")
+    plan = parse_hub_manifest(raw, variant=variant, train_shards=train_shards, prefix=prefix, where=where)
+    state = _load_state(dest, repo_id, commit)
+    write_bytes_atomic(dest / HUB_MANIFEST_COPY, hub_manifest.read_bytes())
+
+    vocab_size: int | None = None  # known once the tokenizer (fetched first) is in place
+    bos_id = 1
+    fetched = kept = 0
+    with tqdm(plan.files, desc=f"download {variant}", unit="file", disable=None) as bar:
+        for f in bar:
+            final = dest / f.name
+            known = state["files"].get(f.name)
+            if known and final.is_file() and final.stat().st_size == known["bytes"]:
+                kept += 1
+            else:
+                local = hub.fetch(f.path, commit)
+                try:
+                    record = _check_file(local, f, vocab_size, bos_id)
+                except DownloadError:
+                    local.unlink(missing_ok=True)
+                    raise
+                os.replace(local, final)
+                state["files"][f.name] = record
+                write_json_atomic(dest / STATE_NAME, state)
+                fetched += 1
+            if f.kind == "tokenizer" and f.name.endswith(".model"):
+                tok = load_tokenizer(final)
+                vocab_size, bos_id = tok.vocab_size, tok.bos_id
+            elif f.kind == "tokenizer" and f.name.endswith(".json"):
+                vocab_size, bos_id = BYTE260_VOCAB_SIZE, 1
+
+    tokenizer = _tokenizer_entry(dest, plan)
+    write_manifest(dest, _our_manifest(dest, plan, state, tokenizer, repo_id, revision, commit, prefix))
+    shutil.rmtree(dest / STAGING_NAME, ignore_errors=True)
+    print(f"{dest}: {fetched} file(s) downloaded, {kept} already present and verified; manifest written")
+    return dest
+
+
+def _our_manifest(
+    dest: Path, plan: VariantPlan, state: dict[str, Any], tokenizer: dict[str, Any],
+    repo_id: str, revision: str, commit: str, prefix: str,
+) -> dict[str, Any]:
+    # Every verified training shard present from index 0 on (a rerun with a smaller --train-shards
+    # keeps what is there; the loader picks its first N with train_shard_paths).
+    val = [shard_name("val", i) for i in range(plan.files_val)]
+    train = []
+    i = 0
+    while shard_name("train", i) in state["files"] and (dest / shard_name("train", i)).is_file():
+        train.append(shard_name("train", i))
+        i += 1
+    counts = np.zeros(tokenizer["vocab_size"], dtype=np.int64)
+    shards = []
+    for split, names in (("val", val), ("train", train)):
+        for n in names:
+            rec = state["files"][n]
+            shards.append({"name": n, "split": split, "tokens": rec["tokens"], "docs": rec["docs"], "bytes": rec["bytes"], "sha256": rec["sha256"]})
+            if split == "train":
+                counts += np.bincount(np.asarray(read_shard(dest / n)), minlength=counts.size)[: counts.size]
+    return {
+        "tokenizer": tokenizer,
+        "docs": {s: sum(e["docs"] for e in shards if e["split"] == s) for s in ("val", "train")},
+        "tokens": {s: sum(e["tokens"] for e in shards if e["split"] == s) for s in ("val", "train")},
+        "selection_sha256": None,
+        "source": {
+            "kind": "hub", "repo_id": repo_id, "revision": revision, "commit": commit, "prefix": prefix,
+            "variant": plan.variant, "dataset": plan.dataset_name, "tokenizer_name": plan.tokenizer_name,
+            "train_shards": len(train), "train_shards_available": plan.files_train, "val_shards": plan.files_val,
+            "hub_manifest_sha256": sha256_file(dest / HUB_MANIFEST_COPY), "docs_sha256": plan.docs_sha256,
+        },
+        "shards": shards,
+        "train_unigram_counts": counts.tolist(),
+    }

@@ -1,0 +1,167 @@
+"""Check a dataset folder against its manifest: `pgolf data verify DIR [--quick]`.
+
+For every shard the manifest lists: the header (magic, version, a size that matches the declared
+count), the byte size, the token count, the document count (BOS tokens) and the sha256; for the
+tokenizer file its sha256; for each split the document and token totals. A shard file in the folder
+that the manifest does not list is a failure too, since anything globbing `fineweb_*` would read it.
+`--quick` skips the two checks that read every byte (sha256 and document counts).
+
+The result is a table, one row per file; the exit status is 0 when every check holds, 1 otherwise
+(2 when the folder is not a dataset at all).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from data.io import sha256_file
+from data.manifest import Manifest, load_manifest
+from data.shards import ShardError, parse_shard_name, read_header, read_shard
+
+CHECKS = ("header", "size", "count", "bos", "sha256")
+LEGEND = (
+    "checks: header = magic, version and a size matching the declared count; size = bytes vs manifest; "
+    "count = tokens vs manifest; bos = documents (BOS tokens) vs manifest; sha256 = hash vs manifest"
+)
+OK, FAIL, SKIP = "ok", "FAIL", "-"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FileCheck:
+    """The checks of one file; `problems` says what failed, with expected and actual values."""
+
+    name: str
+    split: str
+    results: dict[str, str]
+    problems: tuple[str, ...] = ()
+    tokens: int = 0
+    """Tokens found (header count; 0 when unreadable)."""
+    docs: int | None = None
+    """Documents found (BOS tokens), None when not counted (--quick)."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VerifyReport:
+    root: Path
+    files: tuple[FileCheck, ...]
+    totals: tuple[str, ...] = field(default=())
+    total_problems: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return all(f.ok for f in self.files) and not self.total_problems
+
+    def problems(self) -> list[str]:
+        return [f"{f.name}: {p}" for f in self.files for p in f.problems] + list(self.total_problems)
+
+    def table(self) -> str:
+        """A fixed-width table: one row per file, one column per check, then the split totals."""
+        head = ["file", "split", "tokens", "docs", *CHECKS, "result"]
+        rows = [
+            [f.name, f.split, f"{f.tokens:,}" if f.split in ("val", "train") else "", "" if f.docs is None else f"{f.docs:,}",
+             *(f.results.get(c, SKIP) for c in CHECKS), "OK" if f.ok else "FAIL"]
+            for f in self.files
+        ]
+        widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+        fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+        lines = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
+        lines += [fmt.format(*r) for r in rows]
+        lines += list(self.totals)
+        lines.append(LEGEND)
+        bad = self.problems()
+        lines.append(f"{self.root}: " + ("all checks hold" if not bad else f"{len(bad)} problem(s):"))
+        lines += [f"  - {p}" for p in bad]
+        return "\n".join(lines)
+
+
+def _check_shard(m: Manifest, entry: dict[str, object], *, full: bool) -> FileCheck:
+    name, split = str(entry["name"]), str(entry["split"])
+    path = m.root / name
+    results = dict.fromkeys(CHECKS, SKIP)
+    problems: list[str] = []
+    if not path.is_file():
+        return FileCheck(name=name, split=split, results={c: FAIL for c in CHECKS}, problems=("file is missing",), docs=0)
+    size = path.stat().st_size
+    results["size"] = OK if size == entry["bytes"] else FAIL
+    if size != entry["bytes"]:
+        problems.append(f"size {size} bytes, manifest says {entry['bytes']}")
+    try:
+        count = read_header(path)
+        results["header"] = OK
+    except ShardError as e:
+        results["header"] = FAIL
+        problems.append(f"bad header: {str(e).split(' HINT')[0]}")
+        count = None
+    docs: int | None = None
+    if count is not None:
+        results["count"] = OK if count == entry["tokens"] else FAIL
+        if count != entry["tokens"]:
+            problems.append(f"header declares {count} tokens, manifest says {entry['tokens']}")
+        if full:
+            docs = int(np.count_nonzero(np.asarray(read_shard(path)) == m.bos_id))
+            results["bos"] = OK if docs == entry["docs"] else FAIL
+            if docs != entry["docs"]:
+                problems.append(f"{docs} documents (BOS tokens), manifest says {entry['docs']}")
+    if full:
+        digest = sha256_file(path)
+        results["sha256"] = OK if digest == entry["sha256"] else FAIL
+        if digest != entry["sha256"]:
+            problems.append(f"sha256 {digest[:16]}… but manifest says {str(entry['sha256'])[:16]}…")
+    return FileCheck(name=name, split=split, results=results, problems=tuple(problems), tokens=count or 0, docs=docs)
+
+
+def verify_dataset(directory: str | os.PathLike[str], *, quick: bool = False) -> VerifyReport:
+    """Check every file of a dataset folder against its manifest (see the module docstring)."""
+    m = load_manifest(directory)
+    entries = list(m.raw["shards"])
+    files = [_check_shard(m, e, full=not quick) for e in entries]
+
+    tok = m.raw["tokenizer"]
+    tok_path = m.root / str(tok["file"])
+    tok_results = dict.fromkeys(CHECKS, SKIP)
+    if not tok_path.is_file():
+        files.append(FileCheck(name=str(tok["file"]), split="tokenizer", results={"sha256": FAIL}, problems=("file is missing",)))
+    elif tok.get("sha256") and not quick:
+        digest = sha256_file(tok_path)
+        tok_results["sha256"] = OK if digest == tok["sha256"] else FAIL
+        problems = () if digest == tok["sha256"] else (f"sha256 {digest[:16]}… but manifest says {str(tok['sha256'])[:16]}…",)
+        files.append(FileCheck(name=tok_path.name, split="tokenizer", results=tok_results, problems=problems))
+    else:
+        files.append(FileCheck(name=tok_path.name, split="tokenizer", results=tok_results))
+
+    listed = {str(e["name"]) for e in entries}
+    for p in sorted(m.root.glob("fineweb_*.bin")):
+        if p.name not in listed and parse_shard_name(p.name) is not None:
+            files.append(
+                FileCheck(name=p.name, split="?", results={}, problems=("shard file not listed in the manifest; remove it",))
+            )
+
+    totals: list[str] = []
+    total_problems: list[str] = []
+    view_split = (m.raw.get("view") or {}).get("split")  # a make_split_view folder holds one split
+    for split in ("val", "train"):
+        if view_split and split != view_split:
+            continue
+        # Totals of what the files hold (as measured above), against the manifest's split totals.
+        found = [f for f in files[: len(entries)] if f.split == split]
+        tokens = sum(f.tokens for f in found)
+        counted = [f.docs for f in found if f.docs is not None]
+        docs = sum(counted) if len(counted) == len(found) else None
+        want_docs = m.raw["docs"].get(split)
+        want_tokens = (m.raw.get("tokens") or {}).get(split)
+        totals.append(f"{split}: {len(found)} shard(s), {tokens:,} tokens, " + (f"{docs:,} docs" if docs is not None else "docs not counted"))
+        if docs is not None and want_docs is not None and docs != want_docs:
+            total_problems.append(f"{split}: shards hold {docs} documents, manifest docs.{split} says {want_docs}")
+        if want_tokens is not None and tokens != want_tokens:
+            total_problems.append(f"{split}: shards hold {tokens} tokens, manifest tokens.{split} says {want_tokens}")
+    if not view_split and not any(e["split"] == "val" for e in entries):
+        total_problems.append("no validation shards listed")
+    return VerifyReport(root=m.root, files=tuple(files), totals=tuple(totals), total_problems=tuple(total_problems))
