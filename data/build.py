@@ -122,7 +122,12 @@ def encode_documents(tok: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, 
         lens = np.fromiter((len(b) + 1 for b in raw), dtype=np.int64, count=len(raw))
         body = np.frombuffer(b"".join(raw), dtype=np.uint8).astype(TOKEN_DTYPE) + BYTE260_OFFSET
     else:
-        ids = tok.sp.encode(list(texts), out_type=int) if isinstance(tok, SentencePieceTokenizer) else tok.encode(texts)
+        # One thread: parallelism comes from the worker processes (sentencepiece's batch encode
+        # would otherwise start a thread per core in every worker).
+        if isinstance(tok, SentencePieceTokenizer):
+            ids = tok.sp.encode(list(texts), out_type=int, num_threads=1)
+        else:
+            ids = tok.encode(texts)
         lens = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
         body = np.fromiter(chain.from_iterable(ids), dtype=TOKEN_DTYPE, count=int(lens.sum()) - len(ids))
     flat = np.empty(int(lens.sum()), dtype=TOKEN_DTYPE)
