@@ -11,7 +11,9 @@ default; the last shard of a split fewer). A document may continue into the next
 
 Tokenizers: a SentencePiece `.model` (copied beside the shards), `byte260` (256 bytes + 4
 specials), or a BPE trained here with the reference settings for any vocabulary size (trained on
-the training documents only, so validation text never shapes the tokenizer).
+the training documents only, so validation text never shapes the tokenizer). Training reads the
+source once more before tokenizing (a hub stream is streamed twice), and SentencePiece holds its
+training text in memory: `tokenizer_train_docs` caps how many training documents it sees.
 
 Tokenization runs on all cores: batches of documents go to a pool of worker processes, each with
 its own copy of the tokenizer, and come back in submission order, so the output is identical to

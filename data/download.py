@@ -53,7 +53,7 @@ import numpy as np
 from tqdm import tqdm
 
 from data.io import read_json, sha256_file, write_bytes_atomic, write_json_atomic
-from data.manifest import write_manifest
+from data.manifest import MANIFEST_NAME, write_manifest
 from data.shards import ShardError, read_header, read_shard, shard_name
 from data.tokenizer import BYTE260_FILENAME, BYTE260_OFFSET, BYTE260_VOCAB_SIZE, load_tokenizer, write_byte260
 
@@ -365,6 +365,8 @@ def download_variant(
     dataset_name_for(variant)
     dest = Path(dest) if dest is not None else default_destination(variant)
     dest.mkdir(parents=True, exist_ok=True)
+    if (dest / MANIFEST_NAME).is_file() and (read_json(dest / MANIFEST_NAME).get("source") or {}).get("kind") != "hub":
+        raise FileExistsError(f"{dest} holds a dataset that was not downloaded from the hub; HINT: choose another --out")
     hub = _Hub(repo_id, endpoint, token, dest / STAGING_NAME)
     manifest_path = f"{prefix}/{HUB_MANIFEST_NAME}"
     commit = hub.resolve(manifest_path, revision)

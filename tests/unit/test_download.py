@@ -173,7 +173,9 @@ def test_a_moved_revision_is_not_mixed_into_an_old_download(repo_files, tmp_path
         download_variant("byte260", out, train_shards=2, endpoint=hub.endpoint)
 
 
-def test_unreachable_hub_and_unknown_manifest_shapes_are_clear(tmp_path):
+def test_unreachable_hub_and_unknown_manifest_shapes_are_clear(tmp_path, built):
+    with pytest.raises(FileExistsError, match="not downloaded from the hub"):
+        download_variant("byte260", built["byte260"][0], endpoint="http://127.0.0.1:9")
     with pytest.raises(DownloadError, match="cannot reach datasets/manifest.json .*HINT"):
         download_variant("sp1024", tmp_path / "u", endpoint="http://127.0.0.1:9")
     with pytest.raises(ValueError, match="unknown manifest shape .*expected"):
