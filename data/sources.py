@@ -185,5 +185,11 @@ def iter_hf_rows(src: DocumentSource) -> Iterator[dict[str, Any]]:
         kwargs["revision"] = src.revision
     if src.data_files:
         kwargs["data_files"] = src.data_files
-    ds = datasets.load_dataset(src.path, **kwargs)
+    try:
+        ds = datasets.load_dataset(src.path, **kwargs)
+    except (ConnectionError, FileNotFoundError) as e:  # no network, unknown dataset / config / files
+        raise FileNotFoundError(
+            f"cannot open dataset {src.path!r} (config {src.config!r}, split {src.split!r}, revision {src.revision!r}): {e}. "
+            "HINT: check the network or HF_ENDPOINT, or build from local files with --docs"
+        ) from e
     yield from ds

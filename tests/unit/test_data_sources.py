@@ -64,6 +64,13 @@ def test_hf_datasets_streaming_path_reads_the_same_documents(files, docs):
         assert src.describe()["dataset"] == builder
 
 
+def test_hf_source_that_cannot_be_opened_is_named(tmp_path):
+    pytest.importorskip("datasets")
+    src = DocumentSource(kind="hf", path="json", data_files=str(tmp_path / "absent.jsonl"))
+    with pytest.raises(FileNotFoundError, match=r"cannot open dataset 'json' .*HINT"):
+        list(src)
+
+
 def test_builds_from_every_source_record_the_same_selection(tmp_path, files, docs):
     shas = set()
     for kind in ("jsonl", "parquet", "text"):
