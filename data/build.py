@@ -305,7 +305,8 @@ def build_dataset(
 
     Exactly one of `tokenizer` (a `.model` file or "byte260") and `vocab_size` (train a SentencePiece
     BPE on the training documents with the reference settings; `tokenizer_train_docs` caps how many)
-    must be given. `workers` processes tokenize (default: all cores). Returns the folder.
+    must be given. `workers` processes tokenize (default: all cores; byte260 encodes in-process).
+    Returns the folder.
     """
     if (tokenizer is None) == (vocab_size is None):
         raise ValueError("give exactly one of --tokenizer MODEL|byte260 and --vocab-size N")
@@ -328,6 +329,8 @@ def build_dataset(
     if tok.vocab_size > MAX_VOCAB_SIZE:
         raise ValueError(f"a vocabulary of {tok.vocab_size} does not fit uint16 shards (max {MAX_VOCAB_SIZE})")
 
+    if isinstance(tok, ByteTokenizer):
+        workers = 1  # byte260 encoding is a memory copy (~500 MB/s); shipping text to workers costs more
     counts = np.zeros(tok.vocab_size, dtype=np.int64)
     writers = {
         "val": _SplitWriter(out, "val", shard_tokens, tok.bos_id, None),

@@ -13,12 +13,12 @@ import shutil
 import numpy as np
 import pytest
 
-from data.build import build_dataset, read_jsonl_texts, selection_sha256
+from data.build import EncodeBatch, build_dataset, encode_ordered, read_jsonl_texts, selection_sha256
 from data.cli import main as data_main
 from data.io import read_json
 from data.shards import HEADER_BYTES, read_split, shard_name
 from data.sources import source_from_path
-from data.tokenizer import BOS_ID, BYTE260_OFFSET, SentencePieceTokenizer, load_tokenizer
+from data.tokenizer import BOS_ID, BYTE260_OFFSET, SentencePieceTokenizer, load_tokenizer, write_byte260
 from data.verify import verify_dataset
 from tests.conftest import SAMPLE_JSONL, SP1024, require_shared
 from tests.fixtures.texts import prose_documents
@@ -103,8 +103,17 @@ def test_byte260_round_trip_hermetic(tmp_path):
     assert [(d[1:] - BYTE260_OFFSET).astype(np.uint8).tobytes().decode("utf-8") for d in docs] == texts
 
 
-def test_parallel_build_is_identical_to_sequential(tmp_path):
+def test_parallel_encoding_is_identical_to_sequential(tmp_path):
+    """The worker pool returns batches in submission order with the same tokens as one process."""
     texts = prose_documents(60, 3000)
+    tok_path = tmp_path / "byte260.json"
+    write_byte260(tok_path)
+
+    def run(workers: int) -> list[tuple[str, list[int], list[int]]]:
+        batches = (EncodeBatch("train", texts[i : i + 7], 0) for i in range(0, len(texts), 7))
+        return [(b.texts[0], flat.tolist(), lens.tolist()) for b, flat, lens in encode_ordered(tok_path, batches, workers)]
+
+    assert run(1) == run(2)
     a = build_dataset(texts, tmp_path / "a", val_docs=6, tokenizer="byte260", shard_tokens=20_000, workers=1)
     b = build_dataset(texts, tmp_path / "b", val_docs=6, tokenizer="byte260", shard_tokens=20_000, workers=2)
     assert (a / "manifest.json").read_bytes() == (b / "manifest.json").read_bytes()
