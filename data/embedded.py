@@ -14,6 +14,7 @@ different Python version gets its own dataset.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import os
 import shutil
@@ -53,7 +54,12 @@ def _module_docs(path: Path) -> str:
 
 
 def embedded_documents() -> list[str]:
-    """The corpus's documents, in their fixed order."""
+    """The corpus's documents, in their fixed order (parsed once per process)."""
+    return list(_embedded_documents())
+
+
+@functools.cache
+def _embedded_documents() -> tuple[str, ...]:
     import pydoc_data.topics
 
     titled: list[tuple[str, str]] = [(f"topic:{k}", v.strip()) for k, v in pydoc_data.topics.topics.items()]
@@ -63,7 +69,7 @@ def embedded_documents() -> list[str]:
         if len(text) >= MIN_MODULE_CHARS:
             titled.append((f"module:{p.stem}", text))
     titled.sort(key=lambda kv: hashlib.sha256(kv[0].encode()).hexdigest())
-    return [text for _, text in titled if text]
+    return tuple(text for _, text in titled if text)
 
 
 def ensure_embedded_dataset(root: str | os.PathLike[str] | None = None) -> Path:
