@@ -5,7 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from data.shards import HEADER_BYTES, SHARD_MAGIC, ShardError, list_shards, read_header, read_shard, shard_name, write_shard
+from data.shards import (
+    HEADER_BYTES,
+    SHARD_MAGIC,
+    ShardError,
+    list_shards,
+    read_header,
+    read_shard,
+    shard_name,
+    write_shard,
+)
 
 
 def test_round_trip_and_exact_size(tmp_path):
