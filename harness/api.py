@@ -13,15 +13,17 @@ A submission folder holds (see submissions/README.md):
 What train(ctx) may do, and must not:
     - It reads training tokens only through ctx.data; it is never given validation data or its path.
     - It checks the clock once per step with ctx.clock.tick(); every rank gets the same reading, and
-      when reading.stop is True every rank must return (or raise TrainingComplete) at once.
+      when reading.stop is True every rank must return (or raise TrainingComplete) at once. Taking a
+      batch or ticking again after a stop reading makes the run over_budget.
       A run that is still going at budget + grace is killed and reported over_budget, never scored.
+    - The only time off the clock is ctx.clock.warmup(...) (compile on synthetic tokens, undone after).
     - It returns the trained model (or its state dict). Rank 0's return value is what gets packed.
     - It logs through ctx.log (rank 0 prints; metrics go to the run's metrics file).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeAlias
@@ -53,6 +55,15 @@ class ClockReading(NamedTuple):
     """True on every rank at the same step once the budget is spent: return now."""
 
 
+class WarmupReport(NamedTuple):
+    steps: int
+    """Warm-up steps run on synthetic tokens."""
+    off_clock_s: float
+    """Seconds left off the clock (the warm-up's duration, at most budget.warmup_max_s; the same on every rank)."""
+    verified: bool
+    """The named modules' weights and the optimizers' state were bit-identical to before it, after restoring them."""
+
+
 class BudgetClock(Protocol):
     budget_s: float
     """The training budget in seconds (inf on untimed tracks)."""
@@ -63,6 +74,29 @@ class BudgetClock(Protocol):
 
     def elapsed_s(self) -> float:
         """This rank's own elapsed training seconds; no collective (for logging only)."""
+        ...
+
+    def warmup(
+        self,
+        step: Callable[[torch.Tensor, torch.Tensor], object],
+        *,
+        modules: Sequence[nn.Module],
+        optimizers: Sequence[torch.optim.Optimizer] = (),
+        steps: int,
+        batch_tokens: int,
+        seq_len: int,
+        vocab_size: int,
+    ) -> WarmupReport:
+        """Run `step(x, y)` `steps` times on synthetic tokens, off the clock (e.g. to compile); then undo it.
+
+        The only time off the clock. Call it once, on every rank together, before the first tick().
+        x, y are [batch_tokens // seq_len, seq_len] int64 on ctx.dist.device, random ids < vocab_size
+        (y is x shifted by one). While it runs ctx.data refuses batches. Before it, the parameters,
+        buffers and grads of `modules`, the state and hyperparameters of `optimizers`, and the torch,
+        numpy and random RNG states are copied; after it they are restored and verified bit-identical
+        (a RuntimeError otherwise). Anything else the step function changes is not undone: keep it to
+        compiling. Its duration, up to budget.warmup_max_s, is off the clock; any excess counts.
+        """
         ...
 
 

@@ -1,27 +1,39 @@
 """The budget clock. It is the harness's: a submission reads it, never sets it.
 
-- The clock starts when train(ctx) is called (process-group setup and imports are before it, under
-  the separate `startup_s` allowance).
-- `tick()` is one collective per step: each rank reads its own elapsed time (after synchronising
-  its device), the ranks all-reduce (elapsed, over-budget flag) with MAX, and all get the same
-  reading. So every rank stops at the same step, and LR schedules driven by elapsed time agree.
-- The supervising process (harness/launch.py) kills the whole process group at budget + grace;
-  rank 0 writes a marker file when the clock starts so the supervisor knows when that is.
+- The clock starts, on every rank at once (after a barrier), just before the submission's train.py
+  is imported; process-group setup and the harness's own imports come before it, under the separate
+  `startup_s` allowance.
+- `tick()` is one collective per step: each rank reads its own elapsed time (after synchronising its
+  device), the ranks all-reduce (elapsed, over-budget flag) with MAX into a preallocated buffer, and
+  all get the same reading. So every rank stops at the same step, and LR schedules driven by elapsed
+  time agree. There is no other per-step work.
+- `warmup(...)` is the only time off the clock: once, before the first tick, on synthetic tokens,
+  with the training data closed; the named modules, optimizers and RNGs are snapshotted before and
+  restored after, then verified bit-identical. At most `warmup_max_s` of it is off the clock.
+- Local rank 0 of each node writes a marker file when the clock starts (and again after a warm-up);
+  the supervising process (harness/launch.py) kills the whole phase at clock start + off-clock time
+  + train_s + grace_s, trusting the marker's off-clock time only up to `warmup_max_s`.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
+import random
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
+from torch import nn
 
-from harness.api import ClockReading, DistInfo
+from harness.api import ClockReading, DistInfo, WarmupReport
 
 CLOCK_MARKER = "clock_start.json"
 
@@ -33,57 +45,228 @@ class BudgetConfig:
     grace_s: float = 30.0
     """After train_s + grace_s the training processes are killed and the run is over_budget."""
     startup_s: float = 300.0
-    """Allowance before the clock starts (imports, process-group setup, building the model)."""
+    """Allowance before the clock starts (imports, process-group setup)."""
+    warmup_max_s: float = 180.0
+    """Most seconds of ctx.clock.warmup() (compile on synthetic tokens) left off the clock; the rest counts."""
 
     def __post_init__(self) -> None:
         for name in ("train_s", "grace_s", "startup_s"):
             v = getattr(self, name)
             if not v > 0:
                 raise ValueError(f"budget.{name} must be positive, got {v}")
+        if not self.warmup_max_s >= 0 or not math.isfinite(self.warmup_max_s):
+            raise ValueError(f"budget.warmup_max_s must be a finite number >= 0, got {self.warmup_max_s}")
+
+
+class DataGate:
+    """Wraps the token stream: closed during warm-up, and counts batches taken after the stop reading."""
+
+    def __init__(self, stream: Any, clock: HarnessClock):
+        self._stream, self._clock = stream, clock
+        self.batches_after_stop = 0
+
+    def next_batch(self, batch_tokens: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._clock.in_warmup:
+            raise RuntimeError("ctx.data is closed during ctx.clock.warmup(): train on the synthetic batch it passes")
+        if self._clock.last.stop:
+            self.batches_after_stop += 1
+        return self._stream.next_batch(batch_tokens, seq_len)
+
+    @property
+    def tokens_consumed(self) -> int:
+        return self._stream.tokens_consumed
 
 
 class HarnessClock:
     """Implements harness.api.BudgetClock."""
 
-    def __init__(self, budget_s: float, dist_info: DistInfo, marker_dir: Path | None = None):
+    def __init__(self, budget_s: float, dist_info: DistInfo, marker_dir: Path | None = None, warmup_max_s: float = 0.0):
         self.budget_s = float(budget_s)
+        self.warmup_max_s = float(warmup_max_s)
         self._dist = dist_info
         self._marker_dir = marker_dir
         self._t0: float | None = None
-        self._paused_s = 0.0
+        self._t0_unix = 0.0
+        self.off_clock_s = 0.0
         self.steps = 0
+        self.ticks_after_stop = 0
+        self.in_warmup = False
+        self.warmup_report: WarmupReport | None = None
         self.last = ClockReading(0.0, self.budget_s, False)
+        self._cuda = dist_info.device.type == "cuda"
+        self._cpu = torch.zeros(2, dtype=torch.float64)
+        self._np = self._cpu.numpy()
+        self._dev = self._cpu.to(dist_info.device) if dist_info.backend == "nccl" else self._cpu
+
+    # ---- the clock ----
 
     def start(self) -> None:
-        self._sync()
+        if self._dist.distributed:
+            dist.barrier()
+        self.sync()
         self._t0 = time.perf_counter()
-        if self._dist.is_main and self._marker_dir is not None:
-            tmp = self._marker_dir / f".{CLOCK_MARKER}.tmp"
-            tmp.write_text(json.dumps({"clock_start_unix_s": time.time(), "budget_s": self.budget_s}))
-            os.replace(tmp, self._marker_dir / CLOCK_MARKER)
+        self._t0_unix = time.time()
+        self._write_marker()
 
-    def _sync(self) -> None:
-        if self._dist.device.type == "cuda":
+    def _write_marker(self) -> None:
+        if self._marker_dir is None:
+            return
+        tmp = self._marker_dir / f".{CLOCK_MARKER}.tmp"
+        tmp.write_text(json.dumps({"clock_start_unix_s": self._t0_unix, "off_clock_s": self.off_clock_s, "budget_s": self.budget_s}))
+        os.replace(tmp, self._marker_dir / CLOCK_MARKER)
+
+    def sync(self) -> None:
+        if self._cuda:
             torch.cuda.synchronize(self._dist.device)
 
     def elapsed_s(self) -> float:
         if self._t0 is None:
             return 0.0
-        return time.perf_counter() - self._t0 - self._paused_s
+        return time.perf_counter() - self._t0 - self.off_clock_s
 
     def tick(self) -> ClockReading:
-        self._sync()
+        self.sync()
         elapsed = self.elapsed_s()
         over = 1.0 if elapsed >= self.budget_s else 0.0
         if self._dist.distributed:
-            t = torch.tensor([elapsed, over], dtype=torch.float64)
-            if self._dist.backend == "nccl":
-                t = t.to(self._dist.device)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            elapsed, over = float(t[0]), float(t[1])
+            self._np[0], self._np[1] = elapsed, over
+            if self._dev is not self._cpu:
+                self._dev.copy_(self._cpu)
+                dist.all_reduce(self._dev, op=dist.ReduceOp.MAX)
+                self._cpu.copy_(self._dev)
+            else:
+                dist.all_reduce(self._cpu, op=dist.ReduceOp.MAX)
+            elapsed, over = float(self._np[0]), float(self._np[1])
         stop = over > 0
-        if not stop:
+        if self.last.stop:
+            self.ticks_after_stop += 1
+        elif not stop:
             self.steps += 1
         remaining = max(self.budget_s - elapsed, 0.0) if math.isfinite(self.budget_s) else math.inf
         self.last = ClockReading(elapsed, remaining, stop)
         return self.last
+
+    # ---- the off-clock warm-up ----
+
+    def warmup(
+        self,
+        step: Callable[[torch.Tensor, torch.Tensor], object],
+        *,
+        modules: Sequence[nn.Module],
+        optimizers: Sequence[torch.optim.Optimizer] = (),
+        steps: int,
+        batch_tokens: int,
+        seq_len: int,
+        vocab_size: int,
+    ) -> WarmupReport:
+        if self._t0 is None or self.steps or self.last.stop or self.ticks_after_stop:
+            raise RuntimeError("ctx.clock.warmup() must come before the first ctx.clock.tick()")
+        if self.warmup_report is not None:
+            raise RuntimeError("ctx.clock.warmup() may be called once per run")
+        if steps < 0 or batch_tokens <= 0 or batch_tokens % seq_len:
+            raise ValueError(f"warmup: steps >= 0 and batch_tokens a multiple of seq_len, got {steps}, {batch_tokens}, {seq_len}")
+        self.sync()
+        t0 = time.perf_counter()
+        snap = Snapshot(modules, optimizers, self._cuda)
+        gen = torch.Generator().manual_seed(0)
+        self.in_warmup = True
+        try:
+            for _ in range(steps):
+                tok = torch.randint(0, vocab_size, (batch_tokens + 1,), generator=gen).to(self._dist.device)
+                step(tok[:-1].view(-1, seq_len), tok[1:].view(-1, seq_len))
+            self.sync()
+        finally:
+            self.in_warmup = False
+            snap.restore()
+        verified = snap.verify()
+        if not verified:
+            raise RuntimeError("warm-up left the weights or optimizer state changed after restoring them; refusing to continue")
+        dur = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        if self._dist.distributed:  # the least generous rank's duration: all ranks agree
+            dev = dur.to(self._dist.device) if self._dist.backend == "nccl" else dur
+            dist.all_reduce(dev, op=dist.ReduceOp.MIN)
+            dur = dev.cpu()
+        off = min(float(dur[0]), self.warmup_max_s)
+        self.off_clock_s += off
+        self._write_marker()
+        self.warmup_report = WarmupReport(steps=steps, off_clock_s=off, verified=verified)
+        return self.warmup_report
+
+
+class Snapshot:
+    """A bitwise copy of modules' parameters/buffers/grads, optimizers' state and hyperparameters, and the RNGs."""
+
+    def __init__(self, modules: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer], cuda: bool):
+        self.tensors: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        seen: set[int] = set()
+        for m in modules:
+            for t in [*m.parameters(), *m.buffers()]:
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    g = t.grad.detach().clone() if t.grad is not None else None
+                    self.tensors.append((t, t.detach().clone(), g))
+        self.optimizers = [(o, _clone_state(o.state), [_clone({k: v for k, v in g.items() if k != "params"}) for g in o.param_groups])
+                           for o in optimizers]
+        self.cuda = cuda
+        self.rng = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None, random.getstate(), np.random.get_state())
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for t, saved, grad in self.tensors:
+                t.copy_(saved)
+                t.grad = None if grad is None else grad.clone()
+            for opt, state, groups in self.optimizers:
+                for p in [p for p in opt.state if p not in state]:
+                    del opt.state[p]
+                for p, saved_state in state.items():
+                    cur = opt.state[p]
+                    for k in [k for k in cur if k not in saved_state]:
+                        del cur[k]
+                    for k, v in saved_state.items():
+                        if isinstance(v, torch.Tensor) and isinstance(cur.get(k), torch.Tensor) and cur[k].shape == v.shape and cur[k].dtype == v.dtype:
+                            cur[k].copy_(v)
+                        else:
+                            cur[k] = _clone(v)
+                for g, saved_g in zip(opt.param_groups, groups, strict=True):
+                    g.update(_clone(saved_g))
+        torch.set_rng_state(self.rng[0])
+        if self.rng[1] is not None:
+            torch.cuda.set_rng_state_all(self.rng[1])
+        random.setstate(self.rng[2])
+        np.random.set_state(self.rng[3])
+
+    def verify(self) -> bool:
+        for t, saved, _ in self.tensors:
+            if not _bitwise_equal(t.detach(), saved):
+                return False
+        for opt, state, _ in self.optimizers:
+            if set(opt.state) != set(state):
+                return False
+            for p, saved_state in state.items():
+                cur = opt.state[p]
+                if set(cur) != set(saved_state):
+                    return False
+                for k, v in saved_state.items():
+                    if isinstance(v, torch.Tensor) and not (isinstance(cur[k], torch.Tensor) and _bitwise_equal(cur[k], v)):
+                        return False
+        return True
+
+
+def _clone(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return v.detach().clone()
+    if isinstance(v, dict):
+        return {k: _clone(x) for k, x in v.items()}
+    return copy.deepcopy(v)
+
+
+def _clone_state(state: Any) -> dict[Any, dict[str, Any]]:
+    return {p: _clone(dict(s)) for p, s in state.items()}
+
+
+def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return torch.equal(a.reshape(-1).contiguous().view(torch.uint8), b.reshape(-1).contiguous().view(torch.uint8))
+    return torch.equal(a, b)

@@ -30,10 +30,10 @@ from data.embedded import ensure_embedded_dataset
 from data.io import read_json, write_json_atomic
 from data.manifest import load_manifest, make_split_view
 from harness.config import ResolvedConfig, load_config
-from harness.launch import LaunchConfig, supervise, torchrun_command
+from harness.launch import LaunchConfig, run_sealed_pack, run_train_phase
 from harness.report import build_result, print_card, write_result
 from harness.submission import check_submission
-from harness.worker import STATE_FILE, TRAIN_RECORD
+from harness.worker import STATE_FILE
 from scoring.tracks import get_track
 
 STAGED_EXCLUDE = ("train.py",)
@@ -113,40 +113,38 @@ def run_pipeline(
     with tempfile.TemporaryDirectory(prefix="pgolf-views-") as views_tmp:
         views = Path(views_tmp)
         # ---- 2. train ----
-        train_view = make_split_view(data_root, views / "train", "train")
-        spec = {
-            "submission_dir": str(submission_dir),
-            "data_dir": str(train_view),
-            "run_dir": str(run_dir),
-            "model_config": cfg.model,
-            "hparams": cfg.train,
-            "seed": run_cfg.seed,
-            "budget_s": budget.train_s,
-            "device": device,
-            "threads": launch.threads_per_rank(),
-            "train_shards": cfg.section("data").train_shards,
-        }
-        write_json_atomic(run_dir / "train_spec.json", spec)
-        print(f"[train] {launch.nproc_per_node} rank(s) on {device}, budget {budget.train_s:.0f} s", flush=True)
-        outcome = supervise(torchrun_command(launch, run_dir / "train_spec.json"), run_dir, budget, run_dir / "train.log", _subprocess_env())
-        shutil.rmtree(train_view, ignore_errors=True)
-        phases["train"] = {"status": outcome.status, "wall_s": outcome.wall_s, "detail": outcome.detail}
-        if outcome.status == "ok" and (run_dir / TRAIN_RECORD).is_file():
-            phases["train"].update(read_json(run_dir / TRAIN_RECORD))
-        elif outcome.status == "ok":
-            phases["train"].update(status="error", detail="training exited 0 but wrote no train.json")
+        # staged in its own folder (train view, submission copy, spec), sandboxed, supervised: harness/launch.py
+        phases["train"] = run_train_phase(
+            submission_dir=submission_dir, data_root=data_root, run_dir=run_dir, stage_root=views, model_config=cfg.model,
+            hparams=cfg.train, seed=run_cfg.seed, budget=budget, launch=launch, device=device,
+            train_shards=cfg.section("data").train_shards, base_env=_subprocess_env(),
+        )
         if phases["train"]["status"] != "ok":
-            errors = sorted(run_dir.glob("train_error_rank*.txt"))
-            phases["train"]["errors"] = {p.name: p.read_text()[-4000:] for p in errors}
             return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=phases["train"]["status"],
                            hint=_tail(run_dir / "train.log"))
+        if phases["train"].get("role") == "secondary_node":  # several nodes: the node of global rank 0 packs and scores
+            write_json_atomic(run_dir / "train_phase.json", {"format": "pg-train-phase", "format_version": 1, **phases["train"]})
+            print(f"[train] done on this node (not the node of rank 0); its record: {run_dir / 'train_phase.json'}", flush=True)
+            return {"status": "ok", "role": "secondary_node", "phases": phases}
 
         # ---- 3. pack ----
         artifact = run_dir / "artifact.pgolf"
         cmd = [sys.executable, "-m", "harness.cli", "pack", str(run_dir / STATE_FILE), "--submission", str(submission_dir),
                "--out", str(artifact), "--codec", cfg.section("pack").codec, "--cap-bytes", str(track.cap_bytes),
                "--json-out", str(run_dir / "pack.json")]
-        proc = _run_phase("pack", cmd, run_dir / "pack.log")
+        if cfg.section("pack").codec == "submission":  # its encode is training-side code: on the clock, sandboxed
+            returncode, sealed = run_sealed_pack(
+                run_dir=run_dir, submission_dir=submission_dir, data_root=data_root, budget=budget, launch=launch,
+                train_time_s=phases["train"]["train_time_s"], cap_bytes=track.cap_bytes, log_path=run_dir / "pack.log",
+                base_env=_subprocess_env(),
+            )
+            phases["train"]["codec_encode"] = sealed
+            if sealed["status"] != "ok":
+                phases["train"].update(status=sealed["status"], detail=sealed.get("detail", ""))
+                return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=sealed["status"])
+            proc = subprocess.CompletedProcess(cmd, returncode)
+        else:
+            proc = _run_phase("pack", cmd, run_dir / "pack.log")
         if not (run_dir / "pack.json").is_file():
             phases["pack"] = {"status": "error", "detail": _tail(run_dir / "pack.log")}
             return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="error")

@@ -1,15 +1,22 @@
-"""One training rank, started by torchrun: `python -m harness.worker SPEC.json`.
+"""One training rank, started by torchrun: `python -m harness.worker SPEC.json` (inside the sandbox).
 
-It sets up the process (threads, seeds, device, process group), builds the TrainContext from
-the spec the supervisor wrote, calls the submission's train(ctx) with the harness's clock, and
-rank 0 saves the returned state as safetensors (no pickle) with the model config in its metadata.
+It sets up the process (threads, seeds, TF32, device, process group: NCCL with one GPU per rank,
+gloo on CPU), installs the access monitor (harness/sandbox.py), builds the TrainContext from the spec
+the supervisor wrote, starts the clock on every rank at once, then imports the submission's train.py
+and calls train(ctx). Local rank 0 of each node writes train.json (global rank 0 also saves the
+returned state as safetensors: no pickle) into the phase's output folder, the only folder it may
+write; the supervisor moves them into the run folder after the phase.
+
 Exceptions from the submission are caught here, at the boundary: the traceback goes to
-RUN_DIR/train_error_rank{R}.txt and the rank exits non-zero.
+OUT/train_error_rank{R}.txt and the rank exits non-zero (without a barrier, which would hang on the
+other ranks; torchrun then stops them). On success every rank passes a barrier before destroying the
+process group: gloo ranks that tear down without one crashed at exit in 3 of 9 runs.
 """
 
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import json
 import os
 import random
@@ -18,32 +25,35 @@ import time
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from safetensors.torch import save_file
 from torch import nn
 
 from data.loader import DistributedTokenLoader
 from data.manifest import load_manifest
 from harness.api import DistInfo, TrainContext, TrainingComplete, TrainResult
-from harness.budget import HarnessClock
-from scoring.loading import import_file
+from harness.budget import DataGate, HarnessClock
+from harness.sandbox import monitor_from_rules
 
 STATE_FILE = "state.safetensors"
 TRAIN_RECORD = "train.json"
+METRICS_FILE = "metrics.jsonl"
 TRAIN_FORMAT = "pg-train"
-TRAIN_FORMAT_VERSION = 1
+TRAIN_FORMAT_VERSION = 2
+SPEC_FORMAT = "pg-train-spec"
+SPEC_FORMAT_VERSION = 1
 
 
 class RankLogger:
     """harness.api.Logger: rank 0 prints lines and appends metrics to metrics.jsonl."""
 
-    def __init__(self, is_main: bool, run_dir: Path):
+    def __init__(self, is_main: bool, out_dir: Path):
         self.is_main = is_main
-        self.metrics_path = run_dir / "metrics.jsonl"
+        self.metrics_path = out_dir / METRICS_FILE
 
     def info(self, msg: str) -> None:
         if self.is_main:
@@ -61,10 +71,16 @@ def setup_process(device_kind: str, threads: int, seed: int) -> DistInfo:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     torch.set_num_threads(threads)
     if device_kind == "cuda":
+        if local_rank >= torch.cuda.device_count():
+            raise RuntimeError(
+                f"local rank {local_rank} has no GPU: this node has {torch.cuda.device_count()}. "
+                "HINT: --nproc (launch.nproc_per_node) must be at most the GPUs per node"
+            )
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision("high")
     else:
         device = torch.device("cpu")
     backend = "none"
@@ -76,7 +92,7 @@ def setup_process(device_kind: str, threads: int, seed: int) -> DistInfo:
         dist.init_process_group(**kwargs)
     random.seed(seed)
     np.random.seed(seed)
-    torch.manual_seed(seed)
+    torch.manual_seed(seed)  # every rank alike: the same initial weights everywhere
     return DistInfo(rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend)
 
 
@@ -97,72 +113,125 @@ def state_of(result: TrainResult | None) -> dict[str, torch.Tensor]:
     return out
 
 
+def import_submission_file(path: Path, module_name: str) -> ModuleType:
+    """Import a submission's file by path, its folder first on sys.path (so it may import its own files).
+
+    Here rather than from scoring/: the training process needs torch and numpy only, nothing of the scorer.
+    """
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    spec.loader.exec_module(module)
+    return module
+
+
+def _write_json(path: Path, record: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _process_facts() -> dict[str, Any]:
+    """What this process can do, from /proc/self/status (evidence that the sandbox took hold)."""
+    facts: dict[str, Any] = {}
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("CapEff", "CapBnd", "NoNewPrivs", "Uid"):
+                facts[key] = value.strip()
+    except OSError:
+        pass
+    return facts
+
+
+def _agree(info: DistInfo, values: list[float]) -> list[float]:
+    """All-reduce MAX of a few numbers, so every rank records the same."""
+    t = torch.tensor(values, dtype=torch.float64)
+    if info.distributed:
+        dev = t.to(info.device) if info.backend == "nccl" else t
+        dist.all_reduce(dev, op=dist.ReduceOp.MAX)
+        t = dev.cpu()
+    return t.tolist()
+
+
 def main(spec_path: str) -> int:
+    t_enter = time.perf_counter()
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
-    run_dir = Path(spec["run_dir"])
+    if spec.get("format") != SPEC_FORMAT or spec.get("format_version") != SPEC_FORMAT_VERSION:
+        raise ValueError(f"{spec_path} is not a {SPEC_FORMAT} v{SPEC_FORMAT_VERSION} spec")
+    out_dir = Path(spec["out_dir"])
     info = setup_process(spec["device"], spec["threads"], spec["seed"])
+    if spec.get("monitor_rules") is not None:
+        sys.addaudithook(monitor_from_rules(spec["monitor_rules"], info.rank, spec["submission_dir"]))
     manifest = load_manifest(spec["data_dir"])
     paths = manifest.shard_paths("train")
     if spec["train_shards"]:
         paths = paths[: spec["train_shards"]]
     loader = DistributedTokenLoader(paths, info.rank, info.world_size, info.device, pin_memory=True)
-    clock = HarnessClock(spec["budget_s"], info, run_dir)
-    log = RankLogger(info.is_main, run_dir)
-    scratch = run_dir / "scratch" / f"rank{info.rank}"
+    clock = HarnessClock(spec["budget_s"], info, out_dir if info.local_rank == 0 else None, spec["warmup_max_s"])
+    gate = DataGate(loader, clock)
+    log = RankLogger(info.is_main, out_dir)
+    scratch = out_dir / "scratch" / f"rank{info.rank}"
     scratch.mkdir(parents=True, exist_ok=True)
     ctx = TrainContext(
-        hparams=spec["hparams"],
-        model_config=spec["model_config"],
-        data=loader,
-        dist=info,
-        clock=clock,
-        log=log,
-        seed=spec["seed"],
-        vocab_size=manifest.vocab_size,
-        submission_dir=Path(spec["submission_dir"]),
-        scratch_dir=scratch,
+        hparams=spec["hparams"], model_config=spec["model_config"], data=gate, dist=info, clock=clock, log=log,
+        seed=spec["seed"], vocab_size=manifest.vocab_size, submission_dir=Path(spec["submission_dir"]), scratch_dir=scratch,
     )
-    status = "ok"
+    setup_s = time.perf_counter() - t_enter
     try:
-        module = import_file(Path(spec["submission_dir"]) / "train.py", "pgolf_submission_train")
+        clock.start()  # before the submission's code is imported: its module-level work is on the clock
+        module = import_submission_file(Path(spec["submission_dir"]) / "train.py", "pgolf_submission_train")
         train_fn = getattr(module, "train", None)
         if not callable(train_fn):
             raise ValueError(f"{spec['submission_dir']}/train.py must define train(ctx)")
-        clock.start()
         try:
             result = train_fn(ctx)
         except TrainingComplete as done:
             result = done.result
+        clock.sync()
         train_time_s = clock.elapsed_s()
         state = state_of(result) if info.is_main else {}
     except Exception:  # noqa: BLE001 - the boundary: any submission failure is recorded, not raised
-        (run_dir / f"train_error_rank{info.rank}.txt").write_text(traceback.format_exc(), encoding="utf-8")
+        (out_dir / f"train_error_rank{info.rank}.txt").write_text(traceback.format_exc(), encoding="utf-8")
         print(f"rank {info.rank}: train(ctx) failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         if info.distributed:
-            os._exit(1)  # a barrier would hang on the other ranks; the supervisor tears the group down
+            os._exit(1)  # a barrier would hang on the other ranks; torchrun stops them
         return 1
-    if info.is_main:
+    train_time_s, after_stop, ticks_after = _agree(info, [train_time_s, gate.batches_after_stop, clock.ticks_after_stop])
+    save_s = 0.0
+    if info.is_main and spec.get("save_state", True):
+        from safetensors.torch import save_file
+
         t0 = time.perf_counter()
-        tmp = run_dir / f".{STATE_FILE}.tmp"
+        tmp = out_dir / f".{STATE_FILE}.tmp"
         save_file(state, str(tmp), metadata={"model_config": json.dumps(spec["model_config"], sort_keys=True)})
-        os.replace(tmp, run_dir / STATE_FILE)
-        record = {
+        os.replace(tmp, out_dir / STATE_FILE)
+        save_s = time.perf_counter() - t0
+    if info.local_rank == 0:
+        warm = clock.warmup_report
+        _write_json(out_dir / TRAIN_RECORD, {
             "format": TRAIN_FORMAT,
             "format_version": TRAIN_FORMAT_VERSION,
-            "status": status,
+            "role": "main" if info.is_main else "secondary_node",
+            "status": "ok",
             "train_time_s": train_time_s,
+            "off_clock_s": clock.off_clock_s,
+            "warmup": warm._asdict() if warm else None,
             "steps": clock.steps,
+            "stopped_by_clock": clock.last.stop,
+            "ticks_after_stop": int(ticks_after),
+            "batches_after_stop": int(after_stop),
             "tokens_seen": loader.tokens_consumed,
             "train_shards_used": loader.num_shards,
             "world_size": info.world_size,
             "backend": info.backend,
             "device": str(info.device.type),
             "threads_per_rank": torch.get_num_threads(),
-            "save_time_s": time.perf_counter() - t0,
-        }
-        tmp = run_dir / f".{TRAIN_RECORD}.tmp"
-        tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(tmp, run_dir / TRAIN_RECORD)
+            "phase_times_s": {"setup": setup_s, "train": train_time_s, "off_clock": clock.off_clock_s, "save": save_s},
+            "process": _process_facts(),
+        })
     if info.distributed:
         dist.barrier()  # without it, gloo ranks tearing down at once can crash at exit
         dist.destroy_process_group()

@@ -1,0 +1,454 @@
+"""The train phase's sandbox: what a training process can read, write, signal and reach.
+
+The supervisor (harness/launch.py) plans a sandbox, writes it as a policy file outside the sandbox,
+and runs `python -m harness.sandbox enter POLICY -- torchrun ...`, which applies the policy to itself
+and then execs torchrun, so every rank and every process a rank starts inherits it. Layers, each
+used when the machine allows it and recorded either way (`SandboxPlan.describe()`):
+
+- Landlock (Linux >= 5.13, no privilege needed): a filesystem allow-list. Reads only beneath the
+  Python installation, the system directories (/usr, /lib*, /bin, /sbin, /etc, /opt, /proc, /sys),
+  the harness's own packages, and the phase's staging folder (the training view of the data, a copy
+  of the submission, the spec); writes only beneath the phase's output folder; a few device files.
+  Any allowed folder that holds the dataset is replaced by its other children, so the original
+  dataset folder (both splits) and every validation shard are outside every rule. With ABI >= 6,
+  signals to processes outside the sandbox are refused too. Landlock also refuses ptrace and
+  /proc/PID/mem of processes outside the sandbox (not their /proc/PID/cmdline or environ: the PID
+  namespace hides those), and any mount.
+- Namespaces (root, one node): a mount + PID namespace with a fresh /proc (the supervisor and every
+  other process of the machine are invisible; when the namespace's first process dies the kernel
+  kills every process left in it, so no rank can outlive the phase) and a private /dev/shm (the one
+  folder outside the phase's own that training may write: nothing persists there from or to another
+  run); and a network namespace with loopback only (nothing outside the machine can be reached, so
+  no public copy of the validation data can be downloaded).
+- Capabilities (root only): the bounding, inheritable and ambient sets are cleared and no_new_privs
+  set before exec, so the ranks run as uid 0 without any capability.
+
+Not covered: a separate unprivileged user (the interpreter may live under a folder only its owner
+can read, as /root here); namespaces on several nodes (ranks must reach each other, and torchrun's
+rendezvous tells nodes apart by hostname and pid); data that is public
+elsewhere (the embedded corpus's validation text ships with Python itself); opens made from C code
+or child processes are refused but not reported (see `AccessMonitor`); the scorer, which runs the
+submission's model.py next to the validation data, is not sandboxed by this module, so anything it
+can write that a later training run can read (e.g. /dev/shm, a writable Python installation) is a
+channel between runs that only sandboxing the scorer would close.
+
+    python -m harness.sandbox enter POLICY.json -- CMD...   apply, then exec CMD (used by launch.py)
+    python -m harness.sandbox probe PATH...                 try to read each PATH (run inside a sandbox)
+    python -m harness.sandbox report                        print what this machine allows
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from harness.landlock import apply_landlock, drop_capabilities, landlock_abi, loopback_up, private_tmpfs
+
+POLICY_FORMAT = "pg-sandbox-policy"
+POLICY_FORMAT_VERSION = 1
+SANDBOX_MODES = ("auto", "off", "required")
+NETWORK_MODES = ("auto", "host")
+TOKEN_ENV = "PGOLF_PHASE_TOKEN"
+"""Every process of a phase carries this in its environment; the supervisor finds leftovers by it."""
+
+ACCESS_KINDS = ("ro", "rw", "list", "dev")
+"""ro: read files, list and execute beneath; rw: everything beneath; list: list folders only; dev: read/write/ioctl a device."""
+SYSTEM_READ_ROOTS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin", "/etc", "/opt", "/proc", "/sys")
+DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+MAX_CARVED_RULES = 5_000
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MachineCaps:
+    """What this machine lets the supervisor use."""
+
+    landlock_abi: int
+    root: bool
+    unshare: str | None
+    """Path of util-linux `unshare`, when present."""
+
+    @property
+    def namespaces(self) -> bool:
+        return self.root and self.unshare is not None
+
+
+def probe_machine() -> MachineCaps:
+    return MachineCaps(landlock_abi=landlock_abi(), root=os.geteuid() == 0, unshare=shutil.which("unshare"))
+
+
+# ---- Planning (in the supervisor) ----
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rule:
+    path: str
+    access: str
+    """One of ACCESS_KINDS."""
+
+    def __post_init__(self) -> None:
+        if self.access not in ACCESS_KINDS:
+            raise ValueError(f"sandbox rule access must be one of {ACCESS_KINDS}, got {self.access!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SandboxPlan:
+    """What the train phase will run under; `describe()` is what the result records."""
+
+    mode: str
+    landlock_abi: int = 0
+    rules: tuple[Rule, ...] = ()
+    namespaces: tuple[str, ...] = ()
+    """Subset of ("mount", "pid", "net")."""
+    drop_caps: bool = False
+    scope_signals: bool = False
+    unshare: str | None = None
+    warnings: tuple[str, ...] = ()
+    protected: tuple[str, ...] = ()
+    """Paths no rule reaches (the dataset folder, the validation shards)."""
+
+    @property
+    def landlock(self) -> bool:
+        return self.landlock_abi > 0 and bool(self.rules)
+
+    def wrap(self, cmd: Sequence[str], policy_path: Path) -> list[str]:
+        """The command line that runs `cmd` inside this sandbox."""
+        if self.mode == "off":
+            return list(cmd)
+        policy_path.write_text(json.dumps(self.policy(), indent=1), encoding="utf-8")
+        inner = [sys.executable, "-m", "harness.sandbox", "enter", str(policy_path), "--", *cmd]
+        if not self.namespaces:
+            return inner
+        ns = ["--mount", "--pid", "--fork", "--mount-proc", "--kill-child"] + (["--net"] if "net" in self.namespaces else [])
+        return [str(self.unshare), *ns, "--", *inner]
+
+    def policy(self) -> dict[str, Any]:
+        return {
+            "format": POLICY_FORMAT, "format_version": POLICY_FORMAT_VERSION, "landlock_abi": self.landlock_abi,
+            "rules": [asdict(r) for r in self.rules], "drop_caps": self.drop_caps, "scope_signals": self.scope_signals,
+            "loopback_up": "net" in self.namespaces, "private_shm": "mount" in self.namespaces and os.path.isdir("/dev/shm"),
+        }
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "landlock_abi": self.landlock_abi,
+            "landlock": self.landlock,
+            "namespaces": list(self.namespaces),
+            "capabilities_dropped": self.drop_caps,
+            "signals_scoped": self.scope_signals,
+            "separate_user": False,
+            "read_roots": sorted(r.path for r in self.rules if r.access in ("ro", "dev")),
+            "write_roots": sorted(r.path for r in self.rules if r.access == "rw"),
+            "protected": list(self.protected),
+            "warnings": list(self.warnings),
+        }
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def carve(root: str, protected: Sequence[str], budget: list[int] | None = None) -> list[str]:
+    """The children of `root`, recursively, that together cover everything beneath `root` except `protected`.
+
+    A child whose real path is protected, or lies beneath a protected path, is left out; a child on
+    the way to a protected path is split in turn. Symbolic links are judged by their targets.
+    """
+    budget = budget if budget is not None else [MAX_CARVED_RULES]
+    out: list[str] = []
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError:
+        return out
+    for entry in entries:
+        real = os.path.realpath(entry.path)
+        if any(_under(real, p) for p in protected):
+            continue
+        if any(_under(p, real) for p in protected):
+            if entry.is_dir(follow_symlinks=True):
+                out += carve(real, protected, budget)
+            continue
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise ValueError(
+                f"the sandbox needs more than {MAX_CARVED_RULES} rules to exclude {list(protected)} from {root}. "
+                "HINT: keep datasets out of the Python installation and system folders (e.g. under ~/.cache/pgolf)"
+            )
+        out.append(entry.path)
+    return out
+
+
+def _python_roots(project_root: Path) -> list[str]:
+    """The interpreter's prefixes and import folders, leaving out the project and the working folder."""
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, str(Path(os.path.realpath(sys.executable)).parents[1])}
+    project, cwd = os.path.realpath(project_root), os.path.realpath(os.getcwd())
+    for p in sys.path:
+        real = os.path.realpath(p) if p else cwd
+        if os.path.exists(real) and not _under(real, project) and real != cwd:
+            roots.add(real)
+    return sorted(roots)
+
+
+def plan_sandbox(
+    *,
+    mode: str,
+    network: str,
+    device: str,
+    multi_node: bool,
+    project_root: Path,
+    read_paths: Iterable[Path],
+    write_paths: Iterable[Path],
+    protected: Iterable[Path],
+    extra_read: Iterable[str] = (),
+    caps: MachineCaps | None = None,
+) -> SandboxPlan:
+    """Decide the sandbox for one phase. `protected` paths must end up outside every rule.
+
+    mode "auto" uses every layer the machine offers and records a warning for each it lacks; "required"
+    refuses to run without Landlock; "off" runs unsandboxed (recorded).
+    """
+    if mode not in SANDBOX_MODES:
+        raise ValueError(f"launch.sandbox must be one of {SANDBOX_MODES}, got {mode!r}")
+    if network not in NETWORK_MODES:
+        raise ValueError(f"launch.network must be one of {NETWORK_MODES}, got {network!r}")
+    prot = sorted({os.path.realpath(p) for p in protected})
+    if mode == "off":
+        return SandboxPlan(mode="off", protected=tuple(prot), warnings=("sandbox off (launch.sandbox = 'off'): training can read any file",))
+    caps = caps or probe_machine()
+    warnings: list[str] = []
+    if caps.landlock_abi == 0:
+        msg = "Landlock is not available on this kernel: training runs without a filesystem allow-list"
+        if mode == "required":
+            raise RuntimeError(f"{msg}. HINT: use a Linux >= 5.13 kernel with Landlock enabled, or --set launch.sandbox='auto'")
+        warnings.append(msg)
+    namespaces: tuple[str, ...] = ()
+    if caps.namespaces and multi_node:
+        # torchrun's rendezvous names a node by hostname and pid; in a PID namespace every node's torchrun
+        # is pid 1, so nodes sharing a hostname would be taken for one. And the nodes must reach each other.
+        warnings.append("several nodes: no PID/mount/network namespaces (leftovers are found by their "
+                        f"{TOKEN_ENV} environment variable; the network is the host's)")
+    elif caps.namespaces:
+        namespaces = ("mount", "pid") + (("net",) if network == "auto" else ())
+    else:
+        warnings.append("not root (or no `unshare`): no PID/mount/network namespaces; leftover processes are found by "
+                        f"their {TOKEN_ENV} environment variable instead, and the network is the host's")
+    rules: list[Rule] = []  # planned even without Landlock: the access monitor reports against them
+    read = [*SYSTEM_READ_ROOTS, *_python_roots(project_root), *(str(p) for p in read_paths), *extra_read]
+    read += [str(project_root / pkg) for pkg in ("harness", "data", "scoring")]
+    for path in dict.fromkeys(read):
+        if not os.path.exists(path):
+            continue
+        real = os.path.realpath(path)
+        if any(_under(real, p) for p in prot):
+            warnings.append(f"read path {path} lies inside the protected {next(p for p in prot if _under(real, p))}: left out")
+        elif any(_under(p, real) for p in prot):
+            rules += [Rule(path=c, access="ro") for c in carve(real, prot)]
+        else:
+            rules.append(Rule(path=real, access="ro"))
+    rules.append(Rule(path=str(project_root.resolve()), access="list"))
+    for path in write_paths:
+        real = os.path.realpath(path)
+        if any(_under(real, p) or _under(p, real) for p in prot):
+            raise ValueError(f"sandbox write path {path} overlaps the protected {prot}; choose a run folder outside the dataset")
+        rules.append(Rule(path=real, access="rw"))
+    devices = [d for d in DEVICE_FILES if os.path.exists(d)]
+    if device == "cuda":
+        devices += sorted(str(p) for p in Path("/dev").glob("nvidia*"))
+    rules += [Rule(path=d, access="dev") for d in devices]
+    if os.path.isdir("/dev/shm"):
+        rules.append(Rule(path="/dev/shm", access="rw"))
+    if 0 < caps.landlock_abi < 6:
+        warnings.append(f"Landlock ABI {caps.landlock_abi} < 6: training can signal processes outside the sandbox")
+    for p in prot:
+        if os.path.isfile(p) and os.stat(p).st_nlink > 1:
+            warnings.append(f"{p} has {os.stat(p).st_nlink} hard links; links elsewhere are not known to be outside the sandbox")
+    return SandboxPlan(
+        mode=mode, landlock_abi=caps.landlock_abi, rules=tuple(rules), namespaces=namespaces, drop_caps=caps.root,
+        scope_signals=caps.landlock_abi >= 6, unshare=caps.unshare, warnings=tuple(warnings), protected=tuple(prot),
+    )
+
+
+# ---- Applying (in the sandboxed process, before exec) ----
+
+
+def load_policy(path: str) -> dict[str, Any]:
+    policy = json.loads(Path(path).read_text(encoding="utf-8"))
+    if policy.get("format") != POLICY_FORMAT or policy.get("format_version") != POLICY_FORMAT_VERSION:
+        raise ValueError(f"{path} is not a {POLICY_FORMAT} v{POLICY_FORMAT_VERSION} file")
+    return policy
+
+
+def enter(policy_path: str, argv: Sequence[str]) -> NoReturn:
+    """Apply the policy to this process, then exec `argv`."""
+    policy = load_policy(policy_path)
+    if policy["loopback_up"]:
+        loopback_up()
+    if policy.get("private_shm"):
+        private_tmpfs("/dev/shm")  # nothing another process left there, and nothing left for the next one
+    if policy["drop_caps"]:
+        drop_capabilities()
+    if policy["landlock_abi"] and policy["rules"]:
+        apply_landlock([Rule(**r) for r in policy["rules"]], policy["landlock_abi"], policy["scope_signals"])
+    os.execvp(argv[0], list(argv))
+
+
+def probe(paths: Sequence[str]) -> dict[str, str]:
+    """Try to read each path; 'read' or the error's name (run inside the sandbox)."""
+    out = {}
+    for p in paths:
+        try:
+            with open(p, "rb") as f:
+                f.read(16)
+            out[p] = "read"
+        except OSError as e:
+            out[p] = type(e).__name__
+    return out
+
+
+# ---- Reporting attempts (in each rank) ----
+
+MONITOR_PREFIX = "[pgolf-sandbox] "
+MONITOR_MAX_LINES = 50
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_PATH_EVENTS = {"open": 0, "os.listdir": 0, "os.scandir": 0, "os.chdir": 0, "os.mkdir": 0, "os.remove": 0,
+                "os.rmdir": 0, "os.rename": 1, "os.link": 0, "os.symlink": 1, "os.truncate": 0, "os.chmod": 0,
+                "os.chown": 0, "glob.glob": 0}
+_WRITE_EVENTS = {"os.mkdir", "os.remove", "os.rmdir", "os.rename", "os.link", "os.symlink", "os.truncate", "os.chmod", "os.chown"}
+
+
+class AccessMonitor:
+    """A `sys.addaudithook` hook that reports file accesses the sandbox's rules do not allow.
+
+    Landlock refuses such an access; this hook says who tried: each attempt becomes one line
+    `[pgolf-sandbox] {json}` on stderr (the phase's log, which the process cannot rewrite), naming the
+    event, the path, and the submission's frame that made it (file:line), if any. Audit hooks cannot
+    be removed, but they see only what Python's own functions do in this process: opens made from C
+    code (numpy's fromfile, ctypes) or by a child process are refused by Landlock without being
+    reported here.
+    """
+
+    def __init__(self, *, rank: int, read: Sequence[str], listing: Sequence[str], write: Sequence[str], attribute_to: str):
+        self.rank = rank
+        self.read, self.listing, self.write = tuple(read), tuple(listing), tuple(write)
+        self.attribute_to = attribute_to.rstrip("/") + "/"
+        self.attempts = 0
+        self._busy = False
+
+    def allowed(self, path: str, event: str, writing: bool) -> bool:
+        real = os.path.realpath(path)
+        if writing:
+            return any(_under(real, r) for r in self.write)
+        if event in ("os.listdir", "os.scandir", "os.chdir", "glob.glob"):
+            return any(_under(real, r) for r in (*self.listing, *self.read))
+        return any(_under(real, r) for r in self.read)
+
+    def __call__(self, event: str, args: tuple[Any, ...]) -> None:
+        idx = _PATH_EVENTS.get(event)
+        if idx is None or self._busy:
+            return
+        self._busy = True
+        try:
+            path = args[idx] if len(args) > idx else None
+            if path is None and event in ("os.listdir", "os.scandir"):
+                path = "."
+            if isinstance(path, bytes):
+                path = os.fsdecode(path)
+            if not isinstance(path, str):
+                return  # a file descriptor: checked when it was opened
+            writing = event in _WRITE_EVENTS
+            if event == "open":
+                mode, flags = (args[1] if len(args) > 1 else None), (args[2] if len(args) > 2 else 0)
+                writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool((flags or 0) & _WRITE_FLAGS)
+            if self.allowed(path, event, writing):
+                return
+            self.attempts += 1
+            if self.attempts > MONITOR_MAX_LINES:
+                return
+            frame, where = sys._getframe(1), None
+            inner = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+            while frame is not None:
+                if frame.f_code.co_filename.startswith(self.attribute_to):
+                    where = f"{frame.f_code.co_filename[len(self.attribute_to):]}:{frame.f_lineno}"
+                    break
+                frame = frame.f_back
+            line = {"rank": self.rank, "event": event, "path": os.path.abspath(path), "write": writing,
+                    "submission_frame": where, "frame": inner}
+            os.write(2, (MONITOR_PREFIX + json.dumps(line) + "\n").encode())
+        except Exception:  # noqa: BLE001 - a reporting hook must never break the process it watches
+            pass
+        finally:
+            self._busy = False
+
+
+def monitor_from_rules(rules: Sequence[dict[str, str]], rank: int, attribute_to: str) -> AccessMonitor:
+    by = {k: [r["path"] for r in rules if r["access"] in kinds] for k, kinds in
+          (("read", ("ro", "rw", "dev")), ("listing", ("list",)), ("write", ("rw", "dev")))}
+    return AccessMonitor(rank=rank, read=by["read"], listing=by["listing"], write=by["write"], attribute_to=attribute_to)
+
+
+def parse_attempts(log_text: str) -> list[dict[str, Any]]:
+    """The attempts reported in a phase log (lines a process wrote later cannot remove earlier ones)."""
+    out = []
+    for line in log_text.splitlines():
+        if line.startswith(MONITOR_PREFIX):
+            try:
+                out.append(json.loads(line[len(MONITOR_PREFIX) :]))
+            except ValueError:
+                continue
+    return out
+
+
+# ---- Leftover processes ----
+
+
+def processes_with_token(token: str) -> list[int]:
+    """PIDs whose initial environment holds TOKEN_ENV=token (readable for our own uid, or as root)."""
+    needle = f"{TOKEN_ENV}={token}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def kill_token_processes(token: str) -> list[int]:
+    """SIGKILL every process carrying the token; returns their PIDs."""
+    pids = processes_with_token(token)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return pids
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) >= 3 and argv[0] == "enter" and "--" in argv:
+        cut = argv.index("--")
+        enter(argv[1], argv[cut + 1 :])
+    if len(argv) >= 1 and argv[0] == "probe":
+        print(json.dumps(probe(argv[1:])))
+        return 0
+    if argv[:1] == ["report"]:
+        caps = probe_machine()
+        print(json.dumps({"landlock_abi": caps.landlock_abi, "root": caps.root, "unshare": caps.unshare}))
+        return 0
+    print(__doc__.strip().splitlines()[-3:], file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
