@@ -1,0 +1,101 @@
+"""Sealed phases: a training process cannot read the validation shards, and its attempts are reported.
+
+The hostile fixture `peek_val` is told the real validation shard paths (as if it had guessed them),
+walks the folders around its training data and the default dataset cache, and reads every process's
+command line for a `--data` folder; then it trains as usual. With Landlock
+(Linux >= 5.13) every such read must fail and the result must list the attempts; without it the
+test checks only that the run degrades with a recorded warning, and still reports the attempts.
+The train phase's record checked here is what result.json holds as phases.train (harness/run.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from harness.config import load_config
+from harness.landlock import landlock_abi
+from harness.launch import run_train_phase
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "submissions"
+
+
+@pytest.fixture(scope="module")
+def peek_run(tiny_dataset, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("iso")
+    val = sorted(tiny_dataset.glob("fineweb_val_*.bin"))
+    told = os.pathsep.join([*map(str, val), str(tiny_dataset / "manifest.json")])
+    cfg = load_config(FIXTURES / "peek_val", None, [f"train.peek_paths={told!r}"])
+    (tmp / "run").mkdir()
+    rec = run_train_phase(
+        submission_dir=FIXTURES / "peek_val", data_root=tiny_dataset, run_dir=tmp / "run", stage_root=tmp, model_config=cfg.model,
+        hparams=cfg.train, seed=1, budget=cfg.section("budget"), launch=cfg.section("launch"), device="cpu",
+    )
+    peek = next(json.loads(line[5:]) for line in (tmp / "run/train.log").read_text().splitlines() if line.startswith("PEEK "))
+    return rec, peek, val
+
+
+def test_the_run_completes_and_records_its_isolation(peek_run):
+    rec, _, val = peek_run
+    iso = rec["isolation"]
+    assert rec["status"] == "ok" and rec["steps"] == 3
+    assert str(val[0].parent) in iso["protected"]
+    if landlock_abi() == 0:
+        assert not iso["landlock"] and any("Landlock" in w for w in iso["warnings"])
+    else:
+        assert iso["landlock"] and iso["verified"]
+        assert iso["probe"] == {"validation_shard": "PermissionError", "dataset_manifest": "PermissionError",
+                                "train_view_manifest": "read"}
+
+
+@pytest.mark.skipif(landlock_abi() == 0, reason="this kernel has no Landlock: nothing can deny the reads")
+def test_no_validation_shard_could_be_read(peek_run):
+    _, peek, val = peek_run
+    assert set(peek["told"]) == {*map(str, val), str(val[0].parent / "manifest.json")}
+    assert all(v == "PermissionError" for v in peek["told"].values()), peek["told"]
+    assert not any(v.startswith("read") for v in [*peek["walked"].values(), *peek["cmdline"].values()]), peek
+
+
+def test_the_attempts_are_reported_with_the_submission_line(peek_run):
+    rec, _, val = peek_run
+    attempts = rec["isolation"]["attempts"]  # what result.json records as phases.train.isolation.attempts
+    by_path = {a["path"]: a for a in attempts}
+    assert str(val[0]) in by_path and by_path[str(val[0])]["event"] == "open"
+    assert by_path[str(val[0])]["submission_frame"].startswith("train.py:")
+    assert rec["isolation"]["attempts_from_submission"] >= len(val) + 1
+    assert any(a["event"] == "os.scandir" and a["submission_frame"] for a in attempts)  # the walk around its data
+
+
+def test_a_custom_codec_encodes_sandboxed_and_on_the_clock(tiny_dataset, tmp_path):
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from harness.budget import BudgetConfig
+    from harness.launch import LaunchConfig, run_sealed_pack
+    from harness.worker import STATE_FILE
+
+    sub = tmp_path / "codec_peek"
+    shutil.copytree(FIXTURES / "codec_peek", sub)
+    val = sorted(tiny_dataset.glob("fineweb_val_*.bin"))
+    (sub / "peek.txt").write_text("\n".join(map(str, val)))
+    (sub / "sleep_s.txt").write_text("0.5")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    import torch
+
+    save_file({"emb.weight": torch.zeros(260, 8), "head.weight": torch.zeros(260, 8), "head.bias": torch.zeros(260)},
+              str(run_dir / STATE_FILE), metadata={"model_config": json.dumps({"vocab_size": 260, "dim": 8})})
+    budget = BudgetConfig(train_s=10.0, grace_s=1.0)
+    rc, rec = run_sealed_pack(run_dir=run_dir, submission_dir=sub, data_root=tiny_dataset, budget=budget,
+                              launch=LaunchConfig(device="cpu"), train_time_s=10.8, cap_bytes=16_000_000,
+                              log_path=run_dir / "pack.log")
+    log = (run_dir / "pack.log").read_text()
+    peek = json.loads(next(line[11:] for line in log.splitlines() if line.startswith("CODEC-PEEK ")))
+    if landlock_abi():
+        assert set(peek.values()) == {"PermissionError"}, peek
+    assert rc == 0 and rec["encode_time_s"] >= 0.5 and (run_dir / "artifact.pgolf").is_file()
+    assert rec["status"] == "over_budget" and rec["train_plus_encode_s"] > 11.0  # 10.8 s of training + 0.5 s of encode

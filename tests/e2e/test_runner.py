@@ -1,0 +1,113 @@
+"""The train phase end to end on CPU: torchrun ranks under the harness's clock, sandbox and supervisor.
+
+Fixture submissions (tests/fixtures/submissions/) on a tiny byte260 dataset:
+- a 2-rank gloo run reproduces the 1-rank loss curve with the same global batch, step for step
+  (and the 1-rank run uses an off-clock warm-up, which must not change the curve either);
+- two "nodes" on this machine, joined through torchrun's c10d rendezvous, reproduce it too;
+- a submission that ignores the stop reading and SIGTERM is killed at budget + grace, over_budget,
+  its detached grandchild included;
+- a submission that SIGKILLs one of its ranks is an error naming that rank, with nothing left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.config import load_config
+from harness.landlock import landlock_abi
+from harness.launch import POLL_S, run_train_phase
+from harness.sandbox import processes_with_token
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "submissions"
+LOSS_RTOL = 1e-5
+
+
+def train_phase(fixture: str, data: Path, tmp: Path, *overrides: str) -> tuple[dict[str, Any], Path]:
+    sub = FIXTURES / fixture
+    cfg = load_config(sub, None, list(overrides))
+    run_dir, stage = tmp / "run", tmp / "stage"
+    run_dir.mkdir(parents=True)
+    stage.mkdir()
+    rec = run_train_phase(
+        submission_dir=sub, data_root=data, run_dir=run_dir, stage_root=stage, model_config=cfg.model, hparams=cfg.train,
+        seed=cfg.tables["run"]["seed"], budget=cfg.section("budget"), launch=cfg.section("launch"), device="cpu",
+    )
+    return rec, run_dir
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [json.loads(line)["train_loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_same_curve(a: list[float], b: list[float]) -> None:
+    assert len(a) == len(b) == 12
+    worst = max(abs(x - y) / abs(y) for x, y in zip(a, b, strict=True))
+    assert worst <= LOSS_RTOL, f"loss curves differ by up to {worst:.2e} (relative): {a} vs {b}"
+
+
+@pytest.fixture(scope="module")
+def one_rank(tiny_dataset, tmp_path_factory):
+    return train_phase("tiny_lm", tiny_dataset, tmp_path_factory.mktemp("one"), "train.warmup_steps=3")
+
+
+def test_one_rank_run_records_the_phase(one_rank):
+    rec, run_dir = one_rank
+    assert rec["status"] == "ok", rec
+    assert rec["steps"] == 12 and rec["tokens_seen"] == 12 * 2 * 256 and rec["world_size"] == 1
+    assert rec["warmup"]["verified"] and rec["off_clock_s"] > 0 and rec["off_clock_accepted_s"] == pytest.approx(rec["off_clock_s"])
+    assert rec["ticks_after_stop"] == 0 and rec["batches_after_stop"] == 0 and rec["leftover_processes_killed"] == 0
+    assert set(rec["phase_times_s"]) == {"setup", "train", "off_clock", "save"} and rec["startup_s"] > 0
+    assert (run_dir / "state.safetensors").is_file() and (run_dir / "train.json").is_file()
+
+
+def test_two_gloo_ranks_give_the_one_rank_loss_curve(one_rank, tiny_dataset, tmp_path):
+    rec, run_dir = train_phase("tiny_lm", tiny_dataset, tmp_path, "launch.nproc_per_node=2")
+    assert rec["status"] == "ok", rec
+    assert rec["world_size"] == 2 and rec["backend"] == "gloo" and rec["tokens_seen"] == one_rank[0]["tokens_seen"]
+    assert_same_curve(losses(run_dir), losses(one_rank[1]))
+
+
+def test_two_nodes_through_the_rendezvous_give_the_same_curve(one_rank, tiny_dataset, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    results: dict[int, tuple[dict[str, Any], Path]] = {}
+
+    def node(i: int) -> None:
+        results[i] = train_phase("tiny_lm", tiny_dataset, tmp_path / f"node{i}", "launch.nnodes=2",
+                                 f"launch.rdzv_endpoint='127.0.0.1:{port}'", f"launch.rdzv_id='test{port}'")
+
+    threads = [threading.Thread(target=node, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    recs = [results[i][0] for i in range(2)]
+    assert all(r["status"] == "ok" for r in recs), recs
+    assert sorted(r["role"] for r in recs) == ["main", "secondary_node"] and all(r["world_size"] == 2 for r in recs)
+    assert all(r["isolation"]["landlock"] == (landlock_abi() > 0) and not r["isolation"]["namespaces"] for r in recs)
+    main_dir = next(results[i][1] for i in range(2) if results[i][0]["role"] == "main")
+    assert_same_curve(losses(main_dir), losses(one_rank[1]))
+
+
+def test_ignoring_the_stop_is_killed_at_budget_plus_grace(tiny_dataset, tmp_path):
+    rec, run_dir = train_phase("ignore_stop", tiny_dataset, tmp_path)
+    deadline = 2.0 + 2.0  # the fixture's budget.train_s + budget.grace_s
+    assert rec["status"] == "over_budget" and "grace_s" in rec["detail"]
+    assert deadline <= rec["clock_to_exit_s"] <= deadline + 2 * POLL_S + 1.0, rec["clock_to_exit_s"]
+    assert not (run_dir / "state.safetensors").exists()
+    assert processes_with_token(rec["process_token"]) == []  # the SIGTERM-proof rank and its detached grandchild
+
+
+def test_a_rank_that_kills_itself_fails_the_run_and_leaves_nothing(tiny_dataset, tmp_path):
+    rec, _ = train_phase("kill_rank", tiny_dataset, tmp_path, "launch.sandbox='off'")  # no PID namespace: the token finds leftovers
+    assert rec["status"] == "error" and "rank 1 killed by SIGKILL" in rec["detail"], rec
+    assert any(f["rank"] == 1 and f["signal"] == "SIGKILL" for f in rec["rank_failures"])
+    assert rec["isolation"]["mode"] == "off" and rec["isolation"]["warnings"]
+    assert processes_with_token(rec["process_token"]) == []

@@ -1,0 +1,141 @@
+"""The budget clock (harness/budget.py) on one rank: readings, stop bookkeeping, the off-clock warm-up.
+
+The collective side (every rank stopping at the same step) is covered end to end in
+tests/e2e/test_runner.py, where 2-rank gloo runs reproduce the 1-rank loss curve step for step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harness.api import DistInfo
+from harness.budget import CLOCK_MARKER, BudgetConfig, DataGate, HarnessClock, Snapshot
+
+ONE = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="none")
+
+
+class FakeStream:
+    tokens_consumed = 0
+
+    def next_batch(self, batch_tokens, seq_len):
+        return torch.zeros(batch_tokens // seq_len, seq_len, dtype=torch.long), torch.zeros(batch_tokens // seq_len, seq_len, dtype=torch.long)
+
+
+def test_budget_config_validates():
+    assert BudgetConfig().warmup_max_s == 180.0
+    with pytest.raises(ValueError, match="budget.train_s"):
+        BudgetConfig(train_s=0)
+    with pytest.raises(ValueError, match="warmup_max_s"):
+        BudgetConfig(warmup_max_s=math.inf)
+
+
+def test_clock_reads_stops_and_counts(tmp_path):
+    clock = HarnessClock(0.05, ONE, tmp_path)
+    clock.start()
+    marker = json.loads((tmp_path / CLOCK_MARKER).read_text())
+    assert marker["off_clock_s"] == 0.0 and marker["budget_s"] == 0.05
+    r = clock.tick()
+    assert not r.stop and r.remaining_s > 0 and clock.steps == 1
+    time.sleep(0.06)
+    r = clock.tick()
+    assert r.stop and r.remaining_s == 0.0 and clock.steps == 1 and clock.ticks_after_stop == 0
+    clock.tick()
+    assert clock.ticks_after_stop == 1
+
+
+def test_data_gate_counts_batches_after_the_stop_reading():
+    clock = HarnessClock(0.0001, ONE)
+    gate = DataGate(FakeStream(), clock)
+    clock.start()
+    time.sleep(0.001)
+    gate.next_batch(8, 4)
+    assert gate.batches_after_stop == 0
+    assert clock.tick().stop
+    gate.next_batch(8, 4)
+    assert gate.batches_after_stop == 1
+
+
+def _model_and_opt():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(16, 8), nn.Linear(8, 16))
+    model.register_buffer("counter", torch.zeros(1))
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    return model, opt
+
+
+def test_warmup_trains_nothing_and_is_off_the_clock(tmp_path):
+    model, opt = _model_and_opt()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    clock = HarnessClock(100.0, ONE, tmp_path, warmup_max_s=60.0)
+    gate = DataGate(FakeStream(), clock)
+    clock.start()
+    rng = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
+    calls = []
+
+    def step(x, y):
+        assert x.shape == (2, 4) and torch.equal(x[:, 1:], y[:, :-1]) and int(x.max()) < 16
+        with pytest.raises(RuntimeError, match="closed during"):
+            gate.next_batch(8, 4)
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        opt.step()
+        model.counter += 1
+        torch.rand(3)  # consumes RNG: restored after
+        random.random()
+        np.random.rand()
+        time.sleep(0.1)
+        calls.append(1)
+
+    report = clock.warmup(step, modules=[model], optimizers=[opt], steps=3, batch_tokens=8, seq_len=4, vocab_size=16)
+    assert len(calls) == 3 and report.verified and report.steps == 3
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert len(opt.state) == 0 and all(p.grad is None for p in model.parameters())
+    assert torch.equal(torch.get_rng_state(), rng[0]) and random.getstate() == rng[1]
+    assert np.array_equal(np.random.get_state()[1], rng[2])
+    assert report.off_clock_s >= 0.3 and clock.off_clock_s == report.off_clock_s
+    assert clock.elapsed_s() < 0.2  # the warm-up's time is not on the clock
+    assert json.loads((tmp_path / CLOCK_MARKER).read_text())["off_clock_s"] == report.off_clock_s
+    with pytest.raises(RuntimeError, match="once"):
+        clock.warmup(step, modules=[model], steps=1, batch_tokens=8, seq_len=4, vocab_size=16)
+
+
+def test_warmup_credit_is_capped_and_refused_after_a_tick():
+    model, opt = _model_and_opt()
+    clock = HarnessClock(100.0, ONE, warmup_max_s=0.01)
+    clock.start()
+    report = clock.warmup(lambda x, y: time.sleep(0.05), modules=[model], steps=1, batch_tokens=8, seq_len=4, vocab_size=16)
+    assert report.off_clock_s == 0.01
+    assert clock.elapsed_s() >= 0.04  # the excess counts
+    late = HarnessClock(100.0, ONE)
+    late.start()
+    late.tick()
+    with pytest.raises(RuntimeError, match="before the first"):
+        late.warmup(lambda x, y: None, modules=[model], steps=1, batch_tokens=8, seq_len=4, vocab_size=16)
+
+
+def test_snapshot_restores_optimizer_state_in_place_and_detects_changes():
+    model, opt = _model_and_opt()
+    x = torch.randint(0, 16, (2, 4))
+    F.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
+    opt.step()  # optimizer state now exists
+    snap = Snapshot([model], [opt], cuda=False)
+    exp_avg = next(iter(opt.state.values()))["exp_avg"]
+    saved = exp_avg.clone()
+    opt.param_groups[0]["lr"] = 5.0
+    F.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
+    opt.step()
+    snap.restore()
+    assert snap.verify() and opt.param_groups[0]["lr"] == 0.1
+    assert next(iter(opt.state.values()))["exp_avg"] is exp_avg and torch.equal(exp_avg, saved)
+    with torch.no_grad():
+        next(model.parameters()).add_(1e-3)
+    assert not snap.verify()

@@ -1,0 +1,212 @@
+"""The launcher's pieces without torch ranks: config, torchrun command, supervisor deadlines, sandbox plans.
+
+Supervisor tests run small Python scripts in place of torchrun (each a second or two); sandbox plan
+tests run against fake machine capabilities, so they hold on any machine, with or without Landlock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.budget import CLOCK_MARKER, BudgetConfig
+from harness.launch import POLL_S, LaunchConfig, _read_marker, rank_failures, supervise, torchrun_command
+from harness.sandbox import (
+    TOKEN_ENV,
+    AccessMonitor,
+    MachineCaps,
+    carve,
+    parse_attempts,
+    plan_sandbox,
+    processes_with_token,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_launch_config_validates():
+    assert LaunchConfig().sandbox == "auto"
+    with pytest.raises(ValueError, match="rdzv_endpoint"):
+        LaunchConfig(nnodes=2)
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        LaunchConfig(nnodes=2, rdzv_endpoint="nohost")
+    with pytest.raises(ValueError, match="launch.sandbox"):
+        LaunchConfig(sandbox="maybe")
+    with pytest.raises(ValueError, match="launch.network"):
+        LaunchConfig(network="none")
+
+
+def test_torchrun_command_standalone_and_multi_node(tmp_path):
+    cmd = torchrun_command(LaunchConfig(nproc_per_node=8), tmp_path / "spec.json")
+    assert "--standalone" in cmd and "--nproc-per-node=8" in cmd and cmd[-2:] == ["harness.worker", str(tmp_path / "spec.json")]
+    cmd = torchrun_command(LaunchConfig(nproc_per_node=8, nnodes=4, rdzv_endpoint="node0:29500", rdzv_id="job7"), tmp_path / "s")
+    assert {"--nnodes=4", "--rdzv-backend=c10d", "--rdzv-endpoint=node0:29500", "--rdzv-id=job7", "--max-restarts=0"} <= set(cmd)
+    assert "--standalone" not in cmd
+
+
+# ---- supervise, with scripts standing in for torchrun ----
+
+
+def _script(tmp_path: Path, body: str) -> list[str]:
+    path = tmp_path / "fake_torchrun.py"
+    path.write_text("import json, os, sys, time\nMARKER = sys.argv[1]\n" + body)
+    return [sys.executable, str(path), str(tmp_path / CLOCK_MARKER)]
+
+
+def _marker(start: str = "time.time()", off: str = "0.0") -> str:
+    return f"open(MARKER + '.t', 'w').write(json.dumps({{'clock_start_unix_s': {start}, 'off_clock_s': {off}}})); os.replace(MARKER + '.t', MARKER)\n"
+
+
+def _supervise(tmp_path, cmd, budget, token="t0"):
+    env = dict(os.environ, **{TOKEN_ENV: token})
+    return supervise(cmd, tmp_path, budget, tmp_path / "log.txt", env, token)
+
+
+def test_supervisor_kills_at_budget_plus_grace(tmp_path):
+    budget = BudgetConfig(train_s=0.6, grace_s=0.4, startup_s=10)
+    out = _supervise(tmp_path, _script(tmp_path, _marker() + "time.sleep(30)\n"), budget)
+    assert out.status == "over_budget" and "train_s + budget.grace_s" in out.detail
+    assert 1.0 <= out.clock_to_exit_s < 1.0 + POLL_S + 0.5  # checked every POLL_S, then SIGKILL
+
+
+def test_supervisor_trusts_a_rewritten_marker_only_up_to_warmup_max(tmp_path):
+    budget = BudgetConfig(train_s=0.5, grace_s=0.3, startup_s=10, warmup_max_s=0.5)
+    body = _marker() + "time.sleep(0.3)\n" + _marker("time.time() + 1000", "1e6") + "time.sleep(30)\n"
+    out = _supervise(tmp_path, _script(tmp_path, body), budget)
+    assert out.status == "over_budget" and out.off_clock_s == 0.5
+    assert out.clock_to_exit_s < 0.8 + POLL_S + 1.0  # the forged later start (+1000 s) was ignored
+
+
+def test_supervisor_kills_when_the_clock_never_starts(tmp_path):
+    out = _supervise(tmp_path, _script(tmp_path, "time.sleep(30)\n"), BudgetConfig(train_s=5, startup_s=0.5))
+    assert out.status == "over_budget" and "never started" in out.detail and out.wall_s < 0.5 + POLL_S + 1.0
+
+
+def test_supervisor_reports_exit_codes(tmp_path):
+    budget = BudgetConfig(train_s=5, startup_s=5)
+    assert _supervise(tmp_path, _script(tmp_path, _marker() + "sys.exit(0)\n"), budget).status == "ok"
+    bad = _supervise(tmp_path, _script(tmp_path, _marker() + "sys.exit(3)\n"), budget)
+    assert bad.status == "error" and bad.returncode == 3
+
+
+def test_supervisor_kills_detached_leftovers_by_token(tmp_path):
+    token = f"test{os.getpid()}"
+    body = _marker() + (
+        "import subprocess\n"
+        "subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'],"
+        " start_new_session=True)\n"
+        "time.sleep(0.5)\n"
+    )
+    out = _supervise(tmp_path, _script(tmp_path, body), BudgetConfig(train_s=5, startup_s=5), token)
+    assert out.status == "ok" and len(out.leftover_pids) == 1
+    time.sleep(0.1)
+    assert processes_with_token(token) == []
+
+
+def test_marker_must_be_a_small_regular_file(tmp_path):
+    m = tmp_path / CLOCK_MARKER
+    os.mkfifo(m)
+    assert _read_marker(m) is None  # a FIFO would hang a naive reader
+    m.unlink()
+    (tmp_path / "real").write_text(json.dumps({"clock_start_unix_s": 1.0}))
+    m.symlink_to(tmp_path / "real")
+    assert _read_marker(m) is None
+    m.unlink()
+    m.write_text(json.dumps({"clock_start_unix_s": 1.0, "off_clock_s": 2}))
+    assert _read_marker(m) == {"start": 1.0, "off": 2.0}
+
+
+def test_rank_failures_parses_torchrun_summary():
+    log = "Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 7)\n"
+    assert rank_failures(log) == [{"rank": 1, "local_rank": 1, "exitcode": -9, "signal": "SIGKILL"}]
+
+
+# ---- sandbox plans ----
+
+NO_LANDLOCK = MachineCaps(landlock_abi=0, root=False, unshare=None)
+LANDLOCK_ROOT = MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare")
+
+
+def test_carve_leaves_out_protected_paths_and_links_to_them(tmp_path):
+    for d in ("a/b/prot", "a/b/x", "a/c"):
+        (tmp_path / d).mkdir(parents=True)
+    (tmp_path / "a/link").symlink_to(tmp_path / "a/b/prot")
+    got = carve(str(tmp_path / "a"), [str(tmp_path / "a/b/prot")])
+    assert got == [str(tmp_path / "a/b/x"), str(tmp_path / "a/c")]
+
+
+def _plan(tmp_path, caps, **kw):
+    data = tmp_path / "ds"
+    (data / "val").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "stage/data").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "stage/out").mkdir(parents=True, exist_ok=True)
+    args = dict(mode="auto", network="auto", device="cpu", multi_node=False, project_root=REPO,
+                read_paths=[tmp_path / "stage/data"], write_paths=[tmp_path / "stage/out"], protected=[data], caps=caps)
+    return plan_sandbox(**{**args, **kw}), data
+
+
+def test_plan_uses_every_layer_offered(tmp_path):
+    plan, data = _plan(tmp_path, LANDLOCK_ROOT, extra_read=[str(tmp_path)])
+    d = plan.describe()
+    assert d["landlock"] and d["namespaces"] == ["mount", "pid", "net"] and d["capabilities_dropped"] and d["signals_scoped"]
+    assert str(tmp_path / "stage/out") in d["write_roots"]
+    assert not any(r.path == str(data) or r.path.startswith(str(data) + "/") for r in plan.rules)
+    assert str(tmp_path) not in d["read_roots"] and str(tmp_path / "stage") in d["read_roots"]  # carved around ds
+    wrapped = plan.wrap(["torchrun"], tmp_path / "policy.json")
+    assert wrapped[0] == "/usr/bin/unshare" and "--net" in wrapped and wrapped[-2:] == ["--", "torchrun"]
+    assert json.loads((tmp_path / "policy.json").read_text())["loopback_up"] is True
+    multi, _ = _plan(tmp_path, LANDLOCK_ROOT, multi_node=True)
+    assert multi.namespaces == () and multi.landlock and any("several nodes" in w for w in multi.warnings)
+
+
+def test_plan_degrades_with_warnings_where_layers_are_missing(tmp_path):
+    plan, data = _plan(tmp_path, NO_LANDLOCK)
+    d = plan.describe()
+    assert not d["landlock"] and d["namespaces"] == [] and not d["capabilities_dropped"]
+    assert any("Landlock is not available" in w for w in d["warnings"]) and any("not root" in w for w in d["warnings"])
+    assert plan.rules  # still planned: the access monitor reports against them
+    assert plan.wrap(["torchrun"], tmp_path / "p.json")[-2:] == ["--", "torchrun"]
+    with pytest.raises(RuntimeError, match="Landlock"):
+        _plan(tmp_path, NO_LANDLOCK, mode="required")
+    with pytest.raises(ValueError, match="overlaps the protected"):
+        _plan(tmp_path, LANDLOCK_ROOT, write_paths=[data / "val"])
+    off, _ = _plan(tmp_path, LANDLOCK_ROOT, mode="off")
+    assert off.wrap(["torchrun"], tmp_path / "p.json") == ["torchrun"] and off.describe()["warnings"]
+
+
+def test_access_monitor_reports_denied_accesses_with_the_submission_frame(tmp_path, capfd):
+    sub = tmp_path / "sub"
+    mon = AccessMonitor(rank=3, read=[str(tmp_path / "ok")], listing=[], write=[str(tmp_path / "out")], attribute_to=str(sub))
+    assert mon.allowed(str(tmp_path / "ok/f"), "open", False) and not mon.allowed(str(tmp_path / "ok/f"), "open", True)
+    code = compile("def peek(mon, p):\n    mon('open', (p, 'r', 0))\n", str(sub / "train.py"), "exec")
+    ns: dict = {}
+    exec(code, ns)
+    ns["peek"](mon, str(tmp_path / "ok/f"))
+    ns["peek"](mon, str(tmp_path / "secret/fineweb_val_000000.bin"))
+    mon("os.scandir", (str(tmp_path),))
+    mon("open", (5, "r", 0))  # a descriptor: not a path
+    got = parse_attempts(capfd.readouterr().err)
+    assert [a["path"] for a in got] == [str(tmp_path / "secret/fineweb_val_000000.bin"), str(tmp_path)]
+    assert got[0]["rank"] == 3 and got[0]["submission_frame"] == "train.py:2" and got[1]["submission_frame"] is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Landlock is Linux only")
+def test_landlock_denies_what_the_plan_leaves_out(tmp_path):
+    from harness.landlock import landlock_abi
+
+    if landlock_abi() == 0:
+        pytest.skip("this kernel has no Landlock")
+    plan, data = _plan(tmp_path, MachineCaps(landlock_abi=landlock_abi(), root=False, unshare=None))
+    (data / "val/fineweb_val_000000.bin").write_bytes(b"x" * 32)
+    (tmp_path / "stage/data/ok.txt").write_text("ok")
+    cmd = plan.wrap([sys.executable, "-m", "harness.sandbox", "probe", str(data / "val/fineweb_val_000000.bin"),
+                     str(tmp_path / "stage/data/ok.txt")], tmp_path / "policy.json")
+    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), check=True)
+    got = json.loads(r.stdout)
+    assert got[str(data / "val/fineweb_val_000000.bin")] == "PermissionError" and got[str(tmp_path / "stage/data/ok.txt")] == "read"
