@@ -1,6 +1,7 @@
 """`pgolf`: the one command line of the harness.
 
     pgolf run SUBMISSION_DIR [--preset NAME] [--seed N] [--data DIR] [--out RUN_DIR] [--set SECTION.KEY=VALUE ...]
+              [--nproc N] [--nnodes M --rdzv-endpoint HOST:PORT]
     pgolf pack STATE.safetensors --submission DIR --out ARTIFACT [--codec int8_zlib] [--preset NAME]
     pgolf unpack ARTIFACT --out STATE.safetensors
     pgolf score ARTIFACT --submission DIR --data DIR [--json]
@@ -28,9 +29,11 @@ from scoring.pack import model_config_of, pack_state, read_state
 def cmd_run(args: argparse.Namespace) -> int:
     from harness.run import run_pipeline
 
+    launch = [f"launch.{key}={value!r}" for key, value in
+              (("nproc_per_node", args.nproc), ("nnodes", args.nnodes), ("rdzv_endpoint", args.rdzv_endpoint)) if value is not None]
     result = run_pipeline(
         args.submission, preset=args.preset, seed=args.seed, data_dir=args.data, out_dir=args.out,
-        overrides=args.set, ledger=args.ledger,
+        overrides=[*launch, *args.set], ledger=args.ledger,
     )
     return 0 if result["status"] == "ok" else 1
 
@@ -59,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="overrides run.seed")
     p.add_argument("--data", help="dataset folder (default: the embedded corpus, built on first use)")
     p.add_argument("--out", help="run folder (default: runs/NAME-PRESET-TIMESTAMP)")
+    p.add_argument("--nproc", type=int, help="ranks per node: GPUs per node, or CPU processes (launch.nproc_per_node)")
+    p.add_argument("--nnodes", type=int, help="nodes, each running this same command (launch.nnodes)")
+    p.add_argument("--rdzv-endpoint", help="HOST:PORT of torchrun's c10d rendezvous, for several nodes (launch.rdzv_endpoint)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one config key")
     p.add_argument("--ledger", help="results ledger to append to (default: RUN_DIR/../ledger.jsonl)")
     p.set_defaults(func=cmd_run)
@@ -85,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _register_benches(sub: argparse._SubParsersAction) -> None:
+    from harness import bench as runner_bench
+
+    runner_bench.register(sub)
     try:
         from data import bench as data_bench
     except ImportError:
