@@ -44,6 +44,7 @@ class Hparams:
     adam_eps: float = 1e-8
     grad_clip_norm: float = 0.0
     compile: bool = True  # torch.compile the model (CUDA only)
+    warmup_steps: int = 20  # compile warm-up on synthetic tokens, off the clock and undone (CUDA + compile only)
     train_log_every: int = 200
 
 
@@ -134,6 +135,24 @@ def train(ctx: TrainContext):
     optimizers = [opt_tok, opt_muon, opt_scalar]
     n_params = sum(p.numel() for p in model.parameters())
     ctx.log.info(f"model_params:{n_params} world_size:{d.world_size} grad_accum_steps:{accum} micro_tokens:{micro_tokens}")
+
+    if cuda and hp.compile and hp.warmup_steps > 0:
+        # compile (and autotune) on synthetic tokens, off the clock; the harness restores and verifies the
+        # weights, optimizer state and RNGs afterwards, so this cannot train (harness.api BudgetClock.warmup)
+        def warm_step(x, y):
+            for micro in range(accum):
+                if d.distributed:
+                    ddp.require_backward_grad_sync = micro == accum - 1
+                with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+                    logits = ddp(x)
+                (F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1)) / accum).backward()
+            for opt in optimizers:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+        report = ctx.clock.warmup(warm_step, modules=[model], optimizers=optimizers, steps=hp.warmup_steps,
+                                  batch_tokens=micro_tokens, seq_len=hp.train_seq_len, vocab_size=ctx.vocab_size)
+        ctx.log.info(f"warmup_steps:{report.steps} off_clock:{report.off_clock_s:.1f}s verified:{report.verified}")
 
     def lr_scale(step, elapsed_s):
         if hp.warmdown_iters <= 0:
