@@ -1,23 +1,49 @@
 """Evaluation: run a model over validation tokens and sum per-token losses and bytes exactly.
 
-Shapes in this file use suffixes: B batch, L sequence length, V vocabulary.
+Shapes in this file use suffixes: B batch, L sequence length, V vocabulary, N selected targets.
 
-Standard mode (the reference's): the validation shards' tokens are concatenated (each document
-is BOS + its tokens), cut to `usable = ((N - 1) // L) * L` targets, and split into
-non-overlapping windows: x = tokens[i*L : (i+1)*L], y = tokens[i*L+1 : (i+1)*L+1]. Every target
-is scored once, with the context of its own window only.
+Every mode is a *window plan*: a list of windows (start s, length n, first scored offset f) in
+target order. A window feeds x = tokens[s : s+n] and scores the targets y = tokens[s+1 : s+n+1]
+at offsets f..n-1; the plan is built so that each target of the mode is scored exactly once.
 
-The scorer takes the model's logits, checks their shape and finiteness, and computes
-log-softmax and the loss itself in float64 (and float64 sums); a model never reports its own loss.
-float64 makes the analytic goldens exact: uniform logits over 256 byte pieces score 8.0 bpb.
-The byte count of target y_t is table.token_bytes(x_t, y_t) (DESIGN.md, exact byte accounting).
+- standard (the reference's): the validation tokens concatenated (each document BOS + its tokens),
+  cut to `usable = ((N - 1) // L) * L` targets, split into non-overlapping windows of L. Every
+  target is scored once, with the context of its own window only; the tail short of L is dropped.
+- sliding: windows of L tokens every `stride` S tokens. The first window scores its L targets,
+  every later one its last S (the last window ends at the last token and scores what is left), so
+  every target 1..N-1 is scored exactly once, with at least L - S tokens of context once past
+  the first window. Context crosses documents, as in standard mode.
+- documents: no context crosses a BOS. Each document (from its BOS to the token before the next
+  BOS) is planned on its own with the sliding rule (stride S, default L: non-overlapping). BOS
+  tokens are never targets (predicting one would need the previous document), so val_tokens is
+  the token count minus the number of documents.
+
+Windows are batched (`batch_seqs` windows of L tokens per forward; shorter windows are sorted by
+length and packed to the same token budget, right-padded with token 0, which a causal model never
+sees: the causality probe in scoring/probes.py checks exactly that). The scorer takes the model's
+logits, checks their shape and finiteness, and computes log-softmax and the loss itself in
+float64 (float64 sums); a model never reports its own loss. float64 makes the analytic goldens
+exact: uniform logits over 256 byte pieces score 8.0 bpb. A model that sets
+`pgolf_output = "log_probs"` returns log-probabilities instead; they are used as they are, and
+the normalization probe checks that they sum to one. The byte count of target y_t is
+table.token_bytes(x_t, y_t) (DESIGN.md, exact byte accounting).
+
+Score-first adaptation (scoring/adapt.py): with an adapter, the plan is cut into chunks of about
+`adapt_chunk_tokens` targets, in order; a chunk is scored completely (the adapter checks that no
+weight moved meanwhile), and only then are its tokens handed to the adapter: positions after the
+previous chunk up to the chunk's last target (its targets, plus the BOS boundaries between
+documents in documents mode). The eval clock
+(`eval_time_s`) covers scoring and adaptation.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -25,11 +51,16 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from data.tokenizer import ByteTable
+from data.tokenizer import BOS_ID, ByteTable
 from scoring.bpb import BpbSums
 
-EVAL_MODES = ("standard",)
+EVAL_MODES = ("standard", "sliding", "documents")
 EVAL_DTYPES = ("float32", "bfloat16")
+MODEL_OUTPUTS = ("logits", "log_probs")
+PAD_TOKEN = 0
+
+ScoredCallback = Callable[[np.ndarray, torch.Tensor, np.ndarray], None]
+"""on_scored(target_positions, nats, bytes): one call per batch, for tests and audits."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -44,6 +75,11 @@ class EvalConfig:
     """Score only the first this-many validation tokens (a documented subset for the CPU track)."""
     dtype: str = "float32"
     """Compute dtype of the forward pass: float32, or bfloat16 autocast (GPU)."""
+    stride: int | None = None
+    """sliding/documents: targets scored per window after a segment's first; None: L // 2 for
+    sliding, L for documents. Must be None in standard mode."""
+    adapt_chunk_tokens: int = 32_768
+    """Score-first adaptation: about this many targets are scored before the hook sees them."""
 
     def __post_init__(self) -> None:
         if self.mode not in EVAL_MODES:
@@ -54,6 +90,22 @@ class EvalConfig:
             raise ValueError(f"max_tokens must exceed seq_len ({self.seq_len}), got {self.max_tokens}")
         if self.dtype not in EVAL_DTYPES:
             raise ValueError(f"eval dtype must be one of {EVAL_DTYPES}, got {self.dtype!r}")
+        if self.stride is not None:
+            if self.mode == "standard":
+                raise ValueError(f"stride={self.stride} applies to the sliding and documents modes only; drop it or pick --mode sliding")
+            if not 1 <= self.stride <= self.seq_len:
+                raise ValueError(f"stride must be in [1, seq_len={self.seq_len}], got {self.stride}")
+        if self.adapt_chunk_tokens <= 0:
+            raise ValueError(f"adapt_chunk_tokens must be positive, got {self.adapt_chunk_tokens}")
+
+    @property
+    def resolved_stride(self) -> int | None:
+        """The stride the plan uses (None in standard mode)."""
+        if self.mode == "standard":
+            return None
+        if self.stride is not None:
+            return self.stride
+        return max(1, self.seq_len // 2) if self.mode == "sliding" else self.seq_len
 
 
 @dataclass(frozen=True)
@@ -61,6 +113,70 @@ class EvalResult:
     sums: BpbSums
     windows: int
     eval_time_s: float
+    """Wall clock of scoring plus adaptation (the eval budget's clock)."""
+    adapt_time_s: float = 0.0
+    """Seconds spent inside the adaptation hook (included in eval_time_s)."""
+    chunks: int = 1
+
+
+class ChunkAdapter(Protocol):
+    """What evaluate() needs from a score-first adapter (scoring/adapt.py implements it)."""
+
+    def before_chunk(self, model: nn.Module, chunk: int) -> None: ...
+
+    def after_chunk(self, model: nn.Module, chunk: int, scored_tokens: np.ndarray, first_position: int) -> None: ...
+
+    @property
+    def adapt_time_s(self) -> float: ...
+
+
+# ---- Window plans ----
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """Windows in target order: x = tokens[s : s+n], scored targets at window offsets f..n-1."""
+
+    starts: np.ndarray  # int64 (W,)
+    lengths: np.ndarray  # int64 (W,)
+    score_from: np.ndarray  # int64 (W,)
+
+    @property
+    def num_windows(self) -> int:
+        return int(self.starts.size)
+
+    @property
+    def num_targets(self) -> int:
+        return int((self.lengths - self.score_from).sum())
+
+    def target_positions(self) -> np.ndarray:
+        """Every scored target's index into the token array, in plan order (for tests and audits)."""
+        parts = [np.arange(s + 1 + f, s + 1 + n, dtype=np.int64) for s, n, f in zip(self.starts, self.lengths, self.score_from, strict=False)]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _empty_plan() -> WindowPlan:
+    z = np.zeros(0, dtype=np.int64)
+    return WindowPlan(z, z, z)
+
+
+def segment_plan(begin: int, end: int, seq_len: int, stride: int) -> WindowPlan:
+    """Sliding windows over tokens[begin:end]: targets begin+1 .. end-1, each scored once."""
+    T = end - begin - 1
+    if T <= 0:
+        return _empty_plan()
+    if T <= seq_len:
+        return WindowPlan(np.array([begin], np.int64), np.array([T], np.int64), np.zeros(1, np.int64))
+    ends = np.append(np.arange(seq_len, T, stride, dtype=np.int64), T)  # last target (relative) of each window
+    counts = np.diff(ends, prepend=0)
+    lengths = np.full(ends.size, seq_len, dtype=np.int64)
+    return WindowPlan(begin + ends - seq_len, lengths, seq_len - counts)
+
+
+def _concat(plans: list[WindowPlan]) -> WindowPlan:
+    if not plans:
+        return _empty_plan()
+    return WindowPlan(*(np.concatenate([getattr(p, k) for p in plans]) for k in ("starts", "lengths", "score_from")))
 
 
 def standard_targets(tokens: np.ndarray, seq_len: int, max_tokens: int | None = None) -> tuple[np.ndarray, int]:
@@ -73,10 +189,47 @@ def standard_targets(tokens: np.ndarray, seq_len: int, max_tokens: int | None = 
     return tokens[: windows * seq_len + 1], windows
 
 
-def token_nats(model: nn.Module, x_BL: torch.Tensor, y_BL: torch.Tensor, vocab_size: int, dtype: str) -> torch.Tensor:
-    """Per-token negative log-likelihood (nats, float64, shape B×L) from the model's logits."""
-    autocast = dtype == "bfloat16"
-    with torch.autocast(device_type=x_BL.device.type, dtype=torch.bfloat16, enabled=autocast):
+def eval_tokens(tokens: np.ndarray, cfg: EvalConfig) -> np.ndarray:
+    """The tokens a mode may read: the first max_tokens + 1 (standard mode also drops the tail)."""
+    if cfg.mode == "standard":
+        return standard_targets(tokens, cfg.seq_len, cfg.max_tokens)[0]
+    out = tokens if cfg.max_tokens is None else tokens[: cfg.max_tokens + 1]
+    if out.size < 2:
+        raise ValueError(f"validation split has {out.size} tokens: nothing to score")
+    return out
+
+
+def plan_windows(tokens: np.ndarray, cfg: EvalConfig, bos_id: int = BOS_ID) -> WindowPlan:
+    """The window plan of `cfg.mode` over `tokens` (already cut by eval_tokens)."""
+    L, N = cfg.seq_len, int(tokens.size)
+    if cfg.mode == "standard":
+        W = (N - 1) // L
+        return WindowPlan(np.arange(W, dtype=np.int64) * L, np.full(W, L, np.int64), np.zeros(W, np.int64))
+    S = cfg.resolved_stride
+    assert S is not None
+    if cfg.mode == "sliding":
+        return segment_plan(0, N, L, S)
+    starts = np.flatnonzero(np.asarray(tokens) == bos_id)
+    if starts.size == 0 or starts[0] != 0:
+        starts = np.concatenate([[0], starts])  # a subset may begin inside a document
+    ends = np.append(starts[1:], N)
+    return _concat([segment_plan(int(a), int(b), L, S) for a, b in zip(starts, ends, strict=False) if b - a > 1])
+
+
+# ---- The loss ----
+
+
+def output_kind(model: nn.Module) -> str:
+    """"logits" (the default) or "log_probs", from the model's `pgolf_output` attribute."""
+    kind = getattr(model, "pgolf_output", "logits")
+    if kind not in MODEL_OUTPUTS:
+        raise ValueError(f"model.pgolf_output must be one of {MODEL_OUTPUTS}, got {kind!r}")
+    return kind
+
+
+def model_logits(model: nn.Module, x_BL: torch.Tensor, vocab_size: int, dtype: str) -> torch.Tensor:
+    """The model's output for x_BL, checked to be a [B, L, V >= vocab_size] tensor."""
+    with torch.autocast(device_type=x_BL.device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
         logits_BLV = model(x_BL)
     if not isinstance(logits_BLV, torch.Tensor):
         raise ValueError(f"model forward returned {type(logits_BLV).__name__}; it must return logits [batch, seq, vocab]")
@@ -85,42 +238,213 @@ def token_nats(model: nn.Module, x_BL: torch.Tensor, y_BL: torch.Tensor, vocab_s
         raise ValueError(
             f"model returned logits of shape {tuple(logits_BLV.shape)}; expected ({B}, {L}, V) with V >= {vocab_size}"
         )
-    logits_BLV = logits_BLV.double()
-    if not torch.isfinite(logits_BLV).all():
-        raise ValueError("model returned non-finite logits (nan or inf)")
-    logp_BLV = F.log_softmax(logits_BLV, dim=-1)
-    return -logp_BLV.gather(-1, y_BL.unsqueeze(-1)).squeeze(-1)
+    return logits_BLV
 
 
-@torch.inference_mode()
+class LossWorkspace:
+    """Reused float64 buffers for the loss, so that no (N, V) float64 tensor is allocated per batch.
+
+    Allocating a fresh (N, V) float64 tensor per batch costs more than the log-softmax itself on CPU
+    (its pages are faulted in anew each time: about 70 ms against 11 ms for 4096 x 1024). On CPU the
+    rows are processed in blocks of about 512 KiB, which stay in cache (about 2x faster again); on
+    GPU in one piece. The numbers are bit-identical to F.log_softmax(logits.double()).
+    """
+
+    CPU_BLOCK_BYTES = 1 << 19
+
+    def __init__(self) -> None:
+        self._bufs: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def rows(self, n: int, v: int, device: torch.device) -> int:
+        return n if device.type != "cpu" else max(1, min(n, self.CPU_BLOCK_BYTES // (8 * v)))
+
+    def get(self, n: int, v: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        b = self._bufs
+        if b is None or b[0].shape[1] != v or b[0].shape[0] < n or b[0].device != device:
+            with torch.inference_mode(False):  # plain tensors: writable under inference_mode and no_grad alike
+                b = self._bufs = (torch.empty((n, v), dtype=torch.float64, device=device),
+                                  torch.empty((n, v), dtype=torch.float64, device=device))
+        return b[0][:n], b[1][:n]
+
+
+def _target_logp_f64(out_NV: torch.Tensor, y_N: torch.Tensor, ws: LossWorkspace | None) -> torch.Tensor:
+    """log_softmax(out_NV.double())[i, y_N[i]] for every row i, in float64."""
+    if ws is None:
+        return F.log_softmax(out_NV.double(), dim=-1).gather(-1, y_N.unsqueeze(-1)).squeeze(-1)
+    N, V = out_NV.shape
+    step = ws.rows(N, V, out_NV.device)
+    res = torch.empty((N, 1), dtype=torch.float64, device=out_NV.device)
+    for i in range(0, N, step):
+        n = min(step, N - i)
+        x, logp = ws.get(n, V, out_NV.device)
+        x.copy_(out_NV[i : i + n])
+        torch.ops.aten._log_softmax.out(x, -1, False, out=logp)
+        torch.gather(logp, -1, y_N[i : i + n].unsqueeze(-1), out=res[i : i + n])
+    return res.squeeze(-1)
+
+
+def nats_of(out_NV: torch.Tensor, y_N: torch.Tensor, output: str = "logits", ws: LossWorkspace | None = None) -> torch.Tensor:
+    """-log p(y) per row in float64: log-softmax of logits, or log-probabilities taken as given.
+
+    nan or +inf anywhere is refused (either makes the row's log-softmax nan, so checking the gathered
+    values finds it without another pass over the logits). -inf is allowed for tokens other than the
+    target (probability zero, for logits and log-probabilities alike), never at the target.
+    """
+    if output == "logits":
+        nats = -_target_logp_f64(out_NV, y_N, ws)
+    else:
+        logp_NV = out_NV.double()
+        if bool(torch.isnan(logp_NV).any()) or bool((logp_NV == math.inf).any()):
+            raise ValueError("model returned non-finite log-probabilities (nan or +inf)")
+        nats = -logp_NV.gather(-1, y_N.unsqueeze(-1)).squeeze(-1)
+    if not bool(torch.isfinite(nats).all()):
+        bad = nats[~torch.isfinite(nats)][0]
+        what = "non-finite logits (nan or inf)" if torch.isnan(bad) else "a target probability of zero (infinite loss)"
+        raise ValueError(f"model returned {what}")
+    return nats
+
+
+def token_nats(
+    model: nn.Module, x_BL: torch.Tensor, y_BL: torch.Tensor, vocab_size: int, dtype: str, output: str = "logits"
+) -> torch.Tensor:
+    """Per-token negative log-likelihood (nats, float64, shape B×L) from the model's logits."""
+    logits_BLV = model_logits(model, x_BL, vocab_size, dtype)
+    B, L, V = logits_BLV.shape
+    return nats_of(logits_BLV.reshape(B * L, V), y_BL.reshape(-1), output).reshape(B, L)
+
+
+# ---- The loop ----
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_ALLOCATOR_TUNED: str | None = None
+
+
+def tune_cpu_allocator() -> str:
+    """Make glibc malloc keep freed memory for reuse (idempotent); returns what was done.
+
+    A CPU forward allocates and frees its activations every batch. By default glibc serves large
+    blocks with fresh mmaps and hands them back on free, so every batch pays page faults for its
+    activations again (about 40% of the scoring time of a small model on 2 cores). Raising the
+    mmap and trim thresholds makes freed blocks stay in the heap and be reused; it changes no
+    number. It is process-wide, so the scorer's own process calls it (score_artifact, verify-legacy,
+    the bench's scorer process). Other C libraries: a no-op.
+    """
+    global _ALLOCATOR_TUNED
+    if _ALLOCATOR_TUNED is None:
+        try:
+            libc = ctypes.CDLL("libc.so.6")
+            ok = libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1) == 1
+            _ALLOCATOR_TUNED = "glibc mallopt: mmap threshold 1 GiB, trim threshold 2 GiB" if ok else "default (mallopt refused)"
+        except (OSError, AttributeError):
+            _ALLOCATOR_TUNED = "default (not glibc)"
+    return _ALLOCATOR_TUNED
+
+
+
+def _batches(plan: WindowPlan, idx: np.ndarray, cfg: EvalConfig) -> list[np.ndarray]:
+    """Window indices grouped into forward passes of at most batch_seqs * L tokens."""
+    if idx.size == 0:
+        return []
+    lengths = plan.lengths[idx]
+    if np.all(lengths == cfg.seq_len):
+        return [idx[i : i + cfg.batch_seqs] for i in range(0, idx.size, cfg.batch_seqs)]
+    order = idx[np.argsort(-lengths, kind="stable")]
+    budget, out, i = cfg.batch_seqs * cfg.seq_len, [], 0
+    while i < order.size:
+        rows = max(1, budget // int(plan.lengths[order[i]]))
+        out.append(order[i : i + rows])
+        i += rows
+    return out
+
+
+def _score_batch(
+    model: nn.Module, toks: np.ndarray, plan: WindowPlan, w: np.ndarray, table: ByteTable, cfg: EvalConfig,
+    device: torch.device, output: str, sums: BpbSums, on_scored: ScoredCallback | None, ws: LossWorkspace,
+) -> None:
+    starts, lengths, score_from = plan.starts[w], plan.lengths[w], plan.score_from[w]
+    n = int(lengths.max())
+    offs = np.arange(n, dtype=np.int64)
+    valid_BL = offs[None, :] < lengths[:, None]
+    pos_BL = starts[:, None] + offs[None, :]
+    x_BL = np.where(valid_BL, toks[np.where(valid_BL, pos_BL, 0)], PAD_TOKEN).astype(np.int64)
+    y_BL = np.where(valid_BL, toks[np.where(valid_BL, pos_BL + 1, 0)], PAD_TOKEN).astype(np.int64)
+    scored_BL = valid_BL & (offs[None, :] >= score_from[:, None])
+    logits_BLV = model_logits(model, torch.from_numpy(x_BL).to(device), table.vocab_size, cfg.dtype)
+    V = logits_BLV.shape[-1]
+    if scored_BL.all():
+        out_NV, y_N, x_N = logits_BLV.reshape(-1, V), y_BL.reshape(-1), x_BL.reshape(-1)
+        pos_N = pos_BL.reshape(-1) + 1
+    else:
+        sel = torch.from_numpy(scored_BL).to(device)
+        out_NV, y_N, x_N, pos_N = logits_BLV[sel], y_BL[scored_BL], x_BL[scored_BL], pos_BL[scored_BL] + 1
+    nats_N = nats_of(out_NV, torch.from_numpy(y_N).to(device), output, ws)
+    nbytes_N = table.token_bytes(x_N, y_N)
+    sums.add(nats_N, nbytes_N)
+    if on_scored is not None:
+        on_scored(pos_N, nats_N.detach().cpu(), nbytes_N)
+
+
+def _chunks(plan: WindowPlan, chunk_tokens: int | None) -> list[np.ndarray]:
+    """Consecutive window groups of about chunk_tokens targets (one group without adaptation)."""
+    idx = np.arange(plan.num_windows, dtype=np.int64)
+    if chunk_tokens is None or idx.size == 0:
+        return [idx]
+    before = np.cumsum(plan.lengths - plan.score_from) - (plan.lengths - plan.score_from)
+    group = before // chunk_tokens
+    cuts = np.flatnonzero(np.diff(group)) + 1
+    return np.split(idx, cuts)
+
+
+def evaluate(
+    model: nn.Module, tokens: np.ndarray, table: ByteTable, cfg: EvalConfig, device: torch.device,
+    *, bos_id: int = BOS_ID, adapter: ChunkAdapter | None = None, on_scored: ScoredCallback | None = None,
+) -> EvalResult:
+    """Score `model` on validation `tokens` in `cfg.mode`, optionally adapting score-first.
+
+    With `adapter`, windows are scored chunk by chunk in target order, and after a chunk is scored
+    completely the adapter receives a fresh copy of exactly the target tokens scored in it. The
+    forward passes run under no_grad then (tensors made in inference mode cannot be used to adapt).
+    """
+    t0 = time.perf_counter()
+    toks = np.ascontiguousarray(eval_tokens(tokens, cfg))
+    plan = plan_windows(toks, cfg, bos_id)
+    if plan.num_windows == 0:
+        raise ValueError(f"no targets to score in {cfg.mode} mode ({toks.size} tokens)")
+    output = output_kind(model)
+    sums = BpbSums()
+    chunks = _chunks(plan, cfg.adapt_chunk_tokens if adapter is not None else None)
+    grad_off = torch.no_grad if adapter is not None else torch.inference_mode
+    ws = LossWorkspace()
+    scored_upto = 0  # every target at a position <= scored_upto has been scored
+    with tqdm(total=plan.num_windows, desc="score", unit="win", disable=None, leave=False) as bar:
+        for c, idx in enumerate(chunks):
+            if adapter is not None:
+                adapter.before_chunk(model, c)
+            with grad_off():
+                for w in _batches(plan, idx, cfg):
+                    _score_batch(model, toks, plan, w, table, cfg, device, output, sums, on_scored, ws)
+                    bar.update(int(w.size))
+            first = int(plan.starts[idx[0]] + plan.score_from[idx[0]] + 1)
+            last = int(plan.starts[idx[-1]] + plan.lengths[idx[-1]])
+            assert first > scored_upto, "chunks must follow each other in target order"
+            if adapter is not None:
+                # Positions scored_upto+1 .. last: this chunk's targets, plus (documents mode) the BOS
+                # tokens between documents, which are boundaries and never targets.
+                adapter.after_chunk(model, c, toks[scored_upto + 1 : last + 1].copy(), scored_upto + 1)
+            scored_upto = last
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    adapt_s = adapter.adapt_time_s if adapter is not None else 0.0
+    return EvalResult(sums, plan.num_windows, time.perf_counter() - t0, adapt_s, len(chunks))
+
+
 def evaluate_standard(
     model: nn.Module, tokens: np.ndarray, table: ByteTable, cfg: EvalConfig, device: torch.device
 ) -> EvalResult:
-    t0 = time.perf_counter()
-    toks, windows = standard_targets(tokens, cfg.seq_len, cfg.max_tokens)
-    L = cfg.seq_len
-    sums = BpbSums()
-    all_t = torch.from_numpy(toks.astype(np.int64))
-    with tqdm(total=windows, desc="score", unit="win", disable=None, leave=False) as bar:
-        for w0 in range(0, windows, cfg.batch_seqs):
-            w1 = min(w0 + cfg.batch_seqs, windows)
-            chunk = all_t[w0 * L : w1 * L + 1]
-            x_BL = chunk[:-1].reshape(-1, L)
-            y_BL = chunk[1:].reshape(-1, L)
-            nats_BL = token_nats(model, x_BL.to(device), y_BL.to(device), table.vocab_size, cfg.dtype)
-            nbytes = table.token_bytes(x_BL.numpy(), y_BL.numpy())
-            sums.add(nats_BL, nbytes)
-            bar.update(w1 - w0)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return EvalResult(sums, windows, time.perf_counter() - t0)
-
-
-def evaluate(model: nn.Module, tokens: np.ndarray, table: ByteTable, cfg: EvalConfig, device: torch.device) -> EvalResult:
-    """Score `model` on validation `tokens` in `cfg.mode`."""
-    if cfg.mode == "standard":
-        return evaluate_standard(model, tokens, table, cfg, device)
-    raise ValueError(f"unknown eval mode {cfg.mode!r}")
+    """Standard mode (kept for callers of the spine's name)."""
+    if cfg.mode != "standard":
+        raise ValueError(f"evaluate_standard needs mode 'standard', got {cfg.mode!r}")
+    return evaluate(model, tokens, table, cfg, device)
 
 
 def unigram_bpb(counts: np.ndarray, tokens: np.ndarray, table: ByteTable, seq_len: int, max_tokens: int | None = None) -> float:

@@ -2,9 +2,13 @@
 
 It is given only the artifact, the submission's model code and a validation dataset folder.
 It reads the artifact, decodes it with its codec, checks the code against the artifact's recorded
-hashes, builds and loads the model (strict), and evaluates it (scoring/evaluate.py). The record
-(format "pg-score", version 1) has val_loss, val_bpb, val_tokens, val_bytes, the mode, dtype,
-device and thread count, and the hashes of what was scored.
+hashes, builds and loads the model (strict), runs the legality probes (scoring/probes.py; a
+failure fails the score), audits the tokenizer's byte table on the scored documents when the
+dataset's tokenizer is not a known official one (scoring/audit.py), and evaluates it
+(scoring/evaluate.py), score-first with the folder's eval.py hook when there is one
+(scoring/adapt.py; the probes run again after the last adaptation). The record (format
+"pg-score", version 1) has val_loss, val_bpb, val_tokens, val_bytes, the mode, stride, dtype,
+device and thread count, the probe, audit and adaptation records, and the hashes of what was scored.
 """
 
 from __future__ import annotations
@@ -15,17 +19,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from data.io import sha256_file
 from data.manifest import MANIFEST_NAME, load_manifest
 from data.shards import read_split
-from data.tokenizer import load_tokenizer
+from data.tokenizer import Tokenizer, load_tokenizer
+from scoring.adapt import ScoreFirstAdapter, load_hook
 from scoring.artifact import decode_state, read_artifact
+from scoring.audit import KNOWN_TOKENIZER_SHA256, audit_token_stream
 from scoring.bpb import METRIC_VERSION, metric_table
 from scoring.codecs import CODECS, get_codec
-from scoring.evaluate import EvalConfig, evaluate
+from scoring.evaluate import EvalConfig, eval_tokens, evaluate, tune_cpu_allocator
 from scoring.loading import load_model
+from scoring.probes import ProbeConfig, ProbeFailure, run_probes
 
 SCORE_FORMAT = "pg-score"
 SCORE_FORMAT_VERSION = 1
@@ -43,6 +51,7 @@ def score_artifact(
     if threads:
         torch.set_num_threads(threads)
     dev = torch.device(device)
+    allocator = tune_cpu_allocator() if dev.type == "cpu" else "torch caching allocator"
     manifest = load_manifest(data_dir)
     tokenizer = load_tokenizer(manifest.tokenizer_path)
     table = tokenizer.byte_table()
@@ -51,7 +60,15 @@ def score_artifact(
     codec_name = artifact.codec_name if artifact.codec_name in CODECS else "submission"
     state = decode_state(artifact, get_codec(codec_name, submission_dir))
     model = load_model(artifact, state, submission_dir, dev)
-    result = evaluate(model, tokens, table, cfg, dev)
+    tokenizer_sha256 = sha256_file(manifest.tokenizer_path)
+    audit = tokenizer_audit(tokenizer, tokenizer_sha256, eval_tokens(tokens, cfg))
+    probe_cfg = ProbeConfig(seq_len=cfg.seq_len, dtype=cfg.dtype)
+    probes = run_probes(model, tokens, table.vocab_size, probe_cfg, dev)
+    hook = load_hook(submission_dir)
+    adapter = ScoreFirstAdapter(hook[0], hook[1]) if hook else None
+    result = evaluate(model, tokens, table, cfg, dev, bos_id=tokenizer.bos_id, adapter=adapter)
+    if adapter is not None:
+        probes["after_adaptation"] = run_probes(model, tokens, table.vocab_size, probe_cfg, dev)
     sums = result.sums
     return {
         "format": SCORE_FORMAT,
@@ -69,16 +86,36 @@ def score_artifact(
         "eval_mode": cfg.mode,
         "eval_dtype": cfg.dtype,
         "eval_seq_len": cfg.seq_len,
+        "eval_stride": cfg.resolved_stride,
+        "eval_batch_seqs": cfg.batch_seqs,
         "eval_windows": result.windows,
         "eval_time_s": result.eval_time_s,
+        "probes": probes,
+        "tokenizer_audit": audit,
+        "adaptation": adapter.record(cfg.adapt_chunk_tokens) if adapter is not None else None,
         "score_wall_s": time.perf_counter() - t_start,
         "device": dev.type,
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
+        "allocator": allocator,
         "submission_files_seen": sorted(p.relative_to(submission_dir).as_posix() for p in Path(submission_dir).rglob("*") if p.is_file()),
         "artifact_sha256": sha256_file(artifact_path),
         "codec": artifact.header["codec"],
         "data_manifest_sha256": sha256_file(Path(data_dir) / MANIFEST_NAME),
-        "tokenizer_sha256": sha256_file(manifest.tokenizer_path),
+        "tokenizer_sha256": tokenizer_sha256,
         "torch": torch.__version__,
     }
+
+
+def tokenizer_audit(tokenizer: Tokenizer, tokenizer_sha256: str, tokens: np.ndarray) -> dict[str, Any]:
+    """Audit the byte table on the scored documents unless the tokenizer is a known official one.
+
+    byte260's table is exact by construction (one byte per byte piece) and is not audited either.
+    A failed audit fails the score (ProbeFailure, with the first mismatching document).
+    """
+    if tokenizer_sha256 in KNOWN_TOKENIZER_SHA256 or tokenizer.kind == "byte260":
+        return {"ran": False, "reason": f"known tokenizer ({tokenizer.kind}, sha256 {tokenizer_sha256[:12]}…)"}
+    report = audit_token_stream(tokenizer, tokens)
+    if not report.passed:
+        raise ProbeFailure(f"the dataset's tokenizer failed the byte-table audit:\n{report.summary()}")
+    return {"ran": True, "reason": "tokenizer brought by the dataset/submission", **report.as_dict()}

@@ -1,0 +1,181 @@
+"""Evaluation modes against a brute-force reference: every target scored exactly once, with exactly
+the context its mode promises, and the same per-token loss.
+
+The brute force is a per-target loop: for target j it computes the context start from the mode's
+definition (written out again here, independently of scoring/evaluate.py's window plans), runs the
+model on tokens[start:j] alone and takes -log_softmax of the last row. `CausalCounts` has logits
+that are small multiples of 1/2 (exact in float32), so the scorer, which batches and pads windows,
+must agree with the brute force bit for bit; a real transformer agrees to float rounding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from data.build import build_dataset
+from data.shards import read_split
+from data.tokenizer import BOS_ID, ByteTokenizer
+from scoring.evaluate import EvalConfig, evaluate, plan_windows
+from tests.conftest import BASELINE
+
+V = 260
+
+
+class CausalCounts(nn.Module):
+    """logits[b, t, v] = count of v in x[b, :t+1] + 1/2 [v == x[b, t]] + 1/2 [v ≡ t (mod 7)]."""
+
+    def forward(self, ids):
+        oh = F.one_hot(ids, V).float()  # (B, T, V)
+        t = torch.arange(ids.shape[1])[:, None]
+        phase = ((torch.arange(V)[None, :] % 7) == (t % 7)).float()  # (T, V)
+        return oh.cumsum(1) + 0.5 * oh + 0.5 * phase[None]
+
+
+@pytest.fixture(scope="module")
+def docs_tokens(tmp_path_factory) -> np.ndarray:
+    """Validation documents of many lengths: empty, 1 byte, shorter and longer than the windows."""
+    texts = ["", "a", "tiny doc", "x" * 15, "Grüße aus Köln, " * 4, "The quick brown fox jumps over the lazy dog. " * 3,
+             "ok", "seventeen chars!!", "ünïcödé " * 9]
+    ds = build_dataset(texts + ["some training text"] * 3, tmp_path_factory.mktemp("modes"), val_docs=len(texts),
+                       tokenizer="byte260")
+    return read_split(ds, "val").astype(np.int64)
+
+
+def ctx_start(j: int, seg_begin: int, seg_end: int, L: int, S: int) -> int:
+    """Where target j's context starts under the sliding rule on tokens[seg_begin:seg_end]."""
+    T, rel = seg_end - seg_begin - 1, j - seg_begin
+    if T <= L or rel <= L:
+        return seg_begin
+    k = math.ceil((rel - L) / S)
+    return seg_begin + min(L + k * S, T) - L
+
+
+def brute_force(model: nn.Module, toks: np.ndarray, mode: str, L: int, S: int, max_tokens: int | None):
+    """{target position: (nats, bytes)} by the per-target definition of each mode."""
+    if max_tokens is not None:
+        toks = toks[: max_tokens + 1]
+    N = toks.size
+    table = ByteTokenizer().byte_table()
+    if mode == "standard":
+        targets = [(j, ((j - 1) // L) * L) for j in range(1, ((N - 1) // L) * L + 1)]
+    elif mode == "sliding":
+        targets = [(j, ctx_start(j, 0, N, L, S)) for j in range(1, N)]
+    else:
+        bos = [p for p in range(N) if toks[p] == BOS_ID]
+        begins = bos if bos and bos[0] == 0 else [0, *bos]
+        ends = [*begins[1:], N]
+        targets = [(j, ctx_start(j, a, b, L, S)) for a, b in zip(begins, ends, strict=False) for j in range(a + 1, b)]
+    out = {}
+    with torch.no_grad():
+        for j, s in targets:
+            assert j - s <= L and s < j
+            x = torch.from_numpy(toks[s:j])[None]
+            logp = F.log_softmax(model(x)[0, -1].double(), dim=-1)
+            out[j] = (float(-logp[toks[j]]), int(table.token_bytes(toks[j - 1 : j], toks[j : j + 1])[0]))
+    return out
+
+
+def scored(model, toks, cfg):
+    seen: dict[int, tuple[float, int]] = {}
+
+    def on_scored(pos, nats, nbytes):
+        for p, n, b in zip(pos.tolist(), nats.tolist(), nbytes.tolist(), strict=False):
+            assert p not in seen, f"target {p} scored twice"
+            seen[p] = (n, b)
+
+    res = evaluate(model, toks, ByteTokenizer().byte_table(), cfg, torch.device("cpu"), on_scored=on_scored)
+    return res, seen
+
+
+CASES = [
+    ("standard", 16, None, None), ("standard", 7, None, 100),
+    ("sliding", 16, 4, None), ("sliding", 16, 16, None), ("sliding", 9, 1, 120), ("sliding", 32, None, None),
+    ("documents", 16, 16, None), ("documents", 16, 5, None), ("documents", 8, 3, 150), ("documents", 64, None, None),
+]
+
+
+@pytest.mark.parametrize("mode,L,S,max_tokens", CASES)
+def test_mode_equals_brute_force_exactly(docs_tokens, mode, L, S, max_tokens):
+    cfg = EvalConfig(mode=mode, seq_len=L, stride=S, batch_seqs=3, max_tokens=max_tokens)
+    res, got = scored(CausalCounts(), docs_tokens, cfg)
+    want = brute_force(CausalCounts(), docs_tokens, mode, L, cfg.resolved_stride or L, max_tokens)
+    assert sorted(got) == sorted(want)  # the same targets, each once
+    assert got == want  # bit-identical nats and identical bytes per target
+    assert res.sums.tokens == len(want)
+    assert res.sums.bytes == sum(b for _, b in want.values())
+    assert res.sums.loss_nats == pytest.approx(sum(n for n, _ in want.values()), rel=1e-12)
+
+
+def test_targets_of_each_mode(docs_tokens):
+    """sliding scores every target 1..N-1; documents every one but the BOS tokens; standard drops the tail."""
+    N = docs_tokens.size
+    bos = set(np.flatnonzero(docs_tokens == BOS_ID).tolist())
+    sl = plan_windows(docs_tokens, EvalConfig(mode="sliding", seq_len=16, stride=5)).target_positions()
+    assert sl.tolist() == list(range(1, N))
+    dc = plan_windows(docs_tokens, EvalConfig(mode="documents", seq_len=16, stride=5)).target_positions()
+    assert dc.tolist() == [j for j in range(1, N) if j not in bos]
+    st = plan_windows(docs_tokens[: (N - 1) // 16 * 16 + 1], EvalConfig(seq_len=16)).target_positions()
+    assert st.tolist() == list(range(1, (N - 1) // 16 * 16 + 1))
+
+
+def test_documents_mode_never_crosses_a_bos(docs_tokens):
+    plan = plan_windows(docs_tokens, EvalConfig(mode="documents", seq_len=16, stride=7))
+    for s, n in zip(plan.starts.tolist(), plan.lengths.tolist(), strict=False):
+        window = docs_tokens[s : s + n + 1]  # inputs and targets
+        assert BOS_ID not in window[1:].tolist(), f"window at {s} crosses a document boundary"
+
+
+@pytest.mark.parametrize("mode", ["standard", "sliding", "documents"])
+def test_transformer_matches_brute_force(docs_tokens, mode):
+    """The naive baseline's GPT, randomly initialised: the same targets and bytes, nats to float rounding."""
+    from scoring.loading import import_file
+
+    torch.manual_seed(0)
+    gpt = import_file(BASELINE / "model.py", "baseline_model_for_modes").build_model(
+        {"vocab_size": V, "num_layers": 2, "model_dim": 32, "num_heads": 2, "num_kv_heads": 1}
+    ).eval()
+    with torch.no_grad():
+        for p in gpt.parameters():
+            p.add_(torch.randn_like(p) * 0.05)  # move off the zero-initialised projections
+    cfg = EvalConfig(mode=mode, seq_len=16, stride=None if mode == "standard" else 6, batch_seqs=4, max_tokens=200)
+    _, got = scored(gpt, docs_tokens, cfg)
+    want = brute_force(gpt, docs_tokens, mode, 16, 6, 200)
+    assert sorted(got) == sorted(want)
+    for j in want:
+        assert got[j][1] == want[j][1]
+        assert got[j][0] == pytest.approx(want[j][0], abs=2e-5)
+
+
+def test_batching_does_not_change_the_result(docs_tokens):
+    model = CausalCounts()
+    a = evaluate(model, docs_tokens, ByteTokenizer().byte_table(), EvalConfig(mode="documents", seq_len=16, batch_seqs=1), torch.device("cpu"))
+    b = evaluate(model, docs_tokens, ByteTokenizer().byte_table(), EvalConfig(mode="documents", seq_len=16, batch_seqs=64), torch.device("cpu"))
+    assert (a.sums.tokens, a.sums.bytes) == (b.sums.tokens, b.sums.bytes)
+    assert a.sums.loss_nats == pytest.approx(b.sums.loss_nats, rel=1e-13)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"mode": "standard", "stride": 4}, "sliding and documents"),
+        ({"mode": "sliding", "seq_len": 8, "stride": 9}, "stride must be in"),
+        ({"mode": "sliding", "stride": 0}, "stride must be in"),
+        ({"mode": "windows"}, "eval mode must be one of"),
+        ({"adapt_chunk_tokens": 0}, "adapt_chunk_tokens"),
+    ],
+)
+def test_config_errors_name_the_field(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        EvalConfig(**kwargs)
+
+
+def test_default_strides():
+    assert EvalConfig(mode="sliding", seq_len=64).resolved_stride == 32
+    assert EvalConfig(mode="documents", seq_len=64).resolved_stride == 64
+    assert EvalConfig(seq_len=64).resolved_stride is None
