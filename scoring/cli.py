@@ -1,14 +1,23 @@
-"""Scoring commands: `score` and `unpack` (mounted under `pgolf` by harness/cli.py, and runnable
-on their own as `python -m scoring COMMAND`, which imports no harness code)."""
+"""Scoring commands (mounted under `pgolf` by harness/cli.py, and runnable on their own as
+`python -m scoring COMMAND`, which imports no harness code):
+
+    score, unpack                 the scorer (this file)
+    audit-tokenizer               scoring/audit.py
+    verify, verify-legacy         scoring/verify.py, scoring/legacy.py
+    compare                       scoring/significance.py
+    leaderboard                   scoring/leaderboard.py
+
+`python -m scoring bench score` runs scoring/bench.py (under pgolf it is `pgolf bench score`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from data.io import write_json_atomic
+from scoring import audit, bench, leaderboard, legacy, significance, verify
 from scoring.evaluate import EVAL_DTYPES, EVAL_MODES, EvalConfig
 from scoring.pack import unpack_artifact
 from scoring.score import score_artifact
@@ -17,7 +26,8 @@ from scoring.score import score_artifact
 def cmd_score(args: argparse.Namespace) -> int:
     cfg = EvalConfig(
         mode=args.mode, seq_len=args.seq_len, batch_seqs=args.batch_seqs,
-        max_tokens=args.max_tokens or None, dtype=args.dtype,
+        max_tokens=args.max_tokens or None, dtype=args.dtype, stride=args.stride or None,
+        adapt_chunk_tokens=args.adapt_chunk_tokens,
     )
     record = score_artifact(args.artifact, args.submission, args.data, cfg, device=args.device, threads=args.threads)
     if args.json_out:
@@ -49,6 +59,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-seqs", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=0, help="score only the first N validation tokens (0: all)")
     p.add_argument("--dtype", default="float32", choices=EVAL_DTYPES)
+    p.add_argument("--stride", type=int, default=0, help="sliding/documents modes: targets per window (0: the mode's default)")
+    p.add_argument("--adapt-chunk-tokens", type=int, default=EvalConfig().adapt_chunk_tokens,
+                   help="score-first adaptation (eval.py): targets scored before the hook sees them")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -60,6 +73,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--submission", help="needed only for an artifact packed with the submission's own codec")
     p.set_defaults(func=cmd_unpack)
+
+    audit.register(sub)
+    verify.register(sub)
+    legacy.register(sub)
+    significance.register(sub)
+    leaderboard.register(sub)
 
 
 USER_ERRORS = (ValueError, FileNotFoundError, TypeError)
@@ -78,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scoring", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     register(sub)
+    p = sub.add_parser("bench", help="benchmarks that print figures")
+    bench.register(p.add_subparsers(dest="bench_command", required=True, metavar="BENCH"))
     args = parser.parse_args(argv)
     return run_command(args)
 

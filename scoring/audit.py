@@ -1,0 +1,260 @@
+"""Tokenizer audit: does the byte table count, document by document, the bytes the tokens spell?
+
+    pgolf audit-tokenizer MODEL --docs FILE [--max-docs N] [--show K] [--json]
+
+bpb divides by the table's byte count (data/tokenizer.py, DESIGN.md "Exact byte accounting"); a
+table that over-counts makes every score look better. The audit spells each document's tokens
+independently of the table, from the tokenizer's own pieces:
+
+- control / unknown / unused pieces spell nothing (no bytes);
+- a byte-fallback piece `<0xAB>` spells the one raw byte 0xAB;
+- any other piece spells its UTF-8 text with every "▁" read as a space, except that the leading
+  "▁" of a document's first token spells nothing (SentencePiece's decode drops it there).
+
+and compares, per document and per token, with table.token_bytes (the first token of a document
+follows its BOS). As a check on the speller itself, for documents whose spelled bytes are valid
+UTF-8 and hold no boundary piece, the spelled bytes must equal the tokenizer's own
+decode(ids); any difference is reported too. A document whose counts differ is reported with its
+index, the first token where table and spelling part, the token's id and piece, and the start of
+its text. `audit_token_stream` audits a validation token stream (documents split at BOS): the
+scorer runs it when the dataset's tokenizer is not a known official one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from data.tokenizer import (
+    BOS_ID,
+    BYTE260_OFFSET,
+    SPACE_MARK,
+    ByteTable,
+    ByteTokenizer,
+    SentencePieceTokenizer,
+    Tokenizer,
+)
+
+AUDIT_FORMAT = "pg-tokenizer-audit"
+AUDIT_FORMAT_VERSION = 1
+# sha256 of tokenizer files whose byte tables are audited once and trusted (the official sp1024).
+KNOWN_TOKENIZER_SHA256 = frozenset({"4f5e8adb109c66b4886963bc75a7befd73bda36d27fd7102df8e9e66503b0e2a"})
+_BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+@dataclass(frozen=True)
+class Speller:
+    """Per-id spelling: raw bytes (leading "▁" as a space), whether it starts with "▁", the piece."""
+
+    raw: list[bytes]
+    lead_space: np.ndarray  # bool (V,)
+    pieces: list[str]
+    decode: Any  # ids -> bytes, the tokenizer's own decode (None: no cross-check)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.array([len(b) for b in self.raw], dtype=np.int64)
+
+    def token_lengths(self, ids: np.ndarray) -> np.ndarray:
+        """Bytes each token of one document spells (the first token drops its leading space)."""
+        out = self.lengths[ids]
+        if ids.size:
+            out[0] -= int(self.lead_space[ids[0]])
+        return out
+
+    def spell(self, ids: np.ndarray) -> bytes:
+        b = b"".join(self.raw[i] for i in ids.tolist())
+        return b[1:] if ids.size and self.lead_space[ids[0]] else b
+
+
+def speller_for(tok: Tokenizer) -> Speller:
+    """The independent speller of a SentencePiece or byte260 tokenizer."""
+    V = tok.vocab_size
+    if isinstance(tok, ByteTokenizer):
+        raw = [b""] * BYTE260_OFFSET + [bytes([b]) for b in range(256)]
+        pieces = ["<pad>", "<s>", "</s>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)]
+        return Speller(raw, np.zeros(V, dtype=np.bool_), pieces, None)
+    if isinstance(tok, SentencePieceTokenizer):
+        sp = tok.sp
+        raw, lead, pieces = [], np.zeros(V, dtype=np.bool_), []
+        for i in range(V):
+            piece = sp.id_to_piece(i)
+            pieces.append(piece)
+            if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i):
+                raw.append(b"")
+            elif sp.is_byte(i):
+                m = _BYTE_PIECE.match(piece)
+                if m is None:
+                    raise ValueError(f"tokenizer {tok.path}: byte piece {i} is {piece!r}, not <0xHH>")
+                raw.append(bytes([int(m.group(1), 16)]))
+            else:
+                raw.append(piece.replace(SPACE_MARK, " ").encode("utf-8"))
+                lead[i] = piece.startswith(SPACE_MARK)
+        return Speller(raw, lead, pieces, lambda ids: sp.decode([int(i) for i in ids], out_type=bytes))
+    raise ValueError(f"the tokenizer audit reads SentencePiece and byte260 tokenizers, not {type(tok).__name__}")
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    doc: int
+    token_index: int
+    token_id: int
+    piece: str
+    table_bytes: int
+    spelled_bytes: int
+    doc_table_bytes: int
+    doc_spelled_bytes: int
+    snippet: str
+
+    def describe(self) -> str:
+        return (
+            f"document {self.doc}: the byte table counts {self.doc_table_bytes:,} bytes, the tokens spell "
+            f"{self.doc_spelled_bytes:,}; first difference at token {self.token_index} (id {self.token_id}, piece "
+            f"{self.piece!r}): table {self.table_bytes}, spelled {self.spelled_bytes}. Text: {self.snippet!r}"
+        )
+
+
+@dataclass
+class AuditReport:
+    docs: int = 0
+    tokens: int = 0
+    table_bytes: int = 0
+    spelled_bytes: int = 0
+    mismatched_docs: int = 0
+    decode_checked_docs: int = 0
+    decode_disagreements: int = 0
+    first: list[Mismatch] = field(default_factory=list)
+    first_decode: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.mismatched_docs == 0 and self.decode_disagreements == 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "format": AUDIT_FORMAT, "format_version": AUDIT_FORMAT_VERSION, "passed": self.passed,
+            "docs": self.docs, "tokens": self.tokens, "table_bytes": self.table_bytes, "spelled_bytes": self.spelled_bytes,
+            "mismatched_docs": self.mismatched_docs, "decode_checked_docs": self.decode_checked_docs,
+            "decode_disagreements": self.decode_disagreements,
+            "first_mismatches": [m.describe() for m in self.first], "first_decode_disagreements": self.first_decode,
+        }
+
+    def summary(self) -> str:
+        head = (
+            f"tokenizer audit {'PASSED' if self.passed else 'FAILED'}: {self.docs:,} documents, {self.tokens:,} tokens; "
+            f"table {self.table_bytes:,} bytes vs spelled {self.spelled_bytes:,}; {self.mismatched_docs} document(s) differ; "
+            f"decode cross-check on {self.decode_checked_docs} document(s): {self.decode_disagreements} disagreement(s)"
+        )
+        return "\n".join([head, *("  " + m.describe() for m in self.first), *("  " + d for d in self.first_decode)])
+
+
+def audit_documents(
+    tok: Tokenizer, docs: Iterable[Sequence[int] | np.ndarray], texts: Sequence[str] | None = None, *,
+    table: ByteTable | None = None, show: int = 5, decode_check_docs: int | None = None, first_doc: int = 0,
+) -> AuditReport:
+    """Audit documents given as token ids (without their BOS). `table` defaults to tok.byte_table()."""
+    table = tok.byte_table() if table is None else table
+    sp = speller_for(tok)
+    boundary = table.is_boundary
+    rep = AuditReport()
+    for k, doc in enumerate(docs):
+        ids = np.asarray(doc, dtype=np.int64)
+        d = first_doc + k
+        prev = np.concatenate([[BOS_ID], ids[:-1]]).astype(np.int64)
+        t_b = table.token_bytes(prev, ids) if ids.size else np.zeros(0, np.int64)
+        s_b = sp.token_lengths(ids)
+        rep.docs += 1
+        rep.tokens += int(ids.size)
+        rep.table_bytes += int(t_b.sum())
+        rep.spelled_bytes += int(s_b.sum())
+        if int(t_b.sum()) != int(s_b.sum()) or not np.array_equal(t_b, s_b):
+            rep.mismatched_docs += 1
+            if len(rep.first) < show:
+                i = int(np.flatnonzero(t_b != s_b)[0])
+                text = texts[k] if texts is not None else sp.spell(ids).decode("utf-8", errors="replace")
+                rep.first.append(Mismatch(d, i, int(ids[i]), sp.pieces[int(ids[i])], int(t_b[i]), int(s_b[i]),
+                                          int(t_b.sum()), int(s_b.sum()), text[:80]))
+        if sp.decode is not None and (decode_check_docs is None or rep.decode_checked_docs < decode_check_docs):
+            spelled = sp.spell(ids)
+            if ids.size and not boundary[ids].any() and _is_utf8(spelled):
+                rep.decode_checked_docs += 1
+                decoded = sp.decode(ids)
+                if decoded != spelled:
+                    rep.decode_disagreements += 1
+                    if len(rep.first_decode) < show:
+                        j = next((n for n, (a, b) in enumerate(zip(spelled, decoded, strict=False)) if a != b), min(len(spelled), len(decoded)))
+                        rep.first_decode.append(
+                            f"document {d}: the audit's spelling and the tokenizer's decode part at byte {j} "
+                            f"({spelled[j:j + 20]!r} vs {decoded[j:j + 20]!r}); the audit cannot vouch for this tokenizer"
+                        )
+    return rep
+
+
+def _is_utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def audit_texts(tok: Tokenizer, texts: Sequence[str], *, table: ByteTable | None = None, show: int = 5) -> AuditReport:
+    """Encode each text with the tokenizer and audit the result."""
+    ids: list[list[int]] = []
+    for i in range(0, len(texts), 256):
+        ids += tok.encode(list(texts[i : i + 256]))
+    return audit_documents(tok, ids, texts, table=table, show=show)
+
+
+def split_documents(tokens: np.ndarray, bos_id: int) -> list[np.ndarray]:
+    """A token stream cut at BOS: each document's tokens without its BOS (a leading partial one kept)."""
+    tokens = np.asarray(tokens)
+    starts = np.flatnonzero(tokens == bos_id)
+    pieces = np.split(tokens, starts)
+    return [p[1:] if p.size and p[0] == bos_id else p for p in pieces if p.size]
+
+
+def audit_token_stream(
+    tok: Tokenizer, tokens: np.ndarray, *, table: ByteTable | None = None, show: int = 5, decode_check_docs: int = 200
+) -> AuditReport:
+    """Audit a validation token stream, document by document (documents split at BOS)."""
+    return audit_documents(tok, split_documents(tokens, tok.bos_id), None, table=table, show=show,
+                           decode_check_docs=decode_check_docs)
+
+
+# ---- CLI ----
+
+
+def cmd_audit_tokenizer(args: argparse.Namespace) -> int:
+    from data.build import read_jsonl_texts
+    from data.tokenizer import load_tokenizer
+
+    tok = ByteTokenizer() if args.model == "byte260" else load_tokenizer(args.model)
+    texts = read_jsonl_texts(args.docs, field=args.field)
+    if args.max_docs:
+        texts = texts[: args.max_docs]
+    if not texts:
+        raise ValueError(f"{args.docs} holds no documents with a {args.field!r} field")
+    rep = audit_texts(tok, texts, show=args.show)
+    if args.json:
+        print(json.dumps(rep.as_dict(), sort_keys=True))
+    else:
+        print(rep.summary())
+    return 0 if rep.passed else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("audit-tokenizer", help="check, document by document, that the byte table counts the bytes the tokens spell")
+    p.add_argument("model", help="tokenizer: a SentencePiece .model, a byte260.json, or 'byte260'")
+    p.add_argument("--docs", required=True, help="documents: a .jsonl file with a text field")
+    p.add_argument("--field", default="text", help="JSON field holding the text (default: text)")
+    p.add_argument("--max-docs", type=int, default=0, help="audit only the first N documents (0: all)")
+    p.add_argument("--show", type=int, default=5, help="how many mismatching documents to print")
+    p.add_argument("--json", action="store_true", help="print the audit record as one JSON object")
+    p.set_defaults(func=cmd_audit_tokenizer)

@@ -1,0 +1,288 @@
+"""`pgolf leaderboard [--track T] --out DIR`: the results ledger as a markdown table, a JSON file and a web page.
+
+    pgolf leaderboard --ledger runs/ledger.jsonl --out site/ [--track 10min_16mb]
+
+The ledger is append-only JSON lines: "pg-result" records (one per run, written by the runner) and
+"pg-verification" records (written by `pgolf verify`, keyed by the result's digest). A result's
+verification is the latest verification record for exactly its digest (scoring/verify.py); a
+"verified" written into a result by hand, without one, counts for nothing.
+
+Only verified results that scored (status ok, within the cap) rank. They are grouped by
+(submission name, track, preset): a row's val_bpb is the mean over its verified seeds (with the
+standard deviation and the seed count), sorted ascending (bpb is the ranking metric, lower is
+better). Every other result (unverified, failed verification, errors, over budget) is listed apart,
+one row per run. Each row shows its lineage ("builds on"), linked to the row it builds on.
+
+Outputs in DIR: leaderboard.md, leaderboard.json ("pg-leaderboard", version 1) and index.html, a
+self-contained page (no network, no libraries): a table sortable by clicking any header (a URL
+fragment `#sort=KEY` or `#sort=-KEY` sorts on load, which is how the browser test drives it), and
+two inline SVG plots: val_bpb against total bytes, and val_bpb against date with the record line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import html
+import json
+import math
+import statistics
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from data.io import write_bytes_atomic, write_json_atomic
+from scoring.verify import result_digest
+
+LEADERBOARD_FORMAT = "pg-leaderboard"
+LEADERBOARD_FORMAT_VERSION = 1
+DEFAULT_LEDGER = "runs/ledger.jsonl"
+COLUMNS = [  # key, header, type
+    ("rank", "#", "num"), ("name", "Entry", "str"), ("val_bpb", "val_bpb", "num"), ("val_bpb_std", "± std", "num"),
+    ("seeds", "Seeds", "num"), ("val_loss", "val_loss", "num"), ("bytes_total", "Bytes", "num"),
+    ("date", "Date", "str"), ("author", "Author", "str"), ("builds_on", "Builds on", "str"),
+]
+UNRANKED_COLUMNS = [("name", "Entry"), ("seed", "Seed"), ("status", "Status"), ("verification", "Verification"),
+                    ("val_bpb", "val_bpb"), ("bytes_total", "Bytes"), ("date", "Date"), ("builds_on", "Builds on"), ("run_dir", "Run")]
+
+
+# ---- Reading the ledger ----
+
+
+def read_ledger(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """(results in ledger order, latest verification record per result digest)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"results ledger not found: {path}; runs append to RUN_DIR/../ledger.jsonl (pass --ledger)")
+    results, verifications = [], {}
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n} is not a JSON line ({e}); the ledger is append-only JSON lines") from e
+        if rec.get("format") == "pg-result":
+            results.append(rec)
+        elif rec.get("format") == "pg-verification" and rec.get("result_sha256"):
+            verifications[rec["result_sha256"]] = rec
+    return results, verifications
+
+
+def _date(r: dict[str, Any]) -> str:
+    d = (r.get("submission") or {}).get("date")
+    if isinstance(d, str) and d:
+        return d
+    return dt.datetime.fromtimestamp(float(r.get("created_unix_s") or 0), dt.UTC).date().isoformat()
+
+
+def build(results: Iterable[dict[str, Any]], verifications: dict[str, dict[str, Any]], track: str | None) -> dict[str, Any]:
+    """The leaderboard record: ranked rows (verified groups) and unranked rows (every other run)."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    unranked = []
+    for r in results:
+        if track and r.get("track") != track:
+            continue
+        sub = r.get("submission") or {}
+        ver = verifications.get(result_digest(r))
+        verification = ver["status"] if ver else "unverified"
+        name = str(sub.get("name") or "?")
+        if verification == "verified" and r.get("status") == "ok" and r.get("within_cap") and r.get("val_bpb") is not None:
+            groups.setdefault((name, str(r.get("track")), str(r.get("preset"))), []).append(r)
+            continue
+        unranked.append({
+            "name": name, "seed": r.get("seed"), "status": r.get("status"), "verification": verification,
+            "val_bpb": r.get("val_bpb"), "bytes_total": r.get("bytes_total"), "date": _date(r),
+            "builds_on": sub.get("builds_on") or "", "run_dir": r.get("run_dir"), "track": r.get("track"),
+        })
+    rows = []
+    for (name, tr, preset), rs in groups.items():
+        bpb = [float(r["val_bpb"]) for r in rs]
+        sub = rs[0].get("submission") or {}
+        rows.append({
+            "name": name, "track": tr, "preset": preset, "val_bpb": statistics.fmean(bpb),
+            "val_bpb_std": statistics.stdev(bpb) if len(bpb) > 1 else 0.0, "seeds": len(rs),
+            "val_loss": statistics.fmean(float(r["val_loss"]) for r in rs), "bytes_total": max(int(r["bytes_total"]) for r in rs),
+            "date": min(_date(r) for r in rs), "author": sub.get("author") or "", "github_id": sub.get("github_id") or "",
+            "builds_on": sub.get("builds_on") or "", "runs": [r.get("run_dir") for r in rs], "seed_list": [r.get("seed") for r in rs],
+        })
+    rows.sort(key=lambda row: (row["val_bpb"], row["bytes_total"], row["name"]))
+    for i, row in enumerate(rows, start=1):
+        row["rank"] = i
+    return {"format": LEADERBOARD_FORMAT, "format_version": LEADERBOARD_FORMAT_VERSION, "track": track,
+            "generated_unix_s": time.time(), "ranked": rows, "unranked": unranked}
+
+
+# ---- Markdown ----
+
+
+def _fmt(v: Any, key: str) -> str:
+    if v is None or v == "":
+        return "-"
+    if key in ("val_bpb", "val_loss"):
+        return f"{float(v):.4f}"
+    if key == "val_bpb_std":
+        return f"{float(v):.4f}"
+    if key == "bytes_total":
+        return f"{int(v):,}"
+    return str(v)
+
+
+def markdown(board: dict[str, Any]) -> str:
+    title = f"# Leaderboard{' — ' + board['track'] if board['track'] else ''}\n\nOnly verified results rank (`pgolf verify`)."
+    lines = [title, "", "| " + " | ".join(h for _, h, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in board["ranked"]:
+        lines.append("| " + " | ".join(_fmt(row.get(k), k).replace("|", "\\|") for k, _, _ in COLUMNS) + " |")
+    lines += ["", f"## Not ranked ({len(board['unranked'])})", "",
+              "| " + " | ".join(h for _, h in UNRANKED_COLUMNS) + " |", "|" + "---|" * len(UNRANKED_COLUMNS)]
+    for row in board["unranked"]:
+        lines.append("| " + " | ".join(_fmt(row.get(k), k).replace("|", "\\|") for k, _ in UNRANKED_COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# ---- SVG plots ----
+
+
+def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    if hi <= lo:
+        lo, hi = lo - 0.5, hi + 0.5
+    raw = (hi - lo) / n
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    first = math.ceil(lo / step) * step
+    return [first + i * step for i in range(int((hi - first) / step) + 1)]
+
+
+def svg_plot(pid: str, title: str, points: list[dict[str, Any]], xkey: str, xlabel: str, xfmt: Any, frontier: bool = False) -> str:
+    """A scatter plot of val_bpb against points[xkey] (ranked filled, unranked hollow)."""
+    W, H, ml, mr, mt, mb = 560, 340, 64, 20, 34, 48
+    pts = [p for p in points if p.get("val_bpb") is not None and p.get(xkey) is not None]
+    out = [f'<svg id="{pid}" class="plot" viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-label="{html.escape(title)}">',
+           f'<text x="{W / 2}" y="20" text-anchor="middle" class="ptitle">{html.escape(title)}</text>']
+    if not pts:
+        out.append(f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">no scored results</text></svg>')
+        return "".join(out)
+    xs, ys = [float(p[xkey]) for p in pts], [float(p["val_bpb"]) for p in pts]
+    xt, yt = _ticks(min(xs), max(xs)), _ticks(min(ys), max(ys))
+    x0, x1 = min(xt[0], min(xs)), max(xt[-1], max(xs))
+    y0, y1 = min(yt[0], min(ys)), max(yt[-1], max(ys))
+    sx = lambda v: ml + (v - x0) / ((x1 - x0) or 1) * (W - ml - mr)
+    sy = lambda v: H - mb - (v - y0) / ((y1 - y0) or 1) * (H - mt - mb)
+    out.append(f'<rect x="{ml}" y="{mt}" width="{W - ml - mr}" height="{H - mt - mb}" class="frame"/>')
+    for v in xt:
+        out.append(f'<line x1="{sx(v):.1f}" x2="{sx(v):.1f}" y1="{mt}" y2="{H - mb}" class="grid"/>'
+                   f'<text x="{sx(v):.1f}" y="{H - mb + 16}" text-anchor="middle" class="tick">{html.escape(xfmt(v))}</text>')
+    for v in yt:
+        out.append(f'<line x1="{ml}" x2="{W - mr}" y1="{sy(v):.1f}" y2="{sy(v):.1f}" class="grid"/>'
+                   f'<text x="{ml - 6}" y="{sy(v) + 4:.1f}" text-anchor="end" class="tick">{v:.3g}</text>')
+    out.append(f'<text x="{(W + ml) / 2}" y="{H - 8}" text-anchor="middle" class="axis">{html.escape(xlabel)}</text>'
+               f'<text x="14" y="{(H - mb + mt) / 2}" text-anchor="middle" class="axis" transform="rotate(-90 14 {(H - mb + mt) / 2})">val_bpb (bits/byte)</text>')
+    if frontier:
+        ranked = sorted((p for p in pts if p.get("ranked")), key=lambda p: float(p[xkey]))
+        best, path = math.inf, []
+        for p in ranked:
+            if float(p["val_bpb"]) < best:
+                if path:
+                    path.append(f"L{sx(float(p[xkey])):.1f},{sy(best):.1f}")
+                best = float(p["val_bpb"])
+                path.append(f"{'M' if not path else 'L'}{sx(float(p[xkey])):.1f},{sy(best):.1f}")
+        if path:
+            path.append(f"L{W - mr},{sy(best):.1f}")
+            out.append(f'<path d="{" ".join(path)}" class="frontier"/>')
+    for p in pts:
+        cls = "pt ranked" if p.get("ranked") else "pt unranked"
+        tip = f"{p['name']}: {float(p['val_bpb']):.4f} bpb, {xfmt(float(p[xkey]))}"
+        out.append(f'<circle cx="{sx(float(p[xkey])):.1f}" cy="{sy(float(p["val_bpb"])):.1f}" r="5" class="{cls}"><title>{html.escape(tip)}</title></circle>')
+        if p.get("ranked"):
+            out.append(f'<text x="{sx(float(p[xkey])) + 7:.1f}" y="{sy(float(p["val_bpb"])) - 6:.1f}" class="label">{html.escape(str(p["name"]))}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _day(d: str) -> float:
+    return float(dt.date.fromisoformat(d).toordinal())
+
+
+# ---- HTML ----
+
+_CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#1b1f24}h1{font-size:22px}h2{font-size:17px;margin-top:28px}
+table{border-collapse:collapse;font-size:13px;margin:8px 0}th,td{border-bottom:1px solid #d0d7de;padding:4px 10px;text-align:left}
+th{cursor:pointer;background:#f6f8fa;user-select:none}th[aria-sort=ascending]::after{content:" ▲"}th[aria-sort=descending]::after{content:" ▼"}
+td.num{text-align:right;font-variant-numeric:tabular-nums}.plots{display:flex;flex-wrap:wrap;gap:16px}
+.plot{border:1px solid #d0d7de;background:#fff}.frame{fill:none;stroke:#8c959f}.grid{stroke:#eaeef2}.tick{font-size:10px;fill:#57606a}
+.axis{font-size:11px;fill:#24292f}.ptitle{font-size:13px;font-weight:600}.pt.ranked{fill:#0969da}.pt.unranked{fill:#fff;stroke:#8c959f;stroke-width:1.5}
+.label{font-size:10px;fill:#0969da}.frontier{fill:none;stroke:#1a7f37;stroke-width:2;stroke-dasharray:5 3}.note{color:#57606a;font-size:13px}"""
+
+_JS = """function sortTable(th){const table=th.closest('table'),body=table.tBodies[0],idx=[...th.parentNode.children].indexOf(th);
+const asc=th.getAttribute('aria-sort')!=='ascending',num=th.dataset.type==='num';
+const val=r=>{const c=r.children[idx],v=c.dataset.sort;return num?(v===''?Infinity:parseFloat(v)):v.toLowerCase();};
+[...body.rows].sort((a,b)=>{const x=val(a),y=val(b);return (x<y?-1:x>y?1:0)*(asc?1:-1);}).forEach(r=>body.appendChild(r));
+[...th.parentNode.children].forEach(h=>h.removeAttribute('aria-sort'));th.setAttribute('aria-sort',asc?'ascending':'descending');}
+document.querySelectorAll('table.sortable th').forEach(th=>th.addEventListener('click',()=>sortTable(th)));
+const m=location.hash.match(/^#sort=(-?)([a-z_]+)$/);if(m){const th=document.querySelector('#ranked th[data-key="'+m[2]+'"]');
+if(th){th.click();if(m[1]==='-')th.click();}}"""
+
+
+def _cell(row: dict[str, Any], key: str, typ: str, names: set[str]) -> str:
+    v = row.get(key)
+    sort = "" if v is None or v == "" else (repr(float(v)) if typ == "num" else str(v))
+    text = html.escape(_fmt(v, key))
+    if key == "builds_on" and v and v in names:
+        text = f'<a href="#row-{html.escape(str(v))}">{text}</a>'
+    return f'<td class="{typ}" data-sort="{html.escape(sort)}">{text}</td>'
+
+
+def page(board: dict[str, Any]) -> str:
+    ranked, unranked = board["ranked"], board["unranked"]
+    names = {r["name"] for r in ranked}
+    head = "".join(f'<th data-key="{k}" data-type="{t}">{html.escape(h)}</th>' for k, h, t in COLUMNS)
+    body = "".join(f'<tr id="row-{html.escape(r["name"])}">' + "".join(_cell(r, k, t, names) for k, _, t in COLUMNS) + "</tr>" for r in ranked)
+    uhead = "".join(f'<th data-key="{k}" data-type="{"num" if k in ("seed", "val_bpb", "bytes_total") else "str"}">{html.escape(h)}</th>'
+                    for k, h in UNRANKED_COLUMNS)
+    ubody = "".join("<tr>" + "".join(_cell(r, k, "num" if k in ("seed", "val_bpb", "bytes_total") else "str", names)
+                                     for k, _ in UNRANKED_COLUMNS) + "</tr>" for r in unranked)
+    pts = [{**r, "ranked": True} for r in ranked] + [{**r, "ranked": False} for r in unranked]
+    for p in pts:
+        p["day"] = _day(p["date"]) if p.get("date") else None
+    plot_bytes = svg_plot("plot-bytes", "val_bpb against total bytes", pts, "bytes_total", "bytes_total (code + model)",
+                          lambda v: f"{v / 1e6:.2f} MB" if v >= 1e5 else f"{v:,.0f}")
+    plot_date = svg_plot("plot-date", "val_bpb against date (record line dashed)", pts, "day", "date",
+                         lambda v: dt.date.fromordinal(int(round(v))).isoformat(), frontier=True)
+    title = f"Parameter golf leaderboard{' — ' + board['track'] if board['track'] else ''}"
+    return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{_CSS}</style></head>
+<body><h1>{html.escape(title)}</h1><p class="note">Only verified results rank (pgolf verify); val_bpb is the mean over verified seeds, lower is better.
+Click a header to sort.</p>
+<table id="ranked" class="sortable"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>
+<div class="plots">{plot_bytes}{plot_date}</div>
+<h2>Not ranked: unverified, failed verification, or not scored ({len(unranked)})</h2>
+<table id="unranked" class="sortable"><thead><tr>{uhead}</tr></thead><tbody>{ubody}</tbody></table>
+<script>{_JS}</script></body></html>
+"""
+
+
+def write_leaderboard(ledger: str | Path, out: str | Path, track: str | None = None) -> dict[str, Any]:
+    """Build from the ledger and write leaderboard.md, leaderboard.json and index.html into `out`."""
+    results, verifications = read_ledger(ledger)
+    board = build(results, verifications, track)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "leaderboard.json", board)
+    write_bytes_atomic(out / "leaderboard.md", markdown(board).encode("utf-8"))
+    write_bytes_atomic(out / "index.html", page(board).encode("utf-8"))
+    return board
+
+
+def cmd_leaderboard(args: argparse.Namespace) -> int:
+    board = write_leaderboard(args.ledger, args.out, args.track)
+    print(f"leaderboard: {len(board['ranked'])} ranked, {len(board['unranked'])} not ranked -> "
+          f"{Path(args.out) / 'index.html'}, leaderboard.md, leaderboard.json")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("leaderboard", help="build the leaderboard (markdown, JSON, HTML page) from the results ledger")
+    p.add_argument("--ledger", default=DEFAULT_LEDGER, help=f"results ledger (default: {DEFAULT_LEDGER})")
+    p.add_argument("--track", help="only results of this track")
+    p.add_argument("--out", required=True, help="output folder")
+    p.set_defaults(func=cmd_leaderboard)

@@ -1,0 +1,167 @@
+"""`pgolf compare NEW... --against OLD...`: is the new entry a record? One-sided Welch test over seeds.
+
+The rule (DESIGN.md, the reference challenge's): a new record must beat the current one by at
+least the track's margin (0.005 nats) at the track's p-value (0.01), over seeds. With d the mean
+improvement (old - new, lower is better), the hypotheses are
+
+    H0: d <= margin        H1: d > margin
+
+tested with Welch's t (unequal variances): t = (d - margin) / sqrt(s_new²/n_new + s_old²/n_old),
+Welch–Satterthwaite degrees of freedom, p = P(T_df >= t). The verdict is "record" when p < p_value.
+scipy computes the test (`scipy.stats.ttest_ind(..., equal_var=False, alternative="greater")` on
+old vs new + margin, which shifts the mean and not the variance); nothing here hand-writes a
+distribution.
+
+Which numbers: the margin is in nats per token, so by default the test runs on val_loss (nats/token),
+the reference's own rule. That is only meaningful when both sides score the same tokens (same
+tokenizer and validation subset); otherwise pass `--metric val_bpb`: the test then runs on val_bpb
+and the margin is converted to bits per byte with the old side's tokens per byte
+(margin · tokens/bytes / ln 2), the margin the record's own tokenizer implies. bpb stays the
+ranking metric of the leaderboard; this command only says whether an improvement is significant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from scipy import stats
+
+from data.io import read_json
+from scoring.tracks import get_track
+
+COMPARE_FORMAT = "pg-compare"
+COMPARE_FORMAT_VERSION = 1
+METRICS = ("val_loss", "val_bpb")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WelchResult:
+    metric: str
+    n_new: int
+    n_old: int
+    mean_new: float
+    mean_old: float
+    std_new: float
+    std_old: float
+    improvement: float
+    """mean_old - mean_new, in the metric's unit (positive: the new entry is better)."""
+    margin: float
+    t: float
+    df: float
+    p_value: float
+    alpha: float
+    record: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def welch_test(new: list[float], old: list[float], margin: float, alpha: float, metric: str = "val_loss") -> WelchResult:
+    """One-sided Welch test of mean(old) - mean(new) > margin; needs two or more values per side."""
+    if len(new) < 2 or len(old) < 2:
+        raise ValueError(
+            f"a Welch test needs at least 2 seeds per side; got {len(new)} new and {len(old)} old. "
+            "HINT: run more seeds (pgolf run ... --seed N)"
+        )
+    if not 0 < alpha < 1 or margin < 0:
+        raise ValueError(f"p-value must be in (0, 1) and margin >= 0; got {alpha}, {margin}")
+    sn, so = statistics.stdev(new), statistics.stdev(old)
+    if sn == 0 and so == 0:
+        raise ValueError("every seed gave the same number on both sides: the variance is zero and Welch's t is undefined")
+    res = stats.ttest_ind(old, [x + margin for x in new], equal_var=False, alternative="greater")
+    df = float(getattr(res, "df", math.nan))
+    mo, mn = statistics.fmean(old), statistics.fmean(new)
+    return WelchResult(
+        metric=metric, n_new=len(new), n_old=len(old), mean_new=mn, mean_old=mo, std_new=sn, std_old=so,
+        improvement=mo - mn, margin=margin, t=float(res.statistic), df=df, p_value=float(res.pvalue), alpha=alpha,
+        record=bool(float(res.pvalue) < alpha),
+    )
+
+
+def load_results(paths: list[str | os.PathLike[str]]) -> list[dict[str, Any]]:
+    """Result records from result.json files or run folders; each must be a scored result."""
+    out = []
+    for p in paths:
+        path = Path(p) / "result.json" if Path(p).is_dir() else Path(p)
+        r = read_json(path, what="result")
+        if r.get("format") != "pg-result":
+            raise ValueError(f"{path} is not a pg-result record")
+        if r.get("status") != "ok" or r.get("val_loss") is None:
+            raise ValueError(f"{path} has status {r.get('status')!r} and no score; only scored results can be compared")
+        r["_path"] = str(path)
+        out.append(r)
+    return out
+
+
+def compare_results(
+    new: list[dict[str, Any]], old: list[dict[str, Any]], *, metric: str = "val_loss", track: str | None = None
+) -> dict[str, Any]:
+    """The comparison record: the Welch result plus what was compared and any warnings."""
+    if metric not in METRICS:
+        raise ValueError(f"--metric must be one of {METRICS}, got {metric!r}")
+    track_name = track or new[0].get("track")
+    tr = get_track(str(track_name))
+    warnings = []
+    tok = {r.get("provenance", {}).get("tokenizer_sha256") for r in new + old}
+    subset = {(r.get("val_tokens"), r.get("eval_mode")) for r in new + old}
+    if metric == "val_loss" and (len(tok) > 1 or len(subset) > 1):
+        raise ValueError(
+            "the results score different tokens (tokenizer or validation subset differ), so nats per token do not compare; "
+            "HINT: pass --metric val_bpb"
+        )
+    for side, rs in (("new", new), ("old", old)):
+        seeds = [r.get("seed") for r in rs]
+        if len(set(seeds)) < len(seeds):
+            warnings.append(f"{side} side repeats seeds {seeds}: repeated seeds are not independent samples")
+        if {r.get("track") for r in rs} != {tr.name}:
+            warnings.append(f"{side} side has results from tracks {sorted({str(r.get('track')) for r in rs})}, testing under {tr.name}")
+    if not tr.record:
+        warnings.append(f"track {tr.name} does not hold records; the verdict is informational")
+    margin = tr.margin_nats
+    if metric == "val_bpb":
+        tokens_per_byte = sum(r["val_tokens"] for r in old) / sum(r["val_bytes"] for r in old)
+        margin = tr.margin_nats * tokens_per_byte / math.log(2.0)
+    w = welch_test([float(r[metric]) for r in new], [float(r[metric]) for r in old], margin, tr.p_value, metric)
+    return {
+        "format": COMPARE_FORMAT, "format_version": COMPARE_FORMAT_VERSION, "track": tr.name,
+        "margin_nats": tr.margin_nats, "new": [r["_path"] for r in new], "old": [r["_path"] for r in old],
+        "warnings": warnings, **w.as_dict(),
+    }
+
+
+def describe(rec: dict[str, Any]) -> str:
+    unit = "nats/token" if rec["metric"] == "val_loss" else "bits/byte"
+    verdict = "NEW RECORD" if rec["record"] else "not a record"
+    lines = [
+        f"{rec['metric']} ({unit}), track {rec['track']}: one-sided Welch test of improvement > margin",
+        f"  new  n={rec['n_new']}  mean {rec['mean_new']:.6f}  std {rec['std_new']:.6f}",
+        f"  old  n={rec['n_old']}  mean {rec['mean_old']:.6f}  std {rec['std_old']:.6f}",
+        f"  improvement (old - new) {rec['improvement']:+.6f}  margin {rec['margin']:.6f}",
+        f"  t = {rec['t']:.4f}  df = {rec['df']:.2f}  p = {rec['p_value']:.3g}  (needs p < {rec['alpha']})",
+        f"  verdict: {verdict}",
+    ]
+    lines += [f"  warning: {w}" for w in rec["warnings"]]
+    return "\n".join(lines)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    rec = compare_results(load_results(args.new), load_results(args.against), metric=args.metric, track=args.track)
+    print(json.dumps(rec, sort_keys=True) if args.json else describe(rec))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="one-sided Welch test: does NEW beat OLD by the track's margin at its p-value?")
+    p.add_argument("new", nargs="+", help="the new entry's results (result.json files or run folders), one per seed")
+    p.add_argument("--against", nargs="+", required=True, help="the current record's results, one per seed")
+    p.add_argument("--metric", default="val_loss", choices=METRICS, help="val_loss (nats/token, default) or val_bpb")
+    p.add_argument("--track", help="track whose margin and p-value apply (default: the new results' track)")
+    p.add_argument("--json", action="store_true", help="print the comparison record as one JSON object")
+    p.set_defaults(func=cmd_compare)

@@ -1,0 +1,290 @@
+"""`pgolf verify RESULT_OR_RUN_DIR`: recompute every hash of a result's receipt and re-score its artifact.
+
+    pgolf verify RUN_DIR [--submission DIR] [--data DIR] [--device D] [--tol-bpb X] [--ledger FILE] [--json]
+
+Checks, each printed with what the result says and what was found:
+- the artifact's sha256 (the receipt, the pack record and the score record all name it), its size
+  (bytes_model), the code bytes and their sum (bytes_total), and the cap verdict;
+- every counted code file's sha256, with no counted file missing or added, and the artifact
+  header's own record of the code (the artifact binds the code it was packed with);
+- the data manifest's and the tokenizer's sha256;
+- a re-score in a fresh process (`python -m scoring score`, the pipeline's own command, with the
+  model code staged without train.py and a validation-only view of the data), with the recorded
+  mode, sequence length, stride, batch, subset and dtype: val_tokens and val_bytes must be equal,
+  val_loss and val_bpb equal within the tolerance (default 1e-6; a re-score on other hardware
+  may need more), and the probes must pass again.
+
+The model code comes from --submission, else RUN_DIR/code (when the runner keeps a copy), else the
+submission folder named in RUN_DIR/train_spec.json. Only this command sets a result's
+`verification` ("verified" or "failed"): it rewrites result.json with the verdict and a
+"pg-verification" record, writes RUN_DIR/verification.json, and appends that record to the ledger,
+keyed by the sha256 of the result without its verification fields (`result_digest`), so the
+leaderboard ranks a ledger line only when a verification record for exactly that result exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from data.io import read_json, sha256_file, write_json_atomic
+from data.manifest import MANIFEST_NAME, load_manifest, make_split_view
+from scoring.artifact import ArtifactError, read_artifact
+from scoring.cap import counted_files
+
+VERIFY_FORMAT = "pg-verification"
+VERIFY_FORMAT_VERSION = 1
+VERIFICATION_STATES = ("unverified", "verified", "failed")
+VERIFICATION_FIELDS = ("verification", "verification_record")
+ARTIFACT_FILE = "artifact.pgolf"
+STAGED_EXCLUDE = ("train.py",)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VerifyConfig:
+    tol_bpb: float = 1e-6
+    """Largest |Δ val_bpb| (bits/byte) and |Δ val_loss| (nats/token) accepted from the re-score."""
+    device: str | None = None
+    """Re-score device; None: the device the result was scored on."""
+    threads: int = 0
+    """Torch threads of the re-score (0: the thread count the result recorded)."""
+    timeout_s: float = 6 * 3600.0
+
+    def __post_init__(self) -> None:
+        if not self.tol_bpb >= 0:
+            raise ValueError(f"--tol-bpb must be >= 0, got {self.tol_bpb}")
+        if self.threads < 0 or self.timeout_s <= 0:
+            raise ValueError(f"threads must be >= 0 and timeout_s positive, got {self.threads}, {self.timeout_s}")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    expected: Any
+    actual: Any
+
+    def line(self) -> str:
+        mark = "ok  " if self.ok else "DIFF"
+        return f"  {mark} {self.name}: result says {self.expected!r}, found {self.actual!r}"
+
+
+def result_digest(result: dict[str, Any]) -> str:
+    """sha256 of the result's canonical JSON without its verification fields (how the ledger keys it)."""
+    core = {k: v for k, v in result.items() if k not in VERIFICATION_FIELDS}
+    return hashlib.sha256(json.dumps(core, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()).hexdigest()
+
+
+def locate(path: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """(result.json, run folder) from either."""
+    p = Path(path)
+    result_path = p / "result.json" if p.is_dir() else p
+    if not result_path.is_file():
+        raise FileNotFoundError(f"no result at {result_path}; pass a run folder or its result.json")
+    return result_path, result_path.parent
+
+
+def code_folder(run_dir: Path, submission: str | os.PathLike[str] | None) -> Path | None:
+    if submission is not None:
+        if not Path(submission).is_dir():
+            raise FileNotFoundError(f"--submission {submission} is not a folder; pass the submission folder the result was packed from")
+        return Path(submission)
+    if (run_dir / "code").is_dir():
+        return run_dir / "code"
+    spec = run_dir / "train_spec.json"
+    if spec.is_file():
+        folder = read_json(spec, what="train spec").get("submission_dir")
+        if folder and Path(folder).is_dir():
+            return Path(folder)
+    return None
+
+
+def _check(checks: list[Check], name: str, expected: Any, actual: Any) -> None:
+    checks.append(Check(name, expected == actual, expected, actual))
+
+
+def receipt_checks(result: dict[str, Any], run_dir: Path, code_dir: Path | None, data_dir: Path | None) -> list[Check]:
+    """Recompute every hash and byte count of the receipt; one Check per fact."""
+    prov = result.get("provenance") or {}
+    pack = (result.get("phases") or {}).get("pack") or {}
+    score = (result.get("phases") or {}).get("score") or {}
+    checks: list[Check] = []
+    artifact = run_dir / ARTIFACT_FILE
+    if not artifact.is_file():
+        checks.append(Check("artifact file", False, str(artifact), "missing"))
+    else:
+        digest = sha256_file(artifact)
+        _check(checks, "artifact sha256 (receipt)", prov.get("artifact_sha256"), digest)
+        _check(checks, "artifact sha256 (score record)", score.get("artifact_sha256"), digest)
+        _check(checks, "bytes_model (artifact size)", result.get("bytes_model"), artifact.stat().st_size)
+        try:
+            header_code = read_artifact(artifact).header.get("code_files")
+        except ArtifactError as e:
+            header_code = f"unreadable: {e}"
+        _check(checks, "code files bound in the artifact header", prov.get("code_files"), header_code)
+    files: dict[str, str] = prov.get("code_files") or {}
+    if code_dir is None:
+        checks.append(Check("code folder", False, "the submission's code", "not found; pass --submission DIR"))
+    else:
+        for rel, want in sorted(files.items()):
+            p = code_dir / rel
+            _check(checks, f"code {rel} sha256", want, sha256_file(p) if p.is_file() else "missing")
+        _check(checks, "counted code files", sorted(files), sorted(counted_files(code_dir)))
+        sizes = sum((code_dir / rel).stat().st_size for rel in files if (code_dir / rel).is_file())
+        _check(checks, "bytes_code", result.get("bytes_code"), sizes)
+    if artifact.is_file():
+        total = sum(int(result.get(k) or 0) for k in ("bytes_code", "bytes_model"))
+        _check(checks, "bytes_total = bytes_code + bytes_model", result.get("bytes_total"), total)
+        _check(checks, "within_cap", result.get("within_cap"), total <= int(result.get("cap_bytes") or 0))
+    _check(checks, "pack record agrees", [pack.get(k) for k in ("artifact_sha256", "bytes_total")],
+           [prov.get("artifact_sha256"), result.get("bytes_total")])
+    if data_dir is None or not (data_dir / MANIFEST_NAME).is_file():
+        checks.append(Check("data folder", False, prov.get("data_dir"), "not found; pass --data DIR"))
+    else:
+        _check(checks, "data manifest sha256", prov.get("data_manifest_sha256"), sha256_file(data_dir / MANIFEST_NAME))
+        _check(checks, "tokenizer sha256", prov.get("tokenizer_sha256"), sha256_file(load_manifest(data_dir).tokenizer_path))
+    return checks
+
+
+def rescore_command(result: dict[str, Any], artifact: Path, staged: Path, val_view: Path, out: Path, cfg: VerifyConfig) -> list[str]:
+    score = result["phases"]["score"]
+    ev = (result.get("config") or {}).get("eval") or {}
+    cmd = [
+        sys.executable, "-m", "scoring", "score", str(artifact), "--submission", str(staged), "--data", str(val_view),
+        "--mode", str(score["eval_mode"]), "--seq-len", str(score["eval_seq_len"]),
+        "--batch-seqs", str(score.get("eval_batch_seqs") or ev.get("batch_seqs") or 32),
+        "--max-tokens", str(score.get("eval_subset_max_tokens") or 0), "--dtype", str(score["eval_dtype"]),
+        "--device", cfg.device or str(score.get("device") or "cpu"),
+        "--threads", str(cfg.threads or score.get("threads") or 0), "--json-out", str(out),
+    ]
+    if score.get("eval_stride") and score["eval_mode"] != "standard":
+        cmd += ["--stride", str(score["eval_stride"])]
+    return cmd
+
+
+def rescore(result: dict[str, Any], run_dir: Path, code_dir: Path, data_dir: Path, cfg: VerifyConfig) -> tuple[dict[str, Any] | None, str]:
+    """Score the artifact again in a fresh process; (score record or None, the process's output tail)."""
+    with tempfile.TemporaryDirectory(prefix="pgolf-verify-") as tmp:
+        t = Path(tmp)
+        staged = t / "model_code"
+        shutil.copytree(code_dir, staged, ignore=shutil.ignore_patterns(*STAGED_EXCLUDE, "__pycache__", "runs"))
+        view = make_split_view(data_dir, t / "val", "val")
+        out = t / "score.json"
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        proc = subprocess.run(rescore_command(result, run_dir / ARTIFACT_FILE, staged, view, out, cfg),
+                              capture_output=True, text=True, env=env, timeout=cfg.timeout_s, check=False)
+        tail = (proc.stdout + proc.stderr)[-3000:]
+        if proc.returncode != 0 or not out.is_file():
+            return None, tail
+        return read_json(out, what="re-score record"), tail
+
+
+def score_checks(result: dict[str, Any], new: dict[str, Any] | None, tail: str, cfg: VerifyConfig) -> list[Check]:
+    if new is None:
+        return [Check("re-score in a fresh process", False, "a score", f"failed: {tail.strip()[-800:]}")]
+    old = result["phases"]["score"]
+    checks: list[Check] = []
+    for k in ("val_tokens", "val_bytes", "eval_mode", "eval_seq_len", "eval_windows"):
+        _check(checks, f"re-score {k}", old.get(k), new.get(k))
+    for k in ("val_loss", "val_bpb"):
+        a, b = result.get(k), new.get(k)
+        ok = isinstance(a, float | int) and isinstance(b, float | int) and abs(a - b) <= cfg.tol_bpb
+        checks.append(Check(f"re-score {k} (tolerance {cfg.tol_bpb:g})", ok, a, b))
+    _check(checks, "re-score probes passed", True, bool((new.get("probes") or {}).get("passed")))
+    return checks
+
+
+def append_ledger(ledger: Path, record: dict[str, Any]) -> None:
+    ledger.parent.mkdir(parents=True, exist_ok=True)
+    with open(ledger, "a", encoding="utf-8") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # one whole line per record, even with concurrent writers
+        f.write(json.dumps(record, sort_keys=True, allow_nan=False) + "\n")
+        fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def verify_result(
+    path: str | os.PathLike[str], *, submission: str | os.PathLike[str] | None = None, data: str | os.PathLike[str] | None = None,
+    cfg: VerifyConfig | None = None, ledger: str | os.PathLike[str] | None = None, write: bool = True,
+) -> dict[str, Any]:
+    """Verify one result; returns the "pg-verification" record (status "verified" or "failed")."""
+    cfg = cfg or VerifyConfig()
+    result_path, run_dir = locate(path)
+    result = read_json(result_path, what="result")
+    if result.get("format") != "pg-result":
+        raise ValueError(f"{result_path} is not a pg-result record (format {result.get('format')!r})")
+    t0 = time.perf_counter()
+    code_dir = code_folder(run_dir, submission)
+    if data is not None and not (Path(data) / MANIFEST_NAME).is_file():
+        raise FileNotFoundError(f"--data {data} is not a dataset folder (no {MANIFEST_NAME})")
+    recorded = (result.get("provenance") or {}).get("data_dir")
+    data_dir: Path | None = Path(data) if data else (Path(recorded) if recorded else None)
+    data_dir = data_dir if data_dir is not None and data_dir.is_dir() else None
+    checks = receipt_checks(result, run_dir, code_dir, data_dir)
+    scored = result.get("status") in ("ok", "over_eval_budget") and "score" in (result.get("phases") or {})
+    if not scored:
+        checks.append(Check("result has a score", False, "a scored result", f"status {result.get('status')!r}"))
+    elif code_dir is not None and data_dir is not None and (run_dir / ARTIFACT_FILE).is_file():
+        new, tail = rescore(result, run_dir, code_dir, data_dir, cfg)
+        checks += score_checks(result, new, tail, cfg)
+    status = "verified" if all(c.ok for c in checks) else "failed"
+    record = {
+        "format": VERIFY_FORMAT,
+        "format_version": VERIFY_FORMAT_VERSION,
+        "status": status,
+        "result_sha256": result_digest(result),
+        "run_dir": str(run_dir),
+        "verified_unix_s": time.time(),
+        "verify_wall_s": time.perf_counter() - t0,
+        "code_dir": str(code_dir) if code_dir else None,
+        "data_dir": str(data_dir) if data_dir else None,
+        "tol_bpb": cfg.tol_bpb,
+        "differences": [asdict(c) for c in checks if not c.ok],
+        "checks": [asdict(c) for c in checks],
+    }
+    if write:
+        result["verification"] = status
+        result["verification_record"] = {k: v for k, v in record.items() if k != "checks"}
+        write_json_atomic(result_path, result)
+        write_json_atomic(run_dir / "verification.json", record)
+        ledger_path = Path(ledger) if ledger else run_dir.parent / "ledger.jsonl"
+        if ledger or ledger_path.is_file():
+            append_ledger(ledger_path, record)
+    return record
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    cfg = VerifyConfig(tol_bpb=args.tol_bpb, device=args.device, threads=args.threads)
+    rec = verify_result(args.result, submission=args.submission, data=args.data, cfg=cfg, ledger=args.ledger)
+    if args.json:
+        print(json.dumps(rec, sort_keys=True))
+    else:
+        print(f"verify {rec['run_dir']}: {rec['status'].upper()} ({len(rec['checks'])} checks, {len(rec['differences'])} difference(s))")
+        for c in rec["checks"]:
+            print(Check(**c).line())
+    return 0 if rec["status"] == "verified" else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("verify", help="recompute a result's hashes and re-score its artifact in a fresh process")
+    p.add_argument("result", help="a run folder or its result.json")
+    p.add_argument("--submission", help="the submission folder (default: RUN_DIR/code, else the one in train_spec.json)")
+    p.add_argument("--data", help="the dataset folder (default: the one the result records)")
+    p.add_argument("--device", help="re-score device (default: the one the result was scored on)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: as recorded)")
+    p.add_argument("--tol-bpb", type=float, default=VerifyConfig().tol_bpb, help="accepted |Δ| of val_bpb and val_loss")
+    p.add_argument("--ledger", help="ledger to append the verification to (default: RUN_DIR/../ledger.jsonl if present)")
+    p.add_argument("--json", action="store_true", help="print the verification record as one JSON object")
+    p.set_defaults(func=cmd_verify)

@@ -1,0 +1,85 @@
+"""`pgolf verify`: an untouched result is verified; one flipped artifact byte, a changed code file or an
+edited number fails, with the difference printed. Only verify sets the verification status."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from scoring.verify import VerifyConfig, result_digest, verify_result
+from tests.conftest import REPO
+from tests.unit.test_eval_support import _one_thread, make_run, write_submission  # noqa: F401 (fixture)
+
+
+@pytest.fixture()
+def run(tmp_path, tiny_dataset):
+    folder = write_submission(tmp_path / "sub")
+    ledger = tmp_path / "runs" / "ledger.jsonl"
+    result = make_run(tmp_path / "runs" / "r1", folder, tiny_dataset, ledger=ledger)
+    return tmp_path / "runs" / "r1", folder, ledger, result
+
+
+def test_untouched_result_is_verified_and_recorded(run):
+    run_dir, _, ledger, result = run
+    rec = verify_result(run_dir)
+    assert rec["status"] == "verified", rec["differences"]
+    names = {c["name"] for c in rec["checks"]}
+    assert {"artifact sha256 (receipt)", "code model.py sha256", "data manifest sha256", "tokenizer sha256",
+            "re-score val_bpb (tolerance 1e-06)", "re-score probes passed"} <= names
+    written = json.loads((run_dir / "result.json").read_text())
+    assert written["verification"] == "verified"
+    assert result_digest(written) == result_digest(result) == rec["result_sha256"]  # the ledger line's key
+    lines = [json.loads(x) for x in ledger.read_text().splitlines()]
+    assert [x["format"] for x in lines] == ["pg-result", "pg-verification"]
+    assert lines[1]["result_sha256"] == result_digest(lines[0])
+
+
+def test_one_flipped_artifact_byte_fails_with_the_differences_printed(run):
+    run_dir, *_ = run
+    artifact = run_dir / "artifact.pgolf"
+    data = bytearray(artifact.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    artifact.write_bytes(bytes(data))
+    proc = subprocess.run([sys.executable, "-m", "scoring", "verify", str(run_dir)], capture_output=True, text=True, cwd=REPO,
+                          timeout=300, check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert "FAILED" in proc.stdout
+    assert "DIFF artifact sha256 (receipt)" in proc.stdout
+    assert "DIFF re-score in a fresh process" in proc.stdout and "payload does not match" in proc.stdout
+    assert json.loads((run_dir / "result.json").read_text())["verification"] == "failed"
+
+
+def test_changed_code_and_edited_numbers_fail(run, tiny_dataset):
+    run_dir, folder, _, _ = run
+    (folder / "model.py").write_text((folder / "model.py").read_text() + "\n# edited after packing\n")
+    rec = verify_result(run_dir, cfg=VerifyConfig(), write=False)
+    diffs = {d["name"] for d in rec["differences"]}
+    assert "code model.py sha256" in diffs and "bytes_code" in diffs
+    assert rec["status"] == "failed"
+
+
+def test_an_edited_score_fails_the_rescore(run):
+    run_dir, *_ = run
+    res = json.loads((run_dir / "result.json").read_text())
+    res["val_bpb"] -= 0.01
+    (run_dir / "result.json").write_text(json.dumps(res))
+    rec = verify_result(run_dir, write=False)
+    diff = next(d for d in rec["differences"] if d["name"].startswith("re-score val_bpb"))
+    assert diff["expected"] == pytest.approx(diff["actual"] - 0.01)
+
+
+def test_missing_inputs_are_differences_or_clear_errors(run, tmp_path):
+    run_dir, *_ = run
+    res = json.loads((run_dir / "result.json").read_text())
+    res["provenance"]["data_dir"] = str(tmp_path / "moved-away")
+    (run_dir / "result.json").write_text(json.dumps(res))
+    rec = verify_result(run_dir, write=False)
+    assert rec["status"] == "failed"
+    assert "data folder" in {d["name"] for d in rec["differences"]}
+    with pytest.raises(FileNotFoundError, match="--submission"):
+        verify_result(run_dir, submission=tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match="no result"):
+        verify_result(tmp_path / "empty")
