@@ -1,0 +1,132 @@
+"""`pgolf verify-legacy`: a reference-format record (one training script + its int8/zlib artifact) is
+scored by the trusted scorer without running the script's top level or training, its artifact is
+loaded without arbitrary unpickling, and its bytes are counted as the reference counts them.
+
+The record is tests/fixtures/legacy/tiny_record; the artifact is made here with the script's own
+export function (random weights)."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+from data.shards import read_split
+from scoring.codecs.int8_zlib import Int8Zlib
+from scoring.evaluate import EvalConfig
+from scoring.legacy import LegacyError, exec_definitions, gpt_kwargs, load_legacy_artifact, read_hyperparameters, score_legacy
+from tests.conftest import REPO
+from tests.unit.test_eval_support import _one_thread  # noqa: F401 (fixture)
+
+RECORD = REPO / "tests" / "fixtures" / "legacy" / "tiny_record"
+SCRIPT = RECORD / "train_gpt.py"
+CFG = EvalConfig(seq_len=32, batch_seqs=8, max_tokens=1024)
+
+
+@pytest.fixture()
+def sentinel(tmp_path, monkeypatch):
+    path = tmp_path / "sentinel"
+    monkeypatch.setenv("PG_LEGACY_SENTINEL", str(path))
+    return path
+
+
+def make_artifact(path, overrides=None, seed=0):
+    ns, _ = exec_definitions(SCRIPT)
+    kwargs = gpt_kwargs(SCRIPT, ns["GPT"], read_hyperparameters(SCRIPT, overrides or {}))
+    torch.manual_seed(seed)
+    gpt = ns["GPT"](**kwargs)
+    path.write_bytes(ns["export_int8"](gpt.state_dict()))  # the record's own export
+    return gpt.state_dict(), ns
+
+
+def test_a_record_is_scored_without_running_its_script(tmp_path, tiny_dataset, sentinel):
+    state, ns = make_artifact(tmp_path / "final_model.int8.ptz")
+    rec = score_legacy(RECORD, tmp_path / "final_model.int8.ptz", tiny_dataset, cfg=CFG)
+    assert not sentinel.exists(), "the script's top level ran"
+    skipped = "\n".join(rec["skipped_statements"])
+    assert "PG_LEGACY_SENTINEL" in skipped and "PG_LEGACY_COMPILE" in skipped and "__name__" in skipped
+    assert rec["bytes_code"] == len(SCRIPT.read_text(encoding="utf-8").encode("utf-8"))
+    assert rec["bytes_model"] == (tmp_path / "final_model.int8.ptz").stat().st_size
+    assert rec["bytes_total"] == rec["bytes_code"] + rec["bytes_model"] and rec["within_cap"]
+    assert rec["probes"]["passed"] and rec["artifact_loader"] == "zlib + torch.load(weights_only=True)"
+    assert rec["gpt_kwargs"]["model_dim"] == 136 and rec["gpt_kwargs"]["tie_embeddings"] is True
+    assert set(rec["claimed_minus_scored"]) == {"val_loss", "val_bpb", "bytes_total"}
+    # The record's own loss (its forward returns the mean cross-entropy), window by window, agrees.
+    gpt = ns["GPT"](**rec["gpt_kwargs"])
+    gpt.load_state_dict(load_legacy_artifact(tmp_path / "final_model.int8.ptz"))
+    toks = torch.from_numpy(read_split(tiny_dataset, "val")[: 1024 + 1].astype(np.int64))
+    with torch.no_grad():
+        own = float(gpt(toks[:-1].reshape(-1, 32), toks[1:].reshape(-1, 32)))
+    assert rec["val_loss"] == pytest.approx(own, abs=1e-5)
+
+
+def test_the_loader_dequantizes_as_the_reference_layout_says(tmp_path):
+    state, _ = make_artifact(tmp_path / "a.ptz")
+    loaded = load_legacy_artifact(tmp_path / "a.ptz")
+    ours = Int8Zlib().decode(Int8Zlib().encode(state))  # the harness's canonical codec: the same numerics
+    assert loaded.keys() == state.keys() == ours.keys()
+    quantized = [k for k in state if state[k].numel() > 65_536]
+    assert quantized, "the fixture must exercise per-row int8"
+    for k in state:
+        assert torch.equal(loaded[k], ours[k]), k
+        assert loaded[k].dtype == state[k].dtype and loaded[k].shape == state[k].shape
+
+
+class Evil:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_an_artifact_that_would_run_code_is_refused(tmp_path):
+    buf = io.BytesIO()
+    torch.save({"__quant_format__": "int8_clean_per_row_v1", "quantized": {}, "scales": {}, "dtypes": {},
+                "passthrough": {"x": torch.zeros(2)}, "payload": Evil(tmp_path / "pwned")}, buf)
+    (tmp_path / "evil.ptz").write_bytes(zlib.compress(buf.getvalue()))
+    with pytest.raises(LegacyError, match="refused by the restricted unpickler"):
+        load_legacy_artifact(tmp_path / "evil.ptz")
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_malformed_artifacts_are_named(tmp_path):
+    (tmp_path / "raw.ptz").write_bytes(b"not compressed")
+    with pytest.raises(LegacyError, match="not zlib-compressed"):
+        load_legacy_artifact(tmp_path / "raw.ptz")
+    buf = io.BytesIO()
+    torch.save({"__quant_format__": "int6_v9", "quantized": {}}, buf)
+    (tmp_path / "fmt.ptz").write_bytes(zlib.compress(buf.getvalue()))
+    with pytest.raises(LegacyError, match="quant format 'int6_v9'"):
+        load_legacy_artifact(tmp_path / "fmt.ptz")
+    (tmp_path / "plain.ptz").write_bytes(zlib.compress(pickle.dumps([1, 2, 3])))
+    with pytest.raises(LegacyError):
+        load_legacy_artifact(tmp_path / "plain.ptz")
+
+
+def test_settings_the_run_made_by_env_var_come_in_with_hparam(tmp_path, tiny_dataset, sentinel):
+    make_artifact(tmp_path / "a.ptz", overrides={"NUM_LAYERS": "3"})
+    with pytest.raises(LegacyError, match="--hparam"):
+        score_legacy(RECORD, tmp_path / "a.ptz", tiny_dataset, cfg=CFG)
+    for key in ("NUM_LAYERS", "num_layers"):  # the env var's name or the field's
+        rec = score_legacy(RECORD, tmp_path / "a.ptz", tiny_dataset, cfg=CFG, hparams={key: "3"})
+        assert rec["gpt_kwargs"]["num_layers"] == 3 and rec["hyperparameters"]["num_layers"] == 3
+
+
+def test_cli(tmp_path, tiny_dataset, sentinel):
+    make_artifact(tmp_path / "final_model.int8.ptz")
+    r = subprocess.run([sys.executable, "-m", "scoring", "verify-legacy", str(RECORD), "--artifact",
+                        str(tmp_path / "final_model.int8.ptz"), "--data", str(tiny_dataset), "--max-tokens", "512"],
+                       capture_output=True, text=True, cwd=REPO, timeout=300, check=False, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    assert "val_bpb" in r.stdout and "claimed val_bpb 7.2 vs scored" in r.stdout and "bytes_total" in r.stdout
+    assert "seq_len 32" in r.stdout  # the script's own TRAIN_SEQ_LEN
+    assert not sentinel.exists()
