@@ -21,7 +21,14 @@ import torch
 from data.shards import read_split
 from scoring.codecs.int8_zlib import Int8Zlib
 from scoring.evaluate import EvalConfig
-from scoring.legacy import LegacyError, exec_definitions, gpt_kwargs, load_legacy_artifact, read_hyperparameters, score_legacy
+from scoring.legacy import (
+    LegacyError,
+    exec_definitions,
+    gpt_kwargs,
+    load_legacy_artifact,
+    read_hyperparameters,
+    score_legacy,
+)
 from tests.conftest import REPO
 from tests.unit.test_eval_support import _one_thread  # noqa: F401 (fixture)
 
