@@ -164,19 +164,20 @@ def svg_plot(pid: str, title: str, points: list[dict[str, Any]], xkey: str, xlab
         out.append(f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">no scored results</text></svg>')
         return "".join(out)
     xs, ys = [float(p[xkey]) for p in pts], [float(p["val_bpb"]) for p in pts]
-    xt, yt = _ticks(min(xs), max(xs)), _ticks(min(ys), max(ys))
-    x0, x1 = min(xt[0], min(xs)), max(xt[-1], max(xs))
-    y0, y1 = min(yt[0], min(ys)), max(yt[-1], max(ys))
+    padx, pady = 0.08 * ((max(xs) - min(xs)) or 1.0), 0.08 * ((max(ys) - min(ys)) or 0.01)
+    x0, x1, y0, y1 = min(xs) - padx, max(xs) + padx, min(ys) - pady, max(ys) + pady
+    xt = [v for v in _ticks(x0, x1) if x0 <= v <= x1]
+    yt = [v for v in _ticks(y0, y1) if y0 <= v <= y1]
     sx = lambda v: ml + (v - x0) / ((x1 - x0) or 1) * (W - ml - mr)
     sy = lambda v: H - mb - (v - y0) / ((y1 - y0) or 1) * (H - mt - mb)
     out.append(f'<rect x="{ml}" y="{mt}" width="{W - ml - mr}" height="{H - mt - mb}" class="frame"/>')
-    for v in xt:
+    for v in (v for v in xt if sx(v) < W - mr - 28):  # a label must not run off the right edge
         out.append(f'<line x1="{sx(v):.1f}" x2="{sx(v):.1f}" y1="{mt}" y2="{H - mb}" class="grid"/>'
                    f'<text x="{sx(v):.1f}" y="{H - mb + 16}" text-anchor="middle" class="tick">{html.escape(xfmt(v))}</text>')
     for v in yt:
         out.append(f'<line x1="{ml}" x2="{W - mr}" y1="{sy(v):.1f}" y2="{sy(v):.1f}" class="grid"/>'
                    f'<text x="{ml - 6}" y="{sy(v) + 4:.1f}" text-anchor="end" class="tick">{v:.3g}</text>')
-    out.append(f'<text x="{(W + ml) / 2}" y="{H - 8}" text-anchor="middle" class="axis">{html.escape(xlabel)}</text>'
+    out.append(f'<text x="{(W + ml) / 2 + 40}" y="{H - 8}" text-anchor="middle" class="axis">{html.escape(xlabel)}</text>'
                f'<text x="14" y="{(H - mb + mt) / 2}" text-anchor="middle" class="axis" transform="rotate(-90 14 {(H - mb + mt) / 2})">val_bpb (bits/byte)</text>')
     if frontier:
         ranked = sorted((p for p in pts if p.get("ranked")), key=lambda p: float(p[xkey]))
@@ -195,7 +196,12 @@ def svg_plot(pid: str, title: str, points: list[dict[str, Any]], xkey: str, xlab
         tip = f"{p['name']}: {float(p['val_bpb']):.4f} bpb, {xfmt(float(p[xkey]))}"
         out.append(f'<circle cx="{sx(float(p[xkey])):.1f}" cy="{sy(float(p["val_bpb"])):.1f}" r="5" class="{cls}"><title>{html.escape(tip)}</title></circle>')
         if p.get("ranked"):
-            out.append(f'<text x="{sx(float(p[xkey])) + 7:.1f}" y="{sy(float(p["val_bpb"])) - 6:.1f}" class="label">{html.escape(str(p["name"]))}</text>')
+            x = sx(float(p[xkey]))
+            right = x > ml + 0.6 * (W - ml - mr)  # near the right edge: label to the left of the point
+            out.append(f'<text x="{x - 7 if right else x + 7:.1f}" y="{sy(float(p["val_bpb"])) - 6:.1f}" class="label" '
+                       f'text-anchor="{"end" if right else "start"}">{html.escape(str(p["name"]))}</text>')
+    out.append(f'<circle cx="{ml - 40}" cy="{H - 12}" r="4" class="pt ranked legend"/><text x="{ml - 32}" y="{H - 8}" class="tick">ranked</text>'
+               f'<circle cx="{ml + 16}" cy="{H - 12}" r="4" class="pt unranked legend"/><text x="{ml + 24}" y="{H - 8}" class="tick">not ranked</text>')
     out.append("</svg>")
     return "".join(out)
 

@@ -1,0 +1,127 @@
+"""`pgolf leaderboard`: from a results ledger to markdown, JSON and a web page, the page tested in a
+real headless browser (Debian's chromium, which .ci/run installs; skipped with a reason without it):
+only verified results rank, the others are listed apart, lineage links, the table sorts when a
+header is clicked, and a screenshot shows the table and both plots.
+
+The screenshot is written to $PG_LEADERBOARD_SCREENSHOT when set (else into the test's tmp folder).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scoring.leaderboard import build
+from scoring.verify import result_digest
+from tests.conftest import REPO
+
+ENTRIES = [  # name, date, builds_on, [(seed, val_bpb, bytes_total)], verification
+    ("naive_baseline", "2026-03-18", None, [(1, 1.2244, 15_863_489), (2, 1.2251, 15_861_002)], "verified"),
+    ("longer_context", "2026-03-25", "naive_baseline", [(1, 1.2011, 15_901_337), (2, 1.2019, 15_899_120), (3, 1.2004, 15_900_001)], "verified"),
+    ("int6_mlp3x", "2026-04-08", "longer_context", [(1, 1.1520, 15_990_212), (2, 1.1533, 15_989_998)], "verified"),
+    ("tiny_vocab", "2026-04-02", "naive_baseline", [(1, 1.2390, 9_812_443)], "verified"),
+    ("unverified_claim", "2026-04-10", "int6_mlp3x", [(1, 1.0900, 15_999_000)], None),
+    ("failed_check", "2026-04-11", "int6_mlp3x", [(1, 1.1000, 15_950_000)], "failed"),
+    ("hand_edited", "2026-04-12", None, [(1, 1.0500, 15_000_000)], "forged"),
+]
+
+
+def result(name, date, builds_on, seed, bpb, nbytes):
+    return {
+        "format": "pg-result", "format_version": 1, "status": "ok", "verification": "unverified", "track": "10min_16mb",
+        "preset": "official", "seed": seed, "created_unix_s": 1.8e9, "run_dir": f"runs/{name}-{seed}",
+        "submission": {"name": name, "author": f"{name} author", "github_id": name, "date": date, "builds_on": builds_on},
+        "val_bpb": bpb, "val_loss": None if bpb is None else bpb * 0.6931 * 2.436, "bytes_total": nbytes, "within_cap": True,
+    }
+
+
+@pytest.fixture(scope="module")
+def board_dir(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("board")
+    lines = []
+    for name, date, builds_on, runs, ver in ENTRIES:
+        for seed, bpb, nbytes in runs:
+            r = result(name, date, builds_on, seed, bpb, nbytes)
+            if ver == "forged":
+                r["verification"] = "verified"  # written by hand, without a verification record
+            lines.append(r)
+            if ver in ("verified", "failed"):
+                lines.append({"format": "pg-verification", "format_version": 1, "status": ver, "result_sha256": result_digest(r)})
+    lines.append({**result("crashed", "2026-04-01", None, 1, None, None), "status": "error"})
+    lines.append(result("other_track", "2026-04-01", None, 1, 1.0, 1000) | {"track": "smoke"})
+    ledger = tmp / "ledger.jsonl"
+    ledger.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    r = subprocess.run([sys.executable, "-m", "scoring", "leaderboard", "--ledger", str(ledger), "--track", "10min_16mb",
+                        "--out", str(tmp / "site")], capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    assert "4 ranked, 4 not ranked" in r.stdout
+    return tmp / "site"
+
+
+def test_only_verified_results_rank(board_dir):
+    board = json.loads((board_dir / "leaderboard.json").read_text())
+    assert board["format"] == "pg-leaderboard"
+    assert [r["name"] for r in board["ranked"]] == ["int6_mlp3x", "longer_context", "naive_baseline", "tiny_vocab"]
+    top = board["ranked"][0]
+    assert top["seeds"] == 2 and top["val_bpb"] == pytest.approx((1.1520 + 1.1533) / 2) and top["builds_on"] == "longer_context"
+    apart = {r["name"]: r["verification"] for r in board["unranked"]}
+    assert apart == {"unverified_claim": "unverified", "failed_check": "failed", "hand_edited": "unverified", "crashed": "unverified"}
+    md = (board_dir / "leaderboard.md").read_text()
+    assert md.index("int6_mlp3x") < md.index("longer_context") < md.index("naive_baseline") < md.index("## Not ranked")
+    assert "| 1 | int6_mlp3x | 1.152" in md
+
+
+def test_build_is_pure_and_filters_tracks():
+    r = result("a", "2026-01-01", None, 1, 1.1, 10)
+    board = build([r], {result_digest(r): {"status": "verified"}}, track="smoke")
+    assert board["ranked"] == [] and board["unranked"] == []
+
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.skip("no chromium found: install Debian's chromium (apt-get install chromium), as .ci/run does")
+
+
+def browse(url: str, *args: str) -> subprocess.CompletedProcess:
+    cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+           "--hide-scrollbars", "--virtual-time-budget=3000", *args, url]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+
+
+def ranked_names(dom: str) -> list[str]:
+    table = dom[dom.index('id="ranked"') : dom.index("</table>", dom.index('id="ranked"'))]
+    return re.findall(r'<tr id="row-([^"]+)"', table)
+
+
+def test_page_in_a_real_browser_sorts_and_shows_both_plots(board_dir, tmp_path):
+    url = (board_dir / "index.html").as_uri()
+    dom = browse(url, "--dump-dom").stdout
+    assert ranked_names(dom) == ["int6_mlp3x", "longer_context", "naive_baseline", "tiny_vocab"]
+    assert 'href="#row-longer_context"' in dom  # lineage links to the row it builds on
+    for plot in ("plot-bytes", "plot-date"):
+        svg = dom[dom.index(f'id="{plot}"') : dom.index("</svg>", dom.index(f'id="{plot}"'))]
+        assert svg.count('class="pt ranked"') == 4 and svg.count('class="pt unranked"') == 3
+    # Sorting: the page's script clicks the header named in the fragment, as a user would.
+    by_bytes = ranked_names(browse(url + "#sort=bytes_total", "--dump-dom").stdout)
+    assert by_bytes == ["tiny_vocab", "naive_baseline", "longer_context", "int6_mlp3x"]
+    worst_first = browse(url + "#sort=-val_bpb", "--dump-dom").stdout
+    assert ranked_names(worst_first) == ["tiny_vocab", "naive_baseline", "longer_context", "int6_mlp3x"]
+    assert 'data-key="val_bpb" data-type="num" aria-sort="descending"' in worst_first
+    by_name = ranked_names(browse(url + "#sort=name", "--dump-dom").stdout)
+    assert by_name == sorted(by_name)
+    shot = Path(os.environ.get("PG_LEADERBOARD_SCREENSHOT") or tmp_path / "leaderboard.png")
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    r = browse(url, f"--screenshot={shot}", "--window-size=1240,1100")
+    assert shot.is_file(), r.stderr[-2000:]
+    png = shot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 30_000  # a rendered page, not a blank one
