@@ -15,7 +15,7 @@ Checks, each printed with what the result says and what was found:
   may need more), and the probes must pass again.
 
 The model code comes from --submission, else RUN_DIR/code (when the runner keeps a copy), else the
-submission folder named in RUN_DIR/train_spec.json. Only this command sets a result's
+result's provenance.submission_dir, else the folder named in RUN_DIR/train_spec.json. Only this command sets a result's
 `verification` ("verified" or "failed"): it rewrites result.json with the verdict and a
 "pg-verification" record, writes RUN_DIR/verification.json, and appends that record to the ledger,
 keyed by the sha256 of the result without its verification fields (`result_digest`), so the
@@ -95,13 +95,17 @@ def locate(path: str | os.PathLike[str]) -> tuple[Path, Path]:
     return result_path, result_path.parent
 
 
-def code_folder(run_dir: Path, submission: str | os.PathLike[str] | None) -> Path | None:
+def code_folder(run_dir: Path, submission: str | os.PathLike[str] | None, result: dict[str, Any]) -> Path | None:
+    """--submission, else RUN_DIR/code, else provenance.submission_dir, else train_spec.json's folder."""
     if submission is not None:
         if not Path(submission).is_dir():
             raise FileNotFoundError(f"--submission {submission} is not a folder; pass the submission folder the result was packed from")
         return Path(submission)
     if (run_dir / "code").is_dir():
         return run_dir / "code"
+    recorded = (result.get("provenance") or {}).get("submission_dir")
+    if recorded and Path(recorded).is_dir():
+        return Path(recorded)
     spec = run_dir / "train_spec.json"
     if spec.is_file():
         folder = read_json(spec, what="train spec").get("submission_dir")
@@ -226,7 +230,7 @@ def verify_result(
     if result.get("format") != "pg-result":
         raise ValueError(f"{result_path} is not a pg-result record (format {result.get('format')!r})")
     t0 = time.perf_counter()
-    code_dir = code_folder(run_dir, submission)
+    code_dir = code_folder(run_dir, submission, result)
     if data is not None and not (Path(data) / MANIFEST_NAME).is_file():
         raise FileNotFoundError(f"--data {data} is not a dataset folder (no {MANIFEST_NAME})")
     recorded = (result.get("provenance") or {}).get("data_dir")
