@@ -6,7 +6,7 @@ Both sides run the same submission's train(ctx) (the naive baseline by default),
 config, seed, data, thread count and budget, one rank each:
 - bare: `python -m harness.bench bare SPEC` calls train(ctx) in a plain process, with a clock that
   only reads time.perf_counter() and the data loader itself: no torchrun, no sandbox, no monitor;
-- harness: the real train phase (harness/launch.py): staging, sandbox, torchrun, worker, clock.
+- harness: the real train phase (harness/train_phase.py): staging, sandbox, torchrun, worker, clock.
 tokens/s = tokens trained / seconds on that side's clock when train() returned (the budget ends
 both; the last step ends at the stop reading, so whole steps are timed). Steady tokens/s is taken
 between the 2nd and the last logged step (metrics.jsonl), leaving out start-up. The rounds
@@ -147,7 +147,7 @@ def run_bare(*, submission: Path, data_root: Path, cfg: Any, budget_s: float, th
 
 
 def run_harness(*, submission: Path, data_root: Path, cfg: Any, budget_s: float, device: str, workdir: Path) -> dict[str, Any]:
-    from harness.launch import run_train_phase
+    from harness.train_phase import run_train_phase
 
     workdir.mkdir(parents=True, exist_ok=True)
     budget = replace(cfg.section("budget"), train_s=budget_s)
@@ -172,7 +172,7 @@ def per_step_cost_us(model_config: dict[str, Any], submission: Path, batch_token
     import sys as _sys
 
     from harness.budget import DataGate, HarnessClock
-    from harness.sandbox import AccessMonitor
+    from harness.monitor import AccessMonitor
     from harness.worker import import_submission_file
 
     x = torch.zeros(batch_tokens // seq_len, seq_len, dtype=torch.long)

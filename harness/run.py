@@ -30,9 +30,10 @@ from data.embedded import ensure_embedded_dataset
 from data.io import read_json, write_json_atomic
 from data.manifest import load_manifest, make_split_view
 from harness.config import ResolvedConfig, load_config
-from harness.launch import LaunchConfig, run_sealed_pack, run_train_phase
+from harness.launch import LaunchConfig
 from harness.report import build_result, print_card, write_result
 from harness.submission import check_submission
+from harness.train_phase import run_sealed_pack, run_train_phase
 from harness.worker import STATE_FILE
 from scoring.tracks import get_track
 
@@ -113,7 +114,7 @@ def run_pipeline(
     with tempfile.TemporaryDirectory(prefix="pgolf-views-") as views_tmp:
         views = Path(views_tmp)
         # ---- 2. train ----
-        # staged in its own folder (train view, submission copy, spec), sandboxed, supervised: harness/launch.py
+        # staged in its own folder (train view, submission copy, spec), sandboxed, supervised: harness/train_phase.py
         phases["train"] = run_train_phase(
             submission_dir=submission_dir, data_root=data_root, run_dir=run_dir, stage_root=views, model_config=cfg.model,
             hparams=cfg.train, seed=run_cfg.seed, budget=budget, launch=launch, device=device,

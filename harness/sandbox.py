@@ -27,7 +27,7 @@ Not covered: a separate unprivileged user (the interpreter may live under a fold
 can read, as /root here); namespaces on several nodes (ranks must reach each other, and torchrun's
 rendezvous tells nodes apart by hostname and pid); data that is public
 elsewhere (the embedded corpus's validation text ships with Python itself); opens made from C code
-or child processes are refused but not reported (see `AccessMonitor`); the scorer, which runs the
+or child processes are refused but not reported (see harness/monitor.py); the scorer, which runs the
 submission's model.py next to the validation data, is not sandboxed by this module, so anything it
 can write that a later training run can read (e.g. /dev/shm, a writable Python installation) is a
 channel between runs that only sandboxing the scorer would close.
@@ -43,6 +43,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -79,8 +80,20 @@ class MachineCaps:
         return self.root and self.unshare is not None
 
 
+def _unshare_with_kill_child() -> str | None:
+    """util-linux `unshare`, if it has --kill-child (2.32, 2018): without it a killed phase could leave its namespace."""
+    path = shutil.which("unshare")
+    if path is None:
+        return None
+    try:
+        r = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return path if "--kill-child" in r.stdout else None
+
+
 def probe_machine() -> MachineCaps:
-    return MachineCaps(landlock_abi=landlock_abi(), root=os.geteuid() == 0, unshare=shutil.which("unshare"))
+    return MachineCaps(landlock_abi=landlock_abi(), root=os.geteuid() == 0, unshare=_unshare_with_kill_child())
 
 
 # ---- Planning (in the supervisor) ----
@@ -133,6 +146,7 @@ class SandboxPlan:
             "format": POLICY_FORMAT, "format_version": POLICY_FORMAT_VERSION, "landlock_abi": self.landlock_abi,
             "rules": [asdict(r) for r in self.rules], "drop_caps": self.drop_caps, "scope_signals": self.scope_signals,
             "loopback_up": "net" in self.namespaces, "private_shm": "mount" in self.namespaces and os.path.isdir("/dev/shm"),
+            "required": self.mode == "required",
         }
 
     def describe(self) -> dict[str, Any]:
@@ -151,7 +165,8 @@ class SandboxPlan:
         }
 
 
-def _under(path: str, root: str) -> bool:
+def is_beneath(path: str, root: str) -> bool:
+    """`path` is `root` or lies beneath it (both absolute, resolved)."""
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
@@ -169,9 +184,9 @@ def carve(root: str, protected: Sequence[str], budget: list[int] | None = None) 
         return out
     for entry in entries:
         real = os.path.realpath(entry.path)
-        if any(_under(real, p) for p in protected):
+        if any(is_beneath(real, p) for p in protected):
             continue
-        if any(_under(p, real) for p in protected):
+        if any(is_beneath(p, real) for p in protected):
             if entry.is_dir(follow_symlinks=True):
                 out += carve(real, protected, budget)
             continue
@@ -191,7 +206,7 @@ def _python_roots(project_root: Path) -> list[str]:
     project, cwd = os.path.realpath(project_root), os.path.realpath(os.getcwd())
     for p in sys.path:
         real = os.path.realpath(p) if p else cwd
-        if os.path.exists(real) and not _under(real, project) and real != cwd:
+        if os.path.exists(real) and not is_beneath(real, project) and real != cwd:
             roots.add(real)
     return sorted(roots)
 
@@ -246,16 +261,16 @@ def plan_sandbox(
         if not os.path.exists(path):
             continue
         real = os.path.realpath(path)
-        if any(_under(real, p) for p in prot):
-            warnings.append(f"read path {path} lies inside the protected {next(p for p in prot if _under(real, p))}: left out")
-        elif any(_under(p, real) for p in prot):
+        if any(is_beneath(real, p) for p in prot):
+            warnings.append(f"read path {path} lies inside the protected {next(p for p in prot if is_beneath(real, p))}: left out")
+        elif any(is_beneath(p, real) for p in prot):
             rules += [Rule(path=c, access="ro") for c in carve(real, prot)]
         else:
             rules.append(Rule(path=real, access="ro"))
     rules.append(Rule(path=str(project_root.resolve()), access="list"))
     for path in write_paths:
         real = os.path.realpath(path)
-        if any(_under(real, p) or _under(p, real) for p in prot):
+        if any(is_beneath(real, p) or is_beneath(p, real) for p in prot):
             raise ValueError(f"sandbox write path {path} overlaps the protected {prot}; choose a run folder outside the dataset")
         rules.append(Rule(path=real, access="rw"))
     devices = [d for d in DEVICE_FILES if os.path.exists(d)]
@@ -285,17 +300,34 @@ def load_policy(path: str) -> dict[str, Any]:
     return policy
 
 
+WARNING_PREFIX = "[pgolf-sandbox-warning] "
+
+
 def enter(policy_path: str, argv: Sequence[str]) -> NoReturn:
-    """Apply the policy to this process, then exec `argv`."""
+    """Apply the policy to this process, then exec `argv`.
+
+    A layer the kernel refuses (a container's seccomp filter may block Landlock's system calls) is
+    skipped with a `[pgolf-sandbox-warning]` line on stderr, unless the policy says `required`, and
+    the supervisor's probe, which runs through here too, then records the sandbox as not verified.
+    """
     policy = load_policy(policy_path)
     if policy["loopback_up"]:
-        loopback_up()
-    if policy.get("private_shm"):
-        private_tmpfs("/dev/shm")  # nothing another process left there, and nothing left for the next one
-    if policy["drop_caps"]:
-        drop_capabilities()
-    if policy["landlock_abi"] and policy["rules"]:
-        apply_landlock([Rule(**r) for r in policy["rules"]], policy["landlock_abi"], policy["scope_signals"])
+        loopback_up()  # no skipping: in a network namespace without loopback, ranks cannot meet
+    layers = [
+        ("private /dev/shm", policy.get("private_shm"), lambda: private_tmpfs("/dev/shm")),
+        ("dropping capabilities", policy["drop_caps"], drop_capabilities),
+        ("Landlock", policy["landlock_abi"] and policy["rules"],
+         lambda: apply_landlock([Rule(**r) for r in policy["rules"]], policy["landlock_abi"], policy["scope_signals"])),
+    ]
+    for name, wanted, apply in layers:
+        if not wanted:
+            continue
+        try:
+            apply()
+        except OSError as e:
+            if policy.get("required"):
+                raise
+            print(f"{WARNING_PREFIX}{name} failed, continuing without it: {e}", file=sys.stderr, flush=True)
     os.execvp(argv[0], list(argv))
 
 
@@ -309,99 +341,6 @@ def probe(paths: Sequence[str]) -> dict[str, str]:
             out[p] = "read"
         except OSError as e:
             out[p] = type(e).__name__
-    return out
-
-
-# ---- Reporting attempts (in each rank) ----
-
-MONITOR_PREFIX = "[pgolf-sandbox] "
-MONITOR_MAX_LINES = 50
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-_PATH_EVENTS = {"open": 0, "os.listdir": 0, "os.scandir": 0, "os.chdir": 0, "os.mkdir": 0, "os.remove": 0,
-                "os.rmdir": 0, "os.rename": 1, "os.link": 0, "os.symlink": 1, "os.truncate": 0, "os.chmod": 0,
-                "os.chown": 0, "glob.glob": 0}
-_WRITE_EVENTS = {"os.mkdir", "os.remove", "os.rmdir", "os.rename", "os.link", "os.symlink", "os.truncate", "os.chmod", "os.chown"}
-
-
-class AccessMonitor:
-    """A `sys.addaudithook` hook that reports file accesses the sandbox's rules do not allow.
-
-    Landlock refuses such an access; this hook says who tried: each attempt becomes one line
-    `[pgolf-sandbox] {json}` on stderr (the phase's log, which the process cannot rewrite), naming the
-    event, the path, and the submission's frame that made it (file:line), if any. Audit hooks cannot
-    be removed, but they see only what Python's own functions do in this process: opens made from C
-    code (numpy's fromfile, ctypes) or by a child process are refused by Landlock without being
-    reported here.
-    """
-
-    def __init__(self, *, rank: int, read: Sequence[str], listing: Sequence[str], write: Sequence[str], attribute_to: str):
-        self.rank = rank
-        self.read, self.listing, self.write = tuple(read), tuple(listing), tuple(write)
-        self.attribute_to = attribute_to.rstrip("/") + "/"
-        self.attempts = 0
-        self._busy = False
-
-    def allowed(self, path: str, event: str, writing: bool) -> bool:
-        real = os.path.realpath(path)
-        if writing:
-            return any(_under(real, r) for r in self.write)
-        if event in ("os.listdir", "os.scandir", "os.chdir", "glob.glob"):
-            return any(_under(real, r) for r in (*self.listing, *self.read))
-        return any(_under(real, r) for r in self.read)
-
-    def __call__(self, event: str, args: tuple[Any, ...]) -> None:
-        idx = _PATH_EVENTS.get(event)
-        if idx is None or self._busy:
-            return
-        self._busy = True
-        try:
-            path = args[idx] if len(args) > idx else None
-            if path is None and event in ("os.listdir", "os.scandir"):
-                path = "."
-            if isinstance(path, bytes):
-                path = os.fsdecode(path)
-            if not isinstance(path, str):
-                return  # a file descriptor: checked when it was opened
-            writing = event in _WRITE_EVENTS
-            if event == "open":
-                mode, flags = (args[1] if len(args) > 1 else None), (args[2] if len(args) > 2 else 0)
-                writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool((flags or 0) & _WRITE_FLAGS)
-            if self.allowed(path, event, writing):
-                return
-            self.attempts += 1
-            if self.attempts > MONITOR_MAX_LINES:
-                return
-            frame, where = sys._getframe(1), None
-            inner = f"{frame.f_code.co_filename}:{frame.f_lineno}"
-            while frame is not None:
-                if frame.f_code.co_filename.startswith(self.attribute_to):
-                    where = f"{frame.f_code.co_filename[len(self.attribute_to):]}:{frame.f_lineno}"
-                    break
-                frame = frame.f_back
-            line = {"rank": self.rank, "event": event, "path": os.path.abspath(path), "write": writing,
-                    "submission_frame": where, "frame": inner}
-            os.write(2, (MONITOR_PREFIX + json.dumps(line) + "\n").encode())
-        except Exception:  # noqa: BLE001 - a reporting hook must never break the process it watches
-            pass
-        finally:
-            self._busy = False
-
-
-def monitor_from_rules(rules: Sequence[dict[str, str]], rank: int, attribute_to: str) -> AccessMonitor:
-    by = {k: [r["path"] for r in rules if r["access"] in kinds] for k, kinds in
-          (("read", ("ro", "rw", "dev")), ("listing", ("list",)), ("write", ("rw", "dev")))}
-    return AccessMonitor(rank=rank, read=by["read"], listing=by["listing"], write=by["write"], attribute_to=attribute_to)
-
-
-def parse_attempts(log_text: str) -> list[dict[str, Any]]:
-    """The attempts reported in a phase log (lines a process wrote later cannot remove earlier ones)."""
-    out = []
-    for line in log_text.splitlines():
-        if line.startswith(MONITOR_PREFIX):
-            try:
-                out.append(json.loads(line[len(MONITOR_PREFIX) :]))
-            except ValueError:
-                continue
     return out
 
 

@@ -37,7 +37,7 @@ from data.loader import DistributedTokenLoader
 from data.manifest import load_manifest
 from harness.api import DistInfo, TrainContext, TrainingComplete, TrainResult
 from harness.budget import DataGate, HarnessClock
-from harness.sandbox import monitor_from_rules
+from harness.monitor import monitor_from_rules
 
 STATE_FILE = "state.safetensors"
 TRAIN_RECORD = "train.json"

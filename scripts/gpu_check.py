@@ -8,7 +8,7 @@ Uses the machine's preinstalled PyTorch and the project's own code only (no down
 the worker and the bench need no package beyond torch and numpy; safetensors is not needed: the
 state is not saved). It writes a synthetic dataset (uniform random token ids < 1024, one training
 shard: the content does not matter for speed), then runs the same train() twice:
-1. harness: the real train phase (harness/launch.py: staging, sandbox, torchrun, worker, clock that
+1. harness: the real train phase (harness/train_phase.py: staging, sandbox, torchrun, worker, clock that
    syncs the GPU and reads time every step), official preset on one GPU (gradient accumulation 8
    keeps the 524,288-token global batch), torch.compile warm-up off the clock;
 2. bare: `python -m harness.bench bare` (same train(), a clock that only reads time, no torchrun,

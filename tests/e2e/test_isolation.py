@@ -18,7 +18,7 @@ import pytest
 
 from harness.config import load_config
 from harness.landlock import landlock_abi
-from harness.launch import run_train_phase
+from harness.train_phase import run_train_phase
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "submissions"
 
@@ -75,7 +75,8 @@ def test_a_custom_codec_encodes_sandboxed_and_on_the_clock(tiny_dataset, tmp_pat
     from safetensors.torch import save_file
 
     from harness.budget import BudgetConfig
-    from harness.launch import LaunchConfig, run_sealed_pack
+    from harness.launch import LaunchConfig
+    from harness.train_phase import run_sealed_pack
     from harness.worker import STATE_FILE
 
     sub = tmp_path / "codec_peek"

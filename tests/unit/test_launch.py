@@ -16,16 +16,10 @@ from pathlib import Path
 import pytest
 
 from harness.budget import CLOCK_MARKER, BudgetConfig
-from harness.launch import POLL_S, LaunchConfig, _read_marker, rank_failures, supervise, torchrun_command
-from harness.sandbox import (
-    TOKEN_ENV,
-    AccessMonitor,
-    MachineCaps,
-    carve,
-    parse_attempts,
-    plan_sandbox,
-    processes_with_token,
-)
+from harness.launch import POLL_S, LaunchConfig, _read_marker, supervise, torchrun_command
+from harness.monitor import AccessMonitor, parse_attempts
+from harness.sandbox import TOKEN_ENV, MachineCaps, carve, plan_sandbox, processes_with_token
+from harness.train_phase import rank_failures
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -210,3 +204,23 @@ def test_landlock_denies_what_the_plan_leaves_out(tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), check=True)
     got = json.loads(r.stdout)
     assert got[str(data / "val/fineweb_val_000000.bin")] == "PermissionError" and got[str(tmp_path / "stage/data/ok.txt")] == "read"
+
+
+def test_enter_skips_a_refused_layer_with_a_warning_unless_required(tmp_path, monkeypatch, capsys):
+    import harness.sandbox as sandbox
+
+    def refused(*args, **kwargs):
+        raise OSError(1, "blocked by a seccomp filter")
+
+    ran: list[list[str]] = []
+    monkeypatch.setattr(sandbox, "apply_landlock", refused)
+    monkeypatch.setattr(sandbox.os, "execvp", lambda prog, argv: ran.append(argv))
+    plan, _ = _plan(tmp_path, MachineCaps(landlock_abi=7, root=False, unshare=None))
+    plan.wrap(["x"], tmp_path / "policy.json")
+    sandbox.enter(str(tmp_path / "policy.json"), ["torchrun", "--x"])
+    assert ran == [["torchrun", "--x"]]
+    assert capsys.readouterr().err.startswith(sandbox.WARNING_PREFIX + "Landlock failed")
+    required, _ = _plan(tmp_path, MachineCaps(landlock_abi=7, root=False, unshare=None), mode="required")
+    required.wrap(["x"], tmp_path / "policy.json")
+    with pytest.raises(OSError, match="seccomp"):
+        sandbox.enter(str(tmp_path / "policy.json"), ["torchrun"])
