@@ -59,6 +59,8 @@ def test_a_record_is_scored_without_running_its_script(tmp_path, tiny_dataset, s
     assert not sentinel.exists(), "the script's top level ran"
     skipped = "\n".join(rec["skipped_statements"])
     assert "PG_LEGACY_SENTINEL" in skipped and "PG_LEGACY_COMPILE" in skipped and "__name__" in skipped
+    assert "CONTROL_TENSOR_NAME_PATTERNS" in skipped and "flash_attn_interface" in skipped
+    assert ns["flash_attn_func"] is None and "SignSGD" in ns  # the except branch ran; decorated methods are kept
     assert rec["bytes_code"] == len(SCRIPT.read_text(encoding="utf-8").encode("utf-8"))
     assert rec["bytes_model"] == (tmp_path / "final_model.int8.ptz").stat().st_size
     assert rec["bytes_total"] == rec["bytes_code"] + rec["bytes_model"] and rec["within_cap"]
