@@ -45,6 +45,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -200,15 +201,34 @@ def carve(root: str, protected: Sequence[str], budget: list[int] | None = None) 
     return out
 
 
-def _python_roots(project_root: Path) -> list[str]:
-    """The interpreter's prefixes and import folders, leaving out the project and the working folder."""
+def python_roots(import_path: Iterable[str], project_root: Path) -> list[str]:
+    """The interpreter's prefixes and the import folders the ranks will have (their sys.path), less the project."""
     roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, str(Path(os.path.realpath(sys.executable)).parents[1])}
-    project, cwd = os.path.realpath(project_root), os.path.realpath(os.getcwd())
-    for p in sys.path:
-        real = os.path.realpath(p) if p else cwd
-        if os.path.exists(real) and not is_beneath(real, project) and real != cwd:
+    project = os.path.realpath(project_root)
+    for p in import_path:
+        real = os.path.realpath(p) if p else ""
+        if real and os.path.exists(real) and not is_beneath(real, project):
             roots.add(real)
     return sorted(roots)
+
+
+def _broad_rules(path: str, prot: Sequence[str], hidden: Sequence[str], tmp: str, warnings: list[str]) -> list[Rule]:
+    """Read rules for a folder the phase did not make (system, Python, extra): never over a hidden path.
+
+    `prot` must stay out of every rule, `hidden` (prot and the phase's own staging folder) out of
+    every broad rule, and so must the temp folder as a whole (other runs stage their views there).
+    """
+    real = os.path.realpath(path)
+    if any(is_beneath(real, p) for p in prot):
+        warnings.append(f"read path {path} lies inside the protected {next(p for p in prot if is_beneath(real, p))}: left out")
+        return []
+    if is_beneath(tmp, real):  # "/" or the temp folder itself: everything but the temp folder
+        if real == tmp:
+            warnings.append(f"read path {path} is the temp folder, where runs stage their data: left out")
+        return [Rule(path=c, access="ro") for c in carve(real, [*hidden, tmp])]
+    if any(is_beneath(h, real) for h in hidden):
+        return [Rule(path=c, access="ro") for c in carve(real, hidden)]
+    return [Rule(path=real, access="ro")]
 
 
 def plan_sandbox(
@@ -221,10 +241,17 @@ def plan_sandbox(
     read_paths: Iterable[Path],
     write_paths: Iterable[Path],
     protected: Iterable[Path],
+    private: Iterable[Path] = (),
+    import_path: Iterable[str] = (),
     extra_read: Iterable[str] = (),
     caps: MachineCaps | None = None,
 ) -> SandboxPlan:
-    """Decide the sandbox for one phase. `protected` paths must end up outside every rule.
+    """Decide the sandbox for one phase.
+
+    `read_paths` and `write_paths` are the phase's own (its staging folder's contents). `protected`
+    paths (the dataset, the validation shards) end up outside every rule; `private` ones (the staging
+    folder, where the scorer's view is made later) outside every broad rule; so does the temp folder.
+    `import_path` is the ranks' sys.path (ask their interpreter: see harness/train_phase.py).
 
     mode "auto" uses every layer the machine offers and records a warning for each it lacks; "required"
     refuses to run without Landlock; "off" runs unsandboxed (recorded).
@@ -255,17 +282,18 @@ def plan_sandbox(
         warnings.append("not root (or no `unshare`): no PID/mount/network namespaces; leftover processes are found by "
                         f"their {TOKEN_ENV} environment variable instead, and the network is the host's")
     rules: list[Rule] = []  # planned even without Landlock: the access monitor reports against them
-    read = [*SYSTEM_READ_ROOTS, *_python_roots(project_root), *(str(p) for p in read_paths), *extra_read]
-    read += [str(project_root / pkg) for pkg in ("harness", "data", "scoring")]
-    for path in dict.fromkeys(read):
-        if not os.path.exists(path):
-            continue
+    hidden = sorted({*prot, *(os.path.realpath(p) for p in private)})
+    tmp = os.path.realpath(tempfile.gettempdir())
+    broad = [*SYSTEM_READ_ROOTS, *python_roots(import_path, project_root), *extra_read]
+    for path in dict.fromkeys(broad):
+        if os.path.exists(path):
+            rules += _broad_rules(path, prot, hidden, tmp, warnings)
+    own = [*(str(p) for p in read_paths), *(str(project_root / pkg) for pkg in ("harness", "data", "scoring"))]
+    for path in own:
         real = os.path.realpath(path)
         if any(is_beneath(real, p) for p in prot):
-            warnings.append(f"read path {path} lies inside the protected {next(p for p in prot if is_beneath(real, p))}: left out")
-        elif any(is_beneath(p, real) for p in prot):
-            rules += [Rule(path=c, access="ro") for c in carve(real, prot)]
-        else:
+            raise ValueError(f"sandbox read path {path} lies inside the protected {prot}")
+        if os.path.exists(real):
             rules.append(Rule(path=real, access="ro"))
     rules.append(Rule(path=str(project_root.resolve()), access="list"))
     for path in write_paths:

@@ -66,7 +66,14 @@ def compile_cache_dir(out: Path) -> Path:
     return Path(os.environ["PGOLF_COMPILE_CACHE"]) if os.environ.get("PGOLF_COMPILE_CACHE") else out / "compile"
 
 
-def phase_env(base: dict[str, str], out: Path, plan: SandboxPlan, token: str, threads: int) -> dict[str, str]:
+def worker_import_path(env: dict[str, str], cwd: Path) -> list[str]:
+    """sys.path as the ranks' interpreter will have it, with their environment (no '' entry)."""
+    r = subprocess.run([sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"], capture_output=True,
+                       text=True, env=env, cwd=cwd, timeout=60, check=True)
+    return [p for p in json.loads(r.stdout) if p]
+
+
+def phase_env(base: dict[str, str], out: Path, token: str, threads: int) -> dict[str, str]:
     """The training processes' environment: no hint of where the data lives; caches and temp files in OUT."""
     env = {k: v for k, v in base.items() if k not in SCRUBBED_ENV}
     cache = compile_cache_dir(out)
@@ -77,8 +84,6 @@ def phase_env(base: dict[str, str], out: Path, plan: SandboxPlan, token: str, th
         TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), TRITON_CACHE_DIR=str(cache / "triton"),
         CUDA_CACHE_PATH=str(cache / "nv"), OMP_NUM_THREADS=str(threads), **{TOKEN_ENV: token},
     )
-    if "net" in plan.namespaces:
-        env.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
     for d in ("home", "tmp", "cache"):
         (out / d).mkdir(parents=True, exist_ok=True)
     for d in ("inductor", "triton", "nv"):
@@ -138,15 +143,17 @@ def run_train_phase(
     shutil.copytree(submission_dir, staged_sub, symlinks=True, ignore=shutil.ignore_patterns(*STAGE_IGNORE))
     manifest = load_manifest(data_root)
     val_shards = manifest.shard_paths("val")
-    compile_cache_dir(out).mkdir(parents=True, exist_ok=True)
     (stage / "spec.json").touch()  # a rule needs the file to exist; written below, once the plan is known
+    token = secrets.token_hex(8)
+    env = phase_env(base_env if base_env is not None else dict(os.environ), out, token, launch.threads_per_rank())
     plan = plan_sandbox(
         mode=launch.sandbox, network=launch.network, device=device, multi_node=launch.nnodes > 1, project_root=PROJECT_ROOT,
         read_paths=[train_view, staged_sub, stage / "spec.json"], write_paths=[out, compile_cache_dir(out)],
-        protected=[data_root, *val_shards], extra_read=[p for p in launch.sandbox_read_paths.split(os.pathsep) if p],
+        protected=[data_root, *val_shards], private=[stage_root], import_path=worker_import_path(env, out),
+        extra_read=[p for p in launch.sandbox_read_paths.split(os.pathsep) if p],
     )
-    token = secrets.token_hex(8)
-    env = phase_env(base_env if base_env is not None else dict(os.environ), out, plan, token, launch.threads_per_rank())
+    if "net" in plan.namespaces:
+        env.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
     policy = run_dir / "sandbox_policy.json"
     spec = {
         "format": SPEC_FORMAT, "format_version": SPEC_FORMAT_VERSION, "submission_dir": str(staged_sub),
@@ -234,13 +241,14 @@ def run_sealed_pack(
         out.mkdir()
         shutil.copy2(run_dir / STATE_FILE, stage / STATE_FILE)
         manifest = load_manifest(data_root)
+        token = secrets.token_hex(8)
+        env = phase_env(base_env if base_env is not None else dict(os.environ), out, token, launch.threads_per_rank())
         plan = plan_sandbox(
             mode=launch.sandbox, network=launch.network, device="cpu", multi_node=False, project_root=PROJECT_ROOT,
             read_paths=[stage / STATE_FILE, submission_dir], write_paths=[out], protected=[data_root, *manifest.shard_paths("val")],
+            private=[stage], import_path=worker_import_path(env, out),
             extra_read=[p for p in launch.sandbox_read_paths.split(os.pathsep) if p],
         )
-        token = secrets.token_hex(8)
-        env = phase_env(base_env if base_env is not None else dict(os.environ), out, plan, token, launch.threads_per_rank())
         cmd = [sys.executable, "-m", "harness.cli", "pack", str(stage / STATE_FILE), "--submission", str(submission_dir),
                "--out", str(out / "artifact.pgolf"), "--codec", "submission", "--cap-bytes", str(cap_bytes),
                "--json-out", str(out / "pack.json")]

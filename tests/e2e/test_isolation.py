@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -35,11 +36,19 @@ def peek_run(tiny_dataset, tmp_path_factory):
         hparams=cfg.train, seed=1, budget=cfg.section("budget"), launch=cfg.section("launch"), device="cpu",
     )
     peek = next(json.loads(line[5:]) for line in (tmp / "run/train.log").read_text().splitlines() if line.startswith("PEEK "))
-    return rec, peek, val
+    return rec, peek, val, tmp
+
+
+def test_nothing_else_in_the_temp_folder_is_reachable(peek_run):
+    rec, _, _, tmp = peek_run
+    temp = os.path.realpath(tempfile.gettempdir())
+    roots = [*rec["isolation"]["read_roots"], *rec["isolation"]["write_roots"]]
+    stray = [r for r in roots if (r == temp or r.startswith(temp + "/")) and not r.startswith(str(tmp / "train-phase") + "/")]
+    assert not stray, f"rules reach other things in the temp folder (other runs stage their data there): {stray}"
 
 
 def test_the_run_completes_and_records_its_isolation(peek_run):
-    rec, _, val = peek_run
+    rec, _, val, _ = peek_run
     iso = rec["isolation"]
     assert rec["status"] == "ok" and rec["steps"] == 3
     assert str(val[0].parent) in iso["protected"]
@@ -53,14 +62,14 @@ def test_the_run_completes_and_records_its_isolation(peek_run):
 
 @pytest.mark.skipif(landlock_abi() == 0, reason="this kernel has no Landlock: nothing can deny the reads")
 def test_no_validation_shard_could_be_read(peek_run):
-    _, peek, val = peek_run
+    _, peek, val, _ = peek_run
     assert set(peek["told"]) == {*map(str, val), str(val[0].parent / "manifest.json")}
     assert all(v == "PermissionError" for v in peek["told"].values()), peek["told"]
     assert not any(v.startswith("read") for v in [*peek["walked"].values(), *peek["cmdline"].values()]), peek
 
 
 def test_the_attempts_are_reported_with_the_submission_line(peek_run):
-    rec, _, val = peek_run
+    rec, _, val, _ = peek_run
     attempts = rec["isolation"]["attempts"]  # what result.json records as phases.train.isolation.attempts
     by_path = {a["path"]: a for a in attempts}
     assert str(val[0]) in by_path and by_path[str(val[0])]["event"] == "open"
