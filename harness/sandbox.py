@@ -293,7 +293,9 @@ def plan_sandbox(
         real = os.path.realpath(path)
         if any(is_beneath(real, p) for p in prot):
             raise ValueError(f"sandbox read path {path} lies inside the protected {prot}")
-        if os.path.exists(real):
+        if any(is_beneath(p, real) for p in prot):  # e.g. a dataset built inside the project's data/ package
+            rules += [Rule(path=c, access="ro") for c in carve(real, prot)]
+        elif os.path.exists(real):
             rules.append(Rule(path=real, access="ro"))
     rules.append(Rule(path=str(project_root.resolve()), access="list"))
     for path in write_paths:

@@ -165,6 +165,15 @@ def test_plan_uses_every_layer_offered(tmp_path):
     assert multi.namespaces == () and multi.landlock and any("several nodes" in w for w in multi.warnings)
 
 
+def test_a_dataset_inside_an_allowed_folder_is_carved_out(tmp_path):
+    (tmp_path / "stage/data/inner_ds").mkdir(parents=True)
+    (tmp_path / "stage/data/x.bin").write_bytes(b"")
+    plan, _ = _plan(tmp_path, LANDLOCK_ROOT, protected=[tmp_path / "stage/data/inner_ds"])
+    roots = plan.describe()["read_roots"]
+    assert str(tmp_path / "stage/data/x.bin") in roots and str(tmp_path / "stage/data") not in roots
+    assert not any(r.startswith(str(tmp_path / "stage/data/inner_ds")) for r in roots)
+
+
 def test_a_broad_read_path_never_exposes_the_temp_folder(tmp_path):
     # running a script from the temp folder puts it on sys.path: it must not open other runs' staging there
     tmp = os.path.realpath(tempfile.gettempdir())
