@@ -109,3 +109,25 @@ def test_cli_passes_on_a_good_tokenizer_and_prints_json(tmp_path):
     r = subprocess.run([sys.executable, "-m", "scoring", "audit-tokenizer", str(tmp_path / "nope.model"), "--docs", str(docs)],
                        capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
     assert r.returncode == 2 and "tokenizer model not found" in r.stderr
+
+
+def test_the_scorer_audits_a_tokenizer_brought_with_the_data(tmp_path, monkeypatch):
+    """A dataset tokenized with a tokenizer that is not the official one is audited on the scored
+    documents with every score; a planted over-count fails the score, naming the document."""
+    require_shared(SP8192, SAMPLE_JSONL)
+    import scoring.score as score_mod
+    from data.build import build_dataset
+    from scoring.evaluate import EvalConfig
+    from tests.unit.test_eval_support import pack_tiny, write_submission
+
+    docs = read_jsonl_texts(SAMPLE_JSONL)[:6]
+    ds = build_dataset(docs, tmp_path / "ds", val_docs=3, tokenizer=str(SP8192), workers=1)
+    folder = write_submission(tmp_path / "sub")
+    pack_tiny(folder, tmp_path / "a.pgolf", model_config={"vocab_size": 8192, "dim": 8})
+    cfg = EvalConfig(seq_len=64, max_tokens=2048)
+    rec = score_mod.score_artifact(tmp_path / "a.pgolf", folder, ds, cfg, threads=1)
+    assert rec["tokenizer_audit"]["ran"] is True and rec["tokenizer_audit"]["passed"] is True
+    assert rec["tokenizer_audit"]["docs"] >= 1 and rec["tokenizer_audit"]["tokens"] > 1000
+    monkeypatch.setattr(score_mod, "load_tokenizer", lambda path: SpaceBytesCounted(path))
+    with pytest.raises(score_mod.ProbeFailure, match=r"failed the byte-table audit[\s\S]*document 0: the byte table counts"):
+        score_mod.score_artifact(tmp_path / "a.pgolf", folder, ds, cfg, threads=1)
