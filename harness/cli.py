@@ -6,6 +6,7 @@
     pgolf unpack ARTIFACT --out STATE.safetensors
     pgolf score ARTIFACT --submission DIR --data DIR [--json]
     pgolf data build|...      datasets (data/cli.py)
+    pgolf sample ARTIFACT --submission DIR [--prompt TEXT]   generate text with a packed model
     pgolf bench ...           benchmarks that print figures
 
 The flag set is closed: tests/unit/test_cli.py lists every command and flag, so adding one is a
@@ -20,6 +21,7 @@ import sys
 
 from data import cli as data_cli
 from data.io import write_json_atomic
+from harness import sample
 from harness.config import load_config
 from scoring import cli as scoring_cli
 from scoring.cap import ARTIFACT_CAP_BYTES, ArtifactTooLarge
@@ -80,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_pack)
 
     scoring_cli.register(sub)
+    sample.register(sub)
 
     p = sub.add_parser("data", help="datasets: build, download, verify")
     data_cli.register(p.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND"))
@@ -91,14 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _register_benches(sub: argparse._SubParsersAction) -> None:
+    from data import bench as data_bench
     from harness import bench as runner_bench
+    from scoring import bench as scoring_bench
 
     runner_bench.register(sub)
-    try:
-        from data import bench as data_bench
-    except ImportError:
-        return
     data_bench.register(sub)
+    scoring_bench.register(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -90,3 +90,13 @@ def test_bad_user_input_is_one_clear_line(tmp_path):
     assert "unknown key 'train.lr'" in r.stderr and "Traceback" not in r.stderr
     r = pgolf("score", str(tmp_path / "missing.pgolf"), "--submission", str(BASELINE), "--data", str(tmp_path), check=False)
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_sample_runs_the_packed_model(tiny_run, sp_dataset):
+    out, _ = tiny_run
+    args = ["sample", str(out / "artifact.pgolf"), "--submission", str(BASELINE), "--data", str(sp_dataset),
+            "--prompt", "The module", "--tokens", "8", "--temperature", "0", "--context", "64"]
+    a, b = pgolf(*args).stdout, pgolf(*args).stdout
+    assert "[8 tokens in" in a and "tokens/s" in a
+    assert a.splitlines()[0] == b.splitlines()[0]  # greedy decoding is deterministic
+    assert a.startswith("The module")

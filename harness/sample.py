@@ -1,0 +1,95 @@
+"""`pgolf sample`: run a packed model — decode its artifact and generate text on CPU or GPU.
+
+    pgolf sample ARTIFACT --submission DIR (--data DIR | --tokenizer MODEL) [--prompt TEXT]
+                 [--tokens N] [--temperature T] [--top-k K] [--seed S] [--context N]
+
+The model is built exactly as the scorer builds it (code checked against the artifact's hashes,
+tensors decoded by the artifact's codec, strict load), so what you sample is what was scored.
+Generation re-runs the model on the last `--context` tokens for each new token (no KV cache: the
+contract's forward takes token ids only), which is fine for the small models of this challenge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from data.manifest import load_manifest
+from data.tokenizer import Tokenizer, load_tokenizer
+from scoring.artifact import decode_state, read_artifact
+from scoring.codecs import CODECS, get_codec
+from scoring.loading import load_model
+
+
+@torch.inference_mode()
+def generate(
+    model: torch.nn.Module, prompt_ids: list[int], n_tokens: int, *, context: int, temperature: float, top_k: int,
+    generator: torch.Generator, vocab_size: int,
+) -> list[int]:
+    """Autoregressive sampling; temperature 0 is greedy. Returns only the new tokens."""
+    ids = list(prompt_ids)
+    out: list[int] = []
+    for _ in range(n_tokens):
+        x = torch.tensor([ids[-context:]], dtype=torch.long)
+        logits = model(x)[0, -1, :vocab_size].double()
+        if temperature <= 0:
+            nxt = int(torch.argmax(logits))
+        else:
+            logits = logits / temperature
+            if 0 < top_k < logits.numel():
+                kth = torch.topk(logits, top_k).values[-1]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            nxt = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator))
+        ids.append(nxt)
+        out.append(nxt)
+    return out
+
+
+def _tokenizer(args: argparse.Namespace) -> Tokenizer:
+    if args.tokenizer:
+        return load_tokenizer(args.tokenizer)
+    if args.data:
+        return load_tokenizer(load_manifest(args.data).tokenizer_path)
+    from data.embedded import ensure_embedded_dataset
+
+    return load_tokenizer(load_manifest(ensure_embedded_dataset()).tokenizer_path)
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    if args.tokens <= 0 or args.context <= 0:
+        raise ValueError(f"--tokens and --context must be positive, got {args.tokens}, {args.context}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tok = _tokenizer(args)
+    artifact = read_artifact(args.artifact)
+    codec = get_codec(artifact.codec_name if artifact.codec_name in CODECS else "submission", args.submission)
+    model = load_model(artifact, decode_state(artifact, codec), Path(args.submission), torch.device("cpu"))
+    prompt = [tok.bos_id] + (tok.encode([args.prompt])[0] if args.prompt else [])
+    g = torch.Generator().manual_seed(args.seed)
+    t0 = time.perf_counter()
+    new = generate(model, prompt, args.tokens, context=args.context, temperature=args.temperature, top_k=args.top_k,
+                   generator=g, vocab_size=tok.vocab_size)
+    dt = time.perf_counter() - t0
+    print(tok.decode(prompt[1:] + new))  # decoded together, so the join keeps its spaces
+    print(f"\n[{len(new)} tokens in {dt:.2f} s: {len(new) / dt:.1f} tokens/s on {torch.get_num_threads()} CPU thread(s)]")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sample", help="generate text from a packed model (what was scored)")
+    p.add_argument("artifact")
+    p.add_argument("--submission", required=True, help="the submission folder the artifact was packed from")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--data", help="dataset folder whose tokenizer to use (default: the embedded corpus)")
+    src.add_argument("--tokenizer", help="a tokenizer file (.model or byte260.json)")
+    p.add_argument("--prompt", default="", help="text to continue")
+    p.add_argument("--tokens", type=int, default=64, help="new tokens to generate")
+    p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--context", type=int, default=1024, help="tokens of context fed to the model")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0)
+    p.set_defaults(func=cmd_sample)
