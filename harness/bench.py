@@ -258,7 +258,7 @@ def cmd_runner(args: argparse.Namespace) -> int:
     steady_h = [s for _, s in rows["harness"] if s]
     if steady_b and steady_h:
         print(f"steady-state ratio (medians, from the 2nd logged step): {statistics.median(steady_h) / statistics.median(steady_b):.4f}")
-    print(f"per-round ratios: {' '.join(f'{r:.4f}' for r in pairs)}")
+    print(f"per-round ratios: {' '.join(f'{r:.4f}' for r in pairs)}  (median {statistics.median(pairs):.4f})")
     if tokens_per_step:
         cost = per_step_cost_us(cfg.model, submission, tokens_per_step, int(cfg.train["train_seq_len"]))
         step_us = 1e6 * tokens_per_step / med["bare"]

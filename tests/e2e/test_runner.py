@@ -5,7 +5,8 @@ Fixture submissions (tests/fixtures/submissions/) on a tiny byte260 dataset:
   (and the 1-rank run uses an off-clock warm-up, which must not change the curve either);
 - two "nodes" on this machine, joined through torchrun's c10d rendezvous, reproduce it too;
 - a submission that ignores the stop reading and SIGTERM is killed at budget + grace, over_budget,
-  its detached grandchild included;
+  its detached grandchild included; one that trains past the stop reading but returns within the
+  grace period is over_budget too;
 - a submission that SIGKILLs one of its ranks is an error naming that rank, with nothing left behind.
 """
 
@@ -104,6 +105,12 @@ def test_ignoring_the_stop_is_killed_at_budget_plus_grace(tiny_dataset, tmp_path
     assert deadline <= rec["clock_to_exit_s"] <= deadline + 2 * POLL_S + 1.0, rec["clock_to_exit_s"]
     assert not (run_dir / "state.safetensors").exists()
     assert processes_with_token(rec["process_token"]) == []  # the SIGTERM-proof rank and its detached grandchild
+
+
+def test_training_past_the_stop_reading_is_over_budget_even_within_grace(tiny_dataset, tmp_path):
+    rec, _ = train_phase("tiny_lm", tiny_dataset, tmp_path, "budget.train_s=0.3", "train.steps=100000", "train.steps_after_stop=2")
+    assert rec["status"] == "over_budget" and "after the clock said stop" in rec["detail"], rec
+    assert rec["batches_after_stop"] == 2 * 2 and rec["ticks_after_stop"] == 2  # 2 micro-batches per step
 
 
 def test_a_rank_that_kills_itself_fails_the_run_and_leaves_nothing(tiny_dataset, tmp_path):
