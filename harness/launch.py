@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from harness.budget import CLOCK_MARKER, BudgetConfig
-from harness.sandbox import kill_token_processes, processes_with_token
+from harness.sandbox import TOKEN_ENV
 
 DEVICES = ("auto", "cpu", "cuda")
 KILL_WAIT_S = 3.0
@@ -141,6 +141,33 @@ def _read_marker(path: Path) -> dict[str, float] | None:
         return None
     finally:
         os.close(fd)
+
+
+def processes_with_token(token: str) -> list[int]:
+    """PIDs whose initial environment holds TOKEN_ENV=token (readable for our own uid, or as root)."""
+    needle = f"{TOKEN_ENV}={token}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def kill_token_processes(token: str) -> list[int]:
+    """SIGKILL every process carrying the token; returns their PIDs."""
+    pids = processes_with_token(token)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return pids
 
 
 def kill_session(proc: subprocess.Popen, first: signal.Signals = signal.SIGTERM) -> None:

@@ -42,7 +42,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -74,27 +73,43 @@ class MachineCaps:
     landlock_abi: int
     root: bool
     unshare: str | None
-    """Path of util-linux `unshare`, when present."""
+    """Path of util-linux `unshare`, when it can make a PID + mount namespace here (root, and not refused by a container)."""
+    net_namespace: bool = True
+    """`unshare --net` works too."""
 
     @property
     def namespaces(self) -> bool:
         return self.root and self.unshare is not None
 
 
-def _unshare_with_kill_child() -> str | None:
-    """util-linux `unshare`, if it has --kill-child (2.32, 2018): without it a killed phase could leave its namespace."""
+_NS_FLAGS = ["--mount", "--pid", "--fork", "--mount-proc", "--kill-child"]
+
+
+def _unshare_that_works(root: bool) -> tuple[str | None, bool]:
+    """(unshare's path, whether --net works) if namespaces can be made here, else (None, False).
+
+    Tried, not assumed: a container's root often lacks CAP_SYS_ADMIN, and --kill-child needs
+    util-linux >= 2.32 (without it a killed phase could leave its namespace behind).
+    """
     path = shutil.which("unshare")
-    if path is None:
-        return None
-    try:
-        r = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return path if "--kill-child" in r.stdout else None
+    if path is None or not root:
+        return None, False
+
+    def works(*extra: str) -> bool:
+        try:
+            return subprocess.run([path, *_NS_FLAGS, *extra, "true"], capture_output=True, timeout=20, check=False).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            return False
+
+    if not works():
+        return None, False
+    return path, works("--net")
 
 
 def probe_machine() -> MachineCaps:
-    return MachineCaps(landlock_abi=landlock_abi(), root=os.geteuid() == 0, unshare=_unshare_with_kill_child())
+    root = os.geteuid() == 0
+    unshare, net = _unshare_that_works(root)
+    return MachineCaps(landlock_abi=landlock_abi(), root=root, unshare=unshare, net_namespace=net)
 
 
 # ---- Planning (in the supervisor) ----
@@ -277,10 +292,12 @@ def plan_sandbox(
         warnings.append("several nodes: no PID/mount/network namespaces (leftovers are found by their "
                         f"{TOKEN_ENV} environment variable; the network is the host's)")
     elif caps.namespaces:
-        namespaces = ("mount", "pid") + (("net",) if network == "auto" else ())
+        namespaces = ("mount", "pid") + (("net",) if network == "auto" and caps.net_namespace else ())
+        if network == "auto" and not caps.net_namespace:
+            warnings.append("`unshare --net` is refused here: the network is the host's")
     else:
-        warnings.append("not root (or no `unshare`): no PID/mount/network namespaces; leftover processes are found by "
-                        f"their {TOKEN_ENV} environment variable instead, and the network is the host's")
+        warnings.append("no PID/mount/network namespaces here (not root, no `unshare` >= 2.32, or refused by a container): "
+                        f"leftover processes are found by their {TOKEN_ENV} environment variable, and the network is the host's")
     rules: list[Rule] = []  # planned even without Landlock: the access monitor reports against them
     hidden = sorted({*prot, *(os.path.realpath(p) for p in private)})
     tmp = os.path.realpath(tempfile.gettempdir())
@@ -304,8 +321,8 @@ def plan_sandbox(
             raise ValueError(f"sandbox write path {path} overlaps the protected {prot}; choose a run folder outside the dataset")
         rules.append(Rule(path=real, access="rw"))
     devices = [d for d in DEVICE_FILES if os.path.exists(d)]
-    if device == "cuda":
-        devices += sorted(str(p) for p in Path("/dev").glob("nvidia*"))
+    if device == "cuda":  # the GPUs, and InfiniBand for NCCL across nodes
+        devices += sorted(str(p) for p in [*Path("/dev").glob("nvidia*"), Path("/dev/infiniband")] if p.exists())
     rules += [Rule(path=d, access="dev") for d in devices]
     if os.path.isdir("/dev/shm"):
         rules.append(Rule(path="/dev/shm", access="rw"))
@@ -374,36 +391,6 @@ def probe(paths: Sequence[str]) -> dict[str, str]:
     return out
 
 
-# ---- Leftover processes ----
-
-
-def processes_with_token(token: str) -> list[int]:
-    """PIDs whose initial environment holds TOKEN_ENV=token (readable for our own uid, or as root)."""
-    needle = f"{TOKEN_ENV}={token}".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
-def kill_token_processes(token: str) -> list[int]:
-    """SIGKILL every process carrying the token; returns their PIDs."""
-    pids = processes_with_token(token)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    return pids
-
-
 def main(argv: list[str]) -> int:
     if len(argv) >= 3 and argv[0] == "enter" and "--" in argv:
         cut = argv.index("--")
@@ -413,7 +400,8 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[:1] == ["report"]:
         caps = probe_machine()
-        print(json.dumps({"landlock_abi": caps.landlock_abi, "root": caps.root, "unshare": caps.unshare}))
+        print(json.dumps({"landlock_abi": caps.landlock_abi, "root": caps.root, "unshare": caps.unshare,
+                          "net_namespace": caps.net_namespace}))
         return 0
     print(__doc__.strip().splitlines()[-3:], file=sys.stderr)
     return 2

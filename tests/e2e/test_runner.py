@@ -22,8 +22,7 @@ import pytest
 
 from harness.config import load_config
 from harness.landlock import landlock_abi
-from harness.launch import POLL_S
-from harness.sandbox import processes_with_token
+from harness.launch import POLL_S, processes_with_token
 from harness.train_phase import run_train_phase
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "submissions"

@@ -17,9 +17,16 @@ from pathlib import Path
 import pytest
 
 from harness.budget import CLOCK_MARKER, BudgetConfig
-from harness.launch import POLL_S, LaunchConfig, _read_marker, supervise, torchrun_command
+from harness.launch import (
+    POLL_S,
+    LaunchConfig,
+    _read_marker,
+    processes_with_token,
+    supervise,
+    torchrun_command,
+)
 from harness.monitor import AccessMonitor, parse_attempts
-from harness.sandbox import TOKEN_ENV, MachineCaps, carve, plan_sandbox, processes_with_token
+from harness.sandbox import TOKEN_ENV, MachineCaps, carve, plan_sandbox
 from harness.train_phase import rank_failures
 
 REPO = Path(__file__).resolve().parents[2]
@@ -188,6 +195,8 @@ def test_plan_degrades_with_warnings_where_layers_are_missing(tmp_path):
     d = plan.describe()
     assert not d["landlock"] and d["namespaces"] == [] and not d["capabilities_dropped"]
     assert any("Landlock is not available" in w for w in d["warnings"]) and any("not root" in w for w in d["warnings"])
+    no_net, _ = _plan(tmp_path, MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare", net_namespace=False))
+    assert no_net.namespaces == ("mount", "pid") and any("--net" in w for w in no_net.warnings)
     assert plan.rules  # still planned: the access monitor reports against them
     assert plan.wrap(["torchrun"], tmp_path / "p.json")[-2:] == ["--", "torchrun"]
     with pytest.raises(RuntimeError, match="Landlock"):
