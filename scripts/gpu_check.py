@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one config key")
     args = ap.parse_args(argv)
     t_start = time.time()
-    overrides = ["launch.nproc_per_node=1", f"launch.device={args.device!r}", *args.set]
+    # one GPU (gradient accumulation keeps the global batch); a launch that hangs is cut at 120 s, not 300
+    overrides = ["launch.nproc_per_node=1", f"launch.device={args.device!r}", "budget.startup_s=120.0", *args.set]
     cfg = load_config(BASELINE, args.shape, overrides)
     launch = cfg.section("launch")
     device = launch.resolved_device()
