@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -95,6 +96,8 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
             else:
                 out["val_loss_plain"] = r[0] / r[1]
     out.update({f"{k}_s": min(v) for k, v in times.items()})
+    if kind == "both":  # each repeat ran both back to back: the median of the paired ratios resists load swings
+        out["paired_ratio_median"] = statistics.median(p / s for p, s in zip(times["plain"], times["scorer"], strict=True))
     if kind == "scorer":
         t0 = time.perf_counter()
         run_probes(model, tokens, table.vocab_size, ProbeConfig(seq_len=L), dev)
@@ -131,7 +134,8 @@ def run_bench(
         "plain_s": p["plain_s"], "scorer_s": s["scorer_s"], "plain_tokens_per_s": n / p["plain_s"],
         "scorer_tokens_per_s": n / s["scorer_s"], "ratio": p["plain_s"] / s["scorer_s"],
         "same_process_plain_s": both["plain_s"], "same_process_scorer_s": both["scorer_s"],
-        "same_process_ratio": both["plain_s"] / both["scorer_s"], "probes_s": s["probes_s"],
+        "same_process_ratio": both["plain_s"] / both["scorer_s"], "same_process_paired_ratio_median": both["paired_ratio_median"],
+        "probes_s": s["probes_s"],
         "val_loss_scorer": s["val_loss_scorer"], "val_loss_plain": p["val_loss_plain"],
     }
 
@@ -153,7 +157,8 @@ def cmd_bench_score(args: argparse.Namespace) -> int:
     print(f"  scorer      {rec['scorer_tokens_per_s']:>12,.0f} tokens/s  ({rec['scorer_s']:.3f} s)  val_loss {rec['val_loss_scorer']:.6f}")
     print(f"  ratio scorer/plain = {rec['ratio']:.3f}   (probes, once per score: {rec['probes_s']:.3f} s)")
     print(f"  same process, allocator tuned for both: plain {rec['same_process_plain_s']:.3f} s, scorer "
-          f"{rec['same_process_scorer_s']:.3f} s, ratio {rec['same_process_ratio']:.3f}")
+          f"{rec['same_process_scorer_s']:.3f} s, ratio {rec['same_process_ratio']:.3f} "
+          f"(median of paired runs {rec['same_process_paired_ratio_median']:.3f})")
     return 0
 
 
@@ -165,7 +170,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch-seqs", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=32_768, help="validation tokens to score (0: all)")
-    p.add_argument("--repeats", type=int, default=3, help="timed passes per process (best counts)")
+    p.add_argument("--repeats", type=int, default=5, help="timed passes per process (best counts)")
     p.add_argument("--rounds", type=int, default=2, help="fresh plain and scorer processes, alternated (best counts)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
