@@ -63,11 +63,16 @@ class EvalSection:
     max_tokens: int = 0
     """0: the track's subset (None on GPU tracks: the full split)."""
     dtype: str = "float32"
+    stride: int = 0
+    """sliding/documents modes: targets per window after the first (0: the mode's default)."""
+    adapt_chunk_tokens: int = 32_768
+    """score-first adaptation (the submission's eval.py): targets scored before the hook sees them."""
 
     def to_eval_config(self, track_max_tokens: int | None) -> EvalConfig:
         return EvalConfig(
             mode=self.mode, seq_len=self.seq_len, batch_seqs=self.batch_seqs,
             max_tokens=self.max_tokens or track_max_tokens, dtype=self.dtype,
+            stride=self.stride or None, adapt_chunk_tokens=self.adapt_chunk_tokens,
         )
 
 

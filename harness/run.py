@@ -65,6 +65,13 @@ def _tail(path: Path, lines: int = 15) -> str:
         return ""
 
 
+def keep_packed_code(submission_dir: Path, code_files: dict[str, str], dest: Path) -> None:
+    """Copy the counted files into RUN_DIR/code, so `pgolf verify RUN_DIR` has the code that was packed."""
+    for rel in code_files:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(submission_dir / rel, dest / rel)
+
+
 def stage_model_code(submission_dir: Path, dest: Path) -> Path:
     """Copy the submission folder without its training code: what the scorer may see."""
     shutil.copytree(submission_dir, dest, ignore=shutil.ignore_patterns(*STAGED_EXCLUDE, "__pycache__", "runs"))
@@ -150,6 +157,7 @@ def run_pipeline(
             phases["pack"] = {"status": "error", "detail": _tail(run_dir / "pack.log")}
             return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="error")
         phases["pack"] = read_json(run_dir / "pack.json")
+        keep_packed_code(submission_dir, phases["pack"]["code_files"], run_dir / "code")
         if proc.returncode != 0 or not phases["pack"]["within_cap"]:
             return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="over_cap")
 
@@ -160,11 +168,17 @@ def run_pipeline(
         cmd = [sys.executable, "-m", "scoring", "score", str(artifact), "--submission", str(staged), "--data", str(val_view),
                "--mode", ev.mode, "--seq-len", str(ev.seq_len), "--batch-seqs", str(ev.batch_seqs),
                "--max-tokens", str(ev.max_tokens or 0), "--dtype", ev.dtype, "--device", device,
-               "--threads", str(os.cpu_count() or 1), "--json-out", str(run_dir / "score.json")]
+               "--threads", str(os.cpu_count() or 1), "--adapt-chunk-tokens", str(ev.adapt_chunk_tokens),
+               "--json-out", str(run_dir / "score.json")]
+        if ev.stride:
+            cmd += ["--stride", str(ev.stride)]
         proc = _run_phase("score", cmd, run_dir / "score.log")
         if proc.returncode != 0 or not (run_dir / "score.json").is_file():
-            phases["score"] = {"status": "error", "detail": _tail(run_dir / "score.log")}
-            return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="error")
+            log = _tail(run_dir / "score.log")
+            # a failed legality probe or score-first check is a verdict on the entry, not a crash
+            illegal = any(k in log for k in ("probe failed", "score-first"))
+            phases["score"] = {"status": "illegal" if illegal else "error", "detail": log}
+            return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=phases["score"]["status"])
         phases["score"] = read_json(run_dir / "score.json")
         over_eval = phases["score"]["eval_time_s"] > track.eval_budget_s
         status = "over_eval_budget" if over_eval and math.isfinite(track.eval_budget_s) else "ok"
