@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.api import TrainContext
+
 from model import CastedLinear, build_model
 
 CONTROL_PATTERNS = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weight")
