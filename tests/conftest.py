@@ -17,6 +17,16 @@ SAMPLE_JSONL = SHARED_DATA / "fineweb" / "sample.jsonl"
 BASELINE = REPO / "baselines" / "naive_baseline"
 
 
+def is_own_install(path: str) -> bool:
+    """The project's own checkout or its Python environment: readable by design, wherever they live
+    (a CI clone may sit inside the temp folder)."""
+    import os
+    import sys
+
+    own = [os.path.realpath(REPO), os.path.realpath(sys.prefix)]
+    return any(path == o or path.startswith(o + "/") for o in own)
+
+
 def require_shared(*paths: Path) -> None:
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
