@@ -19,6 +19,7 @@ token in its environment. A rank that dies takes the phase to `error` (torchrun 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import stat
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from harness.budget import CLOCK_MARKER, BudgetConfig
 from harness.sandbox import TOKEN_ENV
@@ -222,13 +224,19 @@ def supervise(
             start = min(max(m["start"], t_launch), now)
         off = max(off, min(m["off"], budget.warmup_max_s))
 
-    with open(log_path, "ab") as log:
+    timed = math.isfinite(budget.train_s)
+    bar = tqdm(total=round(budget.train_s) if timed else None, desc="train", unit="s", disable=None, leave=False,
+               bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s of the budget" if timed else None)
+    with open(log_path, "ab") as log, bar:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=env, cwd=out_dir)
         status, detail = "ok", ""
         while proc.poll() is None:
             now = time.time()
             observe(now)
+            if start is not None:  # progress on the harness's clock (the supervisor's view of it)
+                bar.n = min(max(now - start - off, 0.0), budget.train_s) if timed else now - start - off
+                bar.refresh()
             deadline = t_launch + budget.startup_s if start is None else start + off + budget.train_s + budget.grace_s
             if now > deadline:
                 status = "over_budget"
