@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from data.loader import DistributedTokenLoader
+from data.loader import DistributedTokenLoader, train_shard_paths
 from data.manifest import load_manifest
 from harness.api import DistInfo, TrainContext, TrainingComplete, TrainResult
 from harness.budget import DataGate, HarnessClock
@@ -166,9 +166,7 @@ def main(spec_path: str) -> int:
     if spec.get("monitor_rules") is not None:
         sys.addaudithook(monitor_from_rules(spec["monitor_rules"], info.rank, spec["submission_dir"]))
     manifest = load_manifest(spec["data_dir"])
-    paths = manifest.shard_paths("train")
-    if spec["train_shards"]:
-        paths = paths[: spec["train_shards"]]
+    paths = train_shard_paths(spec["data_dir"], spec["train_shards"] or None)
     loader = DistributedTokenLoader(paths, info.rank, info.world_size, info.device, pin_memory=True)
     clock = HarnessClock(spec["budget_s"], info, out_dir if info.local_rank == 0 else None, spec["warmup_max_s"])
     gate = DataGate(loader, clock)
@@ -224,8 +222,7 @@ def main(spec_path: str) -> int:
             "ticks_after_stop": int(ticks_after),
             "batches_after_stop": int(after_stop),
             "tokens_seen": loader.tokens_consumed,
-            "train_shards_used": loader.num_shards,
-            "world_size": info.world_size,
+            **loader.describe(),
             "backend": info.backend,
             "device": str(info.device.type),
             "threads_per_rank": torch.get_num_threads(),
