@@ -15,7 +15,6 @@ and the result records the status (error, over_budget, over_cap) instead of a sc
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 import os
 import shutil
@@ -35,9 +34,8 @@ from harness.report import build_result, print_card, write_result
 from harness.submission import check_submission
 from harness.train_phase import run_sealed_pack, run_train_phase
 from harness.worker import STATE_FILE
+from scoring.loading import stage_model_code
 from scoring.tracks import get_track
-
-STAGED_EXCLUDE = ("train.py",)
 
 
 def default_run_dir(submission_dir: Path, preset: str | None) -> Path:
@@ -70,12 +68,6 @@ def keep_packed_code(submission_dir: Path, code_files: dict[str, str], dest: Pat
     for rel in code_files:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(submission_dir / rel, dest / rel)
-
-
-def stage_model_code(submission_dir: Path, dest: Path) -> Path:
-    """Copy the submission folder without its training code: what the scorer may see."""
-    shutil.copytree(submission_dir, dest, ignore=shutil.ignore_patterns(*STAGED_EXCLUDE, "__pycache__", "runs"))
-    return dest
 
 
 def run_pipeline(
@@ -192,8 +184,3 @@ def _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, *, 
     if status != "ok" and hint:
         print(f"--- last lines of {run_dir / 'train.log'} ---\n{hint}", file=sys.stderr)
     return result
-
-
-def load_result(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    return json.loads((p / "result.json" if p.is_dir() else p).read_text())

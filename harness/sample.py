@@ -19,8 +19,7 @@ import torch
 
 from data.manifest import load_manifest
 from data.tokenizer import Tokenizer, load_tokenizer
-from scoring.artifact import decode_state, read_artifact
-from scoring.codecs import CODECS, get_codec
+from scoring.artifact import artifact_codec, decode_state, read_artifact
 from scoring.loading import load_model
 
 
@@ -65,8 +64,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     tok = _tokenizer(args)
     artifact = read_artifact(args.artifact)
-    codec = get_codec(artifact.codec_name if artifact.codec_name in CODECS else "submission", args.submission)
-    model = load_model(artifact, decode_state(artifact, codec), Path(args.submission), torch.device("cpu"))
+    model = load_model(artifact, decode_state(artifact, artifact_codec(artifact, args.submission)), Path(args.submission), torch.device("cpu"))
     prompt = [tok.bos_id] + (tok.encode([args.prompt])[0] if args.prompt else [])
     g = torch.Generator().manual_seed(args.seed)
     t0 = time.perf_counter()

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from data.io import sha256_bytes, write_bytes_atomic
-from scoring.codecs import Codec, StateDict
+from scoring.codecs import CODECS, Codec, StateDict, get_codec
 
 ARTIFACT_MAGIC = b"PGOLFART"
 ARTIFACT_FORMAT = "pg-artifact"
@@ -111,6 +111,11 @@ def read_artifact(path: str | os.PathLike[str]) -> Artifact:
     if len(payload) != header.get("payload_bytes") or sha256_bytes(payload) != header.get("payload_sha256"):
         raise ArtifactError(f"{path}: payload does not match its recorded size/sha256 (corrupt or truncated)")
     return Artifact(header, payload)
+
+
+def artifact_codec(artifact: Artifact, submission_dir: str | os.PathLike[str] | None) -> Codec:
+    """The codec an artifact names: built-in by name, else the submission's own codec.py."""
+    return get_codec(artifact.codec_name if artifact.codec_name in CODECS else "submission", submission_dir)
 
 
 def decode_state(artifact: Artifact, codec: Codec) -> StateDict:

@@ -21,9 +21,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from data.io import sha256_file
-from scoring.artifact import build_header, decode_state, read_artifact, write_artifact
+from scoring.artifact import artifact_codec, build_header, decode_state, read_artifact, write_artifact
 from scoring.cap import CapCheck, code_bytes, counted_files
-from scoring.codecs import CODECS, StateDict, get_codec
+from scoring.codecs import StateDict, get_codec
 
 PACK_FORMAT = "pg-pack"
 PACK_FORMAT_VERSION = 1
@@ -87,8 +87,7 @@ def unpack_artifact(
 ) -> StateDict:
     """Decode an artifact and write the dequantized tensors as safetensors (a standard format)."""
     artifact = read_artifact(artifact_path)
-    codec = get_codec(artifact.codec_name if artifact.codec_name in CODECS else "submission", submission_dir)
-    state = decode_state(artifact, codec)
+    state = decode_state(artifact, artifact_codec(artifact, submission_dir))
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(out).with_name(f".{Path(out).name}.tmp")
     save_file({k: v.contiguous() for k, v in state.items()}, str(tmp),

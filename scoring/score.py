@@ -27,10 +27,9 @@ from data.manifest import MANIFEST_NAME, load_manifest
 from data.shards import read_split
 from data.tokenizer import Tokenizer, load_tokenizer
 from scoring.adapt import ScoreFirstAdapter, load_hook
-from scoring.artifact import decode_state, read_artifact
+from scoring.artifact import artifact_codec, decode_state, read_artifact
 from scoring.audit import KNOWN_TOKENIZER_SHA256, audit_token_stream
 from scoring.bpb import METRIC_VERSION, metric_table
-from scoring.codecs import CODECS, get_codec
 from scoring.evaluate import EvalConfig, eval_tokens, evaluate, tune_cpu_allocator
 from scoring.loading import load_model
 from scoring.probes import ProbeConfig, ProbeFailure, run_probes
@@ -57,8 +56,7 @@ def score_artifact(
     table = tokenizer.byte_table()
     tokens = read_split(data_dir, "val")
     artifact = read_artifact(artifact_path)
-    codec_name = artifact.codec_name if artifact.codec_name in CODECS else "submission"
-    state = decode_state(artifact, get_codec(codec_name, submission_dir))
+    state = decode_state(artifact, artifact_codec(artifact, submission_dir))
     model = load_model(artifact, state, submission_dir, dev)
     tokenizer_sha256 = sha256_file(manifest.tokenizer_path)
     audit = tokenizer_audit(tokenizer, tokenizer_sha256, eval_tokens(tokens, cfg))

@@ -29,7 +29,6 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,13 +41,13 @@ from data.io import read_json, sha256_file, write_json_atomic
 from data.manifest import MANIFEST_NAME, load_manifest, make_split_view
 from scoring.artifact import ArtifactError, read_artifact
 from scoring.cap import counted_files
+from scoring.loading import stage_model_code
 
 VERIFY_FORMAT = "pg-verification"
 VERIFY_FORMAT_VERSION = 1
 VERIFICATION_STATES = ("unverified", "verified", "failed")
 VERIFICATION_FIELDS = ("verification", "verification_record")
 ARTIFACT_FILE = "artifact.pgolf"
-STAGED_EXCLUDE = ("train.py",)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -182,7 +181,7 @@ def rescore(result: dict[str, Any], run_dir: Path, code_dir: Path, data_dir: Pat
     with tempfile.TemporaryDirectory(prefix="pgolf-verify-") as tmp:
         t = Path(tmp)
         staged = t / "model_code"
-        shutil.copytree(code_dir, staged, ignore=shutil.ignore_patterns(*STAGED_EXCLUDE, "__pycache__", "runs"))
+        stage_model_code(code_dir, staged)
         view = make_split_view(data_dir, t / "val", "val")
         out = t / "score.json"
         env = dict(os.environ)
