@@ -34,6 +34,7 @@ from harness.report import build_result, print_card, write_result
 from harness.submission import check_submission
 from harness.train_phase import run_sealed_pack, run_train_phase
 from harness.worker import STATE_FILE
+from scoring.codecheck import lint_scored_code
 from scoring.loading import stage_model_code
 from scoring.tracks import get_track
 
@@ -109,6 +110,13 @@ def run_pipeline(
     manifest = load_manifest(data_root)
     phases["data"] = {"dir": str(data_root), "time_s": time.perf_counter() - t0}
     print(f"[data] {data_root} ({manifest.split_tokens('train'):,} train / {manifest.split_tokens('val'):,} val tokens)", flush=True)
+    # the scorer would refuse this code after training: say so before spending the training budget
+    problems = lint_scored_code(submission_dir)
+    if problems:
+        phases["code_check"] = {"status": "illegal", "problems": problems}
+        detail = "code check failed: the scorer refuses this submission's scored code:\n  " + "\n  ".join(problems[:12])
+        print(detail, file=sys.stderr)
+        return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="illegal")
 
     with tempfile.TemporaryDirectory(prefix="pgolf-views-") as views_tmp:
         views = Path(views_tmp)
@@ -168,7 +176,7 @@ def run_pipeline(
         if proc.returncode != 0 or not (run_dir / "score.json").is_file():
             log = _tail(run_dir / "score.log")
             # a failed legality probe or score-first check is a verdict on the entry, not a crash
-            illegal = any(k in log for k in ("probe failed", "score-first"))
+            illegal = any(k in log for k in ("probe failed", "score-first", "code check failed"))
             phases["score"] = {"status": "illegal" if illegal else "error", "detail": log}
             return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=phases["score"]["status"])
         phases["score"] = read_json(run_dir / "score.json")

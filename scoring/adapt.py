@@ -15,18 +15,14 @@ The scorer (scoring/evaluate.py) feeds the validation windows in order, in chunk
    positions scored so far and not yet handed over (never a view into the validation array, so
    there is nothing beyond it to read). Its time counts on the eval clock.
 
-Static check (`lint_hook_sources`): the hook runs in the scorer's process, where the validation
-tokens are. Python has no in-process sandbox, so before the hook is imported, eval.py, model.py
-and every module of the folder they import are read with `ast` and refused if they import
-anything but an allow-list (torch, numpy, math, typing, ...; their own folder) or use a name or
-attribute that reaches outside the objects handed to them (frames, gc, files, builtins tricks,
-dunder attributes). This raises the bar and gives a clear verdict; it is not a proof against a
-determined attacker (DESIGN.md: officials still review hooks, which are counted code).
+The hook runs in the scorer's process, where the validation tokens are: before it is imported,
+eval.py, model.py and what they import pass the static check of scoring/codecheck.py (only the
+objects handed over, no frames, files or monkeypatching), and the scorer's tools are checked
+after every adaptation step (codecheck.ToolGuard).
 """
 
 from __future__ import annotations
 
-import ast
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,88 +34,16 @@ import torch
 from torch import nn
 
 from data.io import sha256_file
-from scoring.loading import MODEL_FILE, import_file
+from scoring.codecheck import EVAL_HOOK_FILE, require_clean_code
+from scoring.loading import import_file
 
-EVAL_HOOK_FILE = "eval.py"
 HOOK_NAME = "adapt"
-ALLOWED_IMPORTS = frozenset(
-    {"torch", "numpy", "math", "typing", "dataclasses", "collections", "functools", "itertools", "__future__", "einops"}
-)
-BANNED_NAMES = frozenset(
-    {
-        "gc", "inspect", "sys", "os", "io", "open", "eval", "exec", "compile", "__import__", "globals", "locals",
-        "vars", "getattr", "setattr", "delattr", "breakpoint", "input", "memoryview", "importlib", "builtins",
-        "__builtins__", "ctypes", "mmap", "pathlib", "subprocess", "pickle", "marshal", "shutil", "socket",
-    }
-)
-ALLOWED_DUNDERS = frozenset({"__init__", "__call__", "__name__"})
-BANNED_ATTR_PREFIXES = ("f_", "tb_", "gi_", "cr_", "ag_", "co_", "_getframe")
-BANNED_ATTRS = frozenset({"untyped_storage", "storage", "data_ptr", "set_", "from_file", "load", "frombuffer"})
 
 AdaptFn = Callable[[nn.Module, torch.Tensor], None]
 
 
 class AdaptationViolation(ValueError):
-    """The score-first protocol was broken (weights moved while scoring, or a hook failed the lint)."""
-
-
-# ---- Static check ----
-
-
-def _local_module(folder: Path, name: str) -> Path | None:
-    top = name.split(".")[0]
-    for p in (folder / f"{top}.py", folder / top / "__init__.py"):
-        if p.is_file():
-            return p
-    return None
-
-
-def lint_source(path: Path) -> tuple[list[str], list[Path]]:
-    """(problems as 'file:line: message', local modules imported) of one file."""
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    except SyntaxError as e:
-        return [f"{path.name}:{e.lineno}: does not parse ({e.msg})"], []
-    problems: list[str] = []
-    local: list[Path] = []
-    for node in ast.walk(tree):
-        where = f"{path.name}:{getattr(node, 'lineno', '?')}"
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            if isinstance(node, ast.ImportFrom) and node.level:
-                problems.append(f"{where}: relative imports are not allowed in adaptation code")
-                continue
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-            for name in names:
-                mod = _local_module(path.parent, name)
-                if mod is not None:
-                    local.append(mod)
-                elif name.split(".")[0] not in ALLOWED_IMPORTS:
-                    problems.append(f"{where}: imports {name!r}; adaptation code may import only {sorted(ALLOWED_IMPORTS)} and its own folder")
-        elif isinstance(node, ast.Name) and node.id in BANNED_NAMES:
-            problems.append(f"{where}: uses {node.id!r}, which reaches outside the tensors it is given")
-        elif isinstance(node, ast.Attribute):
-            a = node.attr
-            if (a.startswith("__") and a not in ALLOWED_DUNDERS) or a.startswith(BANNED_ATTR_PREFIXES) or a in BANNED_ATTRS:
-                problems.append(f"{where}: uses attribute {a!r}, which reaches outside the tensors it is given")
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("__") and node.value.endswith("__"):
-            problems.append(f"{where}: names {node.value!r}; dunder names are not allowed in adaptation code")
-    return problems, local
-
-
-def lint_hook_sources(submission_dir: Path) -> list[str]:
-    """Lint eval.py, model.py and every local module they import (transitively)."""
-    todo = [p for p in (submission_dir / EVAL_HOOK_FILE, submission_dir / MODEL_FILE) if p.is_file()]
-    seen: set[Path] = set()
-    problems: list[str] = []
-    while todo:
-        p = todo.pop().resolve()
-        if p in seen:
-            continue
-        seen.add(p)
-        found, local = lint_source(p)
-        problems += found
-        todo += local
-    return problems
+    """The score-first protocol was broken: weights moved while a chunk was being scored."""
 
 
 # ---- The adapter ----
@@ -128,20 +52,14 @@ def lint_hook_sources(submission_dir: Path) -> list[str]:
 def load_hook(submission_dir: str | Path) -> tuple[AdaptFn, str] | None:
     """The folder's `eval.py` adapt function and the file's sha256, or None when there is no eval.py.
 
-    Raises AdaptationViolation when the sources fail the static check, ValueError when eval.py
-    defines no callable `adapt`.
+    Raises CodeCheckFailure when the folder's scored code fails the static check
+    (scoring/codecheck.py), ValueError when eval.py defines no callable `adapt`.
     """
     folder = Path(submission_dir)
     path = folder / EVAL_HOOK_FILE
     if not path.is_file():
         return None
-    problems = lint_hook_sources(folder)
-    if problems:
-        shown = "\n  ".join(problems[:10])
-        raise AdaptationViolation(
-            f"{path}: the adaptation hook failed the score-first static check ({len(problems)} problem(s)):\n  {shown}\n"
-            "HINT: a hook may use only the model and the tokens it is given (see scoring/adapt.py)"
-        )
+    require_clean_code(folder)
     module = import_file(path, "pgolf_submission_eval")
     fn = getattr(module, HOOK_NAME, None)
     if not callable(fn):

@@ -7,7 +7,8 @@ Both run the same model (built from the submission's model.py, random weights: s
 depend on them; by default the CPU track baseline's shape, 4 x 192, seq_len 256, batch 32) over the same standard-mode windows of the same validation tokens, with the same
 batch and thread count. The plain loop is what anyone would write: `torch.no_grad()`, logits =
 model(x), `F.cross_entropy(logits.float(), y, reduction="sum")`, in a plain Python process. The
-scorer is scoring/evaluate.py (float64 log-softmax, shape and finiteness checks, exact byte counts)
+scorer is scoring/evaluate.py (float64 log-softmax, shape and finiteness checks, exact byte counts,
+the tool guard after every forward pass)
 in a process set up as the scorer sets itself up (`tune_cpu_allocator`). Each measuring process
 warms up once and times `--repeats` passes (its best counts). `--rounds` pairs of fresh processes run
 one after the other, order alternating (the machine's load moves): each pair gives a ratio (scorer /
@@ -36,6 +37,7 @@ from torch import nn
 from data.manifest import load_manifest
 from data.shards import read_split
 from data.tokenizer import load_tokenizer
+from scoring.codecheck import ToolGuard
 from scoring.evaluate import EvalConfig, evaluate, standard_targets, tune_cpu_allocator
 from scoring.loading import build_model
 from scoring.probes import ProbeConfig, run_probes
@@ -82,10 +84,11 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     kind = spec["kind"]
     if kind in ("scorer", "both"):
         tune_cpu_allocator()
+    guard = ToolGuard()  # as the scorer takes it: before the model code is imported
     model, tokens, table, dev = _setup(spec)
     L, B, max_tokens = spec["seq_len"], spec["batch_seqs"], spec["max_tokens"]
     cfg = EvalConfig(seq_len=L, batch_seqs=B, max_tokens=max_tokens)
-    runs = {"scorer": lambda: evaluate(model, tokens, table, cfg, dev), "plain": lambda: plain_loop(model, tokens, L, B, max_tokens, dev)}
+    runs = {"scorer": lambda: evaluate(model, tokens, table, cfg, dev, guard=guard), "plain": lambda: plain_loop(model, tokens, L, B, max_tokens, dev)}
     kinds = ["scorer", "plain"] if kind == "both" else [kind]
     out: dict[str, Any] = {"threads": torch.get_num_threads(), "params": sum(p.numel() for p in model.parameters())}
     for k in kinds:

@@ -61,6 +61,8 @@ PAD_TOKEN = 0
 
 ScoredCallback = Callable[[np.ndarray, torch.Tensor, np.ndarray], None]
 """on_scored(target_positions, nats, bytes): one call per batch, for tests and audits."""
+Guard = Callable[[str], None]
+"""guard(when): raises when submission code changed the scorer's tools (scoring/codecheck.py's ToolGuard)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -227,10 +229,12 @@ def output_kind(model: nn.Module) -> str:
     return kind
 
 
-def model_logits(model: nn.Module, x_BL: torch.Tensor, vocab_size: int, dtype: str) -> torch.Tensor:
-    """The model's output for x_BL, checked to be a [B, L, V >= vocab_size] tensor."""
+def model_logits(model: nn.Module, x_BL: torch.Tensor, vocab_size: int, dtype: str, guard: Guard | None = None) -> torch.Tensor:
+    """The model's output for x_BL, checked to be a [B, L, V >= vocab_size] tensor (and the tools by `guard`)."""
     with torch.autocast(device_type=x_BL.device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
         logits_BLV = model(x_BL)
+    if guard is not None:
+        guard("during a forward pass")
     if not isinstance(logits_BLV, torch.Tensor):
         raise ValueError(f"model forward returned {type(logits_BLV).__name__}; it must return logits [batch, seq, vocab]")
     B, L = x_BL.shape
@@ -361,7 +365,7 @@ def _batches(plan: WindowPlan, idx: np.ndarray, cfg: EvalConfig) -> list[np.ndar
 
 def _score_batch(
     model: nn.Module, toks: np.ndarray, plan: WindowPlan, w: np.ndarray, table: ByteTable, cfg: EvalConfig,
-    device: torch.device, output: str, sums: BpbSums, on_scored: ScoredCallback | None, ws: LossWorkspace,
+    device: torch.device, output: str, sums: BpbSums, on_scored: ScoredCallback | None, ws: LossWorkspace, guard: Guard | None,
 ) -> None:
     starts, lengths, score_from = plan.starts[w], plan.lengths[w], plan.score_from[w]
     n = int(lengths.max())
@@ -371,7 +375,7 @@ def _score_batch(
     x_BL = np.where(valid_BL, toks[np.where(valid_BL, pos_BL, 0)], PAD_TOKEN).astype(np.int64)
     y_BL = np.where(valid_BL, toks[np.where(valid_BL, pos_BL + 1, 0)], PAD_TOKEN).astype(np.int64)
     scored_BL = valid_BL & (offs[None, :] >= score_from[:, None])
-    logits_BLV = model_logits(model, torch.from_numpy(x_BL).to(device), table.vocab_size, cfg.dtype)
+    logits_BLV = model_logits(model, torch.from_numpy(x_BL).to(device), table.vocab_size, cfg.dtype, guard)
     V = logits_BLV.shape[-1]
     if scored_BL.all():
         out_NV, y_N, x_N = logits_BLV.reshape(-1, V), y_BL.reshape(-1), x_BL.reshape(-1)
@@ -400,12 +404,14 @@ def _chunks(plan: WindowPlan, chunk_tokens: int | None) -> list[np.ndarray]:
 def evaluate(
     model: nn.Module, tokens: np.ndarray, table: ByteTable, cfg: EvalConfig, device: torch.device,
     *, bos_id: int = BOS_ID, adapter: ChunkAdapter | None = None, on_scored: ScoredCallback | None = None,
+    guard: Guard | None = None,
 ) -> EvalResult:
     """Score `model` on validation `tokens` in `cfg.mode`, optionally adapting score-first.
 
     With `adapter`, windows are scored chunk by chunk in target order, and after a chunk is scored
     completely the adapter receives a fresh copy of exactly the target tokens scored in it. The
     forward passes run under no_grad then (tensors made in inference mode cannot be used to adapt).
+    With `guard`, the scorer's tools are checked after every forward pass and every adaptation step.
     """
     t0 = time.perf_counter()
     toks = np.ascontiguousarray(eval_tokens(tokens, cfg))
@@ -424,7 +430,7 @@ def evaluate(
                 adapter.before_chunk(model, c)
             with grad_off():
                 for w in _batches(plan, idx, cfg):
-                    _score_batch(model, toks, plan, w, table, cfg, device, output, sums, on_scored, ws)
+                    _score_batch(model, toks, plan, w, table, cfg, device, output, sums, on_scored, ws, guard)
                     bar.update(int(w.size))
             first = int(plan.starts[idx[0]] + plan.score_from[idx[0]] + 1)
             last = int(plan.starts[idx[-1]] + plan.lengths[idx[-1]])
@@ -433,6 +439,8 @@ def evaluate(
                 # Positions scored_upto+1 .. last: this chunk's targets, plus (documents mode) the BOS
                 # tokens between documents, which are boundaries and never targets.
                 adapter.after_chunk(model, c, toks[scored_upto + 1 : last + 1].copy(), scored_upto + 1)
+                if guard is not None:
+                    guard(f"during adaptation on chunk {c}")
             scored_upto = last
     if device.type == "cuda":
         torch.cuda.synchronize()

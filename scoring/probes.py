@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scoring.evaluate import model_logits, output_kind
+from scoring.evaluate import Guard, model_logits, output_kind
 
 PROBE_VERSION = 1
 
@@ -73,19 +73,20 @@ def _positions(L: int, k: int, g: torch.Generator) -> list[int]:
 
 
 def causality_probe(
-    model: nn.Module, window: torch.Tensor, vocab_size: int, cfg: ProbeConfig, g: torch.Generator, name: str
+    model: nn.Module, window: torch.Tensor, vocab_size: int, cfg: ProbeConfig, g: torch.Generator, name: str,
+    guard: Guard | None = None,
 ) -> dict[str, Any]:
     """Check one window (1-D, L tokens, on the model's device). Raises ProbeFailure."""
     L = int(window.numel())
     positions = _positions(L, cfg.positions, g)
-    base = model_logits(model, window[None], vocab_size, cfg.dtype).float()[0]  # (L, V)
+    base = model_logits(model, window[None], vocab_size, cfg.dtype, guard).float()[0]  # (L, V)
     variants = [window.clone()]
     for t in positions:
         v = window.clone()
         shift = torch.randint(1, vocab_size, (L - t - 1,), generator=g).to(window.device)
         v[t + 1 :] = (window[t + 1 :] + shift) % vocab_size  # every later token differs
         variants.append(v)
-    out = model_logits(model, torch.stack(variants), vocab_size, cfg.dtype).float()  # (K+1, L, V)
+    out = model_logits(model, torch.stack(variants), vocab_size, cfg.dtype, guard).float()  # (K+1, L, V)
     atol = cfg.resolved_atol
     worst = 0.0
     row0 = (out[0] - base).abs().amax(-1)  # (L,)
@@ -111,10 +112,12 @@ def causality_probe(
     return {"window": name, "positions": positions, "max_abs_diff": worst}
 
 
-def normalization_probe(model: nn.Module, window: torch.Tensor, vocab_size: int, cfg: ProbeConfig, positions: list[int]) -> dict[str, Any]:
+def normalization_probe(
+    model: nn.Module, window: torch.Tensor, vocab_size: int, cfg: ProbeConfig, positions: list[int], guard: Guard | None = None
+) -> dict[str, Any]:
     """logsumexp of the distribution the scorer uses must be 0 at each sampled position."""
     kind = output_kind(model)
-    out = model_logits(model, window[None], vocab_size, cfg.dtype)[0].double()  # (L, V)
+    out = model_logits(model, window[None], vocab_size, cfg.dtype, guard)[0].double()  # (L, V)
     logp = F.log_softmax(out, dim=-1) if kind == "logits" else out
     lse = torch.logsumexp(logp[positions], dim=-1)  # (P,)
     err = lse.abs()
@@ -130,7 +133,9 @@ def normalization_probe(model: nn.Module, window: torch.Tensor, vocab_size: int,
 
 
 @torch.inference_mode()
-def run_probes(model: nn.Module, tokens: np.ndarray, vocab_size: int, cfg: ProbeConfig, device: torch.device) -> dict[str, Any]:
+def run_probes(
+    model: nn.Module, tokens: np.ndarray, vocab_size: int, cfg: ProbeConfig, device: torch.device, guard: Guard | None = None
+) -> dict[str, Any]:
     """Causality on two validation windows, normalization on the first; returns the probe record."""
     if tokens.size < cfg.seq_len:
         raise ValueError(f"probes need a window of {cfg.seq_len} tokens; the validation split has {tokens.size}")
@@ -144,9 +149,9 @@ def run_probes(model: nn.Module, tokens: np.ndarray, vocab_size: int, cfg: Probe
         causal = []
         for name, s in windows.items():
             w = torch.from_numpy(np.asarray(tokens[s : s + L]).astype(np.int64)).to(device)
-            causal.append(causality_probe(model, w, vocab_size, cfg, g, name))
+            causal.append(causality_probe(model, w, vocab_size, cfg, g, name, guard))
         first = torch.from_numpy(np.asarray(tokens[:L]).astype(np.int64)).to(device)
-        norm = normalization_probe(model, first, vocab_size, cfg, causal[0]["positions"])
+        norm = normalization_probe(model, first, vocab_size, cfg, causal[0]["positions"], guard)
     finally:
         model.train(was_training)
     return {

@@ -1,14 +1,17 @@
 """Score an artifact: the fresh-process scorer behind `pgolf score` and the run's score phase.
 
 It is given only the artifact, the submission's model code and a validation dataset folder.
-It reads the artifact, decodes it with its codec, checks the code against the artifact's recorded
-hashes, builds and loads the model (strict), runs the legality probes (scoring/probes.py; a
+Before any submission code is imported, it records its own tools for the guard and statically
+checks the scored code (scoring/codecheck.py); it checks the code against the artifact's recorded
+hashes, decodes the artifact with its codec, builds and loads the model (strict), and only then
+reads the validation tokens; it runs the legality probes (scoring/probes.py; a
 failure fails the score), audits the tokenizer's byte table on the scored documents when the
 dataset's tokenizer is not a known official one (scoring/audit.py), and evaluates it
 (scoring/evaluate.py), score-first with the folder's eval.py hook when there is one
 (scoring/adapt.py; the probes run again after the last adaptation). The record (format
 "pg-score", version 1) has val_loss, val_bpb, val_tokens, val_bytes, the mode, stride, dtype,
-device and thread count, the probe, audit and adaptation records, and the hashes of what was scored.
+device and thread count, the probe, audit, adaptation and code-check records, and the hashes of
+what was scored.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ from scoring.adapt import ScoreFirstAdapter, load_hook
 from scoring.artifact import artifact_codec, decode_state, read_artifact
 from scoring.audit import KNOWN_TOKENIZER_SHA256, audit_token_stream
 from scoring.bpb import METRIC_VERSION, metric_table
+from scoring.codecheck import ToolGuard, require_clean_code, scored_files
 from scoring.evaluate import EvalConfig, eval_tokens, evaluate, tune_cpu_allocator
-from scoring.loading import load_model
+from scoring.loading import check_code_hashes, load_model
 from scoring.probes import ProbeConfig, ProbeFailure, run_probes
 
 SCORE_FORMAT = "pg-score"
@@ -51,22 +55,27 @@ def score_artifact(
         torch.set_num_threads(threads)
     dev = torch.device(device)
     allocator = tune_cpu_allocator() if dev.type == "cpu" else "torch caching allocator"
+    guard = ToolGuard()  # before any submission code is imported
+    require_clean_code(submission_dir)
+    artifact = read_artifact(artifact_path)
+    check_code_hashes(artifact, Path(submission_dir))
+    state = decode_state(artifact, artifact_codec(artifact, submission_dir))
+    model = load_model(artifact, state, submission_dir, dev)
+    hook = load_hook(submission_dir)
+    guard("while the model was built")
     manifest = load_manifest(data_dir)
     tokenizer = load_tokenizer(manifest.tokenizer_path)
     table = tokenizer.byte_table()
     tokens = read_split(data_dir, "val")
-    artifact = read_artifact(artifact_path)
-    state = decode_state(artifact, artifact_codec(artifact, submission_dir))
-    model = load_model(artifact, state, submission_dir, dev)
     tokenizer_sha256 = sha256_file(manifest.tokenizer_path)
     audit = tokenizer_audit(tokenizer, tokenizer_sha256, eval_tokens(tokens, cfg))
     probe_cfg = ProbeConfig(seq_len=cfg.seq_len, dtype=cfg.dtype)
-    probes = run_probes(model, tokens, table.vocab_size, probe_cfg, dev)
-    hook = load_hook(submission_dir)
+    probes = run_probes(model, tokens, table.vocab_size, probe_cfg, dev, guard)
     adapter = ScoreFirstAdapter(hook[0], hook[1]) if hook else None
-    result = evaluate(model, tokens, table, cfg, dev, bos_id=tokenizer.bos_id, adapter=adapter)
+    result = evaluate(model, tokens, table, cfg, dev, bos_id=tokenizer.bos_id, adapter=adapter, guard=guard)
     if adapter is not None:
-        probes["after_adaptation"] = run_probes(model, tokens, table.vocab_size, probe_cfg, dev)
+        probes["after_adaptation"] = run_probes(model, tokens, table.vocab_size, probe_cfg, dev, guard)
+    guard("by the end of scoring")
     sums = result.sums
     return {
         "format": SCORE_FORMAT,
@@ -91,6 +100,7 @@ def score_artifact(
         "probes": probes,
         "tokenizer_audit": audit,
         "adaptation": adapter.record(cfg.adapt_chunk_tokens) if adapter is not None else None,
+        "code_check": {"static": "passed", "files": scored_files(submission_dir), **guard.record()},
         "score_wall_s": time.perf_counter() - t_start,
         "device": dev.type,
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine(),

@@ -97,6 +97,18 @@ def test_failing_submission_is_an_error_not_a_score(tmp_path, tiny_dataset):
     assert "boom at step 0" in res["phases"]["train"]["errors"]["train_error_rank0.txt"]
 
 
+def test_model_code_the_scorer_would_refuse_is_illegal_before_training(tmp_path, tiny_dataset):
+    sub = tmp_path / "peeks"
+    shutil.copytree(BASELINE, sub)
+    with open(sub / "model.py", "a") as f:
+        f.write("\nimport numpy as np\nVAL = np.fromfile('/data/fineweb_val_000000.bin', dtype=np.uint16)\n")
+    r = pgolf("run", str(sub), "--preset", "tiny", "--data", str(tiny_dataset), "--out", str(tmp_path / "run"), check=False)
+    assert r.returncode == 1 and "code check failed" in r.stderr and "attribute 'fromfile'" in r.stderr, r.stderr
+    res = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert res["status"] == "illegal" and res["val_bpb"] is None and "train" not in res["phases"]
+    assert any("fromfile" in p for p in res["phases"]["code_check"]["problems"])
+
+
 def test_bad_user_input_is_one_clear_line(tmp_path):
     r = pgolf("run", str(BASELINE), "--preset", "tiny", "--set", "train.lr=0.1", "--out", str(tmp_path / "r"), check=False)
     assert r.returncode == 2

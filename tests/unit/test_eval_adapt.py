@@ -14,7 +14,8 @@ from torch import nn
 
 from data.shards import read_split
 from data.tokenizer import BOS_ID, ByteTokenizer
-from scoring.adapt import AdaptationViolation, ScoreFirstAdapter, lint_hook_sources, load_hook
+from scoring.adapt import AdaptationViolation, ScoreFirstAdapter, load_hook
+from scoring.codecheck import CodeCheckFailure, lint_scored_code
 from scoring.evaluate import EvalConfig, evaluate
 from scoring.score import score_artifact
 from tests.unit.test_eval_support import _one_thread, pack_tiny, write_submission  # noqa: F401 (fixture)
@@ -141,9 +142,9 @@ def test_hooks_that_reach_outside_are_refused_before_they_run(tmp_path, name):
     src, why = HOSTILE_HOOKS[name]
     folder = write_submission(tmp_path / name, eval_src=src)
     (folder / "helper.py").write_text("import os\n\ndef peek():\n    return os.listdir('/')\n")
-    with pytest.raises(AdaptationViolation, match="score-first static check"):
+    with pytest.raises(CodeCheckFailure, match="code check failed"):
         load_hook(folder)
-    assert any(why in p for p in lint_hook_sources(folder)), lint_hook_sources(folder)
+    assert any(why in p for p in lint_scored_code(folder)), lint_scored_code(folder)
 
 
 GOOD_HOOK = '''"""Adapt the output head on each scored chunk (one SGD step)."""
@@ -161,7 +162,7 @@ def adapt(model, tokens):
 
 def test_score_artifact_runs_the_submission_hook(tmp_path, tiny_dataset):
     folder = write_submission(tmp_path / "ttt", eval_src=GOOD_HOOK)
-    assert lint_hook_sources(folder) == []
+    assert lint_scored_code(folder) == []
     pack_tiny(folder, tmp_path / "a.pgolf")
     rec = score_artifact(tmp_path / "a.pgolf", folder, tiny_dataset,
                          EvalConfig(seq_len=32, max_tokens=1024, adapt_chunk_tokens=256), threads=1)

@@ -1,0 +1,252 @@
+"""Checks on the submission code that runs inside the scorer: a static check before it is imported,
+and a guard on the scorer's own tools while it runs.
+
+The scorer imports `model.py` (and `codec.py` for a custom codec, `eval.py` for score-first
+adaptation) into the process that holds the validation tokens and computes the loss. Python has
+no in-process sandbox, so two layers make the rules mechanical:
+
+1. Static check (`lint_scored_code`), before anything is imported: model.py, eval.py, codec.py and
+   every module of the folder they import are read with `ast` and refused if they
+   - import anything but an allow-list (DESIGN: "model.py: torch only"; plus harmless standard
+     modules, numpy and einops; a codec also the compressors and byte packers it needs),
+   - use a name that reaches outside the objects handed to them (frames, gc, files, builtins
+     tricks, `getattr` and friends, `sys`, `os`, ...),
+   - use or import a banned attribute: dunders, frame and traceback attributes, raw storage
+     access, and the functions that read files (`torch.load`, `numpy.fromfile`, `memmap`, ...),
+   - assign to an attribute of an imported module or class (`torch.gather = ...`,
+     `F.log_softmax = ...`): monkeypatching what the scorer calls.
+2. Tool guard (`ToolGuard`), at run time: before the submission's code is imported, the scorer
+   records the identity of every attribute of the modules and classes it computes with (builtins,
+   math, numpy, torch, torch.Tensor, torch.nn.functional, the aten op it uses, and its own scoring
+   modules; torch.compile in a model is fine: see SELF_PATCHED). It checks them again after every forward pass, after every adaptation step and at the
+   end; any attribute replaced, removed or (on a class) added fails the score, naming it.
+
+Either failure is a verdict on the entry ("code check failed"; the run is `illegal`), not a crash.
+This raises the bar and gives a clear verdict; it is not a proof against a determined attacker
+(DESIGN.md: officials still review counted code).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import math
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from scoring.codecs import SUBMISSION_CODEC_FILE as CODEC_FILE
+from scoring.loading import MODEL_FILE
+
+EVAL_HOOK_FILE = "eval.py"
+
+ALLOWED_IMPORTS = frozenset(
+    {"torch", "numpy", "math", "typing", "dataclasses", "collections", "functools", "itertools", "__future__", "einops", "enum"}
+)
+CODEC_EXTRA_IMPORTS = frozenset({"json", "struct", "io", "zlib", "lzma", "bz2", "zstandard", "safetensors", "brotli"})
+"""A codec turns bytes into tensors: it may also use these (never to read files: see BANNED_ATTRS)."""
+BANNED_NAMES = frozenset(
+    {
+        "gc", "inspect", "sys", "os", "io", "open", "eval", "exec", "compile", "__import__", "globals", "locals",
+        "vars", "getattr", "setattr", "delattr", "breakpoint", "input", "memoryview", "importlib", "builtins",
+        "__builtins__", "ctypes", "mmap", "pathlib", "subprocess", "pickle", "marshal", "shutil", "socket",
+    }
+)
+ALLOWED_DUNDERS = frozenset({"__init__", "__call__", "__name__", "__future__"})
+BANNED_ATTR_PREFIXES = ("f_", "tb_", "gi_", "cr_", "ag_", "co_", "_getframe")
+BANNED_ATTRS = frozenset(
+    {
+        # raw memory: a view past the tensor handed over
+        "untyped_storage", "storage", "_storage", "data_ptr", "set_", "frombuffer", "from_dlpack", "ctypeslib",
+        # files
+        "load", "load_file", "safe_open", "from_file", "fromfile", "memmap", "open_memmap", "loadtxt", "genfromtxt",
+        "fromregex", "DataSource", "open", "open_code", "FileIO", "LZMAFile", "BZ2File", "GzipFile", "load_library",
+        "hub", "cpp_extension", "package", "tofile", "save",
+    }
+)
+CODEC_ALLOWED_ATTRS = frozenset({"load", "frombuffer", "save"})
+"""A codec decodes a payload it is handed: safetensors.torch.load(bytes), torch.frombuffer(bytes)."""
+
+
+class CodeCheckFailure(ValueError):
+    """Submission code running in the scorer broke a rule (static check or tool guard)."""
+
+
+# ---- 1. Static check ----
+
+
+@dataclass(frozen=True)
+class _Rules:
+    imports: frozenset[str]
+    banned_attrs: frozenset[str]
+
+
+MODEL_RULES = _Rules(ALLOWED_IMPORTS, BANNED_ATTRS)
+CODEC_RULES = _Rules(ALLOWED_IMPORTS | CODEC_EXTRA_IMPORTS, BANNED_ATTRS - CODEC_ALLOWED_ATTRS)
+
+
+def _local_module(folder: Path, name: str) -> Path | None:
+    top = name.split(".")[0]
+    for p in (folder / f"{top}.py", folder / top / "__init__.py"):
+        if p.is_file():
+            return p
+    return None
+
+
+def _bad_attr(a: str, rules: _Rules) -> bool:
+    return (a.startswith("__") and a not in ALLOWED_DUNDERS) or a.startswith(BANNED_ATTR_PREFIXES) or a in rules.banned_attrs
+
+
+def _root_name(node: ast.expr) -> str | None:
+    while isinstance(node, ast.Attribute | ast.Subscript):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def lint_source(path: Path, rules: _Rules = MODEL_RULES) -> tuple[list[str], list[Path]]:
+    """(problems as 'file:line: message', local modules imported) of one file."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except SyntaxError as e:
+        return [f"{path.name}:{e.lineno}: does not parse ({e.msg})"], []
+    problems: list[str] = []
+    local: list[Path] = []
+    imported: set[str] = set()  # names bound by imports: their attributes must not be assigned
+    for node in ast.walk(tree):
+        where = f"{path.name}:{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                problems.append(f"{where}: relative imports are not allowed in scored code")
+                continue
+            imported |= {(a.asname or a.name).split(".")[0] for a in node.names}
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for name in mods:
+                mod = _local_module(path.parent, name)
+                if mod is not None:
+                    local.append(mod)
+                elif name.split(".")[0] not in rules.imports:
+                    problems.append(f"{where}: imports {name!r}; scored code may import only {sorted(rules.imports)} and its own folder")
+            if isinstance(node, ast.ImportFrom):
+                problems += [f"{where}: imports {a.name!r}, which reaches outside the tensors it is given"
+                             for a in node.names if _bad_attr(a.name, rules)]
+        elif isinstance(node, ast.Name) and node.id in BANNED_NAMES:
+            problems.append(f"{where}: uses {node.id!r}, which reaches outside the tensors it is given")
+        elif isinstance(node, ast.Attribute) and _bad_attr(node.attr, rules):
+            problems.append(f"{where}: uses attribute {node.attr!r}, which reaches outside the tensors it is given")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("__") and node.value.endswith("__"):
+            problems.append(f"{where}: names {node.value!r}; dunder names are not allowed in scored code")
+    for node in ast.walk(tree):  # second pass: every import is known now, wherever it sits
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = node.targets
+        for t in targets:
+            for sub in ast.walk(t):
+                if isinstance(sub, ast.Attribute) and _root_name(sub) in imported:
+                    problems.append(f"{path.name}:{sub.lineno}: assigns to {ast.unparse(sub)!r}, an attribute of an imported "
+                                    "module or class (monkeypatching what the scorer uses)")
+    return problems, local
+
+
+def lint_scored_code(submission_dir: str | Path) -> list[str]:
+    """Lint model.py, eval.py and codec.py, and every local module they import (transitively).
+
+    A module reached from codec.py alone gets the codec's rules; one reached from model.py or
+    eval.py the stricter ones.
+    """
+    folder = Path(submission_dir)
+    todo = [(folder / f, CODEC_RULES if f == CODEC_FILE else MODEL_RULES) for f in (MODEL_FILE, EVAL_HOOK_FILE, CODEC_FILE)]
+    todo = [(p, r) for p, r in todo if p.is_file()][::-1]  # pop() takes model.py first
+    seen: dict[Path, _Rules] = {}
+    problems: list[str] = []
+    while todo:
+        p, rules = todo.pop()
+        p = p.resolve()
+        if p in seen and (seen[p] is MODEL_RULES or rules is CODEC_RULES):
+            continue
+        seen[p] = rules
+        found, local = lint_source(p, rules)
+        problems += [f for f in found if f not in problems]
+        todo += [(m, rules) for m in local]
+    return problems
+
+
+def require_clean_code(submission_dir: str | Path) -> None:
+    """Raise CodeCheckFailure listing the problems when the scored code fails the static check."""
+    problems = lint_scored_code(submission_dir)
+    if problems:
+        shown = "\n  ".join(problems[:12])
+        more = f"\n  ... and {len(problems) - 12} more" if len(problems) > 12 else ""
+        raise CodeCheckFailure(
+            f"code check failed: {Path(submission_dir)}'s scored code ({MODEL_FILE}, {EVAL_HOOK_FILE}, {CODEC_FILE} and what "
+            f"they import) broke {len(problems)} rule(s):\n  {shown}{more}\n"
+            "HINT: code that runs in the scorer may use only the tensors it is given and the allowed imports "
+            "(see scoring/codecheck.py and submissions/README.md)"
+        )
+
+
+# ---- 2. Tool guard ----
+
+
+def _watched() -> list[tuple[str, Any]]:
+    """The modules and classes the scorer computes with (imported here lazily: they import this module's users)."""
+    from data import tokenizer
+    from scoring import adapt, bpb, evaluate, probes
+
+    torch.ops.aten._log_softmax  # noqa: B018 (materialize the lazily created op the loss uses)
+    return [
+        ("builtins", builtins), ("math", math), ("numpy", np), ("torch", torch), ("torch.Tensor", torch.Tensor),
+        ("torch.nn.functional", F), ("torch.ops.aten", torch.ops.aten),
+        ("scoring.evaluate", evaluate), ("scoring.bpb", bpb), ("scoring.probes", probes), ("scoring.adapt", adapt),
+        ("data.tokenizer", tokenizer), ("BpbSums", bpb.BpbSums), ("ByteTable", tokenizer.ByteTable),
+        ("LossWorkspace", evaluate.LossWorkspace), ("ScoreFirstAdapter", adapt.ScoreFirstAdapter),
+    ]
+
+
+_MISSING = object()
+SELF_PATCHED = frozenset({"torch.manual_seed"})
+"""Replaced by torch itself when a model compiles (torch._dynamo wraps it on import); the scorer never
+calls it. torch.nn.Module is not watched either: compile patches it, and it is the model's own
+territory (what the model returns is checked by the probes)."""
+
+
+class ToolGuard:
+    """Identity of every attribute of the scorer's tools, taken before submission code is imported."""
+
+    def __init__(self) -> None:
+        self._objs = _watched()
+        self._snap = [dict(vars(obj)) for _, obj in self._objs]
+        self.checks = 0
+
+    def __call__(self, when: str = "") -> None:
+        """Raise CodeCheckFailure naming the first tool replaced, removed or added since the snapshot."""
+        self.checks += 1
+        for (name, obj), snap in zip(self._objs, self._snap, strict=True):
+            cur = vars(obj)
+            for k, v in snap.items():
+                if cur.get(k, _MISSING) is not v and f"{name}.{k}" not in SELF_PATCHED:
+                    self._fail(f"{name}.{k} was {'removed' if k not in cur else 'replaced'}", when)
+            if not isinstance(obj, types.ModuleType) and len(cur) != len(snap):
+                added = sorted(set(cur) - set(snap))
+                self._fail(f"{name} gained {', '.join(map(repr, added[:3]))}", when)
+
+    @staticmethod
+    def _fail(what: str, when: str) -> None:
+        raise CodeCheckFailure(f"code check failed: {what}{' ' + when if when else ''}: submission code changed a "
+                               "tool the scorer computes with")
+
+    def record(self) -> dict[str, Any]:
+        return {"watched": [n for n, _ in self._objs], "checks": self.checks}
+
+
+def scored_files(submission_dir: str | Path) -> list[str]:
+    """The entry files of the static check that this folder has."""
+    return [f for f in (MODEL_FILE, EVAL_HOOK_FILE, CODEC_FILE) if (Path(submission_dir) / f).is_file()]
