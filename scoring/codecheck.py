@@ -12,7 +12,8 @@ no in-process sandbox, so two layers make the rules mechanical:
    - use a name that reaches outside the objects handed to them (frames, gc, files, builtins
      tricks, `getattr` and friends, `sys`, `os`, ...),
    - use or import a banned attribute: dunders, frame and traceback attributes, raw storage
-     access, and the functions that read files (`torch.load`, `numpy.fromfile`, `memmap`, ...),
+     access, the functions that read files (`torch.load`, `numpy.fromfile`, `memmap`, ...), and
+     any private attribute (`_x`) but a class's own (`self._x`): torch's internals are back doors,
    - assign to an attribute of an imported module or class (`torch.gather = ...`,
      `F.log_softmax = ...`): monkeypatching what the scorer calls.
 2. Tool guard (`ToolGuard`), at run time: before the submission's code is imported, the scorer
@@ -102,6 +103,17 @@ def _bad_attr(a: str, rules: _Rules) -> bool:
     return (a.startswith("__") and a not in ALLOWED_DUNDERS) or a.startswith(BANNED_ATTR_PREFIXES) or a in rules.banned_attrs
 
 
+def _private_of_another(node: ast.Attribute) -> bool:
+    """`x._name` where x is not `self`/`cls`: a private attribute of a library (torch.serialization._open_file_like,
+    torch._dynamo, torch._C, ...), the back doors a list of banned names cannot close. A class's own privates stay fine."""
+    if not node.attr.startswith("_") or node.attr.startswith("__"):
+        return False
+    base = node.value
+    if isinstance(base, ast.Name) and base.id in ("self", "cls"):
+        return False
+    return not (isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and base.func.id == "super")
+
+
 def _root_name(node: ast.expr) -> str | None:
     while isinstance(node, ast.Attribute | ast.Subscript):
         node = node.value
@@ -133,11 +145,16 @@ def lint_source(path: Path, rules: _Rules = MODEL_RULES) -> tuple[list[str], lis
                     problems.append(f"{where}: imports {name!r}; scored code may import only {sorted(rules.imports)} and its own folder")
             if isinstance(node, ast.ImportFrom):
                 problems += [f"{where}: imports {a.name!r}, which reaches outside the tensors it is given"
-                             for a in node.names if _bad_attr(a.name, rules)]
+                             for a in node.names if _bad_attr(a.name, rules) or a.name.startswith("_")]
+            problems += [f"{where}: imports the private module {name!r}" for name in mods
+                         if name != "__future__" and any(part.startswith("_") for part in name.split("."))]
         elif isinstance(node, ast.Name) and node.id in BANNED_NAMES:
             problems.append(f"{where}: uses {node.id!r}, which reaches outside the tensors it is given")
         elif isinstance(node, ast.Attribute) and _bad_attr(node.attr, rules):
             problems.append(f"{where}: uses attribute {node.attr!r}, which reaches outside the tensors it is given")
+        elif isinstance(node, ast.Attribute) and _private_of_another(node):
+            problems.append(f"{where}: uses private attribute {node.attr!r} of {ast.unparse(node.value)!r}; scored code may "
+                            "use the private attributes of its own classes only (self._x)")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("__") and node.value.endswith("__"):
             problems.append(f"{where}: names {node.value!r}; dunder names are not allowed in scored code")
     for node in ast.walk(tree):  # second pass: every import is known now, wherever it sits

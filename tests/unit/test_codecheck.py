@@ -33,6 +33,9 @@ HOSTILE_MODELS = {
     "monkeypatch a class": ("nn.Module.__call__ = None\n", "assigns to 'nn.Module.__call__'"),
     "getattr": ("X = getattr(torch, 'gather')\n", "uses 'getattr'"),
     "helper module": ("from helper import peek\n", "helper.py:1: imports 'os'"),
+    "private back door": ("F = torch.serialization._open_file_like('/v.bin', 'rb')\n", "private attribute '_open_file_like'"),
+    "private module": ("from torch._dynamo import eval_frame\n", "private module 'torch._dynamo'"),
+    "private name": ("from torch.serialization import _open_file_like\n", "imports '_open_file_like'"),
 }
 
 
