@@ -165,21 +165,26 @@ def run_pipeline(
         staged = stage_model_code(submission_dir, views / "model_code")
         val_view = make_split_view(data_root, views / "val", "val")
         ev = cfg.section("eval").to_eval_config(track.eval_max_tokens)
+        score_out = views / "score_out" / "score.json"  # the one folder the confined scorer may write
+        score_out.parent.mkdir()
         cmd = [sys.executable, "-m", "scoring", "score", str(artifact), "--submission", str(staged), "--data", str(val_view),
                "--mode", ev.mode, "--seq-len", str(ev.seq_len), "--batch-seqs", str(ev.batch_seqs),
                "--max-tokens", str(ev.max_tokens or 0), "--dtype", ev.dtype, "--device", device,
                "--threads", str(os.cpu_count() or 1), "--adapt-chunk-tokens", str(ev.adapt_chunk_tokens),
-               "--json-out", str(run_dir / "score.json")]
+               "--json-out", str(score_out), "--protect", str(data_root)]
+        if launch.sandbox == "off":  # the whole run is unsandboxed on purpose: so is the scorer (recorded)
+            cmd.append("--no-confine")
         if ev.stride:
             cmd += ["--stride", str(ev.stride)]
         proc = _run_phase("score", cmd, run_dir / "score.log")
-        if proc.returncode != 0 or not (run_dir / "score.json").is_file():
+        if proc.returncode != 0 or not score_out.is_file():
             log = _tail(run_dir / "score.log")
             # a failed legality probe or score-first check is a verdict on the entry, not a crash
             illegal = any(k in log for k in ("probe failed", "score-first", "code check failed"))
             phases["score"] = {"status": "illegal" if illegal else "error", "detail": log}
             return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=phases["score"]["status"])
-        phases["score"] = read_json(run_dir / "score.json")
+        phases["score"] = read_json(score_out)
+        write_json_atomic(run_dir / "score.json", phases["score"])
         over_eval = phases["score"]["eval_time_s"] > track.eval_budget_s
         status = "over_eval_budget" if over_eval and math.isfinite(track.eval_budget_s) else "ok"
         return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=status)

@@ -27,10 +27,10 @@ Not covered: a separate unprivileged user (the interpreter may live under a fold
 can read, as /root here); namespaces on several nodes (ranks must reach each other, and torchrun's
 rendezvous tells nodes apart by hostname and pid); data that is public
 elsewhere (the embedded corpus's validation text ships with Python itself); opens made from C code
-or child processes are refused but not reported (see harness/monitor.py); the scorer, which runs the
-submission's model.py next to the validation data, is not sandboxed by this module, so anything it
-can write that a later training run can read (e.g. /dev/shm, a writable Python installation) is a
-channel between runs that only sandboxing the scorer would close.
+or child processes are refused but not reported (see harness/monitor.py). The scorer, which runs the
+submission's model.py next to the validation data, confines itself with the same Landlock rules
+once it has read that data (scoring/confine.py): it can write only its result folder and a private
+temp folder, so it leaves no channel to a later training run.
 
     python -m harness.sandbox enter POLICY.json -- CMD...   apply, then exec CMD (used by launch.py)
     python -m harness.sandbox probe PATH...                 try to read each PATH (run inside a sandbox)
@@ -50,7 +50,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from harness.landlock import apply_landlock, drop_capabilities, landlock_abi, loopback_up, private_tmpfs
+from scoring.landlock import (
+    DEVICE_FILES,
+    SYSTEM_READ_ROOTS,
+    Rule,
+    apply_landlock,
+    broad_read_rules,
+    carve,
+    drop_capabilities,
+    is_beneath,
+    landlock_abi,
+    loopback_up,
+    private_tmpfs,
+    python_roots,
+)
 
 POLICY_FORMAT = "pg-sandbox-policy"
 POLICY_FORMAT_VERSION = 1
@@ -59,11 +72,6 @@ NETWORK_MODES = ("auto", "host")
 TOKEN_ENV = "PGOLF_PHASE_TOKEN"
 """Every process of a phase carries this in its environment; the supervisor finds leftovers by it."""
 
-ACCESS_KINDS = ("ro", "rw", "list", "dev")
-"""ro: read files, list and execute beneath; rw: everything beneath; list: list folders only; dev: read/write/ioctl a device."""
-SYSTEM_READ_ROOTS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin", "/etc", "/opt", "/proc", "/sys")
-DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
-MAX_CARVED_RULES = 5_000
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -113,17 +121,6 @@ def probe_machine() -> MachineCaps:
 
 
 # ---- Planning (in the supervisor) ----
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Rule:
-    path: str
-    access: str
-    """One of ACCESS_KINDS."""
-
-    def __post_init__(self) -> None:
-        if self.access not in ACCESS_KINDS:
-            raise ValueError(f"sandbox rule access must be one of {ACCESS_KINDS}, got {self.access!r}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -179,71 +176,6 @@ class SandboxPlan:
             "protected": list(self.protected),
             "warnings": list(self.warnings),
         }
-
-
-def is_beneath(path: str, root: str) -> bool:
-    """`path` is `root` or lies beneath it (both absolute, resolved)."""
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def carve(root: str, protected: Sequence[str], budget: list[int] | None = None) -> list[str]:
-    """The children of `root`, recursively, that together cover everything beneath `root` except `protected`.
-
-    A child whose real path is protected, or lies beneath a protected path, is left out; a child on
-    the way to a protected path is split in turn. Symbolic links are judged by their targets.
-    """
-    budget = budget if budget is not None else [MAX_CARVED_RULES]
-    out: list[str] = []
-    try:
-        entries = sorted(os.scandir(root), key=lambda e: e.name)
-    except OSError:
-        return out
-    for entry in entries:
-        real = os.path.realpath(entry.path)
-        if any(is_beneath(real, p) for p in protected):
-            continue
-        if any(is_beneath(p, real) for p in protected):
-            if entry.is_dir(follow_symlinks=True):
-                out += carve(real, protected, budget)
-            continue
-        budget[0] -= 1
-        if budget[0] < 0:
-            raise ValueError(
-                f"the sandbox needs more than {MAX_CARVED_RULES} rules to exclude {list(protected)} from {root}. "
-                "HINT: keep datasets out of the Python installation and system folders (e.g. under ~/.cache/pgolf)"
-            )
-        out.append(entry.path)
-    return out
-
-
-def python_roots(import_path: Iterable[str], project_root: Path) -> list[str]:
-    """The interpreter's prefixes and the import folders the ranks will have (their sys.path), less the project."""
-    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, str(Path(os.path.realpath(sys.executable)).parents[1])}
-    project = os.path.realpath(project_root)
-    for p in import_path:
-        real = os.path.realpath(p) if p else ""
-        if real and os.path.exists(real) and not is_beneath(real, project):
-            roots.add(real)
-    return sorted(roots)
-
-
-def _broad_rules(path: str, prot: Sequence[str], hidden: Sequence[str], tmp: str, warnings: list[str]) -> list[Rule]:
-    """Read rules for a folder the phase did not make (system, Python, extra): never over a hidden path.
-
-    `prot` must stay out of every rule, `hidden` (prot and the phase's own staging folder) out of
-    every broad rule, and so must the temp folder as a whole (other runs stage their views there).
-    """
-    real = os.path.realpath(path)
-    if any(is_beneath(real, p) for p in prot):
-        warnings.append(f"read path {path} lies inside the protected {next(p for p in prot if is_beneath(real, p))}: left out")
-        return []
-    if is_beneath(tmp, real):  # "/" or the temp folder itself: everything but the temp folder
-        if real == tmp:
-            warnings.append(f"read path {path} is the temp folder, where runs stage their data: left out")
-        return [Rule(path=c, access="ro") for c in carve(real, [*hidden, tmp])]
-    if any(is_beneath(h, real) for h in hidden):
-        return [Rule(path=c, access="ro") for c in carve(real, hidden)]
-    return [Rule(path=real, access="ro")]
 
 
 def plan_sandbox(
@@ -304,7 +236,7 @@ def plan_sandbox(
     broad = [*SYSTEM_READ_ROOTS, *python_roots(import_path, project_root), *extra_read]
     for path in dict.fromkeys(broad):
         if os.path.exists(path):
-            rules += _broad_rules(path, prot, hidden, tmp, warnings)
+            rules += broad_read_rules(path, prot, hidden, tmp, warnings)
     own = [*(str(p) for p in read_paths), *(str(project_root / pkg) for pkg in ("harness", "data", "scoring"))]
     for path in own:
         real = os.path.realpath(path)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from data.io import write_json_atomic
 from scoring import audit, bench, leaderboard, legacy, significance, verify
@@ -29,7 +30,9 @@ def cmd_score(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens or None, dtype=args.dtype, stride=args.stride or None,
         adapt_chunk_tokens=args.adapt_chunk_tokens,
     )
-    record = score_artifact(args.artifact, args.submission, args.data, cfg, device=args.device, threads=args.threads)
+    write_dirs = [Path(args.json_out).resolve().parent] if args.json_out else []
+    record = score_artifact(args.artifact, args.submission, args.data, cfg, device=args.device, threads=args.threads,
+                            confine=not args.no_confine, write_dirs=write_dirs, protect=args.protect)
     if args.json_out:
         write_json_atomic(args.json_out, record)
     if args.json:
@@ -64,6 +67,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="score-first adaptation (eval.py): targets scored before the hook sees them")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--no-confine", action="store_true",
+                   help="do not restrict the scorer with Landlock before the model runs (recorded; see scoring/confine.py)")
+    p.add_argument("--protect", action="append", default=[], metavar="PATH",
+                   help="another folder the model must not read (the dataset a view was made from); repeatable")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--json-out", help="also write the record to this file")
     p.set_defaults(func=cmd_score)

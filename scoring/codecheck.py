@@ -56,6 +56,7 @@ BANNED_NAMES = frozenset(
         "gc", "inspect", "sys", "os", "io", "open", "eval", "exec", "compile", "__import__", "globals", "locals",
         "vars", "getattr", "setattr", "delattr", "breakpoint", "input", "memoryview", "importlib", "builtins",
         "__builtins__", "ctypes", "mmap", "pathlib", "subprocess", "pickle", "marshal", "shutil", "socket",
+        "exit", "quit", "SystemExit", "BaseException",
     }
 )
 ALLOWED_DUNDERS = frozenset({"__init__", "__call__", "__name__", "__future__"})
@@ -67,7 +68,9 @@ BANNED_ATTRS = frozenset(
         # files
         "load", "load_file", "safe_open", "from_file", "fromfile", "memmap", "open_memmap", "loadtxt", "genfromtxt",
         "fromregex", "DataSource", "open", "open_code", "FileIO", "LZMAFile", "BZ2File", "GzipFile", "load_library",
-        "hub", "cpp_extension", "package", "tofile", "save",
+        "hub", "cpp_extension", "package", "tofile", "save", "savetxt", "savez", "savez_compressed", "datapipes",
+        # running commands
+        "collect_env", "system", "popen", "Popen", "run_command",
     }
 )
 CODEC_ALLOWED_ATTRS = frozenset({"load", "frombuffer", "save"})

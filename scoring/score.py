@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from scoring.artifact import artifact_codec, decode_state, read_artifact
 from scoring.audit import KNOWN_TOKENIZER_SHA256, audit_token_stream
 from scoring.bpb import METRIC_VERSION, metric_table
 from scoring.codecheck import ToolGuard, require_clean_code, scored_files
+from scoring.confine import confine_scorer, private_workdir
 from scoring.evaluate import EvalConfig, eval_tokens, evaluate, tune_cpu_allocator
 from scoring.loading import check_code_hashes, load_model
 from scoring.probes import ProbeConfig, ProbeFailure, run_probes
@@ -49,7 +51,15 @@ def score_artifact(
     cfg: EvalConfig,
     device: str = "cpu",
     threads: int = 0,
+    *,
+    confine: bool = False,
+    write_dirs: Iterable[str | os.PathLike[str]] = (),
+    protect: Iterable[str | os.PathLike[str]] = (),
 ) -> dict[str, Any]:
+    """Score one artifact (see the module docstring). With `confine`, the process restricts itself with
+    Landlock before the first forward pass (scoring/confine.py: irreversible, so only for a process
+    that scores once, as `pgolf score` does): reads outside the dataset (`data_dir` and `protect`),
+    writes beneath `write_dirs` and a private temp folder only."""
     t_start = time.perf_counter()
     if threads:
         torch.set_num_threads(threads)
@@ -57,6 +67,7 @@ def score_artifact(
     allocator = tune_cpu_allocator() if dev.type == "cpu" else "torch caching allocator"
     guard = ToolGuard()  # before any submission code is imported
     require_clean_code(submission_dir)
+    workdir = private_workdir() if confine else None  # before the model is built: TMPDIR and compile caches
     artifact = read_artifact(artifact_path)
     check_code_hashes(artifact, Path(submission_dir))
     state = decode_state(artifact, artifact_codec(artifact, submission_dir))
@@ -68,6 +79,11 @@ def score_artifact(
     table = tokenizer.byte_table()
     tokens = read_split(data_dir, "val")
     tokenizer_sha256 = sha256_file(manifest.tokenizer_path)
+    artifact_sha256, manifest_sha256 = sha256_file(artifact_path), sha256_file(Path(data_dir) / MANIFEST_NAME)
+    confinement: dict[str, Any] = {"applied": False, "reason": "not asked (--no-confine, or scored in-process)"}
+    if workdir is not None:  # everything is read: from here on, the dataset is out of reach
+        confinement = confine_scorer(code_dir=Path(submission_dir), protected=[Path(data_dir), manifest.root, *map(Path, protect)],
+                                     write_dirs=list(map(Path, write_dirs)), device=dev.type, workdir=workdir)
     audit = tokenizer_audit(tokenizer, tokenizer_sha256, eval_tokens(tokens, cfg))
     probe_cfg = ProbeConfig(seq_len=cfg.seq_len, dtype=cfg.dtype)
     probes = run_probes(model, tokens, table.vocab_size, probe_cfg, dev, guard)
@@ -101,15 +117,16 @@ def score_artifact(
         "tokenizer_audit": audit,
         "adaptation": adapter.record(cfg.adapt_chunk_tokens) if adapter is not None else None,
         "code_check": {"static": "passed", "files": scored_files(submission_dir), **guard.record()},
+        "confinement": confinement,
         "score_wall_s": time.perf_counter() - t_start,
         "device": dev.type,
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
         "allocator": allocator,
         "submission_files_seen": sorted(p.relative_to(submission_dir).as_posix() for p in Path(submission_dir).rglob("*") if p.is_file()),
-        "artifact_sha256": sha256_file(artifact_path),
+        "artifact_sha256": artifact_sha256,
         "codec": artifact.header["codec"],
-        "data_manifest_sha256": sha256_file(Path(data_dir) / MANIFEST_NAME),
+        "data_manifest_sha256": manifest_sha256,
         "tokenizer_sha256": tokenizer_sha256,
         "torch": torch.__version__,
     }

@@ -183,11 +183,12 @@ def rescore(result: dict[str, Any], run_dir: Path, code_dir: Path, data_dir: Pat
         staged = t / "model_code"
         stage_model_code(code_dir, staged)
         view = make_split_view(data_dir, t / "val", "val")
-        out = t / "score.json"
+        out = t / "out" / "score.json"  # the confined scorer may write beneath out/ only, never beside the view
+        out.parent.mkdir()
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        proc = subprocess.run(rescore_command(result, run_dir / ARTIFACT_FILE, staged, view, out, cfg),
+        proc = subprocess.run([*rescore_command(result, run_dir / ARTIFACT_FILE, staged, view, out, cfg), "--protect", str(data_dir)],
                               capture_output=True, text=True, env=env, timeout=cfg.timeout_s, check=False)
         tail = (proc.stdout + proc.stderr)[-3000:]
         if proc.returncode != 0 or not out.is_file():

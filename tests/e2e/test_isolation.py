@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from harness.config import load_config
-from harness.landlock import landlock_abi
 from harness.train_phase import run_train_phase
+from scoring.landlock import landlock_abi
 from tests.conftest import is_own_install
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "submissions"

@@ -35,6 +35,10 @@ HOSTILE_MODELS = {
     "helper module": ("from helper import peek\n", "helper.py:1: imports 'os'"),
     "private back door": ("F = torch.serialization._open_file_like('/v.bin', 'rb')\n", "private attribute '_open_file_like'"),
     "private module": ("from torch._dynamo import eval_frame\n", "private module 'torch._dynamo'"),
+    "datapipes": ("P = torch.utils.data.datapipes.iter.FileOpener(['/v.bin'], mode='b')\n", "attribute 'datapipes'"),
+    "a shell": ("R = torch.utils.collect_env.run('cat /v.bin')\n", "attribute 'collect_env'"),
+    "numpy writes": ("import numpy as np\nnp.savetxt('score.json', [], header='{}')\n", "attribute 'savetxt'"),
+    "exit early": ("raise SystemExit(0)\n", "uses 'SystemExit'"),
     "private name": ("from torch.serialization import _open_file_like\n", "imports '_open_file_like'"),
 }
 

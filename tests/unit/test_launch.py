@@ -226,7 +226,7 @@ def test_access_monitor_reports_denied_accesses_with_the_submission_frame(tmp_pa
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Landlock is Linux only")
 def test_landlock_denies_what_the_plan_leaves_out(tmp_path):
-    from harness.landlock import landlock_abi
+    from scoring.landlock import landlock_abi
 
     if landlock_abi() == 0:
         pytest.skip("this kernel has no Landlock")

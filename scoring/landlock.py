@@ -6,7 +6,11 @@ filesystem right that ABI knows, adds one path-beneath rule per allowed path, se
 restricts the calling thread, irreversibly, for itself and everything it later starts. Rights a rule
 grants beneath a folder: ro = execute + read files + list; rw = every right; list = list only;
 dev = read/write/ioctl (for device files). With ABI >= 6 the ruleset also scopes signals: no signal
-reaches a process outside the sandbox. Called only from harness/sandbox.py.
+reaches a process outside the sandbox. Used by harness/sandbox.py (the training phase, applied before
+exec) and scoring/confine.py (the scorer, applied to itself once it has read the validation data).
+
+Path planning shared by both: `carve(root, protected)` (the children of a folder that cover all of
+it except the protected paths), `python_roots` (the interpreter's folders), the system folders.
 """
 
 from __future__ import annotations
@@ -16,9 +20,16 @@ import os
 import socket
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+SYSTEM_READ_ROOTS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin", "/etc", "/opt", "/proc", "/sys")
+DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+MAX_CARVED_RULES = 5_000
+ACCESS_KINDS = ("ro", "rw", "list", "dev")
+"""ro: read files, list and execute beneath; rw: everything beneath; list: list folders only; dev: read/write/ioctl a device."""
 
 # ---- Landlock ABI (include/uapi/linux/landlock.h) ----
 SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
@@ -130,3 +141,82 @@ def private_tmpfs(path: str) -> None:
     ms_nosuid, ms_nodev = 2, 4
     if libc.mount(b"tmpfs", path.encode(), b"tmpfs", ms_nosuid | ms_nodev, b"mode=1777") != 0:
         raise OSError(ctypes.get_errno(), f"mount tmpfs on {path}: {os.strerror(ctypes.get_errno())}")
+
+
+# ---- Path planning ----
+
+
+def is_beneath(path: str, root: str) -> bool:
+    """`path` is `root` or lies beneath it (both absolute, resolved)."""
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def carve(root: str, protected: Sequence[str], budget: list[int] | None = None) -> list[str]:
+    """The children of `root`, recursively, that together cover everything beneath `root` except `protected`.
+
+    A child whose real path is protected, or lies beneath a protected path, is left out; a child on
+    the way to a protected path is split in turn. Symbolic links are judged by their targets.
+    """
+    budget = budget if budget is not None else [MAX_CARVED_RULES]
+    out: list[str] = []
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError:
+        return out
+    for entry in entries:
+        real = os.path.realpath(entry.path)
+        if any(is_beneath(real, p) for p in protected):
+            continue
+        if any(is_beneath(p, real) for p in protected):
+            if entry.is_dir(follow_symlinks=True):
+                out += carve(real, protected, budget)
+            continue
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise ValueError(
+                f"the sandbox needs more than {MAX_CARVED_RULES} rules to exclude {list(protected)} from {root}. "
+                "HINT: keep datasets out of the Python installation and system folders (e.g. under ~/.cache/pgolf)"
+            )
+        out.append(entry.path)
+    return out
+
+
+def python_roots(import_path: Iterable[str], project_root: Path) -> list[str]:
+    """The interpreter's prefixes and the import folders the ranks will have (their sys.path), less the project."""
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, str(Path(os.path.realpath(sys.executable)).parents[1])}
+    project = os.path.realpath(project_root)
+    for p in import_path:
+        real = os.path.realpath(p) if p else ""
+        if real and os.path.exists(real) and not is_beneath(real, project):
+            roots.add(real)
+    return sorted(roots)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rule:
+    path: str
+    access: str
+    """One of ACCESS_KINDS."""
+
+    def __post_init__(self) -> None:
+        if self.access not in ACCESS_KINDS:
+            raise ValueError(f"sandbox rule access must be one of {ACCESS_KINDS}, got {self.access!r}")
+
+
+def broad_read_rules(path: str, prot: Sequence[str], hidden: Sequence[str], tmp: str, warnings: list[str]) -> list[Rule]:
+    """Read rules for a folder the phase did not make (system, Python, extra): never over a hidden path.
+
+    `prot` must stay out of every rule, `hidden` (prot and the phase's own staging folder) out of
+    every broad rule, and so must the temp folder as a whole (other runs stage their views there).
+    """
+    real = os.path.realpath(path)
+    if any(is_beneath(real, p) for p in prot):
+        warnings.append(f"read path {path} lies inside the protected {next(p for p in prot if is_beneath(real, p))}: left out")
+        return []
+    if is_beneath(tmp, real):  # "/" or the temp folder itself: everything but the temp folder
+        if real == tmp:
+            warnings.append(f"read path {path} is the temp folder, where runs stage their data: left out")
+        return [Rule(path=c, access="ro") for c in carve(real, [*hidden, tmp])]
+    if any(is_beneath(h, real) for h in hidden):
+        return [Rule(path=c, access="ro") for c in carve(real, hidden)]
+    return [Rule(path=real, access="ro")]

@@ -1,0 +1,115 @@
+"""The scorer confines itself before it runs the submission's code on validation data.
+
+`pgolf score` (the run's score phase and `pgolf verify` use it) reads everything it needs first:
+the artifact, the manifest, the tokenizer and the validation tokens (kept in memory); it builds the
+model and imports the adaptation hook. Then, before the first forward pass, it restricts itself
+with Landlock (scoring/landlock.py), irreversibly, for itself and anything it starts:
+
+- reads only beneath the system folders, the Python installation, the project's `scoring` and
+  `data` packages and the submission's code folder; the dataset folder (both splits) and every
+  validation shard are outside every rule (folders that hold them are carved), and so is the
+  temp folder, where runs stage their views;
+- writes only beneath the folder of the requested output file and a private temp folder (set
+  as TMPDIR and as the torch.compile / Triton cache before the model is built);
+- the usual device files, and the GPUs when scoring on CUDA; with Landlock ABI >= 6 no signal
+  reaches a process outside.
+
+So a model that reaches for the validation files at score time through a path the static check
+(scoring/codecheck.py) cannot see gets PermissionError. What stays possible in-process: reading
+the tokens the scorer holds in memory, which the static check and the tool guard make hard, and
+no more (see codecheck.py). Without Landlock (other kernels, other systems) the score runs
+unconfined and says so in its record; `--no-confine` turns it off on purpose (also recorded).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from scoring.landlock import (
+    DEVICE_FILES,
+    SYSTEM_READ_ROOTS,
+    Rule,
+    apply_landlock,
+    broad_read_rules,
+    carve,
+    is_beneath,
+    landlock_abi,
+    python_roots,
+)
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+SCORER_PACKAGES = ("scoring", "data")
+
+
+_REAPER = "import os, shutil, sys\nos.read(0, 1)\nshutil.rmtree(sys.argv[1], ignore_errors=True)\n"
+_reapers: list[subprocess.Popen] = []
+
+
+def private_workdir() -> tuple[Path, str]:
+    """A fresh temp folder for the scorer (TMPDIR, compile caches); returns it and the system temp folder.
+
+    Once confined, the scorer may empty that folder but not remove it (that takes a right on the temp
+    folder itself), so a small process started now, unconfined, waits for this one to end (its stdin
+    closes) and removes it, whatever way the scorer ends.
+    """
+    system_tmp = os.path.realpath(tempfile.gettempdir())
+    work = Path(tempfile.mkdtemp(prefix="pgolf-score-"))
+    _reapers.append(subprocess.Popen([sys.executable, "-c", _REAPER, str(work)], stdin=subprocess.PIPE, start_new_session=True))
+    for var, sub in (("TMPDIR", "tmp"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
+        (work / sub).mkdir()
+        os.environ[var] = str(work / sub)
+    tempfile.tempdir = str(work / "tmp")
+    return work, system_tmp
+
+
+def plan_rules(
+    *, code_dir: Path, protected: Iterable[Path], write_dirs: Iterable[Path], device: str, system_tmp: str,
+) -> tuple[list[Rule], list[str], list[str]]:
+    """(rules, protected real paths, warnings) for the confined scorer."""
+    prot = sorted({os.path.realpath(p) for p in protected})
+    warnings: list[str] = []
+    rules: list[Rule] = []
+    for path in dict.fromkeys([*SYSTEM_READ_ROOTS, *python_roots(sys.path, PROJECT_ROOT)]):
+        if os.path.exists(path):
+            rules += broad_read_rules(path, prot, prot, system_tmp, warnings)
+    for path in [code_dir, *(PROJECT_ROOT / pkg for pkg in SCORER_PACKAGES)]:
+        real = os.path.realpath(path)
+        if any(is_beneath(real, p) for p in prot):
+            raise ValueError(f"the scorer's read path {path} lies inside the protected {prot}; keep code and data apart")
+        if any(is_beneath(p, real) for p in prot):  # a dataset built inside the project's data/ package
+            rules += [Rule(path=c, access="ro") for c in carve(real, prot)]
+        else:
+            rules.append(Rule(path=real, access="ro"))
+    for path in write_dirs:
+        real = os.path.realpath(path)
+        if any(is_beneath(real, p) or is_beneath(p, real) for p in prot):
+            raise ValueError(f"the scorer's output folder {path} overlaps the dataset {prot}; write the result elsewhere")
+        rules.append(Rule(path=real, access="rw"))
+    devices = [d for d in DEVICE_FILES if os.path.exists(d)]
+    if device.startswith("cuda"):
+        devices += sorted(str(p) for p in Path("/dev").glob("nvidia*"))
+    rules += [Rule(path=d, access="dev") for d in devices]
+    return rules, prot, warnings
+
+
+def confine_scorer(
+    *, code_dir: Path, protected: Iterable[Path], write_dirs: Iterable[Path], device: str, workdir: tuple[Path, str],
+) -> dict[str, Any]:
+    """Apply the scorer's Landlock rules to this process (irreversible); the record says what was done.
+
+    `workdir` is what private_workdir() returned: its folder stays writable, the system temp folder out of reach.
+    """
+    abi = landlock_abi()
+    if abi == 0:
+        return {"applied": False, "reason": "Landlock is not available on this kernel: the scorer ran unconfined"}
+    rules, prot, warnings = plan_rules(code_dir=code_dir, protected=protected, write_dirs=[*write_dirs, workdir[0]],
+                                       device=device, system_tmp=workdir[1])
+    apply_landlock(rules, abi, scope_signals=abi >= 6)
+    return {"applied": True, "landlock_abi": abi, "rules": len(rules), "protected": prot,
+            "writable": [r.path for r in rules if r.access == "rw"], "warnings": warnings}
