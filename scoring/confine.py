@@ -61,7 +61,8 @@ def private_workdir() -> tuple[Path, str]:
     system_tmp = os.path.realpath(tempfile.gettempdir())
     work = Path(tempfile.mkdtemp(prefix="pgolf-score-"))
     _reapers.append(subprocess.Popen([sys.executable, "-c", _REAPER, str(work)], stdin=subprocess.PIPE, start_new_session=True))
-    for var, sub in (("TMPDIR", "tmp"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
+    for var, sub in (("TMPDIR", "tmp"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton"),
+                     ("CUDA_CACHE_PATH", "nv")):
         (work / sub).mkdir()
         os.environ[var] = str(work / sub)
     tempfile.tempdir = str(work / "tmp")
