@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from harness.sandbox import is_beneath
+from scoring.landlock import is_beneath
 
 MONITOR_PREFIX = "[pgolf-sandbox] "
 MONITOR_MAX_LINES = 50

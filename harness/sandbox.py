@@ -51,16 +51,15 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from scoring.landlock import (
-    DEVICE_FILES,
     SYSTEM_READ_ROOTS,
     Rule,
     apply_landlock,
     broad_read_rules,
-    carve,
+    device_rules,
     drop_capabilities,
-    is_beneath,
     landlock_abi,
     loopback_up,
+    own_rules,
     private_tmpfs,
     python_roots,
 )
@@ -238,24 +237,10 @@ def plan_sandbox(
         if os.path.exists(path):
             rules += broad_read_rules(path, prot, hidden, tmp, warnings)
     own = [*(str(p) for p in read_paths), *(str(project_root / pkg) for pkg in ("harness", "data", "scoring"))]
-    for path in own:
-        real = os.path.realpath(path)
-        if any(is_beneath(real, p) for p in prot):
-            raise ValueError(f"sandbox read path {path} lies inside the protected {prot}")
-        if any(is_beneath(p, real) for p in prot):  # e.g. a dataset built inside the project's data/ package
-            rules += [Rule(path=c, access="ro") for c in carve(real, prot)]
-        elif os.path.exists(real):
-            rules.append(Rule(path=real, access="ro"))
+    rules += own_rules(own, [], prot, "sandbox")
     rules.append(Rule(path=str(project_root.resolve()), access="list"))
-    for path in write_paths:
-        real = os.path.realpath(path)
-        if any(is_beneath(real, p) or is_beneath(p, real) for p in prot):
-            raise ValueError(f"sandbox write path {path} overlaps the protected {prot}; choose a run folder outside the dataset")
-        rules.append(Rule(path=real, access="rw"))
-    devices = [d for d in DEVICE_FILES if os.path.exists(d)]
-    if device == "cuda":  # the GPUs, and InfiniBand for NCCL across nodes
-        devices += sorted(str(p) for p in [*Path("/dev").glob("nvidia*"), Path("/dev/infiniband")] if p.exists())
-    rules += [Rule(path=d, access="dev") for d in devices]
+    rules += own_rules([], write_paths, prot, "sandbox")
+    rules += device_rules(device)
     if os.path.isdir("/dev/shm"):
         rules.append(Rule(path="/dev/shm", access="rw"))
     if 0 < caps.landlock_abi < 6:

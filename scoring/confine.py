@@ -32,14 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from scoring.landlock import (
-    DEVICE_FILES,
     SYSTEM_READ_ROOTS,
     Rule,
     apply_landlock,
     broad_read_rules,
-    carve,
-    is_beneath,
+    device_rules,
     landlock_abi,
+    own_rules,
     python_roots,
 )
 
@@ -79,23 +78,8 @@ def plan_rules(
     for path in dict.fromkeys([*SYSTEM_READ_ROOTS, *python_roots(sys.path, PROJECT_ROOT)]):
         if os.path.exists(path):
             rules += broad_read_rules(path, prot, prot, system_tmp, warnings)
-    for path in [code_dir, *(PROJECT_ROOT / pkg for pkg in SCORER_PACKAGES)]:
-        real = os.path.realpath(path)
-        if any(is_beneath(real, p) for p in prot):
-            raise ValueError(f"the scorer's read path {path} lies inside the protected {prot}; keep code and data apart")
-        if any(is_beneath(p, real) for p in prot):  # a dataset built inside the project's data/ package
-            rules += [Rule(path=c, access="ro") for c in carve(real, prot)]
-        else:
-            rules.append(Rule(path=real, access="ro"))
-    for path in write_dirs:
-        real = os.path.realpath(path)
-        if any(is_beneath(real, p) or is_beneath(p, real) for p in prot):
-            raise ValueError(f"the scorer's output folder {path} overlaps the dataset {prot}; write the result elsewhere")
-        rules.append(Rule(path=real, access="rw"))
-    devices = [d for d in DEVICE_FILES if os.path.exists(d)]
-    if device.startswith("cuda"):
-        devices += sorted(str(p) for p in Path("/dev").glob("nvidia*"))
-    rules += [Rule(path=d, access="dev") for d in devices]
+    rules += own_rules([code_dir, *(PROJECT_ROOT / pkg for pkg in SCORER_PACKAGES)], write_dirs, prot, "the scorer's")
+    rules += device_rules(device)
     return rules, prot, warnings
 
 

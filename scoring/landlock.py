@@ -220,3 +220,33 @@ def broad_read_rules(path: str, prot: Sequence[str], hidden: Sequence[str], tmp:
     if any(is_beneath(h, real) for h in hidden):
         return [Rule(path=c, access="ro") for c in carve(real, hidden)]
     return [Rule(path=real, access="ro")]
+
+
+def own_rules(read_paths: Iterable[str | Path], write_paths: Iterable[str | Path], prot: Sequence[str], who: str) -> list[Rule]:
+    """ro rules for a phase's own read paths (a protected path beneath one is carved out), rw rules for its write paths.
+
+    A read path inside a protected one, or a write path overlapping one, is refused (ValueError naming `who`).
+    """
+    rules: list[Rule] = []
+    for path in read_paths:
+        real = os.path.realpath(path)
+        if any(is_beneath(real, p) for p in prot):
+            raise ValueError(f"{who} read path {path} lies inside the protected {list(prot)}; keep code and data apart")
+        if any(is_beneath(p, real) for p in prot):  # e.g. a dataset built inside the project's data/ package
+            rules += [Rule(path=c, access="ro") for c in carve(real, prot)]
+        elif os.path.exists(real):
+            rules.append(Rule(path=real, access="ro"))
+    for path in write_paths:
+        real = os.path.realpath(path)
+        if any(is_beneath(real, p) or is_beneath(p, real) for p in prot):
+            raise ValueError(f"{who} write path {path} overlaps the protected {list(prot)}; write outside the dataset")
+        rules.append(Rule(path=real, access="rw"))
+    return rules
+
+
+def device_rules(device: str) -> list[Rule]:
+    """The usual device files; on CUDA also the GPUs and InfiniBand (NCCL across nodes)."""
+    devices = [d for d in DEVICE_FILES if os.path.exists(d)]
+    if device.startswith("cuda"):
+        devices += sorted(str(p) for p in [*Path("/dev").glob("nvidia*"), Path("/dev/infiniband")] if p.exists())
+    return [Rule(path=d, access="dev") for d in devices]

@@ -89,7 +89,7 @@ def test_plan_carves_a_dataset_out_of_a_readable_folder_and_refuses_overlaps(tmp
         paths = {r.path for r in rules if r.access == "ro"}
         assert str(REPO / "data") not in paths and str(REPO / "data" / "shards.py") in paths and prot == [str(data)]
         assert not any(p == str(data) or p.startswith(str(data) + "/") for p in paths)
-        with pytest.raises(ValueError, match="overlaps the dataset"):
+        with pytest.raises(ValueError, match="overlaps the protected"):
             plan_rules(code_dir=tmp_path, protected=[tmp_path / "ds"], write_dirs=[tmp_path], device="cpu", system_tmp="/tmp")
         with pytest.raises(ValueError, match="keep code and data apart"):
             plan_rules(code_dir=tmp_path / "ds" / "code", protected=[tmp_path / "ds"], write_dirs=[], device="cpu", system_tmp="/tmp")

@@ -26,8 +26,9 @@ from harness.launch import (
     torchrun_command,
 )
 from harness.monitor import AccessMonitor, parse_attempts
-from harness.sandbox import TOKEN_ENV, MachineCaps, carve, plan_sandbox
+from harness.sandbox import TOKEN_ENV, MachineCaps, plan_sandbox
 from harness.train_phase import rank_failures
+from scoring.landlock import carve
 from tests.conftest import is_own_install
 
 REPO = Path(__file__).resolve().parents[2]
