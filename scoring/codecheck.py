@@ -19,8 +19,11 @@ no in-process sandbox, so two layers make the rules mechanical:
 2. Tool guard (`ToolGuard`), at run time: before the submission's code is imported, the scorer
    records the identity of every attribute of the modules and classes it computes with (builtins,
    math, numpy, torch, torch.Tensor, torch.nn.functional, the aten op it uses, and its own scoring
-   modules; torch.compile in a model is fine: see SELF_PATCHED). It checks them again after every forward pass, after every adaptation step and at the
-   end; any attribute replaced, removed or (on a class) added fails the score, naming it.
+   modules; torch.compile in a model is fine: see SELF_PATCHED), the kernels registered for every
+   aten operator, and the depth of torch's mode stacks. It checks them again after every forward
+   pass and adaptation step (attributes, modes and the kernels it runs itself), and in full once the
+   model is built and at the end; anything replaced, removed or (on a class) added, or a mode left
+   active, fails the score, naming it.
 
 Either failure is a verdict on the entry ("code check failed"; the run is `illegal`), not a crash.
 This raises the bar and gives a clear verdict; it is not a proof against a determined attacker
@@ -71,6 +74,8 @@ BANNED_ATTRS = frozenset(
         "hub", "cpp_extension", "package", "tofile", "save", "savetxt", "savez", "savez_compressed", "datapipes",
         # running commands
         "collect_env", "system", "popen", "Popen", "run_command",
+        # replacing what torch computes for everyone: kernels, modes
+        "library", "py_impl", "TorchFunctionMode", "TorchDispatchMode", "set_default_device",
     }
 )
 CODEC_ALLOWED_ATTRS = frozenset({"load", "frombuffer", "save"})
@@ -151,6 +156,8 @@ def lint_source(path: Path, rules: _Rules = MODEL_RULES) -> tuple[list[str], lis
                              for a in node.names if _bad_attr(a.name, rules) or a.name.startswith("_")]
             problems += [f"{where}: imports the private module {name!r}" for name in mods
                          if name != "__future__" and any(part.startswith("_") for part in name.split("."))]
+            problems += [f"{where}: imports {name!r}, which reaches outside the tensors it is given" for name in mods
+                         if any(part in rules.banned_attrs or part in BANNED_NAMES for part in name.split(".")[1:])]
         elif isinstance(node, ast.Name) and node.id in BANNED_NAMES:
             problems.append(f"{where}: uses {node.id!r}, which reaches outside the tensors it is given")
         elif isinstance(node, ast.Attribute) and _bad_attr(node.attr, rules):
@@ -238,17 +245,50 @@ calls it. torch.nn.Module is not watched either: compile patches it, and it is t
 territory (what the model returns is checked by the probes)."""
 
 
+HOT_OPS = (
+    "aten::copy_", "aten::_log_softmax.out", "aten::gather.out", "aten::neg", "aten::isfinite", "aten::all", "aten::any",
+    "aten::isnan", "aten::eq.Scalar", "aten::index.Tensor", "aten::squeeze.dim", "aten::unsqueeze", "aten::slice.Tensor",
+    "aten::empty.memory_format", "aten::_local_scalar_dense", "aten::sum", "aten::detach", "aten::_to_copy", "aten::view",
+)
+"""The kernels the scorer runs on the logits and targets between forward passes: checked after every one."""
+
+
+def _kernels(names: list[str]) -> dict[str, str]:
+    return {n: torch._C._dispatch_dump_table(n) for n in names}
+
+
+def _mode_depths() -> tuple[int, int]:
+    return torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()
+
+
 class ToolGuard:
-    """Identity of every attribute of the scorer's tools, taken before submission code is imported."""
+    """Identity of every attribute of the scorer's tools, taken before submission code is imported; also
+    torch's kernel registrations (a kernel registered through torch.library would compute for the scorer
+    too) and its mode stacks (a function mode left entered, say by a suspended generator, would see
+    every torch call the scorer makes)."""
 
     def __init__(self) -> None:
         self._objs = _watched()
         self._snap = [dict(vars(obj)) for _, obj in self._objs]
+        all_ops = set(torch._C._dispatch_get_all_op_names())
+        self._hot = [n for n in HOT_OPS if n in all_ops]
+        self._all = sorted(n for n in all_ops if n.startswith("aten::"))
+        self._kernels = _kernels(self._all)  # about 0.15 s: all of aten, compared in full twice per score
+        self._modes = _mode_depths()
         self.checks = 0
 
-    def __call__(self, when: str = "") -> None:
-        """Raise CodeCheckFailure naming the first tool replaced, removed or added since the snapshot."""
+    def __call__(self, when: str = "", *, full: bool = False) -> None:
+        """Raise CodeCheckFailure naming the first tool replaced, removed or added since the snapshot.
+
+        `full` compares every aten kernel registration (about 0.15 s); otherwise the scorer's own (HOT_OPS).
+        """
         self.checks += 1
+        if _mode_depths() != self._modes:
+            self._fail(f"a torch function or dispatch mode was left active (stack depths {_mode_depths()}, were {self._modes})",
+                       when)
+        for name in self._all if full else self._hot:
+            if torch._C._dispatch_dump_table(name) != self._kernels[name]:
+                self._fail(f"the kernels of {name} were replaced", when)
         for (name, obj), snap in zip(self._objs, self._snap, strict=True):
             cur = vars(obj)
             for k, v in snap.items():
@@ -264,7 +304,7 @@ class ToolGuard:
                                "tool the scorer computes with")
 
     def record(self) -> dict[str, Any]:
-        return {"watched": [n for n, _ in self._objs], "checks": self.checks}
+        return {"watched": [n for n, _ in self._objs], "kernels_watched": len(self._all), "checks": self.checks}
 
 
 def scored_files(submission_dir: str | Path) -> list[str]:

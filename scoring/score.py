@@ -73,7 +73,7 @@ def score_artifact(
     state = decode_state(artifact, artifact_codec(artifact, submission_dir))
     model = load_model(artifact, state, submission_dir, dev)
     hook = load_hook(submission_dir)
-    guard("while the model was built")
+    guard("while the model was built", full=True)
     manifest = load_manifest(data_dir)
     tokenizer = load_tokenizer(manifest.tokenizer_path)
     table = tokenizer.byte_table()
@@ -91,7 +91,7 @@ def score_artifact(
     result = evaluate(model, tokens, table, cfg, dev, bos_id=tokenizer.bos_id, adapter=adapter, guard=guard)
     if adapter is not None:
         probes["after_adaptation"] = run_probes(model, tokens, table.vocab_size, probe_cfg, dev, guard)
-    guard("by the end of scoring")
+    guard("by the end of scoring", full=True)
     sums = result.sums
     return {
         "format": SCORE_FORMAT,

@@ -39,6 +39,8 @@ HOSTILE_MODELS = {
     "a shell": ("R = torch.utils.collect_env.run('cat /v.bin')\n", "attribute 'collect_env'"),
     "numpy writes": ("import numpy as np\nnp.savetxt('score.json', [], header='{}')\n", "attribute 'savetxt'"),
     "exit early": ("raise SystemExit(0)\n", "uses 'SystemExit'"),
+    "kernel registry": ("import torch.library\n", "imports 'torch.library'"),
+    "function modes": ("M = torch.overrides.TorchFunctionMode\n", "attribute 'TorchFunctionMode'"),
     "private name": ("from torch.serialization import _open_file_like\n", "imports '_open_file_like'"),
 }
 
@@ -151,3 +153,42 @@ def test_torch_compile_in_model_code_is_not_a_false_alarm():
     with torch.inference_mode():
         m(torch.randn(2, 4))
     guard("after torch.compile")
+
+
+def test_the_guard_sees_a_function_mode_left_active():
+    """A suspended generator can keep a TorchFunctionMode entered past the model's forward: it would see every
+    torch call of the scorer, the targets included."""
+    from torch.overrides import TorchFunctionMode
+
+    class Spy(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    def held(mode):
+        with mode:
+            yield
+
+    guard = ToolGuard()
+    gen = held(Spy())
+    next(gen)
+    try:
+        with pytest.raises(CodeCheckFailure, match="mode was left active"):
+            guard("during a forward pass")
+    finally:
+        gen.close()
+    guard("after it ended")
+
+
+@pytest.mark.filterwarnings("ignore:Warning only once for all operators")  # torch warns of the override: the point here
+@pytest.mark.parametrize(("op", "full"), [("neg", False), ("gather", True)])
+def test_the_guard_sees_a_kernel_replaced_through_torch_library(op, full):
+    guard = ToolGuard()
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        lib.impl(op, lambda *a, **k: None, "CPU")
+        with pytest.raises(CodeCheckFailure, match=rf"the kernels of aten::{op} were replaced"):
+            guard("during a forward pass", full=full)
+    finally:
+        lib._destroy()
+    guard("after the library was destroyed", full=True)  # and the kernel is torch's own again
+    assert torch.equal(-torch.ones(2), torch.full((2,), -1.0))
