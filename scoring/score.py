@@ -87,6 +87,7 @@ def score_artifact(
     audit = tokenizer_audit(tokenizer, tokenizer_sha256, eval_tokens(tokens, cfg))
     probe_cfg = ProbeConfig(seq_len=cfg.seq_len, dtype=cfg.dtype)
     probes = run_probes(model, tokens, table.vocab_size, probe_cfg, dev, guard)
+    guard("during the probes", full=True)  # their own arithmetic (differences, maxima) runs between forward passes
     adapter = ScoreFirstAdapter(hook[0], hook[1]) if hook else None
     result = evaluate(model, tokens, table, cfg, dev, bos_id=tokenizer.bos_id, adapter=adapter, guard=guard)
     if adapter is not None:
