@@ -23,8 +23,11 @@ from typing import Any
 
 import torch
 
-from data.io import sha256_bytes, write_bytes_atomic
+from data.io import sha256_bytes, sha256_file, write_bytes_atomic
 from scoring.codecs import CODECS, Codec, StateDict, get_codec
+
+MODEL_FILE = "model.py"
+"""The file a submission must have: the scorer builds the model from it (scoring/loading.py)."""
 
 ARTIFACT_MAGIC = b"PGOLFART"
 ARTIFACT_FORMAT = "pg-artifact"
@@ -113,9 +116,27 @@ def read_artifact(path: str | os.PathLike[str]) -> Artifact:
     return Artifact(header, payload)
 
 
+def check_code_hashes(artifact: Artifact, submission_dir: Path) -> None:
+    """Every recorded code file present in `submission_dir` must match its recorded sha256."""
+    for rel, digest in artifact.header.get("code_files", {}).items():
+        p = submission_dir / rel
+        if p.is_file() and sha256_file(p) != digest:
+            raise ArtifactError(
+                f"{p} differs from the code packed into the artifact (sha256 {digest[:12]}…); "
+                "score with the submission folder the artifact was packed from"
+            )
+    if MODEL_FILE not in artifact.header.get("code_files", {}):
+        raise ArtifactError(f"the artifact records no {MODEL_FILE}; it was not packed from a submission folder")
+
+
 def artifact_codec(artifact: Artifact, submission_dir: str | os.PathLike[str] | None) -> Codec:
-    """The codec an artifact names: built-in by name, else the submission's own codec.py."""
-    return get_codec(artifact.codec_name if artifact.codec_name in CODECS else "submission", submission_dir)
+    """The codec an artifact names: built-in by name, else the submission's own codec.py, imported only
+    once the folder's code matches the hashes the artifact recorded."""
+    if artifact.codec_name in CODECS:
+        return get_codec(artifact.codec_name)
+    if submission_dir is not None:
+        check_code_hashes(artifact, Path(submission_dir))
+    return get_codec("submission", submission_dir)
 
 
 def decode_state(artifact: Artifact, codec: Codec) -> StateDict:

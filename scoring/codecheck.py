@@ -48,6 +48,8 @@ from scoring.codecs import SUBMISSION_CODEC_FILE as CODEC_FILE
 from scoring.loading import MODEL_FILE
 
 EVAL_HOOK_FILE = "eval.py"
+ENTRY_FILES = (MODEL_FILE, EVAL_HOOK_FILE, CODEC_FILE)
+"""Where the static check starts: the files the scorer imports."""
 
 ALLOWED_IMPORTS = frozenset(
     {"torch", "numpy", "math", "typing", "dataclasses", "collections", "functools", "itertools", "__future__", "einops", "enum"}
@@ -190,7 +192,7 @@ def lint_scored_code(submission_dir: str | Path) -> list[str]:
     eval.py the stricter ones.
     """
     folder = Path(submission_dir)
-    todo = [(folder / f, CODEC_RULES if f == CODEC_FILE else MODEL_RULES) for f in (MODEL_FILE, EVAL_HOOK_FILE, CODEC_FILE)]
+    todo = [(folder / f, CODEC_RULES if f == CODEC_FILE else MODEL_RULES) for f in ENTRY_FILES]
     todo = [(p, r) for p, r in todo if p.is_file()][::-1]  # pop() takes model.py first
     seen: dict[Path, _Rules] = {}
     problems: list[str] = []
@@ -309,4 +311,4 @@ class ToolGuard:
 
 def scored_files(submission_dir: str | Path) -> list[str]:
     """The entry files of the static check that this folder has."""
-    return [f for f in (MODEL_FILE, EVAL_HOOK_FILE, CODEC_FILE) if (Path(submission_dir) / f).is_file()]
+    return [f for f in ENTRY_FILES if (Path(submission_dir) / f).is_file()]

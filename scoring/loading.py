@@ -17,10 +17,8 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from data.io import sha256_file
-from scoring.artifact import Artifact, ArtifactError
+from scoring.artifact import MODEL_FILE, Artifact, ArtifactError, check_code_hashes
 
-MODEL_FILE = "model.py"
 STAGED_EXCLUDE = ("train.py", "__pycache__", "runs")
 """What the scorer never gets of a submission folder: its training code (and caches, run folders)."""
 
@@ -44,19 +42,6 @@ def import_file(path: Path, module_name: str) -> ModuleType:
         if sys.path and sys.path[0] == folder:
             sys.path.pop(0)
     return module
-
-
-def check_code_hashes(artifact: Artifact, submission_dir: Path) -> None:
-    """Every recorded code file present in `submission_dir` must match its recorded sha256."""
-    for rel, digest in artifact.header.get("code_files", {}).items():
-        p = submission_dir / rel
-        if p.is_file() and sha256_file(p) != digest:
-            raise ArtifactError(
-                f"{p} differs from the code packed into the artifact (sha256 {digest[:12]}…); "
-                "score with the submission folder the artifact was packed from"
-            )
-    if MODEL_FILE not in artifact.header.get("code_files", {}):
-        raise ArtifactError(f"the artifact records no {MODEL_FILE}; it was not packed from a submission folder")
 
 
 def build_model(submission_dir: str | Path, config: dict) -> nn.Module:

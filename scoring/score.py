@@ -3,7 +3,8 @@
 It is given only the artifact, the submission's model code and a validation dataset folder.
 Before any submission code is imported, it records its own tools for the guard and statically
 checks the scored code (scoring/codecheck.py); it checks the code against the artifact's recorded
-hashes, decodes the artifact with its codec, builds and loads the model (strict), and only then
+hashes (before importing a custom codec.py or model.py), decodes the artifact with its codec, builds
+and loads the model (strict), and only then
 reads the validation tokens; it runs the legality probes (scoring/probes.py; a
 failure fails the score), audits the tokenizer's byte table on the scored documents when the
 dataset's tokenizer is not a known official one (scoring/audit.py), and evaluates it
@@ -37,7 +38,7 @@ from scoring.bpb import METRIC_VERSION, metric_table
 from scoring.codecheck import ToolGuard, require_clean_code, scored_files
 from scoring.confine import confine_scorer, private_workdir
 from scoring.evaluate import EvalConfig, eval_tokens, evaluate, tune_cpu_allocator
-from scoring.loading import check_code_hashes, load_model
+from scoring.loading import load_model
 from scoring.probes import ProbeConfig, ProbeFailure, run_probes
 
 SCORE_FORMAT = "pg-score"
@@ -69,7 +70,6 @@ def score_artifact(
     require_clean_code(submission_dir)
     workdir = private_workdir() if confine else None  # before the model is built: TMPDIR and compile caches
     artifact = read_artifact(artifact_path)
-    check_code_hashes(artifact, Path(submission_dir))
     state = decode_state(artifact, artifact_codec(artifact, submission_dir))
     model = load_model(artifact, state, submission_dir, dev)
     hook = load_hook(submission_dir)

@@ -82,3 +82,30 @@ def test_corrupt_artifacts_are_refused(submission, tmp_path, where):
     out.write_bytes(bytes(b))
     with pytest.raises(ArtifactError):
         read_artifact(out)
+
+
+CODEC_SRC = '''from safetensors.torch import load, save
+
+NAME = "fixture_safetensors"
+VERSION = 1
+
+
+def encode(state):
+    return save({k: v.contiguous() for k, v in state.items()})
+
+
+def decode(payload):
+    return load(payload)
+'''
+
+
+def test_a_custom_codec_is_imported_only_if_it_is_the_packed_one(submission, tmp_path):
+    from scoring.artifact import artifact_codec, decode_state
+
+    (submission / "codec.py").write_text(CODEC_SRC)
+    pack_state(state(), submission, tmp_path / "a.pgolf", codec_name="submission", model_config={}, cap_bytes=16_000_000)
+    art = read_artifact(tmp_path / "a.pgolf")
+    assert torch.equal(decode_state(art, artifact_codec(art, submission))["w"], state()["w"])
+    (submission / "codec.py").write_text(CODEC_SRC + "\nraise RuntimeError('a changed codec.py ran')\n")
+    with pytest.raises(ArtifactError, match=r"codec\.py differs from the code packed into the artifact"):
+        artifact_codec(art, submission)
