@@ -4,11 +4,14 @@
               [--nproc N] [--nnodes M --rdzv-endpoint HOST:PORT]
     pgolf pack STATE.safetensors --submission DIR --out ARTIFACT [--codec int8_zlib] [--preset NAME]
     pgolf unpack ARTIFACT --out STATE.safetensors
-    pgolf score ARTIFACT --submission DIR --data DIR [--json]
+    pgolf score ARTIFACT --submission DIR --data DIR [--json]      the sealed scorer (scoring/score/cli.py)
+    pgolf verify | verify-legacy | compare | leaderboard | audit-tokenizer    records (harness/records/)
     pgolf data build|...      datasets (data/cli.py)
     pgolf sample ARTIFACT --submission DIR [--prompt TEXT]   generate text with a packed model
-    pgolf bench ...           benchmarks that print figures
+    pgolf bench ...           benchmarks that print figures (harness/bench/, data/bench.py)
 
+Each command lives in the module named in COMMANDS and is imported only when it runs (a plain
+`pgolf score` loads the scorer and nothing of the records or training code); `--help` imports all.
 The flag set is closed: tests/unit/test_cli.py lists every command and flag, so adding one is a
 deliberate change. User errors print one line naming the input and a fix, and exit with status 2.
 """
@@ -16,20 +19,31 @@ deliberate change. User errors print one line naming the input and a fix, and ex
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 
-from data import cli as data_cli
-from data.io import write_json_atomic
-from harness import sample
-from harness.config import load_config
-from scoring import cli as scoring_cli
-from scoring.cap import ARTIFACT_CAP_BYTES, ArtifactTooLarge
-from scoring.pack import model_config_of, pack_state, read_state
+COMMANDS: dict[str, str] = {
+    "run": "harness.cli",
+    "pack": "harness.cli",
+    "score": "scoring.score.cli",
+    "unpack": "scoring.score.cli",
+    "audit-tokenizer": "scoring.score.audit",
+    "verify": "harness.records.verify",
+    "verify-legacy": "harness.records.legacy",
+    "compare": "harness.records.compare",
+    "leaderboard": "harness.records.leaderboard",
+    "sample": "harness.sample",
+    "data": "data.cli",
+    "bench": "harness.bench",
+}
+"""Command -> the module whose `register(sub)` adds it (imported lazily)."""
+
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, TypeError)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from harness.run import run_pipeline
+    from harness.run.pipeline import run_pipeline
 
     launch = [f"launch.{key}={value!r}" for key, value in
               (("nproc_per_node", args.nproc), ("nnodes", args.nnodes), ("rdzv_endpoint", args.rdzv_endpoint)) if value is not None]
@@ -41,6 +55,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
+    from data.io import write_json_atomic
+    from harness.config import load_config
+    from scoring.artifact.cap import ArtifactTooLarge
+    from scoring.artifact.pack import model_config_of, pack_state, read_state
+
     state, meta = read_state(args.state)
     model_config = model_config_of(meta)
     if model_config is None:
@@ -54,9 +73,9 @@ def cmd_pack(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pgolf", description="The parameter-golf harness.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def register(sub: argparse._SubParsersAction) -> None:
+    """`run` and `pack` (the commands this module implements)."""
+    from scoring.artifact.cap import ARTIFACT_CAP_BYTES
 
     p = sub.add_parser("run", help="train, pack, score and report a submission")
     p.add_argument("submission", help="submission (or baseline) folder")
@@ -81,35 +100,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json-out", help="also write the pack record here")
     p.set_defaults(func=cmd_pack)
 
-    scoring_cli.register(sub)
-    sample.register(sub)
 
-    p = sub.add_parser("data", help="datasets: build, download, verify")
-    data_cli.register(p.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND"))
-
-    p = sub.add_parser("bench", help="benchmarks that print figures")
-    bench_sub = p.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
-    _register_benches(bench_sub)
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every command, or with `only` that command's module imported."""
+    parser = argparse.ArgumentParser(prog="pgolf", description="The parameter-golf harness.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    modules = [COMMANDS[only]] if only in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
+    for name in modules:
+        if name == "data.cli":
+            p = sub.add_parser("data", help="datasets: build, download, verify")
+            importlib.import_module(name).register(p.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND"))
+        elif name == "harness.bench":
+            p = sub.add_parser("bench", help="benchmarks that print figures")
+            importlib.import_module(name).register(p.add_subparsers(dest="bench_command", required=True, metavar="BENCH"))
+        else:
+            importlib.import_module(name).register(sub)
     return parser
 
 
-def _register_benches(sub: argparse._SubParsersAction) -> None:
-    from data import bench as data_bench
-    from harness import bench as runner_bench
-    from scoring import bench as scoring_bench
-
-    runner_bench.register(sub)
-    data_bench.register(sub)
-    scoring_bench.register(sub)
+def run_command(args: argparse.Namespace) -> int:
+    """Run a parsed command; user errors become one clear line and exit status 2."""
+    try:
+        return int(args.func(args) or 0)
+    except USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return scoring_cli.run_command(args)
-    except FileExistsError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    argv = sys.argv[1:] if argv is None else argv
+    first = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(first).parse_args(argv)
+    return run_command(args)
 
 
 if __name__ == "__main__":

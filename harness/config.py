@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.budget import BudgetConfig
-from harness.launch import LaunchConfig
-from scoring.evaluate import EvalConfig
+from harness.run.launch import LaunchConfig
+from harness.train.clock import BudgetConfig
+from scoring.score.evaluate import EvalConfig
 
 CONFIG_FILE = "config.toml"
 SUBMISSION_SECTIONS = ("model", "train")

@@ -19,8 +19,8 @@ import torch
 
 from data.manifest import load_manifest
 from data.tokenizer import Tokenizer, load_tokenizer
-from scoring.artifact import artifact_codec, decode_state, read_artifact
-from scoring.loading import load_model
+from scoring.artifact.format import artifact_codec, decode_state, read_artifact
+from scoring.score.loading import load_model
 
 
 @torch.inference_mode()

@@ -2,6 +2,6 @@
 
 import sys
 
-from scoring.cli import main
+from scoring.score.cli import main
 
 sys.exit(main())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scoring.cap import ARTIFACT_CAP_BYTES
+from scoring.artifact.cap import ARTIFACT_CAP_BYTES
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -8,10 +8,10 @@ Uses the machine's preinstalled PyTorch and the project's own code only (no down
 the worker and the bench need no package beyond torch and numpy; safetensors is not needed: the
 state is not saved). It writes a synthetic dataset (uniform random token ids < 1024, one training
 shard: the content does not matter for speed), then runs the same train() twice:
-1. harness: the real train phase (harness/train_phase.py: staging, sandbox, torchrun, worker, clock that
+1. harness: the real train phase (harness/run/train_phase.py: staging, sandbox, torchrun, worker, clock that
    syncs the GPU and reads time every step), official preset on one GPU (gradient accumulation 8
    keeps the 524,288-token global batch), torch.compile warm-up off the clock;
-2. bare: `python -m harness.bench bare` (same train(), a clock that only reads time, no torchrun,
+2. bare: `python -m harness.bench.runner bare` (same train(), a clock that only reads time, no torchrun,
    no sandbox), the same config and warm-up.
 For each it prints steps, mean step time, tokens/s and MFU, then the harness/bare tokens/s ratio.
 MFU = tokens/s x (6N + 12 L d T) FLOPs per token (N parameters, the tied head counted once; L layers,
@@ -42,7 +42,7 @@ except ImportError:
 
 from data.manifest import shard_entry, write_manifest  # noqa: E402
 from data.shards import shard_name, write_shard  # noqa: E402
-from harness.bench import run_bare, run_harness  # noqa: E402
+from harness.bench.runner import run_bare, run_harness  # noqa: E402
 from harness.config import load_config  # noqa: E402
 
 BASELINE = REPO / "baselines" / "naive_baseline"

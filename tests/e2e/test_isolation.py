@@ -5,7 +5,7 @@ walks the folders around its training data and the default dataset cache, and re
 command line for a `--data` folder; then it trains as usual. With Landlock
 (Linux >= 5.13) every such read must fail and the result must list the attempts; without it the
 test checks only that the run degrades with a recorded warning, and still reports the attempts.
-The train phase's record checked here is what result.json holds as phases.train (harness/run.py).
+The train phase's record checked here is what result.json holds as phases.train (harness/run/pipeline.py).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from harness.config import load_config
-from harness.train_phase import run_train_phase
-from scoring.landlock import landlock_abi
+from harness.run.train_phase import run_train_phase
+from isolation.landlock import landlock_abi
 from tests.conftest import is_own_install
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "submissions"
@@ -87,10 +87,10 @@ def test_a_custom_codec_encodes_sandboxed_and_on_the_clock(tiny_dataset, tmp_pat
 
     from safetensors.torch import save_file
 
-    from harness.budget import BudgetConfig
-    from harness.launch import LaunchConfig
-    from harness.train_phase import run_sealed_pack
-    from harness.worker import STATE_FILE
+    from harness.run.launch import LaunchConfig
+    from harness.run.train_phase import run_sealed_pack
+    from harness.train.clock import BudgetConfig
+    from harness.train.rank import STATE_FILE
 
     sub = tmp_path / "codec_peek"
     shutil.copytree(FIXTURES / "codec_peek", sub)

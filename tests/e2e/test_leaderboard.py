@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from scoring.leaderboard import build
-from scoring.verify import result_digest
+from harness.records.leaderboard import build
+from harness.records.verify import result_digest
 from tests.conftest import REPO
 
 ENTRIES = [  # name, date, builds_on, [(seed, val_bpb, bytes_total)], verification
@@ -58,7 +58,7 @@ def board_dir(tmp_path_factory) -> Path:
     lines.append(result("other_track", "2026-04-01", None, 1, 1.0, 1000) | {"track": "smoke"})
     ledger = tmp / "ledger.jsonl"
     ledger.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    r = subprocess.run([sys.executable, "-m", "scoring", "leaderboard", "--ledger", str(ledger), "--track", "10min_16mb",
+    r = subprocess.run([sys.executable, "-m", "harness.cli", "leaderboard", "--ledger", str(ledger), "--track", "10min_16mb",
                         "--out", str(tmp / "site")], capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
     assert "4 ranked, 4 not ranked" in r.stdout

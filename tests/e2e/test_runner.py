@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from harness.config import load_config
-from harness.launch import POLL_S, processes_with_token
-from harness.train_phase import run_train_phase
-from scoring.landlock import landlock_abi
+from harness.run.launch import POLL_S, processes_with_token
+from harness.run.train_phase import run_train_phase
+from isolation.landlock import landlock_abi
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "submissions"
 LOSS_RTOL = 1e-5

@@ -73,5 +73,5 @@ def test_submissions_import_only_the_api_and_their_own_files(folder):
 
 def test_the_checker_catches_a_violation(tmp_path):
     bad = tmp_path / "x.py"
-    bad.write_text("from harness.run import run_pipeline\nimport scoring.cap\n")
-    assert {"harness.run", "scoring.cap"} <= imports_of(bad)
+    bad.write_text("from harness.run.pipeline import run_pipeline\nimport scoring.artifact.cap\n")
+    assert {"harness.run.pipeline", "scoring.artifact.cap"} <= imports_of(bad)

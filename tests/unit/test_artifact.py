@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scoring.artifact import ArtifactError, read_artifact
-from scoring.cap import ArtifactTooLarge, CapCheck, code_bytes, counted_files
-from scoring.codecs import CODECS
-from scoring.pack import pack_state, unpack_artifact
+from scoring.artifact.cap import ArtifactTooLarge, CapCheck, code_bytes, counted_files
+from scoring.artifact.codecs import CODECS
+from scoring.artifact.format import ArtifactError, read_artifact
+from scoring.artifact.pack import pack_state, unpack_artifact
 
 
 @pytest.fixture
@@ -100,7 +100,7 @@ def decode(payload):
 
 
 def test_a_custom_codec_is_imported_only_if_it_is_the_packed_one(submission, tmp_path):
-    from scoring.artifact import artifact_codec, decode_state
+    from scoring.artifact.format import artifact_codec, decode_state
 
     (submission / "codec.py").write_text(CODEC_SRC)
     pack_state(state(), submission, tmp_path / "a.pgolf", codec_name="submission", model_config={}, cap_bytes=16_000_000)

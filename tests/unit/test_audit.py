@@ -12,7 +12,7 @@ import pytest
 
 from data.build import read_jsonl_texts
 from data.tokenizer import BOS_ID, SPACE_MARK, ByteTable, ByteTokenizer, SentencePieceTokenizer
-from scoring.audit import audit_texts, audit_token_stream, split_documents
+from scoring.score.audit import audit_texts, audit_token_stream, split_documents
 from tests.conftest import REPO, SAMPLE_JSONL, SP1024, SP8192, require_shared
 
 TEXTS = ["Plain ASCII text.", "Grüße aus Köln — naïve café ☕ 你好", "", "tabs\tand  double  spaces\nnew line", "x" * 40]
@@ -101,12 +101,12 @@ def test_cli_passes_on_a_good_tokenizer_and_prints_json(tmp_path):
     docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
     tok = tmp_path / "byte260.json"
     tok.write_text('{"kind": "byte260"}')
-    r = subprocess.run([sys.executable, "-m", "scoring", "audit-tokenizer", str(tok), "--docs", str(docs), "--json"],
+    r = subprocess.run([sys.executable, "-m", "harness.cli", "audit-tokenizer", str(tok), "--docs", str(docs), "--json"],
                        capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
     rec = json.loads(r.stdout)
     assert rec["passed"] and rec["docs"] == len(TEXTS) and rec["format"] == "pg-tokenizer-audit"
-    r = subprocess.run([sys.executable, "-m", "scoring", "audit-tokenizer", str(tmp_path / "nope.model"), "--docs", str(docs)],
+    r = subprocess.run([sys.executable, "-m", "harness.cli", "audit-tokenizer", str(tmp_path / "nope.model"), "--docs", str(docs)],
                        capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
     assert r.returncode == 2 and "tokenizer model not found" in r.stderr
 
@@ -115,9 +115,9 @@ def test_the_scorer_audits_a_tokenizer_brought_with_the_data(tmp_path, monkeypat
     """A dataset tokenized with a tokenizer that is not the official one is audited on the scored
     documents with every score; a planted over-count fails the score, naming the document."""
     require_shared(SP8192, SAMPLE_JSONL)
-    import scoring.score as score_mod
+    import scoring.score.scorer as score_mod
     from data.build import build_dataset
-    from scoring.evaluate import EvalConfig
+    from scoring.score.evaluate import EvalConfig
     from tests.unit.test_eval_support import pack_tiny, write_submission
 
     docs = read_jsonl_texts(SAMPLE_JSONL)[:6]

@@ -9,7 +9,7 @@ import statistics
 import numpy as np
 
 from data.shards import read_split
-from scoring.bench import DEFAULT_SUBMISSION, run_bench
+from harness.bench.score import DEFAULT_SUBMISSION, run_bench
 
 
 def test_bench_score_runs_both_loops_on_the_same_tokens(tiny_dataset):
@@ -27,7 +27,7 @@ def test_bench_score_runs_both_loops_on_the_same_tokens(tiny_dataset):
 def test_bench_default_shape_is_the_cpu_track_preset():
     import tomllib
 
-    from scoring.bench import DEFAULT_BATCH_SEQS, DEFAULT_MODEL_CONFIG, DEFAULT_SEQ_LEN
+    from harness.bench.score import DEFAULT_BATCH_SEQS, DEFAULT_MODEL_CONFIG, DEFAULT_SEQ_LEN
 
     preset = tomllib.loads((DEFAULT_SUBMISSION / "config.toml").read_text())["presets"]["cpu"]
     assert preset["model"] == DEFAULT_MODEL_CONFIG

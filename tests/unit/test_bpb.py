@@ -15,8 +15,8 @@ from torch import nn
 from data.build import build_dataset
 from data.shards import read_split
 from data.tokenizer import BOS_ID, BYTE260_OFFSET, ByteTokenizer, SentencePieceTokenizer
-from scoring.bpb import BpbSums
-from scoring.evaluate import EvalConfig, evaluate
+from scoring.score.bpb import BpbSums
+from scoring.score.evaluate import EvalConfig, evaluate
 from tests.conftest import SP1024, require_shared
 
 

@@ -1,4 +1,4 @@
-"""The budget clock (harness/budget.py) on one rank: readings, stop bookkeeping, the off-clock warm-up.
+"""The budget clock (harness/train/clock.py) on one rank: readings, stop bookkeeping, the off-clock warm-up.
 
 The collective side (every rank stopping at the same step) is covered end to end in
 tests/e2e/test_runner.py, where 2-rank gloo runs reproduce the 1-rank loss curve step for step.
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.api import DistInfo
-from harness.budget import CLOCK_MARKER, BudgetConfig, DataGate, HarnessClock, Snapshot
+from harness.train.clock import CLOCK_MARKER, BudgetConfig, DataGate, HarnessClock, Snapshot
 
 ONE = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="none")
 

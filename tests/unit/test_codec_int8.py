@@ -26,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
-from scoring.codecs.int8_zlib import Int8Zlib, dequantize_tensor, quantize_tensor
+from scoring.artifact.codecs.int8_zlib import Int8Zlib, dequantize_tensor, quantize_tensor
 
 CODEC = Int8Zlib()
 N_COLS = 312_501

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from scoring.codecheck import CodeCheckFailure, ToolGuard, lint_scored_code
-from scoring.score import score_artifact
+from scoring.codecheck import CodeCheckFailure, lint_scored_code
+from scoring.score.guard import ToolGuard
+from scoring.score.scorer import score_artifact, scorer_tools
 from tests.conftest import REPO
 from tests.unit.test_eval_support import FAST_EVAL, TINY_MODEL, _one_thread, pack_tiny, write_submission  # noqa: F401 (fixture)
 
@@ -90,7 +91,7 @@ def test_the_static_check_runs_before_the_model_is_imported(tmp_path, tiny_datas
 
 
 def test_the_guard_names_a_replaced_removed_or_added_tool(monkeypatch):
-    guard = ToolGuard()
+    guard = ToolGuard(scorer_tools())
     guard("at rest")
     monkeypatch.setattr(torch, "gather", lambda *a, **k: None)
     with pytest.raises(CodeCheckFailure, match=r"torch\.gather was replaced during a test"):
@@ -148,7 +149,7 @@ def test_the_score_command_says_code_check_failed(tmp_path, tiny_dataset):
 
 def test_torch_compile_in_model_code_is_not_a_false_alarm():
     """torch.compile replaces torch.manual_seed and patches nn.Module as it loads: torch's own doing."""
-    guard = ToolGuard()
+    guard = ToolGuard(scorer_tools())
     m = torch.compile(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU()), backend="eager")
     with torch.inference_mode():
         m(torch.randn(2, 4))
@@ -168,7 +169,7 @@ def test_the_guard_sees_a_function_mode_left_active():
         with mode:
             yield
 
-    guard = ToolGuard()
+    guard = ToolGuard(scorer_tools())
     gen = held(Spy())
     next(gen)
     try:
@@ -182,7 +183,7 @@ def test_the_guard_sees_a_function_mode_left_active():
 @pytest.mark.filterwarnings("ignore:Warning only once for all operators")  # torch warns of the override: the point here
 @pytest.mark.parametrize(("op", "full"), [("neg", False), ("gather", True)])
 def test_the_guard_sees_a_kernel_replaced_through_torch_library(op, full):
-    guard = ToolGuard()
+    guard = ToolGuard(scorer_tools())
     lib = torch.library.Library("aten", "IMPL")
     try:
         lib.impl(op, lambda *a, **k: None, "CPU")

@@ -1,4 +1,4 @@
-"""The scorer's self-confinement (scoring/confine.py): once it has read the validation data, nothing
+"""The scorer's self-confinement (scoring/score/confine.py): once it has read the validation data, nothing
 in its process can open the dataset again; it can still import, read the submission's code and write
 its result. Landlock is irreversible, so every confined check runs in a fresh process."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from scoring.confine import plan_rules
-from scoring.landlock import landlock_abi
+from isolation.landlock import landlock_abi
+from scoring.score.confine import plan_rules
 from tests.conftest import REPO
 from tests.unit.test_eval_support import FAST_EVAL, _one_thread, pack_tiny, write_submission  # noqa: F401 (fixture)
 
@@ -22,7 +22,7 @@ needs_landlock = pytest.mark.skipif(landlock_abi() == 0, reason="this kernel has
 PROBE = r'''
 import json, sys, tempfile
 from pathlib import Path
-from scoring.confine import confine_scorer, private_workdir
+from scoring.score.confine import confine_scorer, private_workdir
 
 data, code, out = map(Path, sys.argv[1:4])
 workdir = private_workdir()
@@ -107,7 +107,7 @@ def _score_cli(artifact: Path, folder: Path, data: Path, out: Path, *extra: str)
 
 
 def test_the_score_command_confines_itself_and_scores_the_same(tmp_path, tiny_dataset):
-    from scoring.score import score_artifact
+    from scoring.score.scorer import score_artifact
 
     folder = write_submission(tmp_path / "m")
     pack_tiny(folder, tmp_path / "a.pgolf")

@@ -14,10 +14,10 @@ from torch import nn
 
 from data.shards import read_split
 from data.tokenizer import BOS_ID, ByteTokenizer
-from scoring.adapt import AdaptationViolation, ScoreFirstAdapter, load_hook
 from scoring.codecheck import CodeCheckFailure, lint_scored_code
-from scoring.evaluate import EvalConfig, evaluate
-from scoring.score import score_artifact
+from scoring.score.adapt import AdaptationViolation, ScoreFirstAdapter, load_hook
+from scoring.score.evaluate import EvalConfig, evaluate
+from scoring.score.scorer import score_artifact
 from tests.unit.test_eval_support import _one_thread, pack_tiny, write_submission  # noqa: F401 (fixture)
 
 V = 260

@@ -2,7 +2,7 @@
 the context its mode promises, and the same per-token loss.
 
 The brute force is a per-target loop: for target j it computes the context start from the mode's
-definition (written out again here, independently of scoring/evaluate.py's window plans), runs the
+definition (written out again here, independently of scoring/score/evaluate.py's window plans), runs the
 model on tokens[start:j] alone and takes -log_softmax of the last row. `CausalCounts` has logits
 that are small multiples of 1/2 (exact in float32), so the scorer, which batches and pads windows,
 must agree with the brute force bit for bit; a real transformer agrees to float rounding.
@@ -21,7 +21,7 @@ from torch import nn
 from data.build import build_dataset
 from data.shards import read_split
 from data.tokenizer import BOS_ID, ByteTokenizer
-from scoring.evaluate import EvalConfig, evaluate, plan_windows
+from scoring.score.evaluate import EvalConfig, evaluate, plan_windows
 from tests.conftest import BASELINE
 
 V = 260
@@ -134,7 +134,7 @@ def test_documents_mode_never_crosses_a_bos(docs_tokens):
 @pytest.mark.parametrize("mode", ["standard", "sliding", "documents"])
 def test_transformer_matches_brute_force(docs_tokens, mode):
     """The naive baseline's GPT, randomly initialised: the same targets and bytes, nats to float rounding."""
-    from scoring.loading import import_file
+    from scoring.score.loading import import_file
 
     torch.manual_seed(0)
     gpt = import_file(BASELINE / "model.py", "baseline_model_for_modes").build_model(

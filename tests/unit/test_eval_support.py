@@ -1,7 +1,7 @@
 """Helpers shared by the scorer's tests (submission folders, packed artifacts, run folders), and their own check.
 
     write_submission(folder, ...)     a tiny submission folder (model.py, train.py, config.toml, submission.json)
-    make_run(run_dir, folder, data)   pack + score in-process + a pg-result record as harness/report.py writes it
+    make_run(run_dir, folder, data)   pack + score in-process + a pg-result record as harness/records/result.py writes it
 
 The run folder has the files `pgolf verify` reads: artifact.pgolf, result.json, score.json,
 pack.json and train_spec.json (naming the submission folder), and its result is appended to the ledger.
@@ -19,12 +19,12 @@ import torch
 
 from data.io import sha256_file, write_json_atomic
 from data.manifest import MANIFEST_NAME, load_manifest
-from scoring.cap import ARTIFACT_CAP_BYTES
-from scoring.evaluate import EvalConfig
-from scoring.loading import build_model
-from scoring.pack import pack_state
-from scoring.score import score_artifact
-from scoring.verify import append_ledger
+from harness.records.verify import append_ledger
+from scoring.artifact.cap import ARTIFACT_CAP_BYTES
+from scoring.artifact.pack import pack_state
+from scoring.score.evaluate import EvalConfig
+from scoring.score.loading import build_model
+from scoring.score.scorer import score_artifact
 
 TINY_MODEL = '''"""A tiny causal model for scorer tests: each position mixes its embedding with the previous one."""
 import torch

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scoring.evaluate import LossWorkspace, nats_of
+from scoring.score.evaluate import LossWorkspace, nats_of
 
 
 def _reference(out_NV: torch.Tensor, y_N: torch.Tensor) -> torch.Tensor:

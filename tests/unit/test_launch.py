@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.budget import CLOCK_MARKER, BudgetConfig
-from harness.launch import (
+from harness.run.launch import (
     POLL_S,
     LaunchConfig,
     _read_marker,
@@ -25,10 +24,11 @@ from harness.launch import (
     supervise,
     torchrun_command,
 )
-from harness.monitor import AccessMonitor, parse_attempts
-from harness.sandbox import TOKEN_ENV, MachineCaps, plan_sandbox
-from harness.train_phase import rank_failures
-from scoring.landlock import carve
+from harness.run.train_phase import rank_failures
+from harness.train.clock import CLOCK_MARKER, BudgetConfig
+from isolation.landlock import carve
+from isolation.monitor import AccessMonitor, parse_attempts
+from isolation.sandbox import TOKEN_ENV, MachineCaps, plan_sandbox
 from tests.conftest import is_own_install
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,7 +48,7 @@ def test_launch_config_validates():
 
 def test_torchrun_command_standalone_and_multi_node(tmp_path):
     cmd = torchrun_command(LaunchConfig(nproc_per_node=8), tmp_path / "spec.json")
-    assert "--standalone" in cmd and "--nproc-per-node=8" in cmd and cmd[-2:] == ["harness.worker", str(tmp_path / "spec.json")]
+    assert "--standalone" in cmd and "--nproc-per-node=8" in cmd and cmd[-2:] == ["harness.train.rank", str(tmp_path / "spec.json")]
     cmd = torchrun_command(LaunchConfig(nproc_per_node=8, nnodes=4, rdzv_endpoint="node0:29500", rdzv_id="job7"), tmp_path / "s")
     assert {"--nnodes=4", "--rdzv-backend=c10d", "--rdzv-endpoint=node0:29500", "--rdzv-id=job7", "--max-restarts=0"} <= set(cmd)
     assert "--standalone" not in cmd
@@ -227,14 +227,14 @@ def test_access_monitor_reports_denied_accesses_with_the_submission_frame(tmp_pa
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Landlock is Linux only")
 def test_landlock_denies_what_the_plan_leaves_out(tmp_path):
-    from scoring.landlock import landlock_abi
+    from isolation.landlock import landlock_abi
 
     if landlock_abi() == 0:
         pytest.skip("this kernel has no Landlock")
     plan, data = _plan(tmp_path, MachineCaps(landlock_abi=landlock_abi(), root=False, unshare=None))
     (data / "val/fineweb_val_000000.bin").write_bytes(b"x" * 32)
     (tmp_path / "stage/data/ok.txt").write_text("ok")
-    cmd = plan.wrap([sys.executable, "-m", "harness.sandbox", "probe", str(data / "val/fineweb_val_000000.bin"),
+    cmd = plan.wrap([sys.executable, "-m", "isolation.sandbox", "probe", str(data / "val/fineweb_val_000000.bin"),
                      str(tmp_path / "stage/data/ok.txt")], tmp_path / "policy.json")
     r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), check=True)
     got = json.loads(r.stdout)
@@ -242,7 +242,7 @@ def test_landlock_denies_what_the_plan_leaves_out(tmp_path):
 
 
 def test_enter_skips_a_refused_layer_with_a_warning_unless_required(tmp_path, monkeypatch, capsys):
-    import harness.sandbox as sandbox
+    import isolation.sandbox as sandbox
 
     def refused(*args, **kwargs):
         raise OSError(1, "blocked by a seccomp filter")

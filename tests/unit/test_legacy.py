@@ -19,9 +19,7 @@ import pytest
 import torch
 
 from data.shards import read_split
-from scoring.codecs.int8_zlib import Int8Zlib
-from scoring.evaluate import EvalConfig
-from scoring.legacy import (
+from harness.records.legacy import (
     LegacyError,
     exec_definitions,
     gpt_kwargs,
@@ -29,6 +27,8 @@ from scoring.legacy import (
     read_hyperparameters,
     score_legacy,
 )
+from scoring.artifact.codecs.int8_zlib import Int8Zlib
+from scoring.score.evaluate import EvalConfig
 from tests.conftest import REPO
 from tests.unit.test_eval_support import _one_thread  # noqa: F401 (fixture)
 
@@ -132,7 +132,7 @@ def test_settings_the_run_made_by_env_var_come_in_with_hparam(tmp_path, tiny_dat
 
 def test_cli(tmp_path, tiny_dataset, sentinel):
     make_artifact(tmp_path / "final_model.int8.ptz")
-    r = subprocess.run([sys.executable, "-m", "scoring", "verify-legacy", str(RECORD), "--artifact",
+    r = subprocess.run([sys.executable, "-m", "harness.cli", "verify-legacy", str(RECORD), "--artifact",
                         str(tmp_path / "final_model.int8.ptz"), "--data", str(tiny_dataset), "--max-tokens", "512"],
                        capture_output=True, text=True, cwd=REPO, timeout=300, check=False, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr

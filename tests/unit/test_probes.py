@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from data.tokenizer import ByteTokenizer
-from scoring.evaluate import EvalConfig, evaluate
-from scoring.loading import import_file
-from scoring.probes import ProbeConfig, ProbeFailure, run_probes
-from scoring.score import score_artifact
+from scoring.score.evaluate import EvalConfig, evaluate
+from scoring.score.loading import import_file
+from scoring.score.probes import ProbeConfig, ProbeFailure, run_probes
+from scoring.score.scorer import score_artifact
 from tests.conftest import BASELINE
 from tests.unit.test_eval_support import TINY_MODEL, _one_thread, pack_tiny, write_submission  # noqa: F401 (fixture)
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 from scipy import stats
 
-from scoring.significance import compare_results, load_results, welch_test
+from harness.records.compare import compare_results, load_results, welch_test
 from scoring.tracks import get_track
 from tests.conftest import REPO
 
@@ -71,7 +71,7 @@ def test_verdicts_of_the_cases(tmp_path):
 
 def test_cli_prints_means_difference_t_df_p_and_verdict(tmp_path):
     new, old = CASES["clear record"]
-    args = [sys.executable, "-m", "scoring", "compare", *write_results(tmp_path, "new", new), "--against",
+    args = [sys.executable, "-m", "harness.cli", "compare", *write_results(tmp_path, "new", new), "--against",
             *write_results(tmp_path, "old", old)]
     r = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
     assert r.returncode == 0, r.stderr

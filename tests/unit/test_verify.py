@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from scoring.verify import VerifyConfig, result_digest, verify_result
+from harness.records.verify import VerifyConfig, result_digest, verify_result
 from tests.conftest import REPO
 from tests.unit.test_eval_support import _one_thread, make_run, write_submission  # noqa: F401 (fixture)
 
@@ -43,7 +43,7 @@ def test_one_flipped_artifact_byte_fails_with_the_differences_printed(run):
     data = bytearray(artifact.read_bytes())
     data[len(data) // 2] ^= 0x01
     artifact.write_bytes(bytes(data))
-    proc = subprocess.run([sys.executable, "-m", "scoring", "verify", str(run_dir)], capture_output=True, text=True, cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "verify", str(run_dir)], capture_output=True, text=True, cwd=REPO,
                           timeout=300, check=False)
     assert proc.returncode == 1, proc.stderr
     assert "FAILED" in proc.stdout

@@ -27,7 +27,7 @@ How each part is made safe and trustworthy:
   replaced by a recorder, and takes the logits the model passed to it (checking that exactly one
   call was made and that its targets are the ones given, so the rows are in order). This uses the
   record's own forward, including its soft-cap and head, and works for any forward that ends in
-  cross_entropy. The trusted scorer (scoring/evaluate.py) then computes the loss, with the probes.
+  cross_entropy. The trusted scorer (scoring/score/evaluate.py) then computes the loss, with the probes.
 - **Bytes**, as the reference counts them: the script's text as UTF-8 (`len(code.encode())`) plus
   the artifact file's size.
 """
@@ -56,10 +56,10 @@ from data.io import read_json, sha256_file, write_json_atomic
 from data.manifest import load_manifest
 from data.shards import read_split
 from data.tokenizer import load_tokenizer
-from scoring.cap import ARTIFACT_CAP_BYTES
-from scoring.codecs import StateDict
-from scoring.evaluate import EVAL_DTYPES, EVAL_MODES, EvalConfig, evaluate, tune_cpu_allocator
-from scoring.probes import ProbeConfig, run_probes
+from scoring.artifact.cap import ARTIFACT_CAP_BYTES
+from scoring.artifact.codecs import StateDict
+from scoring.score.evaluate import EVAL_DTYPES, EVAL_MODES, EvalConfig, evaluate, tune_cpu_allocator
+from scoring.score.probes import ProbeConfig, run_probes
 
 LEGACY_QUANT_FORMAT = "int8_clean_per_row_v1"
 LEGACY_SCORE_FORMAT = "pg-legacy-score"

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scoring.evaluate import Guard, model_logits, output_kind
+from scoring.score.evaluate import Guard, model_logits, output_kind
 
 PROBE_VERSION = 1
 

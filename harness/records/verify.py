@@ -39,9 +39,9 @@ from typing import Any
 
 from data.io import read_json, sha256_file, write_json_atomic
 from data.manifest import MANIFEST_NAME, load_manifest, make_split_view
-from scoring.artifact import ArtifactError, read_artifact
-from scoring.cap import counted_files
-from scoring.loading import stage_model_code
+from scoring.artifact.cap import counted_files
+from scoring.artifact.format import ArtifactError, read_artifact
+from scoring.score.loading import stage_model_code
 
 VERIFY_FORMAT = "pg-verification"
 VERIFY_FORMAT_VERSION = 1
@@ -186,7 +186,7 @@ def rescore(result: dict[str, Any], run_dir: Path, code_dir: Path, data_dir: Pat
         out = t / "out" / "score.json"  # the confined scorer may write beneath out/ only, never beside the view
         out.parent.mkdir()
         env = dict(os.environ)
-        root = str(Path(__file__).resolve().parents[1])
+        root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         proc = subprocess.run([*rescore_command(result, run_dir / ARTIFACT_FILE, staged, view, out, cfg), "--protect", str(data_dir)],
                               capture_output=True, text=True, env=env, timeout=cfg.timeout_s, check=False)

@@ -3,7 +3,7 @@
 `pgolf score` (the run's score phase and `pgolf verify` use it) reads everything it needs first:
 the artifact, the manifest, the tokenizer and the validation tokens (kept in memory); it builds the
 model and imports the adaptation hook. Then, before the first forward pass, it restricts itself
-with Landlock (scoring/landlock.py), irreversibly, for itself and anything it starts:
+with Landlock (isolation/landlock.py), irreversibly, for itself and anything it starts:
 
 - reads only beneath the system folders, the Python installation, the project's `scoring` and
   `data` packages and the submission's code folder; the dataset folder (both splits) and every
@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from scoring.landlock import (
+from isolation.landlock import (
     SYSTEM_READ_ROOTS,
     Rule,
     apply_landlock,
@@ -42,8 +42,8 @@ from scoring.landlock import (
     python_roots,
 )
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-SCORER_PACKAGES = ("scoring", "data")
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+SCORER_PACKAGES = ("scoring", "data", "isolation")
 
 
 _REAPER = "import os, shutil, sys\nos.read(0, 1)\nshutil.rmtree(sys.argv[1], ignore_errors=True)\n"

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import torch
 
-from scoring.codecs.int8_zlib import Int8Zlib
+from scoring.artifact.codecs.int8_zlib import Int8Zlib
 
 StateDict = dict[str, torch.Tensor]
 

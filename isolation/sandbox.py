@@ -1,7 +1,7 @@
 """The train phase's sandbox: what a training process can read, write, signal and reach.
 
-The supervisor (harness/launch.py) plans a sandbox, writes it as a policy file outside the sandbox,
-and runs `python -m harness.sandbox enter POLICY -- torchrun ...`, which applies the policy to itself
+The supervisor (harness/run/launch.py) plans a sandbox, writes it as a policy file outside the sandbox,
+and runs `python -m isolation.sandbox enter POLICY -- torchrun ...`, which applies the policy to itself
 and then execs torchrun, so every rank and every process a rank starts inherits it. Layers, each
 used when the machine allows it and recorded either way (`SandboxPlan.describe()`):
 
@@ -27,14 +27,14 @@ Not covered: a separate unprivileged user (the interpreter may live under a fold
 can read, as /root here); namespaces on several nodes (ranks must reach each other, and torchrun's
 rendezvous tells nodes apart by hostname and pid); data that is public
 elsewhere (the embedded corpus's validation text ships with Python itself); opens made from C code
-or child processes are refused but not reported (see harness/monitor.py). The scorer, which runs the
+or child processes are refused but not reported (see isolation/monitor.py). The scorer, which runs the
 submission's model.py next to the validation data, confines itself with the same Landlock rules
-once it has read that data (scoring/confine.py): it can write only its result folder and a private
+once it has read that data (scoring/score/confine.py): it can write only its result folder and a private
 temp folder, so it leaves no channel to a later training run.
 
-    python -m harness.sandbox enter POLICY.json -- CMD...   apply, then exec CMD (used by launch.py)
-    python -m harness.sandbox probe PATH...                 try to read each PATH (run inside a sandbox)
-    python -m harness.sandbox report                        print what this machine allows
+    python -m isolation.sandbox enter POLICY.json -- CMD...   apply, then exec CMD (used by launch.py)
+    python -m isolation.sandbox probe PATH...                 try to read each PATH (run inside a sandbox)
+    python -m isolation.sandbox report                        print what this machine allows
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from scoring.landlock import (
+from isolation.landlock import (
     SYSTEM_READ_ROOTS,
     Rule,
     apply_landlock,
@@ -147,7 +147,7 @@ class SandboxPlan:
         if self.mode == "off":
             return list(cmd)
         policy_path.write_text(json.dumps(self.policy(), indent=1), encoding="utf-8")
-        inner = [sys.executable, "-m", "harness.sandbox", "enter", str(policy_path), "--", *cmd]
+        inner = [sys.executable, "-m", "isolation.sandbox", "enter", str(policy_path), "--", *cmd]
         if not self.namespaces:
             return inner
         ns = ["--mount", "--pid", "--fork", "--mount-proc", "--kill-child"] + (["--net"] if "net" in self.namespaces else [])
@@ -197,7 +197,7 @@ def plan_sandbox(
     `read_paths` and `write_paths` are the phase's own (its staging folder's contents). `protected`
     paths (the dataset, the validation shards) end up outside every rule; `private` ones (the staging
     folder, where the scorer's view is made later) outside every broad rule; so does the temp folder.
-    `import_path` is the ranks' sys.path (ask their interpreter: see harness/train_phase.py).
+    `import_path` is the ranks' sys.path (ask their interpreter: see harness/run/train_phase.py).
 
     mode "auto" uses every layer the machine offers and records a warning for each it lacks; "required"
     refuses to run without Landlock; "off" runs unsandboxed (recorded).
@@ -236,7 +236,7 @@ def plan_sandbox(
     for path in dict.fromkeys(broad):
         if os.path.exists(path):
             rules += broad_read_rules(path, prot, hidden, tmp, warnings)
-    own = [*(str(p) for p in read_paths), *(str(project_root / pkg) for pkg in ("harness", "data", "scoring"))]
+    own = [*(str(p) for p in read_paths), *(str(project_root / pkg) for pkg in ("harness", "data", "scoring", "isolation"))]
     rules += own_rules(own, [], prot, "sandbox")
     rules.append(Rule(path=str(project_root.resolve()), access="list"))
     rules += own_rules([], write_paths, prot, "sandbox")

@@ -7,7 +7,7 @@ Both run the same model (built from the submission's model.py, random weights: s
 depend on them; by default the CPU track baseline's shape, 4 x 192, seq_len 256, batch 32) over the same standard-mode windows of the same validation tokens, with the same
 batch and thread count. The plain loop is what anyone would write: `torch.no_grad()`, logits =
 model(x), `F.cross_entropy(logits.float(), y, reduction="sum")`, in a plain Python process. The
-scorer is scoring/evaluate.py (float64 log-softmax, shape and finiteness checks, exact byte counts,
+scorer is scoring/score/evaluate.py (float64 log-softmax, shape and finiteness checks, exact byte counts,
 the tool guard after every forward pass)
 in a process set up as the scorer sets itself up (`tune_cpu_allocator`). Each measuring process
 warms up once and times `--repeats` passes (its best counts). `--rounds` pairs of fresh processes run
@@ -37,12 +37,13 @@ from torch import nn
 from data.manifest import load_manifest
 from data.shards import read_split
 from data.tokenizer import load_tokenizer
-from scoring.codecheck import ToolGuard
-from scoring.evaluate import EvalConfig, evaluate, standard_targets, tune_cpu_allocator
-from scoring.loading import build_model
-from scoring.probes import ProbeConfig, run_probes
+from scoring.score.evaluate import EvalConfig, evaluate, standard_targets, tune_cpu_allocator
+from scoring.score.guard import ToolGuard
+from scoring.score.loading import build_model
+from scoring.score.probes import ProbeConfig, run_probes
+from scoring.score.scorer import scorer_tools
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SUBMISSION = REPO / "baselines" / "naive_baseline"
 # The CPU track's baseline shape (preset `cpu` of baselines/naive_baseline/config.toml: model, eval.seq_len,
 # eval.batch_seqs; tests/unit/test_bench_score.py keeps them equal): the model that track scores.
@@ -84,7 +85,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     kind = spec["kind"]
     if kind in ("scorer", "both"):
         tune_cpu_allocator()
-    guard = ToolGuard()  # as the scorer takes it: before the model code is imported
+    guard = ToolGuard(scorer_tools())  # as the scorer takes it: before the model code is imported
     model, tokens, table, dev = _setup(spec)
     L, B, max_tokens = spec["seq_len"], spec["batch_seqs"], spec["max_tokens"]
     cfg = EvalConfig(seq_len=L, batch_seqs=B, max_tokens=max_tokens)
@@ -114,7 +115,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _spawn(spec: dict[str, Any]) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-m", "scoring.bench", json.dumps(spec)], capture_output=True, text=True, check=False,
+    proc = subprocess.run([sys.executable, "-m", "harness.bench.score", json.dumps(spec)], capture_output=True, text=True, check=False,
                           env={**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")})
     if proc.returncode != 0:
         raise ValueError(f"bench worker {spec['kind']} failed:\n{proc.stderr[-2000:]}")

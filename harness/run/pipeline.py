@@ -1,12 +1,12 @@
 """`pgolf run`: data → train → pack → score → report, each phase its own process.
 
     1. data    resolve the dataset (--data DIR, or the embedded corpus, built on first use)
-    2. train   torchrun -m harness.worker, given a view holding the training shards alone;
-               supervised against the budget (harness/launch.py)
+    2. train   torchrun -m harness.train.rank, given a view holding the training shards alone;
+               supervised against the budget (harness/run/launch.py)
     3. pack    python -m harness.cli pack: codec + artifact + cap check
     4. score   python -m scoring score, given the artifact, the model code (the folder without
                train.py) and a view holding the validation shards alone, made only after training ended
-    5. report  result.json (harness/report.py), appended to the results ledger, and a card printed
+    5. report  result.json (harness/records/result.py), appended to the results ledger, and a card printed
 
 Every phase writes its versioned JSON record into RUN_DIR; a phase that fails stops the pipeline
 and the result records the status (error, over_budget, over_cap) instead of a score.
@@ -29,13 +29,13 @@ from data.embedded import ensure_embedded_dataset
 from data.io import read_json, write_json_atomic
 from data.manifest import load_manifest, make_split_view
 from harness.config import ResolvedConfig, load_config
-from harness.launch import LaunchConfig
-from harness.report import build_result, print_card, write_result
+from harness.records.result import build_result, print_card, write_result
+from harness.run.launch import LaunchConfig
+from harness.run.train_phase import run_sealed_pack, run_train_phase
 from harness.submission import check_submission
-from harness.train_phase import run_sealed_pack, run_train_phase
-from harness.worker import STATE_FILE
+from harness.train.rank import STATE_FILE
 from scoring.codecheck import lint_scored_code
-from scoring.loading import stage_model_code
+from scoring.score.loading import stage_model_code
 from scoring.tracks import get_track
 
 
@@ -46,7 +46,7 @@ def default_run_dir(submission_dir: Path, preset: str | None) -> Path:
 
 def _subprocess_env() -> dict[str, str]:
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
@@ -121,7 +121,7 @@ def run_pipeline(
     with tempfile.TemporaryDirectory(prefix="pgolf-views-") as views_tmp:
         views = Path(views_tmp)
         # ---- 2. train ----
-        # staged in its own folder (train view, submission copy, spec), sandboxed, supervised: harness/train_phase.py
+        # staged in its own folder (train view, submission copy, spec), sandboxed, supervised: harness/run/train_phase.py
         phases["train"] = run_train_phase(
             submission_dir=submission_dir, data_root=data_root, run_dir=run_dir, stage_root=views, model_config=cfg.model,
             hparams=cfg.train, seed=run_cfg.seed, budget=budget, launch=launch, device=device,

@@ -1,7 +1,7 @@
-"""One training rank, started by torchrun: `python -m harness.worker SPEC.json` (inside the sandbox).
+"""One training rank, started by torchrun: `python -m harness.train.rank SPEC.json` (inside the sandbox).
 
 It sets up the process (threads, seeds, TF32, device, process group: NCCL with one GPU per rank,
-gloo on CPU), installs the access monitor (harness/sandbox.py), builds the TrainContext from the spec
+gloo on CPU), installs the access monitor (isolation/sandbox.py), builds the TrainContext from the spec
 the supervisor wrote, starts the clock on every rank at once, then imports the submission's train.py
 and calls train(ctx). Local rank 0 of each node writes train.json (global rank 0 also saves the
 returned state as safetensors: no pickle) into the phase's output folder, the only folder it may
@@ -36,8 +36,8 @@ from torch import nn
 from data.loader import DistributedTokenLoader, train_shard_paths
 from data.manifest import load_manifest
 from harness.api import DistInfo, TrainContext, TrainingComplete, TrainResult
-from harness.budget import DataGate, HarnessClock
-from harness.monitor import monitor_from_rules
+from harness.train.clock import DataGate, HarnessClock
+from isolation.monitor import monitor_from_rules
 
 STATE_FILE = "state.safetensors"
 TRAIN_RECORD = "train.json"
@@ -237,5 +237,5 @@ def main(spec_path: str) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m harness.worker SPEC.json  (started by `pgolf run`, not by hand)")
+        sys.exit("usage: python -m harness.train.rank SPEC.json  (started by `pgolf run`, not by hand)")
     sys.exit(main(sys.argv[1]))

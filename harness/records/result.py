@@ -19,8 +19,8 @@ from data.manifest import MANIFEST_NAME, Manifest
 from data.shards import read_split
 from data.tokenizer import load_tokenizer
 from harness.config import ResolvedConfig
-from harness.provenance import git_commit, hardware, library_versions
-from scoring.evaluate import unigram_bpb
+from harness.records.provenance import git_commit, hardware, library_versions
+from scoring.score.evaluate import unigram_bpb
 from scoring.tracks import Track
 
 RESULT_FORMAT = "pg-result"

@@ -24,10 +24,10 @@ from typing import Any
 import torch
 
 from data.io import sha256_bytes, sha256_file, write_bytes_atomic
-from scoring.codecs import CODECS, Codec, StateDict, get_codec
+from scoring.artifact.codecs import CODECS, Codec, StateDict, get_codec
 
 MODEL_FILE = "model.py"
-"""The file a submission must have: the scorer builds the model from it (scoring/loading.py)."""
+"""The file a submission must have: the scorer builds the model from it (scoring/score/loading.py)."""
 
 ARTIFACT_MAGIC = b"PGOLFART"
 ARTIFACT_FORMAT = "pg-artifact"

@@ -17,7 +17,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from scoring.artifact import MODEL_FILE, Artifact, ArtifactError, check_code_hashes
+from scoring.artifact.format import MODEL_FILE, Artifact, ArtifactError, check_code_hashes
 
 STAGED_EXCLUDE = ("train.py", "__pycache__", "runs")
 """What the scorer never gets of a submission folder: its training code (and caches, run folders)."""

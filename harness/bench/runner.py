@@ -4,9 +4,9 @@
 
 Both sides run the same submission's train(ctx) (the naive baseline by default), with the same
 config, seed, data, thread count and budget, one rank each:
-- bare: `python -m harness.bench bare SPEC` calls train(ctx) in a plain process, with a clock that
+- bare: `python -m harness.bench.runner bare SPEC` calls train(ctx) in a plain process, with a clock that
   only reads time.perf_counter() and the data loader itself: no torchrun, no sandbox, no monitor;
-- harness: the real train phase (harness/train_phase.py): staging, sandbox, torchrun, worker, clock.
+- harness: the real train phase (harness/run/train_phase.py): staging, sandbox, torchrun, worker, clock.
 tokens/s = tokens trained / seconds on that side's clock when train() returned (the budget ends
 both; the last step ends at the stop reading, so whole steps are timed). Steady tokens/s is taken
 between the 2nd and the last logged step (metrics.jsonl), leaving out start-up. The rounds
@@ -34,9 +34,9 @@ import torch
 from torch import nn
 
 from harness.api import ClockReading, DistInfo, TrainContext, TrainingComplete, WarmupReport
-from harness.budget import Snapshot
+from harness.train.clock import Snapshot
 
-BASELINE = Path(__file__).resolve().parents[1] / "baselines" / "naive_baseline"
+BASELINE = Path(__file__).resolve().parents[2] / "baselines" / "naive_baseline"
 
 
 class BareClock:
@@ -77,7 +77,7 @@ def bare_main(spec_path: str) -> int:
     """One bare run (a subprocess of the bench, or of scripts/gpu_check.py). Prints one JSON line."""
     from data.loader import DistributedTokenLoader
     from data.manifest import load_manifest
-    from harness.worker import RankLogger, import_submission_file, state_of
+    from harness.train.rank import RankLogger, import_submission_file, state_of
 
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     torch.set_num_threads(spec["threads"])
@@ -136,8 +136,8 @@ def run_bare(*, submission: Path, data_root: Path, cfg: Any, budget_s: float, th
             "hparams": cfg.train, "seed": cfg.tables["run"]["seed"], "budget_s": budget_s, "threads": threads, "device": device}
     (workdir / "spec.json").write_text(json.dumps(spec))
     env = dict(env if env is not None else os.environ)
-    env.update(OMP_NUM_THREADS=str(threads), PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    r = subprocess.run([sys.executable, "-m", "harness.bench", "bare", str(workdir / "spec.json")], capture_output=True,
+    env.update(OMP_NUM_THREADS=str(threads), PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    r = subprocess.run([sys.executable, "-m", "harness.bench.runner", "bare", str(workdir / "spec.json")], capture_output=True,
                        text=True, env=env, check=False)
     if r.returncode != 0:
         raise RuntimeError(f"the bare run failed:\n{r.stderr[-3000:]}")
@@ -147,7 +147,7 @@ def run_bare(*, submission: Path, data_root: Path, cfg: Any, budget_s: float, th
 
 
 def run_harness(*, submission: Path, data_root: Path, cfg: Any, budget_s: float, device: str, workdir: Path) -> dict[str, Any]:
-    from harness.train_phase import run_train_phase
+    from harness.run.train_phase import run_train_phase
 
     workdir.mkdir(parents=True, exist_ok=True)
     budget = replace(cfg.section("budget"), train_s=budget_s)
@@ -171,9 +171,9 @@ def per_step_cost_us(model_config: dict[str, Any], submission: Path, batch_token
     """
     import sys as _sys
 
-    from harness.budget import DataGate, HarnessClock
-    from harness.monitor import AccessMonitor
-    from harness.worker import import_submission_file
+    from harness.train.clock import DataGate, HarnessClock
+    from harness.train.rank import import_submission_file
+    from isolation.monitor import AccessMonitor
 
     x = torch.zeros(batch_tokens // seq_len, seq_len, dtype=torch.long)
 
@@ -283,4 +283,4 @@ def register(sub: argparse._SubParsersAction) -> None:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "bare":
         sys.exit(bare_main(sys.argv[2]))
-    sys.exit("usage: python -m harness.bench bare SPEC.json  (started by `pgolf bench runner`)")
+    sys.exit("usage: python -m harness.bench.runner bare SPEC.json  (started by `pgolf bench runner`)")

@@ -5,11 +5,11 @@ Before any submission code is imported, it records its own tools for the guard a
 checks the scored code (scoring/codecheck.py); it checks the code against the artifact's recorded
 hashes (before importing a custom codec.py or model.py), decodes the artifact with its codec, builds
 and loads the model (strict), and only then
-reads the validation tokens; it runs the legality probes (scoring/probes.py; a
+reads the validation tokens; it runs the legality probes (scoring/score/probes.py; a
 failure fails the score), audits the tokenizer's byte table on the scored documents when the
-dataset's tokenizer is not a known official one (scoring/audit.py), and evaluates it
-(scoring/evaluate.py), score-first with the folder's eval.py hook when there is one
-(scoring/adapt.py; the probes run again after the last adaptation). The record (format
+dataset's tokenizer is not a known official one (scoring/score/audit.py), and evaluates it
+(scoring/score/evaluate.py), score-first with the folder's eval.py hook when there is one
+(scoring/score/adapt.py; the probes run again after the last adaptation). The record (format
 "pg-score", version 1) has val_loss, val_bpb, val_tokens, val_bytes, the mode, stride, dtype,
 device and thread count, the probe, audit, adaptation and code-check records, and the hashes of
 what was scored.
@@ -31,18 +31,40 @@ from data.io import sha256_file
 from data.manifest import MANIFEST_NAME, load_manifest
 from data.shards import read_split
 from data.tokenizer import Tokenizer, load_tokenizer
-from scoring.adapt import ScoreFirstAdapter, load_hook
-from scoring.artifact import artifact_codec, decode_state, read_artifact
-from scoring.audit import KNOWN_TOKENIZER_SHA256, audit_token_stream
-from scoring.bpb import METRIC_VERSION, metric_table
-from scoring.codecheck import ToolGuard, require_clean_code, scored_files
-from scoring.confine import confine_scorer, private_workdir
-from scoring.evaluate import EvalConfig, eval_tokens, evaluate, tune_cpu_allocator
-from scoring.loading import load_model
-from scoring.probes import ProbeConfig, ProbeFailure, run_probes
+from scoring.artifact.format import artifact_codec, decode_state, read_artifact
+from scoring.codecheck import require_clean_code, scored_files
+from scoring.score.adapt import ScoreFirstAdapter, load_hook
+from scoring.score.audit import KNOWN_TOKENIZER_SHA256, audit_token_stream
+from scoring.score.bpb import METRIC_VERSION, metric_table
+from scoring.score.confine import confine_scorer, private_workdir
+from scoring.score.evaluate import EvalConfig, eval_tokens, evaluate, tune_cpu_allocator
+from scoring.score.guard import ToolGuard, Watched
+from scoring.score.loading import load_model
+from scoring.score.probes import ProbeConfig, ProbeFailure, run_probes
 
 SCORE_FORMAT = "pg-score"
 SCORE_FORMAT_VERSION = 1
+
+
+def scorer_tools() -> Watched:
+    """The modules and classes the scorer computes with: the tool guard's watch list."""
+    import builtins
+    import math
+
+    import torch.nn.functional as F
+
+    from data import tokenizer
+    from scoring.score import adapt, bpb, evaluate, probes
+
+    torch.ops.aten._log_softmax  # noqa: B018 (materialize the lazily created op the loss uses)
+    return [
+        ("builtins", builtins), ("math", math), ("numpy", np), ("torch", torch), ("torch.Tensor", torch.Tensor),
+        ("torch.nn.functional", F), ("torch.ops.aten", torch.ops.aten),
+        ("scoring.score.evaluate", evaluate), ("scoring.score.bpb", bpb), ("scoring.score.probes", probes),
+        ("scoring.score.adapt", adapt), ("data.tokenizer", tokenizer), ("BpbSums", bpb.BpbSums),
+        ("ByteTable", tokenizer.ByteTable), ("LossWorkspace", evaluate.LossWorkspace),
+        ("ScoreFirstAdapter", adapt.ScoreFirstAdapter),
+    ]
 
 
 def score_artifact(
@@ -58,7 +80,7 @@ def score_artifact(
     protect: Iterable[str | os.PathLike[str]] = (),
 ) -> dict[str, Any]:
     """Score one artifact (see the module docstring). With `confine`, the process restricts itself with
-    Landlock before the first forward pass (scoring/confine.py: irreversible, so only for a process
+    Landlock before the first forward pass (scoring/score/confine.py: irreversible, so only for a process
     that scores once, as `pgolf score` does): reads outside the dataset (`data_dir` and `protect`),
     writes beneath `write_dirs` and a private temp folder only."""
     t_start = time.perf_counter()
@@ -66,7 +88,7 @@ def score_artifact(
         torch.set_num_threads(threads)
     dev = torch.device(device)
     allocator = tune_cpu_allocator() if dev.type == "cpu" else "torch caching allocator"
-    guard = ToolGuard()  # before any submission code is imported
+    guard = ToolGuard(scorer_tools())  # before any submission code is imported
     require_clean_code(submission_dir)
     workdir = private_workdir() if confine else None  # before the model is built: TMPDIR and compile caches
     artifact = read_artifact(artifact_path)

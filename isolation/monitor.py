@@ -1,6 +1,6 @@
 """Reporting what training tried to reach outside the sandbox: an audit hook in every rank.
 
-The worker (harness/worker.py) installs `monitor_from_rules(...)` with `sys.addaudithook` before it
+The worker (harness/train/rank.py) installs `monitor_from_rules(...)` with `sys.addaudithook` before it
 imports the submission. Each access the sandbox's rules do not allow becomes one line
 `[pgolf-sandbox] {json}` on the phase's log; `parse_attempts` reads them back for the result.
 Cost: one dict lookup per audit event (a training step raises a few dozen).
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from scoring.landlock import is_beneath
+from isolation.landlock import is_beneath
 
 MONITOR_PREFIX = "[pgolf-sandbox] "
 MONITOR_MAX_LINES = 50

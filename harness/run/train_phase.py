@@ -1,15 +1,15 @@
 """The sealed train phase: staged, sandboxed, launched through torchrun, supervised, collected.
 
 `run_train_phase` stages what training may see in a fresh folder (a view of the dataset holding the
-training shards alone, a copy of the submission, the spec), plans the sandbox (harness/sandbox.py:
+training shards alone, a copy of the submission, the spec), plans the sandbox (isolation/sandbox.py:
 the original dataset folder and every validation shard end up outside it), checks the plan by
 trying to read a validation shard from inside it, then runs
 
     [unshare --mount --pid --fork --mount-proc --kill-child [--net] --]   (root, one node)
-    python -m harness.sandbox enter POLICY --                               (Landlock, capabilities)
-    torchrun ... -m harness.worker SPEC                                      (harness/launch.py)
+    python -m isolation.sandbox enter POLICY --                               (Landlock, capabilities)
+    torchrun ... -m harness.train.rank SPEC                                      (harness/run/launch.py)
 
-under `supervise` (harness/launch.py). Outputs are moved to the run folder only as regular files;
+under `supervise` (harness/run/launch.py). Outputs are moved to the run folder only as regular files;
 the log, the policy and the run folder itself stay out of the sandbox's reach. A phase that ends
 on time can still be `over_budget`: when a rank took a batch or ticked after the stop reading.
 The returned record is what result.json keeps as phases.train.
@@ -36,8 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from data.manifest import load_manifest, make_split_view
-from harness.budget import CLOCK_MARKER, BudgetConfig
-from harness.launch import (
+from harness.run.launch import (
     LEFTOVER_WAIT_S,
     LaunchConfig,
     kill_session,
@@ -45,12 +44,13 @@ from harness.launch import (
     supervise,
     torchrun_command,
 )
-from harness.monitor import parse_attempts
-from harness.sandbox import TOKEN_ENV, WARNING_PREFIX, SandboxPlan, plan_sandbox
-from harness.worker import METRICS_FILE, SPEC_FORMAT, SPEC_FORMAT_VERSION, STATE_FILE, TRAIN_RECORD
+from harness.train.clock import CLOCK_MARKER, BudgetConfig
+from harness.train.rank import METRICS_FILE, SPEC_FORMAT, SPEC_FORMAT_VERSION, STATE_FILE, TRAIN_RECORD
+from isolation.monitor import parse_attempts
+from isolation.sandbox import TOKEN_ENV, WARNING_PREFIX, SandboxPlan, plan_sandbox
 
 PACK_STARTUP_S = 30.0
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 STAGE_IGNORE = ("__pycache__", "runs", ".git", "*.pgolf", "*.safetensors")
 SCRUBBED_ENV = ("PG_DATA_DIR", "PGOLF_DATA", "HF_HOME", "HF_DATASETS_CACHE")
 OUTPUT_FILES = (STATE_FILE, TRAIN_RECORD, METRICS_FILE, CLOCK_MARKER)
@@ -119,7 +119,7 @@ def _probe(plan: SandboxPlan, policy: Path, env: dict[str, str], paths: dict[str
 
     Returns what each read got and the warnings of layers the kernel refused.
     """
-    cmd = plan.wrap([sys.executable, "-m", "harness.sandbox", "probe", *map(str, paths.values())], policy)
+    cmd = plan.wrap([sys.executable, "-m", "isolation.sandbox", "probe", *map(str, paths.values())], policy)
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=60, check=False)
     warnings = [line[len(WARNING_PREFIX):] for line in r.stderr.splitlines() if line.startswith(WARNING_PREFIX)]
     try:

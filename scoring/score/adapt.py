@@ -4,7 +4,7 @@ A submission may ship `eval.py` defining
 
     def adapt(model: torch.nn.Module, tokens: torch.Tensor) -> None
 
-The scorer (scoring/evaluate.py) feeds the validation windows in order, in chunks of about
+The scorer (scoring/score/evaluate.py) feeds the validation windows in order, in chunks of about
 `EvalConfig.adapt_chunk_tokens` targets. For each chunk:
 
 1. `before_chunk`: the model's parameters and buffers are snapshotted;
@@ -35,7 +35,7 @@ from torch import nn
 
 from data.io import sha256_file
 from scoring.codecheck import EVAL_HOOK_FILE, require_clean_code
-from scoring.loading import import_file
+from scoring.score.loading import import_file
 
 HOOK_NAME = "adapt"
 

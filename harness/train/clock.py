@@ -11,7 +11,7 @@
   with the training data closed; the named modules, optimizers and RNGs are snapshotted before and
   restored after, then verified bit-identical. At most `warmup_max_s` of it is off the clock.
 - Local rank 0 of each node writes a marker file when the clock starts (and again after a warm-up);
-  the supervising process (harness/launch.py) kills the whole phase at clock start + off-clock time
+  the supervising process (harness/run/launch.py) kills the whole phase at clock start + off-clock time
   + train_s + grace_s, trusting the marker's off-clock time only up to `warmup_max_s`.
 """
 

@@ -4,7 +4,7 @@
 
 The ledger is append-only JSON lines: "pg-result" records (one per run, written by the runner) and
 "pg-verification" records (written by `pgolf verify`, keyed by the result's digest). A result's
-verification is the latest verification record for exactly its digest (scoring/verify.py); a
+verification is the latest verification record for exactly its digest (harness/records/verify.py); a
 "verified" written into a result by hand, without one, counts for nothing.
 
 Only verified results that scored (status ok, within the cap) rank. They are grouped by
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from data.io import write_bytes_atomic, write_json_atomic
-from scoring.verify import result_digest
+from harness.records.verify import result_digest
 
 LEADERBOARD_FORMAT = "pg-leaderboard"
 LEADERBOARD_FORMAT_VERSION = 1

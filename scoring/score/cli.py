@@ -1,13 +1,9 @@
-"""Scoring commands (mounted under `pgolf` by harness/cli.py, and runnable on their own as
-`python -m scoring COMMAND`, which imports no harness code):
+"""The scorer's command line: `python -m scoring score|unpack` (what the run's score phase and `pgolf
+score` execute, in a fresh process). It imports the scorer (scoring/score/) and the artifact format,
+nothing of the harness's records, benches or training code (tests/unit/test_import_closure.py).
 
-    score, unpack                 the scorer (this file)
-    audit-tokenizer               scoring/audit.py
-    verify, verify-legacy         scoring/verify.py, scoring/legacy.py
-    compare                       scoring/significance.py
-    leaderboard                   scoring/leaderboard.py
-
-`python -m scoring bench score` runs scoring/bench.py (under pgolf it is `pgolf bench score`).
+    score    bits per byte of an artifact on a validation dataset (scoring/score/scorer.py)
+    unpack   an artifact's tensors, dequantized, as safetensors
 """
 
 from __future__ import annotations
@@ -18,10 +14,9 @@ import sys
 from pathlib import Path
 
 from data.io import write_json_atomic
-from scoring import audit, bench, leaderboard, legacy, significance, verify
-from scoring.evaluate import EVAL_DTYPES, EVAL_MODES, EvalConfig
-from scoring.pack import unpack_artifact
-from scoring.score import score_artifact
+from scoring.artifact.pack import unpack_artifact
+from scoring.score.evaluate import EVAL_DTYPES, EVAL_MODES, EvalConfig
+from scoring.score.scorer import score_artifact
 
 
 def cmd_score(args: argparse.Namespace) -> int:
@@ -68,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--no-confine", action="store_true",
-                   help="do not restrict the scorer with Landlock before the model runs (recorded; see scoring/confine.py)")
+                   help="do not restrict the scorer with Landlock before the model runs (recorded; see scoring/score/confine.py)")
     p.add_argument("--protect", action="append", default=[], metavar="PATH",
                    help="another folder the model must not read (the dataset a view was made from); repeatable")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -81,11 +76,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--submission", help="needed only for an artifact packed with the submission's own codec")
     p.set_defaults(func=cmd_unpack)
 
-    audit.register(sub)
-    verify.register(sub)
-    legacy.register(sub)
-    significance.register(sub)
-    leaderboard.register(sub)
 
 
 USER_ERRORS = (ValueError, FileNotFoundError, TypeError)
@@ -104,8 +94,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scoring", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     register(sub)
-    p = sub.add_parser("bench", help="benchmarks that print figures")
-    bench.register(p.add_subparsers(dest="bench_command", required=True, metavar="BENCH"))
     args = parser.parse_args(argv)
     return run_command(args)
 

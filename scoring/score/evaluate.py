@@ -20,7 +20,7 @@ at offsets f..n-1; the plan is built so that each target of the mode is scored e
 
 Windows are batched (`batch_seqs` windows of L tokens per forward; shorter windows are sorted by
 length and packed to the same token budget, right-padded with token 0, which a causal model never
-sees: the causality probe in scoring/probes.py checks exactly that). The scorer takes the model's
+sees: the causality probe in scoring/score/probes.py checks exactly that). The scorer takes the model's
 logits, checks their shape and finiteness, and computes log-softmax and the loss itself in
 float64 (float64 sums); a model never reports its own loss. float64 makes the analytic goldens
 exact: uniform logits over 256 byte pieces score 8.0 bpb. A model that sets
@@ -28,7 +28,7 @@ exact: uniform logits over 256 byte pieces score 8.0 bpb. A model that sets
 the normalization probe checks that they sum to one. The byte count of target y_t is
 table.token_bytes(x_t, y_t) (DESIGN.md, exact byte accounting).
 
-Score-first adaptation (scoring/adapt.py): with an adapter, the plan is cut into chunks of about
+Score-first adaptation (scoring/score/adapt.py): with an adapter, the plan is cut into chunks of about
 `adapt_chunk_tokens` targets, in order; a chunk is scored completely (the adapter checks that no
 weight moved meanwhile), and only then are its tokens handed to the adapter: positions after the
 previous chunk up to the chunk's last target (its targets, plus the BOS boundaries between
@@ -52,7 +52,7 @@ from torch import nn
 from tqdm import tqdm
 
 from data.tokenizer import BOS_ID, ByteTable
-from scoring.bpb import BpbSums
+from scoring.score.bpb import BpbSums
 
 EVAL_MODES = ("standard", "sliding", "documents")
 EVAL_DTYPES = ("float32", "bfloat16")
@@ -122,7 +122,7 @@ class EvalResult:
 
 
 class ChunkAdapter(Protocol):
-    """What evaluate() needs from a score-first adapter (scoring/adapt.py implements it)."""
+    """What evaluate() needs from a score-first adapter (scoring/score/adapt.py implements it)."""
 
     def before_chunk(self, model: nn.Module, chunk: int) -> None: ...
 

@@ -21,9 +21,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from data.io import sha256_file
-from scoring.artifact import artifact_codec, build_header, decode_state, read_artifact, write_artifact
-from scoring.cap import CapCheck, code_bytes, counted_files
-from scoring.codecs import StateDict, get_codec
+from scoring.artifact.cap import CapCheck, code_bytes, counted_files
+from scoring.artifact.codecs import StateDict, get_codec
+from scoring.artifact.format import artifact_codec, build_header, decode_state, read_artifact, write_artifact
 
 PACK_FORMAT = "pg-pack"
 PACK_FORMAT_VERSION = 1

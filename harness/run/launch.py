@@ -3,10 +3,10 @@
 `torchrun_command` makes the command for N ranks per node and M nodes:
 
     python -m torch.distributed.run --nproc-per-node=N (--standalone | --nnodes=M --rdzv-backend=c10d
-        --rdzv-endpoint=HOST:PORT --rdzv-id=ID) --max-restarts=0 -m harness.worker SPEC
+        --rdzv-endpoint=HOST:PORT --rdzv-id=ID) --max-restarts=0 -m harness.train.rank SPEC
 
-(NCCL with one GPU per rank on CUDA, gloo on CPU: harness/worker.py). `supervise` runs a command
-(wrapped in the sandbox by harness/train_phase.py) in its own session. It waits up to `startup_s`
+(NCCL with one GPU per rank on CUDA, gloo on CPU: harness/train/rank.py). `supervise` runs a command
+(wrapped in the sandbox by harness/run/train_phase.py) in its own session. It waits up to `startup_s`
 for the clock marker, then until clock start + off-clock warm-up (trusted up to warmup_max_s) +
 train_s + grace_s; past either deadline it SIGKILLs the session and the phase is `over_budget`.
 The marker lives where training writes, so only its first reading fixes the start, and later ones
@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from harness.budget import CLOCK_MARKER, BudgetConfig
-from harness.sandbox import TOKEN_ENV
+from harness.train.clock import CLOCK_MARKER, BudgetConfig
+from isolation.sandbox import TOKEN_ENV
 
 DEVICES = ("auto", "cpu", "cuda")
 KILL_WAIT_S = 3.0
@@ -105,7 +105,7 @@ def torchrun_command(cfg: LaunchConfig, spec_path: Path) -> list[str]:
         cmd += [f"--nnodes={cfg.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={cfg.rdzv_endpoint}", f"--rdzv-id={cfg.rdzv_id}"]
     # the agent wakes every monitor interval (a store round trip on c10d): once a second keeps it off the
     # ranks' cores on small machines, and a dead rank is still noticed within a second
-    return [*cmd, "--max-restarts=0", f"--monitor-interval={MONITOR_INTERVAL_S}", "-m", "harness.worker", str(spec_path)]
+    return [*cmd, "--max-restarts=0", f"--monitor-interval={MONITOR_INTERVAL_S}", "-m", "harness.train.rank", str(spec_path)]
 
 
 # ---- Supervising ----

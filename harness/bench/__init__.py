@@ -1,0 +1,17 @@
+"""Benchmarks that print figures (`pgolf bench ...`): the runner's overhead, the scorer's speed, the data path.
+
+Speed targets live here, not in timed tests: each bench measures ratios side by side in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from data import bench as data_bench
+    from harness.bench import runner, score
+
+    runner.register(sub)
+    data_bench.register(sub)
+    score.register(sub)

@@ -1,0 +1,1 @@
+"""The artifact: its format (PGOLFART), the byte cap, pack/unpack, and the codecs."""
