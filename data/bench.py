@@ -53,10 +53,14 @@ def bench_shard_write(folder: Path, shards: int, shard_tokens: int, vocab_size: 
     return written / 1e6 / (time.perf_counter() - t0)
 
 
-def bench_loader(paths: Sequence[Path], ranks: int, global_batch_tokens: int, seq_len: int) -> tuple[float, int]:
+def bench_loader(
+    paths: Sequence[Path], ranks: int, global_batch_tokens: int, seq_len: int
+) -> tuple[float, int]:
     """Tokens/s of `ranks` loaders in one process over one pass of `paths`; returns (tokens/s, steps)."""
     if global_batch_tokens % (ranks * seq_len):
-        raise ValueError(f"--global-batch-tokens {global_batch_tokens} must be a multiple of ranks*seq_len ({ranks * seq_len})")
+        raise ValueError(
+            f"--global-batch-tokens {global_batch_tokens} must be a multiple of ranks*seq_len ({ranks * seq_len})"
+        )
     local = global_batch_tokens // ranks
     for p in paths:  # warm the page cache (untimed): the figure is "from page cache"
         with open(p, "rb") as f:
@@ -101,7 +105,8 @@ def bench_tokenize(tokenizer_path: Path, docs: Sequence[str], workers: int) -> T
         encode_documents(tok, docs[i : i + TOKENIZE_BATCH_DOCS])
     one_wall, one_cpu = time.perf_counter() - t0, time.process_time() - c0
     batches = (
-        EncodeBatch("train", list(docs[i : i + TOKENIZE_BATCH_DOCS]), 0) for i in range(0, len(docs), TOKENIZE_BATCH_DOCS)
+        EncodeBatch("train", list(docs[i : i + TOKENIZE_BATCH_DOCS]), 0)
+        for i in range(0, len(docs), TOKENIZE_BATCH_DOCS)
     )
     t0, c0, k0 = time.perf_counter(), time.process_time(), _children_cpu_s()
     for _ in encode_ordered(tokenizer_path, batches, workers):
@@ -109,8 +114,12 @@ def bench_tokenize(tokenizer_path: Path, docs: Sequence[str], workers: int) -> T
     pool_wall = time.perf_counter() - t0
     pool_cpu = (time.process_time() - c0) + (_children_cpu_s() - k0)  # parent + reaped workers
     return TokenizeFigures(
-        text_mb=mb, one_wall_mbps=mb / one_wall, one_cpu_mbps=mb / one_cpu, workers=workers,
-        pool_wall_mbps=mb / pool_wall, pool_cpu_mbps=mb / pool_cpu,
+        text_mb=mb,
+        one_wall_mbps=mb / one_wall,
+        one_cpu_mbps=mb / one_cpu,
+        workers=workers,
+        pool_wall_mbps=mb / pool_wall,
+        pool_cpu_mbps=mb / pool_cpu,
     )
 
 
@@ -144,7 +153,9 @@ def cmd_bench_data(args: argparse.Namespace) -> int:
             source = f"training shards of {args.data}"
         else:
             mbps = bench_shard_write(tmp, args.shards, args.shard_tokens)
-            print(f"shard write: {mbps:,.1f} MB/s ({args.shards} shards of {args.shard_tokens:,} tokens, fsync + rename included)")
+            print(
+                f"shard write: {mbps:,.1f} MB/s ({args.shards} shards of {args.shard_tokens:,} tokens, fsync + rename included)"
+            )
             paths = [tmp / shard_name("train", i) for i in range(args.shards)]
             source = f"{args.shards} shards of {args.shard_tokens:,} tokens just written"
         tps, steps = bench_loader(paths, args.ranks, args.global_batch_tokens, args.seq_len)
@@ -167,12 +178,20 @@ def cmd_bench_data(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `data` to the `pgolf bench` family."""
     p = sub.add_parser("data", help="loader tokens/s, tokenization MB/s per core, shard write MB/s")
-    p.add_argument("--data", help="benchmark the loader on this dataset's training shards instead of synthetic ones")
-    p.add_argument("--docs", help="documents to tokenize (.jsonl/.parquet/.txt; default: the embedded corpus)")
+    p.add_argument(
+        "--data", help="benchmark the loader on this dataset's training shards instead of synthetic ones"
+    )
+    p.add_argument(
+        "--docs", help="documents to tokenize (.jsonl/.parquet/.txt; default: the embedded corpus)"
+    )
     p.add_argument("--max-docs", type=int, default=0, help="tokenize only the first N documents (0 = all)")
     p.add_argument("--tokenizer", help="a .model file or byte260 (default: the embedded dataset's tokenizer)")
-    p.add_argument("--workers", type=int, help="processes for the parallel tokenization figure (default: all cores)")
-    p.add_argument("--ranks", type=int, default=OFFICIAL_RANKS, help=f"simulated ranks (default {OFFICIAL_RANKS})")
+    p.add_argument(
+        "--workers", type=int, help="processes for the parallel tokenization figure (default: all cores)"
+    )
+    p.add_argument(
+        "--ranks", type=int, default=OFFICIAL_RANKS, help=f"simulated ranks (default {OFFICIAL_RANKS})"
+    )
     p.add_argument("--global-batch-tokens", type=int, default=OFFICIAL_GLOBAL_BATCH_TOKENS)
     p.add_argument("--seq-len", type=int, default=OFFICIAL_SEQ_LEN)
     p.add_argument("--shards", type=int, default=BENCH_SHARDS, help="synthetic shards to write")
@@ -182,7 +201,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m data.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m data.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     register(parser.add_subparsers(dest="bench_command", required=True, metavar="BENCH"))
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

@@ -211,7 +211,13 @@ class _SplitWriter:
     """Cuts one split's token stream into shards of `shard_tokens`."""
 
     def __init__(self, out: Path, split: str, shard_tokens: int, bos_id: int, counts: np.ndarray | None):
-        self.out, self.split, self.shard_tokens, self.bos_id, self.counts = out, split, shard_tokens, bos_id, counts
+        self.out, self.split, self.shard_tokens, self.bos_id, self.counts = (
+            out,
+            split,
+            shard_tokens,
+            bos_id,
+            counts,
+        )
         self.pending: list[np.ndarray] = []
         self.pending_tokens = 0
         self.entries: list[dict[str, Any]] = []
@@ -253,7 +259,11 @@ class _SplitWriter:
 
 def _prepare_out(out: Path, overwrite: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    old = [p for p in out.iterdir() if p.name == MANIFEST_NAME or (p.name.startswith("fineweb_") and p.suffix == ".bin")]
+    old = [
+        p
+        for p in out.iterdir()
+        if p.name == MANIFEST_NAME or (p.name.startswith("fineweb_") and p.suffix == ".bin")
+    ]
     if old and not overwrite:
         raise FileExistsError(
             f"{out} already holds a dataset ({len(old)} shard/manifest files); "
@@ -264,23 +274,33 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
 
 
 def _prepare_tokenizer(
-    out: Path, texts: Iterable[str], tokenizer: str | os.PathLike[str] | None, vocab_size: int | None,
-    val_docs: int, tokenizer_train_docs: int | None,
+    out: Path,
+    texts: Iterable[str],
+    tokenizer: str | os.PathLike[str] | None,
+    vocab_size: int | None,
+    val_docs: int,
+    tokenizer_train_docs: int | None,
 ) -> Path:
     if vocab_size is not None:
         if iter(texts) is texts:
-            raise ValueError("training a tokenizer reads the documents twice; pass a list or a DocumentSource, not an iterator")
+            raise ValueError(
+                "training a tokenizer reads the documents twice; pass a list or a DocumentSource, not an iterator"
+            )
         from itertools import islice
 
         stop = None if tokenizer_train_docs is None else val_docs + tokenizer_train_docs
-        return train_sentencepiece(islice(iter(texts), val_docs, stop), vocab_size, out / f"tokenizer_{vocab_size}_bpe.model")
+        return train_sentencepiece(
+            islice(iter(texts), val_docs, stop), vocab_size, out / f"tokenizer_{vocab_size}_bpe.model"
+        )
     if str(tokenizer) == "byte260":
         path = out / BYTE260_FILENAME
         write_byte260(path)
         return path
     src = Path(tokenizer)  # type: ignore[arg-type]
     if not src.is_file():
-        raise FileNotFoundError(f"--tokenizer {src} not found (HINT: a SentencePiece .model file, or 'byte260')")
+        raise FileNotFoundError(
+            f"--tokenizer {src} not found (HINT: a SentencePiece .model file, or 'byte260')"
+        )
     dst = out / src.name
     if src.resolve() != dst.resolve():
         shutil.copyfile(src, dst)
@@ -327,7 +347,9 @@ def build_dataset(
     tok_path = _prepare_tokenizer(out, texts, tokenizer, vocab_size, val_docs, tokenizer_train_docs)
     tok = load_tokenizer(tok_path)
     if tok.vocab_size > MAX_VOCAB_SIZE:
-        raise ValueError(f"a vocabulary of {tok.vocab_size} does not fit uint16 shards (max {MAX_VOCAB_SIZE})")
+        raise ValueError(
+            f"a vocabulary of {tok.vocab_size} does not fit uint16 shards (max {MAX_VOCAB_SIZE})"
+        )
 
     if isinstance(tok, ByteTokenizer):
         workers = 1  # byte260 encoding is a memory copy (~500 MB/s); shipping text to workers costs more
@@ -339,7 +361,9 @@ def build_dataset(
     selection = SelectionHash()
     total = len(texts) if isinstance(texts, Sequence) else None
     t0 = time.perf_counter()
-    with tqdm(total=total, desc="tokenize", unit="doc", disable=None if progress is None else not progress) as bar:
+    with tqdm(
+        total=total, desc="tokenize", unit="doc", disable=None if progress is None else not progress
+    ) as bar:
         for batch, flat, lens in encode_ordered(tok_path, _batches(texts, val_docs, selection), workers):
             writers[batch.split].add(flat, len(lens), batch.text_bytes)
             bar.update(len(lens))

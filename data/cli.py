@@ -28,8 +28,13 @@ def cmd_build(args: argparse.Namespace) -> int:
         src = source_from_path(args.docs, field=args.field, max_docs=args.max_docs or None)
     else:
         src = DocumentSource(
-            kind="hf", path=args.hf_dataset, config=args.hf_config or None, split=args.hf_split,
-            revision=args.hf_revision, field=args.field, max_docs=args.max_docs or None,
+            kind="hf",
+            path=args.hf_dataset,
+            config=args.hf_config or None,
+            split=args.hf_split,
+            revision=args.hf_revision,
+            field=args.field,
+            max_docs=args.max_docs or None,
         )
     out = build_dataset(
         src,
@@ -50,7 +55,11 @@ def cmd_build(args: argparse.Namespace) -> int:
 def cmd_download(args: argparse.Namespace) -> int:
     try:
         out = download_variant(
-            args.variant, args.out, train_shards=args.train_shards, repo_id=args.repo, revision=args.revision,
+            args.variant,
+            args.out,
+            train_shards=args.train_shards,
+            repo_id=args.repo,
+            revision=args.revision,
             endpoint=args.endpoint,
         )
     except DownloadError as e:
@@ -71,24 +80,46 @@ def register(sub: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--docs", help="a .jsonl, .parquet or .txt file, or a folder of .parquet / .txt files")
     src.add_argument("--hf-dataset", help="stream a hub dataset with `datasets`, e.g. HuggingFaceFW/fineweb")
-    p.add_argument("--hf-config", default=DEFAULT_HF_CONFIG, help=f"hub dataset configuration (default {DEFAULT_HF_CONFIG})")
+    p.add_argument(
+        "--hf-config",
+        default=DEFAULT_HF_CONFIG,
+        help=f"hub dataset configuration (default {DEFAULT_HF_CONFIG})",
+    )
     p.add_argument("--hf-split", default="train", help="hub dataset split (default train)")
     p.add_argument("--hf-revision", help="hub dataset commit or tag (pin it for a reproducible selection)")
     p.add_argument("--field", default="text", help="field / column holding the text (default: text)")
     tok = p.add_mutually_exclusive_group(required=True)
     tok.add_argument("--tokenizer", help="a SentencePiece .model file, or 'byte260'")
-    tok.add_argument("--vocab-size", type=int, help="train a SentencePiece BPE of this size (reference settings)")
-    p.add_argument("--tokenizer-train-docs", type=int, help="train the tokenizer on at most N training documents")
-    p.add_argument("--val-docs", type=int, default=DEFAULT_VAL_DOCS, help=f"the first N documents are validation (default {DEFAULT_VAL_DOCS:,})")
+    tok.add_argument(
+        "--vocab-size", type=int, help="train a SentencePiece BPE of this size (reference settings)"
+    )
+    p.add_argument(
+        "--tokenizer-train-docs", type=int, help="train the tokenizer on at most N training documents"
+    )
+    p.add_argument(
+        "--val-docs",
+        type=int,
+        default=DEFAULT_VAL_DOCS,
+        help=f"the first N documents are validation (default {DEFAULT_VAL_DOCS:,})",
+    )
     p.add_argument("--max-docs", type=int, default=0, help="use only the first N documents (0 = all)")
-    p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help=f"tokens per shard (default {DEFAULT_SHARD_TOKENS:,})")
+    p.add_argument(
+        "--shard-tokens",
+        type=int,
+        default=DEFAULT_SHARD_TOKENS,
+        help=f"tokens per shard (default {DEFAULT_SHARD_TOKENS:,})",
+    )
     p.add_argument("--workers", type=int, help="tokenizer processes (default: all cores)")
     p.add_argument("--out", required=True, help="output dataset folder")
     p.add_argument("--overwrite", action="store_true", help="replace a dataset already in --out")
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("download", help="fetch the official cached shards from the dataset hub")
-    p.add_argument("--variant", default="sp1024", help="sp1024 (default), sp4096, sp8192, byte260, ... as the repo has them")
+    p.add_argument(
+        "--variant",
+        default="sp1024",
+        help="sp1024 (default), sp4096, sp8192, byte260, ... as the repo has them",
+    )
     p.add_argument("--train-shards", type=int, help="how many training shards (default: 80, or all if fewer)")
     p.add_argument("--repo", default=DEFAULT_REPO_ID, help=f"dataset repo (default {DEFAULT_REPO_ID})")
     p.add_argument("--revision", default="main", help="branch, tag or commit (default main)")
@@ -98,12 +129,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("verify", help="check a dataset folder against its manifest")
     p.add_argument("dir", help="dataset folder")
-    p.add_argument("--quick", action="store_true", help="headers, sizes and counts only; skip sha256 and document counts")
+    p.add_argument(
+        "--quick", action="store_true", help="headers, sizes and counts only; skip sha256 and document counts"
+    )
     p.set_defaults(func=cmd_verify)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m data.cli", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m data.cli", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     register(parser.add_subparsers(dest="data_command", required=True, metavar="COMMAND"))
     args = parser.parse_args(argv)
     try:

@@ -161,11 +161,18 @@ def _relative(path: str) -> str:
 
 
 def parse_hub_manifest(
-    raw: Any, *, variant: str, train_shards: int | None, prefix: str = REMOTE_PREFIX, where: str = "hub manifest"
+    raw: Any,
+    *,
+    variant: str,
+    train_shards: int | None,
+    prefix: str = REMOTE_PREFIX,
+    where: str = "hub manifest",
 ) -> VariantPlan:
     """Read the hub manifest (schema in the module docstring) into the list of files to fetch."""
     if not isinstance(raw, dict):
-        raise ValueError(f"{where}: unknown manifest shape (a {type(raw).__name__}, not an object); {SCHEMA_HINT}")
+        raise ValueError(
+            f"{where}: unknown manifest shape (a {type(raw).__name__}, not an object); {SCHEMA_HINT}"
+        )
     wanted = dataset_name_for(variant)
     datasets = _entries(raw, "datasets", where)
     entry = next((d for d in datasets if d.get("name") == wanted), None) or next(
@@ -185,7 +192,9 @@ def parse_hub_manifest(
     if train_shards is None:
         n = min(DEFAULT_TRAIN_SHARDS, files_train)
     elif not 0 <= train_shards <= files_train:
-        raise ValueError(f"--train-shards {train_shards}: {variant} has {files_train} training shards on the hub (0..{files_train})")
+        raise ValueError(
+            f"--train-shards {train_shards}: {variant} has {files_train} training shards on the hub (0..{files_train})"
+        )
     else:
         n = train_shards
 
@@ -196,7 +205,9 @@ def parse_hub_manifest(
     if not tok_paths and isinstance(entry.get("tokenizer_files"), list):
         tok_paths = [f"tokenizers/{f}" for f in entry["tokenizer_files"]]
     if not tok_paths:
-        raise ValueError(f"{where}: no tokenizer files for {name} (tokenizer_name {tok_name!r}); {SCHEMA_HINT}")
+        raise ValueError(
+            f"{where}: no tokenizer files for {name} (tokenizer_name {tok_name!r}); {SCHEMA_HINT}"
+        )
 
     index = _file_index(raw.get("files"), entry.get("files"), entry.get("shards"), (tok or {}).get("files"))
     files: list[RemoteFile] = []
@@ -210,8 +221,14 @@ def parse_hub_manifest(
             files.append(RemoteFile(path=f"{prefix}/{rel}", name=shard_name(split, i), kind=split, **info))
     docs_meta = raw.get("docs_meta") if isinstance(raw.get("docs_meta"), dict) else {}
     return VariantPlan(
-        variant=variant, dataset_name=name, files_train=files_train, files_val=files_val, train_shards=n,
-        tokenizer_name=str(tok_name), files=tuple(files), docs_sha256=docs_meta.get("docs_sha256"),
+        variant=variant,
+        dataset_name=name,
+        files_train=files_train,
+        files_val=files_val,
+        train_shards=n,
+        tokenizer_name=str(tok_name),
+        files=tuple(files),
+        docs_sha256=docs_meta.get("docs_sha256"),
     )
 
 
@@ -255,8 +272,13 @@ class _Hub:
         try:
             return Path(
                 hf_hub_download(
-                    self.repo_id, path, repo_type="dataset", revision=commit, local_dir=self.staging,
-                    endpoint=self.endpoint, token=self.token,
+                    self.repo_id,
+                    path,
+                    repo_type="dataset",
+                    revision=commit,
+                    local_dir=self.staging,
+                    endpoint=self.endpoint,
+                    token=self.token,
                 )
             )
         except _network_errors() as e:
@@ -273,17 +295,23 @@ def _check_file(local: Path, f: RemoteFile, vocab_size: int | None, bos_id: int)
     """Size, shard header, token range and sha256 of a fetched file; raises DownloadError naming it."""
     size = local.stat().st_size
     if f.size_bytes is not None and size != f.size_bytes:
-        raise DownloadError(f"{f.path}: {size} bytes but the hub manifest says {f.size_bytes}; refused and removed")
+        raise DownloadError(
+            f"{f.path}: {size} bytes but the hub manifest says {f.size_bytes}; refused and removed"
+        )
     record: dict[str, Any] = {"bytes": size}
     if f.kind in ("val", "train"):
         try:
             record["tokens"] = read_header(local)
         except ShardError as e:
-            raise DownloadError(f"{f.path}: not a valid shard ({str(e).split(' HINT')[0]}); refused and removed") from e
+            raise DownloadError(
+                f"{f.path}: not a valid shard ({str(e).split(' HINT')[0]}); refused and removed"
+            ) from e
         tokens = np.asarray(read_shard(local))
         top = int(tokens.max()) if tokens.size else 0
         if vocab_size is not None and top >= vocab_size:
-            raise DownloadError(f"{f.path}: token id {top} >= vocabulary {vocab_size}: corrupt; refused and removed")
+            raise DownloadError(
+                f"{f.path}: token id {top} >= vocabulary {vocab_size}: corrupt; refused and removed"
+            )
         record["docs"] = int(np.count_nonzero(tokens == bos_id))
     digest = sha256_file(local)
     if f.sha256 is not None and digest != f.sha256:
@@ -307,7 +335,14 @@ def _tokenizer_entry(dest: Path, plan: VariantPlan) -> dict[str, Any]:
         if js is None:
             raise DownloadError(f"{plan.dataset_name}: no .model or .json tokenizer among {names}")
         cfg = read_json(dest / js, what="byte tokenizer file")
-        expect = {"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3, "byte_offset": BYTE260_OFFSET, "byte_count": 256}
+        expect = {
+            "pad_id": 0,
+            "bos_id": 1,
+            "eos_id": 2,
+            "unk_id": 3,
+            "byte_offset": BYTE260_OFFSET,
+            "byte_count": 256,
+        }
         got = {k: (cfg.get("config") or {}).get(k, v) for k, v in expect.items()}
         if cfg.get("tokenizer_type") != "pure_byte" or got != expect:
             raise DownloadError(f"{js}: not the byte260 layout this harness reads ({got}); expected {expect}")
@@ -316,8 +351,12 @@ def _tokenizer_entry(dest: Path, plan: VariantPlan) -> dict[str, Any]:
         tok = load_tokenizer(path)
         assert tok.vocab_size == BYTE260_VOCAB_SIZE
     return {
-        "file": path.name, "kind": tok.kind, "vocab_size": tok.vocab_size, "bos_id": tok.bos_id,
-        "sha256": sha256_file(path), "trained_here": False,
+        "file": path.name,
+        "kind": tok.kind,
+        "vocab_size": tok.vocab_size,
+        "bos_id": tok.bos_id,
+        "sha256": sha256_file(path),
+        "trained_here": False,
     }
 
 
@@ -326,7 +365,13 @@ def _tokenizer_entry(dest: Path, plan: VariantPlan) -> dict[str, Any]:
 
 def _load_state(dest: Path, repo_id: str, commit: str) -> dict[str, Any]:
     path = dest / STATE_NAME
-    fresh = {"format": STATE_FORMAT, "format_version": STATE_VERSION, "repo_id": repo_id, "commit": commit, "files": {}}
+    fresh = {
+        "format": STATE_FORMAT,
+        "format_version": STATE_VERSION,
+        "repo_id": repo_id,
+        "commit": commit,
+        "files": {},
+    }
     if not path.is_file():
         return fresh
     state = read_json(path, what="download state")
@@ -365,8 +410,12 @@ def download_variant(
     dataset_name_for(variant)
     dest = Path(dest) if dest is not None else default_destination(variant)
     dest.mkdir(parents=True, exist_ok=True)
-    if (dest / MANIFEST_NAME).is_file() and (read_json(dest / MANIFEST_NAME).get("source") or {}).get("kind") != "hub":
-        raise FileExistsError(f"{dest} holds a dataset that was not downloaded from the hub; HINT: choose another --out")
+    if (dest / MANIFEST_NAME).is_file() and (read_json(dest / MANIFEST_NAME).get("source") or {}).get(
+        "kind"
+    ) != "hub":
+        raise FileExistsError(
+            f"{dest} holds a dataset that was not downloaded from the hub; HINT: choose another --out"
+        )
     hub = _Hub(repo_id, endpoint, token, dest / STAGING_NAME)
     manifest_path = f"{prefix}/{HUB_MANIFEST_NAME}"
     commit = hub.resolve(manifest_path, revision)
@@ -411,8 +460,14 @@ def download_variant(
 
 
 def _our_manifest(
-    dest: Path, plan: VariantPlan, state: dict[str, Any], tokenizer: dict[str, Any],
-    repo_id: str, revision: str, commit: str, prefix: str,
+    dest: Path,
+    plan: VariantPlan,
+    state: dict[str, Any],
+    tokenizer: dict[str, Any],
+    repo_id: str,
+    revision: str,
+    commit: str,
+    prefix: str,
 ) -> dict[str, Any]:
     # Every verified training shard present from index 0 on (a rerun with a smaller --train-shards
     # keeps what is there; the loader picks its first N with train_shard_paths).
@@ -427,7 +482,16 @@ def _our_manifest(
     for split, names in (("val", val), ("train", train)):
         for n in names:
             rec = state["files"][n]
-            shards.append({"name": n, "split": split, "tokens": rec["tokens"], "docs": rec["docs"], "bytes": rec["bytes"], "sha256": rec["sha256"]})
+            shards.append(
+                {
+                    "name": n,
+                    "split": split,
+                    "tokens": rec["tokens"],
+                    "docs": rec["docs"],
+                    "bytes": rec["bytes"],
+                    "sha256": rec["sha256"],
+                }
+            )
             if split == "train":
                 counts += np.bincount(np.asarray(read_shard(dest / n)), minlength=counts.size)[: counts.size]
     return {
@@ -436,10 +500,19 @@ def _our_manifest(
         "tokens": {s: sum(e["tokens"] for e in shards if e["split"] == s) for s in ("val", "train")},
         "selection_sha256": None,
         "source": {
-            "kind": "hub", "repo_id": repo_id, "revision": revision, "commit": commit, "prefix": prefix,
-            "variant": plan.variant, "dataset": plan.dataset_name, "tokenizer_name": plan.tokenizer_name,
-            "train_shards": len(train), "train_shards_available": plan.files_train, "val_shards": plan.files_val,
-            "hub_manifest_sha256": sha256_file(dest / HUB_MANIFEST_COPY), "docs_sha256": plan.docs_sha256,
+            "kind": "hub",
+            "repo_id": repo_id,
+            "revision": revision,
+            "commit": commit,
+            "prefix": prefix,
+            "variant": plan.variant,
+            "dataset": plan.dataset_name,
+            "tokenizer_name": plan.tokenizer_name,
+            "train_shards": len(train),
+            "train_shards_available": plan.files_train,
+            "val_shards": plan.files_val,
+            "hub_manifest_sha256": sha256_file(dest / HUB_MANIFEST_COPY),
+            "docs_sha256": plan.docs_sha256,
         },
         "shards": shards,
         "train_unigram_counts": counts.tolist(),

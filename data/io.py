@@ -71,4 +71,6 @@ def read_json(path: str | os.PathLike[str], *, what: str = "JSON file") -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise ValueError(f"{what} {path} is not valid JSON ({e}); re-create it with the command that wrote it") from e
+        raise ValueError(
+            f"{what} {path} is not valid JSON ({e}); re-create it with the command that wrote it"
+        ) from e

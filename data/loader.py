@@ -127,7 +127,9 @@ class DistributedTokenLoader:
 
     def next_batch(self, batch_tokens: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         if batch_tokens <= 0 or seq_len <= 0 or batch_tokens % seq_len:
-            raise ValueError(f"batch_tokens ({batch_tokens}) must be a positive multiple of seq_len ({seq_len})")
+            raise ValueError(
+                f"batch_tokens ({batch_tokens}) must be a positive multiple of seq_len ({seq_len})"
+            )
         span = batch_tokens + 1
         self.stream.skip(self.rank * span)
         local = self.stream.take(span)

@@ -82,9 +82,13 @@ def read_header(path: str | os.PathLike[str]) -> int:
         raise ShardError(f"shard {path} is {size} bytes, shorter than its {HEADER_BYTES}-byte header. {hint}")
     header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
     if int(header[0]) != SHARD_MAGIC:
-        raise ShardError(f"shard {path} has magic {int(header[0])}, expected {SHARD_MAGIC}: not a token shard. {hint}")
+        raise ShardError(
+            f"shard {path} has magic {int(header[0])}, expected {SHARD_MAGIC}: not a token shard. {hint}"
+        )
     if int(header[1]) != SHARD_VERSION:
-        raise ShardError(f"shard {path} has version {int(header[1])}; this harness reads version {SHARD_VERSION}. {hint}")
+        raise ShardError(
+            f"shard {path} has version {int(header[1])}; this harness reads version {SHARD_VERSION}. {hint}"
+        )
     count = int(header[2])
     expected = HEADER_BYTES + 2 * count
     if count < 0 or size != expected:

@@ -69,10 +69,14 @@ class DocumentSource:
         if self.max_docs is not None and self.max_docs <= 0:
             raise ValueError(f"max_docs must be positive (or None for all), got {self.max_docs}")
         if self.kind != "hf" and not Path(self.path).exists():
-            raise FileNotFoundError(f"documents not found: {self.path} (HINT: pass an existing --docs file or folder)")
+            raise FileNotFoundError(
+                f"documents not found: {self.path} (HINT: pass an existing --docs file or folder)"
+            )
 
     def __iter__(self) -> Iterator[str]:
-        reader = {"jsonl": _iter_jsonl, "parquet": _iter_parquet, "text": _iter_text, "hf": _iter_hf}[self.kind]
+        reader = {"jsonl": _iter_jsonl, "parquet": _iter_parquet, "text": _iter_text, "hf": _iter_hf}[
+            self.kind
+        ]
         count = 0
         for text in reader(self):
             yield text
@@ -92,12 +96,16 @@ class DocumentSource:
         return out
 
 
-def source_from_path(path: str | os.PathLike[str], *, field: str = "text", max_docs: int | None = None) -> DocumentSource:
+def source_from_path(
+    path: str | os.PathLike[str], *, field: str = "text", max_docs: int | None = None
+) -> DocumentSource:
     """Pick the kind from the file name: .jsonl/.json → jsonl, .parquet (or a folder of them) → parquet,
     .txt (or a folder of them) → text."""
     p = Path(path)
     if not p.exists():
-        raise FileNotFoundError(f"documents not found: {p} (HINT: pass a .jsonl, .parquet or .txt file or a folder)")
+        raise FileNotFoundError(
+            f"documents not found: {p} (HINT: pass a .jsonl, .parquet or .txt file or a folder)"
+        )
     if p.is_dir():
         if any(p.glob("*.parquet")):
             kind = "parquet"
@@ -116,7 +124,9 @@ def source_from_path(path: str | os.PathLike[str], *, field: str = "text", max_d
 
 def _check_text(value: object, where: str, field: str) -> str:
     if not isinstance(value, str):
-        raise ValueError(f"{where}: field {field!r} is {type(value).__name__}, expected a string (HINT: pass --field)")
+        raise ValueError(
+            f"{where}: field {field!r} is {type(value).__name__}, expected a string (HINT: pass --field)"
+        )
     return value
 
 
@@ -147,7 +157,9 @@ def _iter_parquet(src: DocumentSource) -> Iterator[str]:
     for file in _parquet_files(Path(src.path)):
         pf = pq.ParquetFile(file)
         if src.field not in pf.schema_arrow.names:
-            raise ValueError(f"{file}: no column {src.field!r} (columns: {pf.schema_arrow.names}); pass --field")
+            raise ValueError(
+                f"{file}: no column {src.field!r} (columns: {pf.schema_arrow.names}); pass --field"
+            )
         row = 0
         for batch in pf.iter_batches(columns=[src.field], batch_size=PARQUET_BATCH_ROWS):
             for value in batch.column(0).to_pylist():
@@ -168,7 +180,9 @@ def _iter_text(src: DocumentSource) -> Iterator[str]:
 def _iter_hf(src: DocumentSource) -> Iterator[str]:
     for i, row in enumerate(iter_hf_rows(src)):
         if src.field not in row:
-            raise ValueError(f"{src.path} row {i}: no field {src.field!r} (fields: {sorted(row)}); pass --field")
+            raise ValueError(
+                f"{src.path} row {i}: no field {src.field!r} (fields: {sorted(row)}); pass --field"
+            )
         yield _check_text(row[src.field], f"{src.path} row {i}", src.field)
 
 

@@ -89,7 +89,9 @@ class SentencePieceTokenizer:
         self.vocab_size = int(self.sp.vocab_size())
         self.bos_id = int(self.sp.bos_id())
         if self.bos_id < 0:
-            raise ValueError(f"tokenizer {self.path} has no BOS piece; documents need one (train with bos_id=1)")
+            raise ValueError(
+                f"tokenizer {self.path} has no BOS piece; documents need one (train with bos_id=1)"
+            )
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         return self.sp.encode(list(texts), out_type=int)
@@ -112,7 +114,7 @@ class SentencePieceTokenizer:
             piece = self.sp.id_to_piece(i)
             if piece.startswith(SPACE_MARK):
                 space[i] = True
-                piece = piece[len(SPACE_MARK):]
+                piece = piece[len(SPACE_MARK) :]
             base[i] = len(piece.encode("utf-8"))
         return ByteTable(base, space, boundary)
 
@@ -125,7 +127,10 @@ class ByteTokenizer:
     bos_id = BOS_ID
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        return [(np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(np.int64) + BYTE260_OFFSET).tolist() for t in texts]
+        return [
+            (np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(np.int64) + BYTE260_OFFSET).tolist()
+            for t in texts
+        ]
 
     def decode(self, ids: Sequence[int]) -> str:
         arr = np.asarray([i for i in ids if i >= BYTE260_OFFSET], dtype=np.int64) - BYTE260_OFFSET
@@ -150,7 +155,9 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
             raise FileNotFoundError(f"tokenizer file not found: {path}")
         return ByteTokenizer()
     if path.suffix != ".model":
-        raise ValueError(f"unknown tokenizer file {path}: expected a SentencePiece .model or {BYTE260_FILENAME}")
+        raise ValueError(
+            f"unknown tokenizer file {path}: expected a SentencePiece .model or {BYTE260_FILENAME}"
+        )
     return SentencePieceTokenizer(path)
 
 
@@ -160,7 +167,11 @@ def write_byte260(path: str | os.PathLike[str]) -> None:
 
 
 def train_sentencepiece(
-    texts: Iterable[str], vocab_size: int, out_model: str | os.PathLike[str], *, num_threads: int | None = None
+    texts: Iterable[str],
+    vocab_size: int,
+    out_model: str | os.PathLike[str],
+    *,
+    num_threads: int | None = None,
 ) -> Path:
     """Train a BPE SentencePiece model with the reference settings; returns the `.model` path."""
     import sentencepiece as spm

@@ -66,8 +66,14 @@ class VerifyReport:
         """A fixed-width table: one row per file, one column per check, then the split totals."""
         head = ["file", "split", "tokens", "docs", *CHECKS, "result"]
         rows = [
-            [f.name, f.split, f"{f.tokens:,}" if f.split in ("val", "train") else "", "" if f.docs is None else f"{f.docs:,}",
-             *(f.results.get(c, SKIP) for c in CHECKS), "OK" if f.ok else "FAIL"]
+            [
+                f.name,
+                f.split,
+                f"{f.tokens:,}" if f.split in ("val", "train") else "",
+                "" if f.docs is None else f"{f.docs:,}",
+                *(f.results.get(c, SKIP) for c in CHECKS),
+                "OK" if f.ok else "FAIL",
+            ]
             for f in self.files
         ]
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
@@ -88,7 +94,9 @@ def _check_shard(m: Manifest, entry: dict[str, object], *, full: bool) -> FileCh
     results = dict.fromkeys(CHECKS, SKIP)
     problems: list[str] = []
     if not path.is_file():
-        return FileCheck(name=name, split=split, results={c: FAIL for c in CHECKS}, problems=("file is missing",), docs=0)
+        return FileCheck(
+            name=name, split=split, results={c: FAIL for c in CHECKS}, problems=("file is missing",), docs=0
+        )
     size = path.stat().st_size
     results["size"] = OK if size == entry["bytes"] else FAIL
     if size != entry["bytes"]:
@@ -115,7 +123,9 @@ def _check_shard(m: Manifest, entry: dict[str, object], *, full: bool) -> FileCh
         results["sha256"] = OK if digest == entry["sha256"] else FAIL
         if digest != entry["sha256"]:
             problems.append(f"sha256 {digest[:16]}… but manifest says {str(entry['sha256'])[:16]}…")
-    return FileCheck(name=name, split=split, results=results, problems=tuple(problems), tokens=count or 0, docs=docs)
+    return FileCheck(
+        name=name, split=split, results=results, problems=tuple(problems), tokens=count or 0, docs=docs
+    )
 
 
 def verify_dataset(directory: str | os.PathLike[str], *, quick: bool = False) -> VerifyReport:
@@ -128,11 +138,22 @@ def verify_dataset(directory: str | os.PathLike[str], *, quick: bool = False) ->
     tok_path = m.root / str(tok["file"])
     tok_results = dict.fromkeys(CHECKS, SKIP)
     if not tok_path.is_file():
-        files.append(FileCheck(name=str(tok["file"]), split="tokenizer", results={"sha256": FAIL}, problems=("file is missing",)))
+        files.append(
+            FileCheck(
+                name=str(tok["file"]),
+                split="tokenizer",
+                results={"sha256": FAIL},
+                problems=("file is missing",),
+            )
+        )
     elif tok.get("sha256") and not quick:
         digest = sha256_file(tok_path)
         tok_results["sha256"] = OK if digest == tok["sha256"] else FAIL
-        problems = () if digest == tok["sha256"] else (f"sha256 {digest[:16]}… but manifest says {str(tok['sha256'])[:16]}…",)
+        problems = (
+            ()
+            if digest == tok["sha256"]
+            else (f"sha256 {digest[:16]}… but manifest says {str(tok['sha256'])[:16]}…",)
+        )
         files.append(FileCheck(name=tok_path.name, split="tokenizer", results=tok_results, problems=problems))
     else:
         files.append(FileCheck(name=tok_path.name, split="tokenizer", results=tok_results))
@@ -141,7 +162,12 @@ def verify_dataset(directory: str | os.PathLike[str], *, quick: bool = False) ->
     for p in sorted(m.root.glob("fineweb_*.bin")):
         if p.name not in listed and parse_shard_name(p.name) is not None:
             files.append(
-                FileCheck(name=p.name, split="?", results={}, problems=("shard file not listed in the manifest; remove it",))
+                FileCheck(
+                    name=p.name,
+                    split="?",
+                    results={},
+                    problems=("shard file not listed in the manifest; remove it",),
+                )
             )
 
     totals: list[str] = []
@@ -157,11 +183,20 @@ def verify_dataset(directory: str | os.PathLike[str], *, quick: bool = False) ->
         docs = sum(counted) if len(counted) == len(found) else None
         want_docs = m.raw["docs"].get(split)
         want_tokens = (m.raw.get("tokens") or {}).get(split)
-        totals.append(f"{split}: {len(found)} shard(s), {tokens:,} tokens, " + (f"{docs:,} docs" if docs is not None else "docs not counted"))
+        totals.append(
+            f"{split}: {len(found)} shard(s), {tokens:,} tokens, "
+            + (f"{docs:,} docs" if docs is not None else "docs not counted")
+        )
         if docs is not None and want_docs is not None and docs != want_docs:
-            total_problems.append(f"{split}: shards hold {docs} documents, manifest docs.{split} says {want_docs}")
+            total_problems.append(
+                f"{split}: shards hold {docs} documents, manifest docs.{split} says {want_docs}"
+            )
         if want_tokens is not None and tokens != want_tokens:
-            total_problems.append(f"{split}: shards hold {tokens} tokens, manifest tokens.{split} says {want_tokens}")
+            total_problems.append(
+                f"{split}: shards hold {tokens} tokens, manifest tokens.{split} says {want_tokens}"
+            )
     if not view_split and not any(e["split"] == "val" for e in entries):
         total_problems.append("no validation shards listed")
-    return VerifyReport(root=m.root, files=tuple(files), totals=tuple(totals), total_problems=tuple(total_problems))
+    return VerifyReport(
+        root=m.root, files=tuple(files), totals=tuple(totals), total_problems=tuple(total_problems)
+    )

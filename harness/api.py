@@ -151,7 +151,12 @@ class DistInfo:
         """In-place all-reduce ("sum", "mean", "max", "min"); returns `t`. No-op on one rank."""
         if not self.distributed:
             return t
-        ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+        ops = {
+            "sum": dist.ReduceOp.SUM,
+            "mean": dist.ReduceOp.SUM,
+            "max": dist.ReduceOp.MAX,
+            "min": dist.ReduceOp.MIN,
+        }
         if op not in ops:
             raise ValueError(f"op must be one of {sorted(ops)}, got {op!r}")
         dist.all_reduce(t, op=ops[op])

@@ -45,11 +45,23 @@ USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, TypeError)
 def cmd_run(args: argparse.Namespace) -> int:
     from harness.run.pipeline import run_pipeline
 
-    launch = [f"launch.{key}={value!r}" for key, value in
-              (("nproc_per_node", args.nproc), ("nnodes", args.nnodes), ("rdzv_endpoint", args.rdzv_endpoint)) if value is not None]
+    launch = [
+        f"launch.{key}={value!r}"
+        for key, value in (
+            ("nproc_per_node", args.nproc),
+            ("nnodes", args.nnodes),
+            ("rdzv_endpoint", args.rdzv_endpoint),
+        )
+        if value is not None
+    ]
     result = run_pipeline(
-        args.submission, preset=args.preset, seed=args.seed, data_dir=args.data, out_dir=args.out,
-        overrides=[*launch, *args.set], ledger=args.ledger,
+        args.submission,
+        preset=args.preset,
+        seed=args.seed,
+        data_dir=args.data,
+        out_dir=args.out,
+        overrides=[*launch, *args.set],
+        ledger=args.ledger,
     )
     return 0 if result["status"] == "ok" else 1
 
@@ -64,10 +76,21 @@ def cmd_pack(args: argparse.Namespace) -> int:
     model_config = model_config_of(meta)
     if model_config is None:
         model_config = load_config(args.submission, args.preset).model
-    record = pack_state(state, args.submission, args.out, codec_name=args.codec, model_config=model_config, cap_bytes=args.cap_bytes)
+    record = pack_state(
+        state,
+        args.submission,
+        args.out,
+        codec_name=args.codec,
+        model_config=model_config,
+        cap_bytes=args.cap_bytes,
+    )
     if args.json_out:
         write_json_atomic(args.json_out, record)
-    print(json.dumps({k: record[k] for k in ("bytes_code", "bytes_model", "bytes_total", "cap_bytes", "within_cap")}))
+    print(
+        json.dumps(
+            {k: record[k] for k in ("bytes_code", "bytes_model", "bytes_total", "cap_bytes", "within_cap")}
+        )
+    )
     if not record["within_cap"]:
         raise ArtifactTooLarge(record["bytes_code"], record["bytes_model"], record["cap_bytes"])
     return 0
@@ -83,19 +106,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="overrides run.seed")
     p.add_argument("--data", help="dataset folder (default: the embedded corpus, built on first use)")
     p.add_argument("--out", help="run folder (default: runs/NAME-PRESET-TIMESTAMP)")
-    p.add_argument("--nproc", type=int, help="ranks per node: GPUs per node, or CPU processes (launch.nproc_per_node)")
+    p.add_argument(
+        "--nproc", type=int, help="ranks per node: GPUs per node, or CPU processes (launch.nproc_per_node)"
+    )
     p.add_argument("--nnodes", type=int, help="nodes, each running this same command (launch.nnodes)")
-    p.add_argument("--rdzv-endpoint", help="HOST:PORT of torchrun's c10d rendezvous, for several nodes (launch.rdzv_endpoint)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one config key")
+    p.add_argument(
+        "--rdzv-endpoint",
+        help="HOST:PORT of torchrun's c10d rendezvous, for several nodes (launch.rdzv_endpoint)",
+    )
+    p.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one config key"
+    )
     p.add_argument("--ledger", help="results ledger to append to (default: RUN_DIR/../ledger.jsonl)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("pack", help="quantize + compress a state into an artifact; enforce the cap")
     p.add_argument("state", help="a .safetensors state dict")
-    p.add_argument("--submission", required=True, help="the submission folder (its code is counted and hashed)")
+    p.add_argument(
+        "--submission", required=True, help="the submission folder (its code is counted and hashed)"
+    )
     p.add_argument("--out", required=True, help="artifact file to write")
-    p.add_argument("--codec", default="int8_zlib", help="int8_zlib (default) or 'submission' for its codec.py")
-    p.add_argument("--preset", help="preset whose [model] table the scorer will build, if the state does not record one")
+    p.add_argument(
+        "--codec", default="int8_zlib", help="int8_zlib (default) or 'submission' for its codec.py"
+    )
+    p.add_argument(
+        "--preset", help="preset whose [model] table the scorer will build, if the state does not record one"
+    )
     p.add_argument("--cap-bytes", type=int, default=ARTIFACT_CAP_BYTES)
     p.add_argument("--json-out", help="also write the pack record here")
     p.set_defaults(func=cmd_pack)
@@ -109,10 +145,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     for name in modules:
         if name == "data.cli":
             p = sub.add_parser("data", help="datasets: build, download, verify")
-            importlib.import_module(name).register(p.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND"))
+            importlib.import_module(name).register(
+                p.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
+            )
         elif name == "harness.bench":
             p = sub.add_parser("bench", help="benchmarks that print figures")
-            importlib.import_module(name).register(p.add_subparsers(dest="bench_command", required=True, metavar="BENCH"))
+            importlib.import_module(name).register(
+                p.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
+            )
         else:
             importlib.import_module(name).register(sub)
     return parser

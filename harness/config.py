@@ -70,9 +70,13 @@ class EvalSection:
 
     def to_eval_config(self, track_max_tokens: int | None) -> EvalConfig:
         return EvalConfig(
-            mode=self.mode, seq_len=self.seq_len, batch_seqs=self.batch_seqs,
-            max_tokens=self.max_tokens or track_max_tokens, dtype=self.dtype,
-            stride=self.stride or None, adapt_chunk_tokens=self.adapt_chunk_tokens,
+            mode=self.mode,
+            seq_len=self.seq_len,
+            batch_seqs=self.batch_seqs,
+            max_tokens=self.max_tokens or track_max_tokens,
+            dtype=self.dtype,
+            stride=self.stride or None,
+            adapt_chunk_tokens=self.adapt_chunk_tokens,
         )
 
 
@@ -117,7 +121,9 @@ def _apply(tables: dict[str, dict[str, Any]], key: str, value: Any, origin: str)
     if not name or "." in name:
         raise ValueError(f"{origin}: key {key!r} must be SECTION.KEY (sections: {', '.join(sorted(tables))})")
     if section not in tables:
-        raise ValueError(f"{origin}: unknown section {section!r} in {key!r}; sections are {', '.join(sorted(tables))}")
+        raise ValueError(
+            f"{origin}: unknown section {section!r} in {key!r}; sections are {', '.join(sorted(tables))}"
+        )
     if name not in tables[section]:
         known = ", ".join(sorted(tables[section])) or "(none)"
         raise ValueError(f"{origin}: unknown key {key!r}; keys of [{section}] are: {known}")
@@ -151,7 +157,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def load_config(submission_dir: str | Path, preset: str | None = None, overrides: list[str] | None = None) -> ResolvedConfig:
+def load_config(
+    submission_dir: str | Path, preset: str | None = None, overrides: list[str] | None = None
+) -> ResolvedConfig:
     path = Path(submission_dir) / CONFIG_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: a submission keeps its presets in {CONFIG_FILE}")
@@ -174,7 +182,9 @@ def load_config(submission_dir: str | Path, preset: str | None = None, overrides
         tables[name] = copy.deepcopy(raw.get(name, {}))
     if preset is not None:
         if preset not in presets:
-            raise ValueError(f"{path}: no preset {preset!r}; presets: {', '.join(sorted(presets)) or '(none)'}")
+            raise ValueError(
+                f"{path}: no preset {preset!r}; presets: {', '.join(sorted(presets)) or '(none)'}"
+            )
         for key, value in _flatten(presets[preset]):
             _apply(tables, key, value, f"{path} [presets.{preset}]")
     for text in overrides or []:

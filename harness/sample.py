@@ -25,8 +25,15 @@ from scoring.score.loading import load_model
 
 @torch.inference_mode()
 def generate(
-    model: torch.nn.Module, prompt_ids: list[int], n_tokens: int, *, context: int, temperature: float, top_k: int,
-    generator: torch.Generator, vocab_size: int,
+    model: torch.nn.Module,
+    prompt_ids: list[int],
+    n_tokens: int,
+    *,
+    context: int,
+    temperature: float,
+    top_k: int,
+    generator: torch.Generator,
+    vocab_size: int,
 ) -> list[int]:
     """Autoregressive sampling; temperature 0 is greedy. Returns only the new tokens."""
     ids = list(prompt_ids)
@@ -64,15 +71,30 @@ def cmd_sample(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     tok = _tokenizer(args)
     artifact = read_artifact(args.artifact)
-    model = load_model(artifact, decode_state(artifact, artifact_codec(artifact, args.submission)), Path(args.submission), torch.device("cpu"))
+    model = load_model(
+        artifact,
+        decode_state(artifact, artifact_codec(artifact, args.submission)),
+        Path(args.submission),
+        torch.device("cpu"),
+    )
     prompt = [tok.bos_id] + (tok.encode([args.prompt])[0] if args.prompt else [])
     g = torch.Generator().manual_seed(args.seed)
     t0 = time.perf_counter()
-    new = generate(model, prompt, args.tokens, context=args.context, temperature=args.temperature, top_k=args.top_k,
-                   generator=g, vocab_size=tok.vocab_size)
+    new = generate(
+        model,
+        prompt,
+        args.tokens,
+        context=args.context,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        generator=g,
+        vocab_size=tok.vocab_size,
+    )
     dt = time.perf_counter() - t0
     print(tok.decode(prompt[1:] + new))  # decoded together, so the join keeps its spaces
-    print(f"\n[{len(new)} tokens in {dt:.2f} s: {len(new) / dt:.1f} tokens/s on {torch.get_num_threads()} CPU thread(s)]")
+    print(
+        f"\n[{len(new)} tokens in {dt:.2f} s: {len(new) / dt:.1f} tokens/s on {torch.get_num_threads()} CPU thread(s)]"
+    )
     return 0
 
 

@@ -19,7 +19,15 @@ from scoring.tracks import TRACKS
 
 SUBMISSION_JSON = "submission.json"
 SCHEMA_VERSION = 1
-REQUIRED_FIELDS = {"name": str, "author": str, "github_id": str, "date": str, "track": str, "data_variant": str, "blurb": str}
+REQUIRED_FIELDS = {
+    "name": str,
+    "author": str,
+    "github_id": str,
+    "date": str,
+    "track": str,
+    "data_variant": str,
+    "blurb": str,
+}
 OPTIONAL_FIELDS = {"builds_on": str, "claimed": dict, "schema_version": int}
 
 
@@ -36,13 +44,17 @@ def validate_metadata(meta: Any, where: str) -> dict[str, Any]:
         raise ValueError(f"{where}: schema_version {version}; this harness reads {SCHEMA_VERSION}")
     for key, typ in REQUIRED_FIELDS.items():
         if not isinstance(meta.get(key), typ):
-            raise ValueError(f"{where}: field {key!r} is required and must be a {typ.__name__} (got {meta.get(key)!r})")
+            raise ValueError(
+                f"{where}: field {key!r} is required and must be a {typ.__name__} (got {meta.get(key)!r})"
+            )
     for key, typ in OPTIONAL_FIELDS.items():
         if key in meta and not isinstance(meta[key], typ):
             raise ValueError(f"{where}: field {key!r} must be a {typ.__name__}")
     unknown = set(meta) - set(REQUIRED_FIELDS) - set(OPTIONAL_FIELDS)
     if unknown:
-        raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: {sorted(REQUIRED_FIELDS) + sorted(OPTIONAL_FIELDS)}")
+        raise ValueError(
+            f"{where}: unknown field(s) {sorted(unknown)}; allowed: {sorted(REQUIRED_FIELDS) + sorted(OPTIONAL_FIELDS)}"
+        )
     try:
         dt.date.fromisoformat(meta["date"])
     except ValueError as e:
@@ -63,11 +75,15 @@ def check_submission(submission_dir: str | Path) -> dict[str, Any]:
     for fname, func in (("model.py", "build_model"), ("train.py", "train")):
         p = root / fname
         if not p.is_file():
-            raise FileNotFoundError(f"{p} is missing: a submission needs model.py (build_model) and train.py (train)")
+            raise FileNotFoundError(
+                f"{p} is missing: a submission needs model.py (build_model) and train.py (train)"
+            )
         try:
             ok = _defines(p, func)
         except SyntaxError as e:
             raise ValueError(f"{p} does not parse: {e}") from e
         if not ok:
             raise ValueError(f"{p} must define a top-level function {func}(...)")
-    return validate_metadata(read_json(root / SUBMISSION_JSON, what="submission metadata"), str(root / SUBMISSION_JSON))
+    return validate_metadata(
+        read_json(root / SUBMISSION_JSON, what="submission metadata"), str(root / SUBMISSION_JSON)
+    )

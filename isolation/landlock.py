@@ -25,7 +25,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-SYSTEM_READ_ROOTS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin", "/etc", "/opt", "/proc", "/sys")
+SYSTEM_READ_ROOTS = (
+    "/usr",
+    "/lib",
+    "/lib64",
+    "/lib32",
+    "/libx32",
+    "/bin",
+    "/sbin",
+    "/etc",
+    "/opt",
+    "/proc",
+    "/sys",
+)
 DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 MAX_CARVED_RULES = 5_000
 ACCESS_KINDS = ("ro", "rw", "list", "dev")
@@ -76,7 +88,9 @@ def landlock_abi() -> int:
     if not sys.platform.startswith("linux"):
         return 0
     try:
-        v = _libc().syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), LANDLOCK_CREATE_RULESET_VERSION)
+        v = _libc().syscall(
+            SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), LANDLOCK_CREATE_RULESET_VERSION
+        )
     except (OSError, AttributeError):
         return 0
     return max(int(v), 0)
@@ -101,7 +115,10 @@ def apply_landlock(rules: Sequence[PathRule], abi: int, scope_signals: bool) -> 
                 beneath = struct.pack("=Qi", _rule_mask(rule.access, is_dir, abi), pfd)
                 buf = ctypes.create_string_buffer(beneath, len(beneath))
                 if libc.syscall(SYS_LANDLOCK_ADD_RULE, fd, LANDLOCK_RULE_PATH_BENEATH, buf, 0) != 0:
-                    raise OSError(ctypes.get_errno(), f"landlock_add_rule({rule.path}): {os.strerror(ctypes.get_errno())}")
+                    raise OSError(
+                        ctypes.get_errno(),
+                        f"landlock_add_rule({rule.path}): {os.strerror(ctypes.get_errno())}",
+                    )
             finally:
                 os.close(pfd)
         if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
@@ -183,7 +200,13 @@ def carve(root: str, protected: Sequence[str], budget: list[int] | None = None) 
 
 def python_roots(import_path: Iterable[str], project_root: Path) -> list[str]:
     """The interpreter's prefixes and the import folders the ranks will have (their sys.path), less the project."""
-    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, str(Path(os.path.realpath(sys.executable)).parents[1])}
+    roots = {
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sys.base_exec_prefix,
+        str(Path(os.path.realpath(sys.executable)).parents[1]),
+    }
     project = os.path.realpath(project_root)
     for p in import_path:
         real = os.path.realpath(p) if p else ""
@@ -203,7 +226,9 @@ class Rule:
             raise ValueError(f"sandbox rule access must be one of {ACCESS_KINDS}, got {self.access!r}")
 
 
-def broad_read_rules(path: str, prot: Sequence[str], hidden: Sequence[str], tmp: str, warnings: list[str]) -> list[Rule]:
+def broad_read_rules(
+    path: str, prot: Sequence[str], hidden: Sequence[str], tmp: str, warnings: list[str]
+) -> list[Rule]:
     """Read rules for a folder the phase did not make (system, Python, extra): never over a hidden path.
 
     `prot` must stay out of every rule, `hidden` (prot and the phase's own staging folder) out of
@@ -211,7 +236,9 @@ def broad_read_rules(path: str, prot: Sequence[str], hidden: Sequence[str], tmp:
     """
     real = os.path.realpath(path)
     if any(is_beneath(real, p) for p in prot):
-        warnings.append(f"read path {path} lies inside the protected {next(p for p in prot if is_beneath(real, p))}: left out")
+        warnings.append(
+            f"read path {path} lies inside the protected {next(p for p in prot if is_beneath(real, p))}: left out"
+        )
         return []
     if is_beneath(tmp, real):  # "/" or the temp folder itself: everything but the temp folder
         if real == tmp:
@@ -222,7 +249,9 @@ def broad_read_rules(path: str, prot: Sequence[str], hidden: Sequence[str], tmp:
     return [Rule(path=real, access="ro")]
 
 
-def own_rules(read_paths: Iterable[str | Path], write_paths: Iterable[str | Path], prot: Sequence[str], who: str) -> list[Rule]:
+def own_rules(
+    read_paths: Iterable[str | Path], write_paths: Iterable[str | Path], prot: Sequence[str], who: str
+) -> list[Rule]:
     """ro rules for a phase's own read paths (a protected path beneath one is carved out), rw rules for its write paths.
 
     A read path inside a protected one, or a write path overlapping one, is refused (ValueError naming `who`).
@@ -231,7 +260,9 @@ def own_rules(read_paths: Iterable[str | Path], write_paths: Iterable[str | Path
     for path in read_paths:
         real = os.path.realpath(path)
         if any(is_beneath(real, p) for p in prot):
-            raise ValueError(f"{who} read path {path} lies inside the protected {list(prot)}; keep code and data apart")
+            raise ValueError(
+                f"{who} read path {path} lies inside the protected {list(prot)}; keep code and data apart"
+            )
         if any(is_beneath(p, real) for p in prot):  # e.g. a dataset built inside the project's data/ package
             rules += [Rule(path=c, access="ro") for c in carve(real, prot)]
         elif os.path.exists(real):
@@ -239,7 +270,9 @@ def own_rules(read_paths: Iterable[str | Path], write_paths: Iterable[str | Path
     for path in write_paths:
         real = os.path.realpath(path)
         if any(is_beneath(real, p) or is_beneath(p, real) for p in prot):
-            raise ValueError(f"{who} write path {path} overlaps the protected {list(prot)}; write outside the dataset")
+            raise ValueError(
+                f"{who} write path {path} overlaps the protected {list(prot)}; write outside the dataset"
+            )
         rules.append(Rule(path=real, access="rw"))
     return rules
 
@@ -248,5 +281,7 @@ def device_rules(device: str) -> list[Rule]:
     """The usual device files; on CUDA also the GPUs and InfiniBand (NCCL across nodes)."""
     devices = [d for d in DEVICE_FILES if os.path.exists(d)]
     if device.startswith("cuda"):
-        devices += sorted(str(p) for p in [*Path("/dev").glob("nvidia*"), Path("/dev/infiniband")] if p.exists())
+        devices += sorted(
+            str(p) for p in [*Path("/dev").glob("nvidia*"), Path("/dev/infiniband")] if p.exists()
+        )
     return [Rule(path=d, access="dev") for d in devices]

@@ -19,10 +19,33 @@ from isolation.landlock import is_beneath
 MONITOR_PREFIX = "[pgolf-sandbox] "
 MONITOR_MAX_LINES = 50
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-_PATH_EVENTS = {"open": 0, "os.listdir": 0, "os.scandir": 0, "os.chdir": 0, "os.mkdir": 0, "os.remove": 0,
-                "os.rmdir": 0, "os.rename": 1, "os.link": 0, "os.symlink": 1, "os.truncate": 0, "os.chmod": 0,
-                "os.chown": 0, "glob.glob": 0}
-_WRITE_EVENTS = {"os.mkdir", "os.remove", "os.rmdir", "os.rename", "os.link", "os.symlink", "os.truncate", "os.chmod", "os.chown"}
+_PATH_EVENTS = {
+    "open": 0,
+    "os.listdir": 0,
+    "os.scandir": 0,
+    "os.chdir": 0,
+    "os.mkdir": 0,
+    "os.remove": 0,
+    "os.rmdir": 0,
+    "os.rename": 1,
+    "os.link": 0,
+    "os.symlink": 1,
+    "os.truncate": 0,
+    "os.chmod": 0,
+    "os.chown": 0,
+    "glob.glob": 0,
+}
+_WRITE_EVENTS = {
+    "os.mkdir",
+    "os.remove",
+    "os.rmdir",
+    "os.rename",
+    "os.link",
+    "os.symlink",
+    "os.truncate",
+    "os.chmod",
+    "os.chown",
+}
 
 
 class AccessMonitor:
@@ -36,7 +59,15 @@ class AccessMonitor:
     reported here.
     """
 
-    def __init__(self, *, rank: int, read: Sequence[str], listing: Sequence[str], write: Sequence[str], attribute_to: str):
+    def __init__(
+        self,
+        *,
+        rank: int,
+        read: Sequence[str],
+        listing: Sequence[str],
+        write: Sequence[str],
+        attribute_to: str,
+    ):
         self.rank = rank
         self.read, self.listing, self.write = tuple(read), tuple(listing), tuple(write)
         self.attribute_to = attribute_to.rstrip("/") + "/"
@@ -67,7 +98,9 @@ class AccessMonitor:
             writing = event in _WRITE_EVENTS
             if event == "open":
                 mode, flags = (args[1] if len(args) > 1 else None), (args[2] if len(args) > 2 else 0)
-                writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool((flags or 0) & _WRITE_FLAGS)
+                writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool(
+                    (flags or 0) & _WRITE_FLAGS
+                )
             if self.allowed(path, event, writing):
                 return
             self.attempts += 1
@@ -77,11 +110,17 @@ class AccessMonitor:
             inner = f"{frame.f_code.co_filename}:{frame.f_lineno}"
             while frame is not None:
                 if frame.f_code.co_filename.startswith(self.attribute_to):
-                    where = f"{frame.f_code.co_filename[len(self.attribute_to):]}:{frame.f_lineno}"
+                    where = f"{frame.f_code.co_filename[len(self.attribute_to) :]}:{frame.f_lineno}"
                     break
                 frame = frame.f_back
-            line = {"rank": self.rank, "event": event, "path": os.path.abspath(path), "write": writing,
-                    "submission_frame": where, "frame": inner}
+            line = {
+                "rank": self.rank,
+                "event": event,
+                "path": os.path.abspath(path),
+                "write": writing,
+                "submission_frame": where,
+                "frame": inner,
+            }
             os.write(2, (MONITOR_PREFIX + json.dumps(line) + "\n").encode())
         except Exception:  # noqa: BLE001 - a reporting hook must never break the process it watches
             pass
@@ -90,9 +129,13 @@ class AccessMonitor:
 
 
 def monitor_from_rules(rules: Sequence[dict[str, str]], rank: int, attribute_to: str) -> AccessMonitor:
-    by = {k: [r["path"] for r in rules if r["access"] in kinds] for k, kinds in
-          (("read", ("ro", "rw", "dev")), ("listing", ("list",)), ("write", ("rw", "dev")))}
-    return AccessMonitor(rank=rank, read=by["read"], listing=by["listing"], write=by["write"], attribute_to=attribute_to)
+    by = {
+        k: [r["path"] for r in rules if r["access"] in kinds]
+        for k, kinds in (("read", ("ro", "rw", "dev")), ("listing", ("list",)), ("write", ("rw", "dev")))
+    }
+    return AccessMonitor(
+        rank=rank, read=by["read"], listing=by["listing"], write=by["write"], attribute_to=attribute_to
+    )
 
 
 def parse_attempts(log_text: str) -> list[dict[str, Any]]:

@@ -72,7 +72,6 @@ TOKEN_ENV = "PGOLF_PHASE_TOKEN"
 """Every process of a phase carries this in its environment; the supervisor finds leftovers by it."""
 
 
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MachineCaps:
     """What this machine lets the supervisor use."""
@@ -104,7 +103,12 @@ def _unshare_that_works(root: bool) -> tuple[str | None, bool]:
 
     def works(*extra: str) -> bool:
         try:
-            return subprocess.run([path, *_NS_FLAGS, *extra, "true"], capture_output=True, timeout=20, check=False).returncode == 0
+            return (
+                subprocess.run(
+                    [path, *_NS_FLAGS, *extra, "true"], capture_output=True, timeout=20, check=False
+                ).returncode
+                == 0
+            )
         except (OSError, subprocess.SubprocessError):
             return False
 
@@ -150,14 +154,21 @@ class SandboxPlan:
         inner = [sys.executable, "-m", "isolation.sandbox", "enter", str(policy_path), "--", *cmd]
         if not self.namespaces:
             return inner
-        ns = ["--mount", "--pid", "--fork", "--mount-proc", "--kill-child"] + (["--net"] if "net" in self.namespaces else [])
+        ns = ["--mount", "--pid", "--fork", "--mount-proc", "--kill-child"] + (
+            ["--net"] if "net" in self.namespaces else []
+        )
         return [str(self.unshare), *ns, "--", *inner]
 
     def policy(self) -> dict[str, Any]:
         return {
-            "format": POLICY_FORMAT, "format_version": POLICY_FORMAT_VERSION, "landlock_abi": self.landlock_abi,
-            "rules": [asdict(r) for r in self.rules], "drop_caps": self.drop_caps, "scope_signals": self.scope_signals,
-            "loopback_up": "net" in self.namespaces, "private_shm": "mount" in self.namespaces and os.path.isdir("/dev/shm"),
+            "format": POLICY_FORMAT,
+            "format_version": POLICY_FORMAT_VERSION,
+            "landlock_abi": self.landlock_abi,
+            "rules": [asdict(r) for r in self.rules],
+            "drop_caps": self.drop_caps,
+            "scope_signals": self.scope_signals,
+            "loopback_up": "net" in self.namespaces,
+            "private_shm": "mount" in self.namespaces and os.path.isdir("/dev/shm"),
             "required": self.mode == "required",
         }
 
@@ -208,27 +219,37 @@ def plan_sandbox(
         raise ValueError(f"launch.network must be one of {NETWORK_MODES}, got {network!r}")
     prot = sorted({os.path.realpath(p) for p in protected})
     if mode == "off":
-        return SandboxPlan(mode="off", protected=tuple(prot), warnings=("sandbox off (launch.sandbox = 'off'): training can read any file",))
+        return SandboxPlan(
+            mode="off",
+            protected=tuple(prot),
+            warnings=("sandbox off (launch.sandbox = 'off'): training can read any file",),
+        )
     caps = caps or probe_machine()
     warnings: list[str] = []
     if caps.landlock_abi == 0:
         msg = "Landlock is not available on this kernel: training runs without a filesystem allow-list"
         if mode == "required":
-            raise RuntimeError(f"{msg}. HINT: use a Linux >= 5.13 kernel with Landlock enabled, or --set launch.sandbox='auto'")
+            raise RuntimeError(
+                f"{msg}. HINT: use a Linux >= 5.13 kernel with Landlock enabled, or --set launch.sandbox='auto'"
+            )
         warnings.append(msg)
     namespaces: tuple[str, ...] = ()
     if caps.namespaces and multi_node:
         # torchrun's rendezvous names a node by hostname and pid; in a PID namespace every node's torchrun
         # is pid 1, so nodes sharing a hostname would be taken for one. And the nodes must reach each other.
-        warnings.append("several nodes: no PID/mount/network namespaces (leftovers are found by their "
-                        f"{TOKEN_ENV} environment variable; the network is the host's)")
+        warnings.append(
+            "several nodes: no PID/mount/network namespaces (leftovers are found by their "
+            f"{TOKEN_ENV} environment variable; the network is the host's)"
+        )
     elif caps.namespaces:
         namespaces = ("mount", "pid") + (("net",) if network == "auto" and caps.net_namespace else ())
         if network == "auto" and not caps.net_namespace:
             warnings.append("`unshare --net` is refused here: the network is the host's")
     else:
-        warnings.append("no PID/mount/network namespaces here (not root, no `unshare` >= 2.32, or refused by a container): "
-                        f"leftover processes are found by their {TOKEN_ENV} environment variable, and the network is the host's")
+        warnings.append(
+            "no PID/mount/network namespaces here (not root, no `unshare` >= 2.32, or refused by a container): "
+            f"leftover processes are found by their {TOKEN_ENV} environment variable, and the network is the host's"
+        )
     rules: list[Rule] = []  # planned even without Landlock: the access monitor reports against them
     hidden = sorted({*prot, *(os.path.realpath(p) for p in private)})
     tmp = os.path.realpath(tempfile.gettempdir())
@@ -236,7 +257,10 @@ def plan_sandbox(
     for path in dict.fromkeys(broad):
         if os.path.exists(path):
             rules += broad_read_rules(path, prot, hidden, tmp, warnings)
-    own = [*(str(p) for p in read_paths), *(str(project_root / pkg) for pkg in ("harness", "data", "scoring", "isolation"))]
+    own = [
+        *(str(p) for p in read_paths),
+        *(str(project_root / pkg) for pkg in ("harness", "data", "scoring", "isolation")),
+    ]
     rules += own_rules(own, [], prot, "sandbox")
     rules.append(Rule(path=str(project_root.resolve()), access="list"))
     rules += own_rules([], write_paths, prot, "sandbox")
@@ -244,13 +268,24 @@ def plan_sandbox(
     if os.path.isdir("/dev/shm"):
         rules.append(Rule(path="/dev/shm", access="rw"))
     if 0 < caps.landlock_abi < 6:
-        warnings.append(f"Landlock ABI {caps.landlock_abi} < 6: training can signal processes outside the sandbox")
+        warnings.append(
+            f"Landlock ABI {caps.landlock_abi} < 6: training can signal processes outside the sandbox"
+        )
     for p in prot:
         if os.path.isfile(p) and os.stat(p).st_nlink > 1:
-            warnings.append(f"{p} has {os.stat(p).st_nlink} hard links; links elsewhere are not known to be outside the sandbox")
+            warnings.append(
+                f"{p} has {os.stat(p).st_nlink} hard links; links elsewhere are not known to be outside the sandbox"
+            )
     return SandboxPlan(
-        mode=mode, landlock_abi=caps.landlock_abi, rules=tuple(rules), namespaces=namespaces, drop_caps=caps.root,
-        scope_signals=caps.landlock_abi >= 6, unshare=caps.unshare, warnings=tuple(warnings), protected=tuple(prot),
+        mode=mode,
+        landlock_abi=caps.landlock_abi,
+        rules=tuple(rules),
+        namespaces=namespaces,
+        drop_caps=caps.root,
+        scope_signals=caps.landlock_abi >= 6,
+        unshare=caps.unshare,
+        warnings=tuple(warnings),
+        protected=tuple(prot),
     )
 
 
@@ -280,8 +315,13 @@ def enter(policy_path: str, argv: Sequence[str]) -> NoReturn:
     layers = [
         ("private /dev/shm", policy.get("private_shm"), lambda: private_tmpfs("/dev/shm")),
         ("dropping capabilities", policy["drop_caps"], drop_capabilities),
-        ("Landlock", policy["landlock_abi"] and policy["rules"],
-         lambda: apply_landlock([Rule(**r) for r in policy["rules"]], policy["landlock_abi"], policy["scope_signals"])),
+        (
+            "Landlock",
+            policy["landlock_abi"] and policy["rules"],
+            lambda: apply_landlock(
+                [Rule(**r) for r in policy["rules"]], policy["landlock_abi"], policy["scope_signals"]
+            ),
+        ),
     ]
     for name, wanted, apply in layers:
         if not wanted:
@@ -317,8 +357,16 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[:1] == ["report"]:
         caps = probe_machine()
-        print(json.dumps({"landlock_abi": caps.landlock_abi, "root": caps.root, "unshare": caps.unshare,
-                          "net_namespace": caps.net_namespace}))
+        print(
+            json.dumps(
+                {
+                    "landlock_abi": caps.landlock_abi,
+                    "root": caps.root,
+                    "unshare": caps.unshare,
+                    "net_namespace": caps.net_namespace,
+                }
+            )
+        )
         return 0
     print(__doc__.strip().splitlines()[-3:], file=sys.stderr)
     return 2

@@ -44,16 +44,60 @@ ENTRY_FILES = (MODEL_FILE, EVAL_HOOK_FILE, CODEC_FILE)
 """Where the static check starts: the files the scorer imports."""
 
 ALLOWED_IMPORTS = frozenset(
-    {"torch", "numpy", "math", "typing", "dataclasses", "collections", "functools", "itertools", "__future__", "einops", "enum"}
+    {
+        "torch",
+        "numpy",
+        "math",
+        "typing",
+        "dataclasses",
+        "collections",
+        "functools",
+        "itertools",
+        "__future__",
+        "einops",
+        "enum",
+    }
 )
-CODEC_EXTRA_IMPORTS = frozenset({"json", "struct", "io", "zlib", "lzma", "bz2", "zstandard", "safetensors", "brotli"})
+CODEC_EXTRA_IMPORTS = frozenset(
+    {"json", "struct", "io", "zlib", "lzma", "bz2", "zstandard", "safetensors", "brotli"}
+)
 """A codec turns bytes into tensors: it may also use these (never to read files: see BANNED_ATTRS)."""
 BANNED_NAMES = frozenset(
     {
-        "gc", "inspect", "sys", "os", "io", "open", "eval", "exec", "compile", "__import__", "globals", "locals",
-        "vars", "getattr", "setattr", "delattr", "breakpoint", "input", "memoryview", "importlib", "builtins",
-        "__builtins__", "ctypes", "mmap", "pathlib", "subprocess", "pickle", "marshal", "shutil", "socket",
-        "exit", "quit", "SystemExit", "BaseException",
+        "gc",
+        "inspect",
+        "sys",
+        "os",
+        "io",
+        "open",
+        "eval",
+        "exec",
+        "compile",
+        "__import__",
+        "globals",
+        "locals",
+        "vars",
+        "getattr",
+        "setattr",
+        "delattr",
+        "breakpoint",
+        "input",
+        "memoryview",
+        "importlib",
+        "builtins",
+        "__builtins__",
+        "ctypes",
+        "mmap",
+        "pathlib",
+        "subprocess",
+        "pickle",
+        "marshal",
+        "shutil",
+        "socket",
+        "exit",
+        "quit",
+        "SystemExit",
+        "BaseException",
     }
 )
 ALLOWED_DUNDERS = frozenset({"__init__", "__call__", "__name__", "__future__"})
@@ -61,15 +105,54 @@ BANNED_ATTR_PREFIXES = ("f_", "tb_", "gi_", "cr_", "ag_", "co_", "_getframe")
 BANNED_ATTRS = frozenset(
     {
         # raw memory: a view past the tensor handed over
-        "untyped_storage", "storage", "_storage", "data_ptr", "set_", "frombuffer", "from_dlpack", "ctypeslib",
+        "untyped_storage",
+        "storage",
+        "_storage",
+        "data_ptr",
+        "set_",
+        "frombuffer",
+        "from_dlpack",
+        "ctypeslib",
         # files
-        "load", "load_file", "safe_open", "from_file", "fromfile", "memmap", "open_memmap", "loadtxt", "genfromtxt",
-        "fromregex", "DataSource", "open", "open_code", "FileIO", "LZMAFile", "BZ2File", "GzipFile", "load_library",
-        "hub", "cpp_extension", "package", "tofile", "save", "savetxt", "savez", "savez_compressed", "datapipes",
+        "load",
+        "load_file",
+        "safe_open",
+        "from_file",
+        "fromfile",
+        "memmap",
+        "open_memmap",
+        "loadtxt",
+        "genfromtxt",
+        "fromregex",
+        "DataSource",
+        "open",
+        "open_code",
+        "FileIO",
+        "LZMAFile",
+        "BZ2File",
+        "GzipFile",
+        "load_library",
+        "hub",
+        "cpp_extension",
+        "package",
+        "tofile",
+        "save",
+        "savetxt",
+        "savez",
+        "savez_compressed",
+        "datapipes",
         # running commands
-        "collect_env", "system", "popen", "Popen", "run_command",
+        "collect_env",
+        "system",
+        "popen",
+        "Popen",
+        "run_command",
         # replacing what torch computes for everyone: kernels, modes
-        "library", "py_impl", "TorchFunctionMode", "TorchDispatchMode", "set_default_device",
+        "library",
+        "py_impl",
+        "TorchFunctionMode",
+        "TorchDispatchMode",
+        "set_default_device",
     }
 )
 CODEC_ALLOWED_ATTRS = frozenset({"load", "frombuffer", "save"})
@@ -102,7 +185,11 @@ def _local_module(folder: Path, name: str) -> Path | None:
 
 
 def _bad_attr(a: str, rules: _Rules) -> bool:
-    return (a.startswith("__") and a not in ALLOWED_DUNDERS) or a.startswith(BANNED_ATTR_PREFIXES) or a in rules.banned_attrs
+    return (
+        (a.startswith("__") and a not in ALLOWED_DUNDERS)
+        or a.startswith(BANNED_ATTR_PREFIXES)
+        or a in rules.banned_attrs
+    )
 
 
 def _private_of_another(node: ast.Attribute) -> bool:
@@ -144,22 +231,42 @@ def lint_source(path: Path, rules: _Rules = MODEL_RULES) -> tuple[list[str], lis
                 if mod is not None:
                     local.append(mod)
                 elif name.split(".")[0] not in rules.imports:
-                    problems.append(f"{where}: imports {name!r}; scored code may import only {sorted(rules.imports)} and its own folder")
+                    problems.append(
+                        f"{where}: imports {name!r}; scored code may import only {sorted(rules.imports)} and its own folder"
+                    )
             if isinstance(node, ast.ImportFrom):
-                problems += [f"{where}: imports {a.name!r}, which reaches outside the tensors it is given"
-                             for a in node.names if _bad_attr(a.name, rules) or a.name.startswith("_")]
-            problems += [f"{where}: imports the private module {name!r}" for name in mods
-                         if name != "__future__" and any(part.startswith("_") for part in name.split("."))]
-            problems += [f"{where}: imports {name!r}, which reaches outside the tensors it is given" for name in mods
-                         if any(part in rules.banned_attrs or part in BANNED_NAMES for part in name.split(".")[1:])]
+                problems += [
+                    f"{where}: imports {a.name!r}, which reaches outside the tensors it is given"
+                    for a in node.names
+                    if _bad_attr(a.name, rules) or a.name.startswith("_")
+                ]
+            problems += [
+                f"{where}: imports the private module {name!r}"
+                for name in mods
+                if name != "__future__" and any(part.startswith("_") for part in name.split("."))
+            ]
+            problems += [
+                f"{where}: imports {name!r}, which reaches outside the tensors it is given"
+                for name in mods
+                if any(part in rules.banned_attrs or part in BANNED_NAMES for part in name.split(".")[1:])
+            ]
         elif isinstance(node, ast.Name) and node.id in BANNED_NAMES:
             problems.append(f"{where}: uses {node.id!r}, which reaches outside the tensors it is given")
         elif isinstance(node, ast.Attribute) and _bad_attr(node.attr, rules):
-            problems.append(f"{where}: uses attribute {node.attr!r}, which reaches outside the tensors it is given")
+            problems.append(
+                f"{where}: uses attribute {node.attr!r}, which reaches outside the tensors it is given"
+            )
         elif isinstance(node, ast.Attribute) and _private_of_another(node):
-            problems.append(f"{where}: uses private attribute {node.attr!r} of {ast.unparse(node.value)!r}; scored code may "
-                            "use the private attributes of its own classes only (self._x)")
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("__") and node.value.endswith("__"):
+            problems.append(
+                f"{where}: uses private attribute {node.attr!r} of {ast.unparse(node.value)!r}; scored code may "
+                "use the private attributes of its own classes only (self._x)"
+            )
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value.startswith("__")
+            and node.value.endswith("__")
+        ):
             problems.append(f"{where}: names {node.value!r}; dunder names are not allowed in scored code")
     for node in ast.walk(tree):  # second pass: every import is known now, wherever it sits
         targets: list[ast.expr] = []
@@ -172,8 +279,10 @@ def lint_source(path: Path, rules: _Rules = MODEL_RULES) -> tuple[list[str], lis
         for t in targets:
             for sub in ast.walk(t):
                 if isinstance(sub, ast.Attribute) and _root_name(sub) in imported:
-                    problems.append(f"{path.name}:{sub.lineno}: assigns to {ast.unparse(sub)!r}, an attribute of an imported "
-                                    "module or class (monkeypatching what the scorer uses)")
+                    problems.append(
+                        f"{path.name}:{sub.lineno}: assigns to {ast.unparse(sub)!r}, an attribute of an imported "
+                        "module or class (monkeypatching what the scorer uses)"
+                    )
     return problems, local
 
 

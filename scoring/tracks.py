@@ -36,22 +36,43 @@ TRACKS: dict[str, Track] = {
     t.name: t
     for t in (
         Track(
-            name="10min_16mb", train_budget_s=600.0, eval_budget_s=600.0, cap_bytes=ARTIFACT_CAP_BYTES,
-            data_variant="sp1024", hardware="8xH100 SXM", record=True,
+            name="10min_16mb",
+            train_budget_s=600.0,
+            eval_budget_s=600.0,
+            cap_bytes=ARTIFACT_CAP_BYTES,
+            data_variant="sp1024",
+            hardware="8xH100 SXM",
+            record=True,
         ),
         Track(
-            name="non_record_16mb", train_budget_s=math.inf, eval_budget_s=math.inf, cap_bytes=ARTIFACT_CAP_BYTES,
-            data_variant="sp1024", hardware="any", record=False,
+            name="non_record_16mb",
+            train_budget_s=math.inf,
+            eval_budget_s=math.inf,
+            cap_bytes=ARTIFACT_CAP_BYTES,
+            data_variant="sp1024",
+            hardware="any",
+            record=False,
         ),
         Track(
             # The CPU track: the whole pipeline on CPU. Scoring covers the first 2,097,152 validation
             # tokens (2,048 windows of 1,024), about 1/30 of the split, so that it fits the eval budget.
-            name="cpu_10min_16mb", train_budget_s=600.0, eval_budget_s=600.0, cap_bytes=ARTIFACT_CAP_BYTES,
-            data_variant="sp1024", hardware="CPU", record=True, eval_max_tokens=2_097_152,
+            name="cpu_10min_16mb",
+            train_budget_s=600.0,
+            eval_budget_s=600.0,
+            cap_bytes=ARTIFACT_CAP_BYTES,
+            data_variant="sp1024",
+            hardware="CPU",
+            record=True,
+            eval_max_tokens=2_097_152,
         ),
         Track(
-            name="smoke", train_budget_s=600.0, eval_budget_s=600.0, cap_bytes=ARTIFACT_CAP_BYTES,
-            data_variant="any", hardware="any", record=False,
+            name="smoke",
+            train_budget_s=600.0,
+            eval_budget_s=600.0,
+            cap_bytes=ARTIFACT_CAP_BYTES,
+            data_variant="any",
+            hardware="any",
+            record=False,
         ),
     )
 }

@@ -46,23 +46,45 @@ from harness.bench.runner import run_bare, run_harness  # noqa: E402
 from harness.config import load_config  # noqa: E402
 
 BASELINE = REPO / "baselines" / "naive_baseline"
-PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "GH200": 989e12, "B200": 2250e12,
-                   "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12}
+PEAK_BF16_FLOPS = {
+    "H100 PCIe": 756e12,
+    "H100": 989e12,
+    "H200": 989e12,
+    "GH200": 989e12,
+    "B200": 2250e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "A10G": 125e12,
+    "L4": 121e12,
+}
 SYNTH_VOCAB = 1024
 
 
 def synthetic_dataset(root: Path, train_tokens: int) -> Path:
     rng = np.random.default_rng(0)
     root.mkdir(parents=True, exist_ok=True)
-    (root / "synthetic_tokenizer.json").write_text(json.dumps({"kind": "synthetic", "vocab_size": SYNTH_VOCAB}))
+    (root / "synthetic_tokenizer.json").write_text(
+        json.dumps({"kind": "synthetic", "vocab_size": SYNTH_VOCAB})
+    )
     shards = []
     for split, n in (("train", train_tokens), ("val", 65_536)):
         path = root / shard_name(split, 0)
         write_shard(path, rng.integers(0, SYNTH_VOCAB, n, dtype=np.uint16))
         shards.append(shard_entry(path, split, docs=1))
-    write_manifest(root, {"tokenizer": {"file": "synthetic_tokenizer.json", "kind": "synthetic", "vocab_size": SYNTH_VOCAB,
-                                        "bos_id": 0}, "docs": {"train": 1, "val": 1}, "shards": shards,
-                          "source": {"kind": "synthetic uniform tokens (scripts/gpu_check.py)"}})
+    write_manifest(
+        root,
+        {
+            "tokenizer": {
+                "file": "synthetic_tokenizer.json",
+                "kind": "synthetic",
+                "vocab_size": SYNTH_VOCAB,
+                "bos_id": 0,
+            },
+            "docs": {"train": 1, "val": 1},
+            "shards": shards,
+            "source": {"kind": "synthetic uniform tokens (scripts/gpu_check.py)"},
+        },
+    )
     return root
 
 
@@ -94,20 +116,33 @@ def row(name: str, rec: dict, fpt: float, peak: float | None) -> tuple[str, floa
     mfu = f"{100 * tps * fpt / peak:5.1f}%" if peak else "    -"
     step_ms = 1000 * rec["train_time_s"] / max(rec["steps"], 1)
     off = rec.get("off_clock_s") or 0.0
-    return (f"  {name:22s} {rec['steps']:6d} steps  {rec['train_time_s']:7.1f} s  step {step_ms:8.1f} ms  "
-            f"{tps:13,.0f} tokens/s  MFU {mfu}  (warm-up off the clock {off:.1f} s)"), tps
+    return (
+        f"  {name:22s} {rec['steps']:6d} steps  {rec['train_time_s']:7.1f} s  step {step_ms:8.1f} ms  "
+        f"{tps:13,.0f} tokens/s  MFU {mfu}  (warm-up off the clock {off:.1f} s)"
+    ), tps
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--train-s", type=float, default=60.0, help="training budget of each side, seconds (default 60)")
+    ap.add_argument(
+        "--train-s", type=float, default=60.0, help="training budget of each side, seconds (default 60)"
+    )
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    ap.add_argument("--shape", choices=("official", "tiny", "cpu-smoke"), default="official", help="the baseline's preset")
-    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one config key")
+    ap.add_argument(
+        "--shape", choices=("official", "tiny", "cpu-smoke"), default="official", help="the baseline's preset"
+    )
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one config key"
+    )
     args = ap.parse_args(argv)
     t_start = time.time()
     # one GPU (gradient accumulation keeps the global batch); a launch that hangs is cut at 120 s, not 300
-    overrides = ["launch.nproc_per_node=1", f"launch.device={args.device!r}", "budget.startup_s=120.0", *args.set]
+    overrides = [
+        "launch.nproc_per_node=1",
+        f"launch.device={args.device!r}",
+        "budget.startup_s=120.0",
+        *args.set,
+    ]
     cfg = load_config(BASELINE, args.shape, overrides)
     launch = cfg.section("launch")
     device = launch.resolved_device()
@@ -116,9 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     fpt = flops_per_token(cfg.model, count_params(cfg.model), seq)
     import torch
 
-    print(f"gpu_check: {name}, torch {torch.__version__}, preset {args.shape} on 1 {device} "
-          f"(global batch {cfg.train['train_batch_tokens']:,} tokens, seq {seq}), {args.train_s:.0f} s per side, "
-          f"{fpt / 1e9:.2f} GFLOP/token, peak {peak / 1e12 if peak else float('nan'):.0f} TFLOP/s bf16", flush=True)
+    print(
+        f"gpu_check: {name}, torch {torch.__version__}, preset {args.shape} on 1 {device} "
+        f"(global batch {cfg.train['train_batch_tokens']:,} tokens, seq {seq}), {args.train_s:.0f} s per side, "
+        f"{fpt / 1e9:.2f} GFLOP/token, peak {peak / 1e12 if peak else float('nan'):.0f} TFLOP/s bf16",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="pgolf-gpu-check-") as tmp:
         data = synthetic_dataset(Path(tmp) / "data", 50_000_000 if device == "cuda" else 2_000_000)
         results, tps = {}, {}
@@ -126,25 +164,51 @@ def main(argv: list[str] | None = None) -> int:
             wd = Path(tmp) / side
             try:
                 if side == "harness":
-                    results[side] = run_harness(submission=BASELINE, data_root=data, cfg=cfg, budget_s=args.train_s,
-                                                device=device, workdir=wd)
+                    results[side] = run_harness(
+                        submission=BASELINE,
+                        data_root=data,
+                        cfg=cfg,
+                        budget_s=args.train_s,
+                        device=device,
+                        workdir=wd,
+                    )
                 else:
-                    results[side] = run_bare(submission=BASELINE, data_root=data, cfg=cfg, budget_s=args.train_s,
-                                             threads=launch.threads_per_rank(), device=device, workdir=wd)
+                    results[side] = run_bare(
+                        submission=BASELINE,
+                        data_root=data,
+                        cfg=cfg,
+                        budget_s=args.train_s,
+                        threads=launch.threads_per_rank(),
+                        device=device,
+                        workdir=wd,
+                    )
             except RuntimeError as e:
                 print(f"  {side} run FAILED: {str(e)[:2000]}", flush=True)
                 if side != "harness":
                     return 1
                 off_cfg = load_config(BASELINE, args.shape, [*overrides, "launch.sandbox='off'"])
-                results[side] = run_harness(submission=BASELINE, data_root=data, cfg=off_cfg, budget_s=args.train_s,
-                                            device=device, workdir=Path(tmp) / "harness-nosandbox")
-                print("  (harness rerun with launch.sandbox='off': the sandbox is what failed on this machine)", flush=True)
+                results[side] = run_harness(
+                    submission=BASELINE,
+                    data_root=data,
+                    cfg=off_cfg,
+                    budget_s=args.train_s,
+                    device=device,
+                    workdir=Path(tmp) / "harness-nosandbox",
+                )
+                print(
+                    "  (harness rerun with launch.sandbox='off': the sandbox is what failed on this machine)",
+                    flush=True,
+                )
             line, tps[side] = row(side, results[side], fpt, peak)
             print(line, flush=True)
         iso = results["harness"].get("isolation", {})
-        print(f"  sandbox: landlock {iso.get('landlock')}, namespaces {iso.get('namespaces')}, verified {iso.get('verified')}, "
-              f"warnings {iso.get('warnings')}")
-    print(f"harness/bare tokens/s ratio: {tps['harness'] / tps['bare']:.4f}   (total {time.time() - t_start:.0f} s)")
+        print(
+            f"  sandbox: landlock {iso.get('landlock')}, namespaces {iso.get('namespaces')}, verified {iso.get('verified')}, "
+            f"warnings {iso.get('warnings')}"
+        )
+    print(
+        f"harness/bare tokens/s ratio: {tps['harness'] / tps['bare']:.4f}   (total {time.time() - t_start:.0f} s)"
+    )
     return 0
 
 

@@ -30,7 +30,9 @@ def is_own_install(path: str) -> bool:
 def require_shared(*paths: Path) -> None:
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
-        pytest.skip(f"reference data not present (expected beside the repo at ../shared/data): {', '.join(missing)}")
+        pytest.skip(
+            f"reference data not present (expected beside the repo at ../shared/data): {', '.join(missing)}"
+        )
 
 
 @pytest.fixture(scope="session")

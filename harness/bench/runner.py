@@ -52,14 +52,24 @@ class BareClock:
         return time.perf_counter() - self._t0 - self._off
 
     def tick(self) -> ClockReading:
-        e = self.elapsed_s()  # no device sync: a bare loop lets the CPU run ahead (the harness syncs every step)
+        e = (
+            self.elapsed_s()
+        )  # no device sync: a bare loop lets the CPU run ahead (the harness syncs every step)
         stop = e >= self.budget_s
         self.steps += not stop
         return ClockReading(e, max(self.budget_s - e, 0.0), stop)
 
-    def warmup(self, step: Callable[[torch.Tensor, torch.Tensor], object], *, modules: Sequence[nn.Module],
-               optimizers: Sequence[torch.optim.Optimizer] = (), steps: int, batch_tokens: int, seq_len: int,
-               vocab_size: int) -> WarmupReport:
+    def warmup(
+        self,
+        step: Callable[[torch.Tensor, torch.Tensor], object],
+        *,
+        modules: Sequence[nn.Module],
+        optimizers: Sequence[torch.optim.Optimizer] = (),
+        steps: int,
+        batch_tokens: int,
+        seq_len: int,
+        vocab_size: int,
+    ) -> WarmupReport:
         t0 = time.perf_counter()
         snap = Snapshot(modules, optimizers, self.device.type == "cuda")
         gen = torch.Generator().manual_seed(0)
@@ -95,13 +105,21 @@ def bare_main(spec_path: str) -> int:
     out = Path(spec["out_dir"])
     clock = BareClock(spec["budget_s"], device)
     ctx = TrainContext(
-        hparams=spec["hparams"], model_config=spec["model_config"], data=loader,
-        dist=DistInfo(rank=0, world_size=1, local_rank=0, device=device, backend="none"), clock=clock,
-        log=RankLogger(True, out), seed=spec["seed"], vocab_size=manifest.vocab_size,
-        submission_dir=Path(spec["submission_dir"]), scratch_dir=out,
+        hparams=spec["hparams"],
+        model_config=spec["model_config"],
+        data=loader,
+        dist=DistInfo(rank=0, world_size=1, local_rank=0, device=device, backend="none"),
+        clock=clock,
+        log=RankLogger(True, out),
+        seed=spec["seed"],
+        vocab_size=manifest.vocab_size,
+        submission_dir=Path(spec["submission_dir"]),
+        scratch_dir=out,
     )
     clock._t0 = time.perf_counter()  # as the harness: the clock starts before the submission is imported
-    train_fn = import_submission_file(Path(spec["submission_dir"]) / "train.py", "pgolf_submission_train").train
+    train_fn = import_submission_file(
+        Path(spec["submission_dir"]) / "train.py", "pgolf_submission_train"
+    ).train
     try:
         result = train_fn(ctx)
     except TrainingComplete as done:
@@ -110,8 +128,17 @@ def bare_main(spec_path: str) -> int:
         torch.cuda.synchronize(device)
     elapsed = clock.elapsed_s()
     state_of(result)
-    print(json.dumps({"train_time_s": elapsed, "tokens_seen": loader.tokens_consumed, "steps": clock.steps,
-                      "off_clock_s": clock._off}), flush=True)
+    print(
+        json.dumps(
+            {
+                "train_time_s": elapsed,
+                "tokens_seen": loader.tokens_consumed,
+                "steps": clock.steps,
+                "off_clock_s": clock._off,
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 
@@ -126,19 +153,46 @@ def steady_tokens_per_s(metrics_path: Path, tokens_per_step: int, from_step: int
     rows = [r for r in rows if "elapsed_s" in r and r["step"] >= from_step]
     if len(rows) < 2 or rows[-1]["elapsed_s"] <= rows[0]["elapsed_s"]:
         return None
-    return (rows[-1]["step"] - rows[0]["step"]) * tokens_per_step / (rows[-1]["elapsed_s"] - rows[0]["elapsed_s"])
+    return (
+        (rows[-1]["step"] - rows[0]["step"])
+        * tokens_per_step
+        / (rows[-1]["elapsed_s"] - rows[0]["elapsed_s"])
+    )
 
 
-def run_bare(*, submission: Path, data_root: Path, cfg: Any, budget_s: float, threads: int, device: str, workdir: Path,
-             env: dict[str, str] | None = None) -> dict[str, Any]:
+def run_bare(
+    *,
+    submission: Path,
+    data_root: Path,
+    cfg: Any,
+    budget_s: float,
+    threads: int,
+    device: str,
+    workdir: Path,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
-    spec = {"submission_dir": str(submission), "data_dir": str(data_root), "out_dir": str(workdir), "model_config": cfg.model,
-            "hparams": cfg.train, "seed": cfg.tables["run"]["seed"], "budget_s": budget_s, "threads": threads, "device": device}
+    spec = {
+        "submission_dir": str(submission),
+        "data_dir": str(data_root),
+        "out_dir": str(workdir),
+        "model_config": cfg.model,
+        "hparams": cfg.train,
+        "seed": cfg.tables["run"]["seed"],
+        "budget_s": budget_s,
+        "threads": threads,
+        "device": device,
+    }
     (workdir / "spec.json").write_text(json.dumps(spec))
     env = dict(env if env is not None else os.environ)
     env.update(OMP_NUM_THREADS=str(threads), PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    r = subprocess.run([sys.executable, "-m", "harness.bench.runner", "bare", str(workdir / "spec.json")], capture_output=True,
-                       text=True, env=env, check=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "harness.bench.runner", "bare", str(workdir / "spec.json")],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
     if r.returncode != 0:
         raise RuntimeError(f"the bare run failed:\n{r.stderr[-3000:]}")
     rec = json.loads(r.stdout.strip().splitlines()[-1])
@@ -146,23 +200,37 @@ def run_bare(*, submission: Path, data_root: Path, cfg: Any, budget_s: float, th
     return rec
 
 
-def run_harness(*, submission: Path, data_root: Path, cfg: Any, budget_s: float, device: str, workdir: Path) -> dict[str, Any]:
+def run_harness(
+    *, submission: Path, data_root: Path, cfg: Any, budget_s: float, device: str, workdir: Path
+) -> dict[str, Any]:
     from harness.run.train_phase import run_train_phase
 
     workdir.mkdir(parents=True, exist_ok=True)
     budget = replace(cfg.section("budget"), train_s=budget_s)
     rec = run_train_phase(
-        submission_dir=submission, data_root=data_root, run_dir=workdir, stage_root=workdir, model_config=cfg.model,
-        hparams=cfg.train, seed=cfg.tables["run"]["seed"], budget=budget, launch=cfg.section("launch"), device=device,
+        submission_dir=submission,
+        data_root=data_root,
+        run_dir=workdir,
+        stage_root=workdir,
+        model_config=cfg.model,
+        hparams=cfg.train,
+        seed=cfg.tables["run"]["seed"],
+        budget=budget,
+        launch=cfg.section("launch"),
+        device=device,
         save_state=False,
     )
     if rec["status"] != "ok":
-        raise RuntimeError(f"the harness run ended {rec['status']}: {rec.get('detail')}\n{(workdir / 'train.log').read_text()[-3000:]}")
+        raise RuntimeError(
+            f"the harness run ended {rec['status']}: {rec.get('detail')}\n{(workdir / 'train.log').read_text()[-3000:]}"
+        )
     rec["metrics"] = str(workdir / "metrics.jsonl")
     return rec
 
 
-def per_step_cost_us(model_config: dict[str, Any], submission: Path, batch_tokens: int, seq_len: int, n: int = 20_000) -> dict[str, float]:
+def per_step_cost_us(
+    model_config: dict[str, Any], submission: Path, batch_tokens: int, seq_len: int, n: int = 20_000
+) -> dict[str, float]:
     """The harness's own work per training step, timed in-process (what the end-to-end ratio cannot resolve).
 
     Harness side: HarnessClock.tick() + DataGate.next_batch() (over a stub stream) + the access
@@ -183,7 +251,9 @@ def per_step_cost_us(model_config: dict[str, Any], submission: Path, batch_token
         def next_batch(self, b: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
             return x, x
 
-    model = import_submission_file(submission / "model.py", "pgolf_bench_model").build_model(dict(model_config))
+    model = import_submission_file(submission / "model.py", "pgolf_bench_model").build_model(
+        dict(model_config)
+    )
     opt = torch.optim.Adam(model.parameters(), lr=0.0)
     counting = [False, 0]
 
@@ -227,13 +297,18 @@ def cmd_runner(args: argparse.Namespace) -> int:
     cfg = load_config(submission, args.preset, args.set)
     launch = cfg.section("launch")
     if launch.nproc_per_node != 1 or launch.nnodes != 1:
-        raise ValueError("pgolf bench runner compares one rank with one bare process: use a one-rank preset (e.g. cpu-smoke)")
+        raise ValueError(
+            "pgolf bench runner compares one rank with one bare process: use a one-rank preset (e.g. cpu-smoke)"
+        )
     device = launch.resolved_device()
     data_root = Path(args.data).resolve() if args.data else ensure_embedded_dataset()
     threads = launch.threads_per_rank()
     tokens_per_step = int(cfg.train.get("train_batch_tokens", 0))
-    print(f"bench runner: {submission.name} preset {args.preset}, {device}, {threads} thread(s), budget {args.train_s:.0f} s, "
-          f"{args.rounds} round(s), load average {os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"bench runner: {submission.name} preset {args.preset}, {device}, {threads} thread(s), budget {args.train_s:.0f} s, "
+        f"{args.rounds} round(s), load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     rows: dict[str, list[tuple[float, float | None]]] = {"bare": [], "harness": []}
     with tempfile.TemporaryDirectory(prefix="pgolf-bench-") as tmp:
         for i in range(args.rounds):
@@ -241,42 +316,73 @@ def cmd_runner(args: argparse.Namespace) -> int:
             for side in order:
                 wd = Path(tmp) / f"{side}{i}"
                 if side == "bare":
-                    rec = run_bare(submission=submission, data_root=data_root, cfg=cfg, budget_s=args.train_s, threads=threads,
-                                   device=device, workdir=wd)
+                    rec = run_bare(
+                        submission=submission,
+                        data_root=data_root,
+                        cfg=cfg,
+                        budget_s=args.train_s,
+                        threads=threads,
+                        device=device,
+                        workdir=wd,
+                    )
                 else:
-                    rec = run_harness(submission=submission, data_root=data_root, cfg=cfg, budget_s=args.train_s, device=device, workdir=wd)
+                    rec = run_harness(
+                        submission=submission,
+                        data_root=data_root,
+                        cfg=cfg,
+                        budget_s=args.train_s,
+                        device=device,
+                        workdir=wd,
+                    )
                 tps = rec["tokens_seen"] / rec["train_time_s"]
-                steady = steady_tokens_per_s(Path(rec["metrics"]), tokens_per_step) if tokens_per_step else None
+                steady = (
+                    steady_tokens_per_s(Path(rec["metrics"]), tokens_per_step) if tokens_per_step else None
+                )
                 rows[side].append((tps, steady))
-                print(f"  round {i + 1} {side:8s} {rec['steps']:5d} steps  {rec['train_time_s']:7.2f} s  "
-                      f"{tps:10,.0f} tokens/s  steady {steady or float('nan'):10,.0f} tokens/s  "
-                      f"step {1000 * rec['train_time_s'] / max(rec['steps'], 1):7.1f} ms", flush=True)
+                print(
+                    f"  round {i + 1} {side:8s} {rec['steps']:5d} steps  {rec['train_time_s']:7.2f} s  "
+                    f"{tps:10,.0f} tokens/s  steady {steady or float('nan'):10,.0f} tokens/s  "
+                    f"step {1000 * rec['train_time_s'] / max(rec['steps'], 1):7.1f} ms",
+                    flush=True,
+                )
     med = {s: statistics.median(t for t, _ in v) for s, v in rows.items()}
     pairs = [h[0] / b[0] for h, b in zip(rows["harness"], rows["bare"], strict=True)]
     print(f"median tokens/s: bare {med['bare']:,.0f}  harness {med['harness']:,.0f}")
     steady_b = [s for _, s in rows["bare"] if s]
     steady_h = [s for _, s in rows["harness"] if s]
     if steady_b and steady_h:
-        print(f"steady-state ratio (medians, from the 2nd logged step): {statistics.median(steady_h) / statistics.median(steady_b):.4f}")
+        print(
+            f"steady-state ratio (medians, from the 2nd logged step): {statistics.median(steady_h) / statistics.median(steady_b):.4f}"
+        )
     print(f"per-round ratios: {' '.join(f'{r:.4f}' for r in pairs)}  (median {statistics.median(pairs):.4f})")
     if tokens_per_step:
         cost = per_step_cost_us(cfg.model, submission, tokens_per_step, int(cfg.train["train_seq_len"]))
         step_us = 1e6 * tokens_per_step / med["bare"]
-        print(f"per-step harness work, in-process: {cost['harness_us']:.1f} us (bare {cost['bare_us']:.1f} us; "
-              f"{cost['audit_events_per_step']:.0f} audit events per step) = "
-              f"{100 * (cost['harness_us'] - cost['bare_us']) / step_us:.4f}% of a {step_us / 1000:.0f} ms step")
+        print(
+            f"per-step harness work, in-process: {cost['harness_us']:.1f} us (bare {cost['bare_us']:.1f} us; "
+            f"{cost['audit_events_per_step']:.0f} audit events per step) = "
+            f"{100 * (cost['harness_us'] - cost['bare_us']) / step_us:.4f}% of a {step_us / 1000:.0f} ms step"
+        )
     print(f"harness/bare tokens/s ratio: {med['harness'] / med['bare']:.4f}")
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("runner", help="harness vs bare training tokens/s (the harness's overhead)")
-    p.add_argument("submission", nargs="?", default=str(BASELINE), help="submission folder (default: the naive baseline)")
+    p.add_argument(
+        "submission", nargs="?", default=str(BASELINE), help="submission folder (default: the naive baseline)"
+    )
     p.add_argument("--preset", default="cpu-smoke", help="preset (default cpu-smoke)")
-    p.add_argument("--train-s", type=float, default=20.0, help="training budget of each run, seconds (default 20)")
-    p.add_argument("--rounds", type=int, default=3, help="bare/harness pairs, alternating which goes first (default 3)")
+    p.add_argument(
+        "--train-s", type=float, default=20.0, help="training budget of each run, seconds (default 20)"
+    )
+    p.add_argument(
+        "--rounds", type=int, default=3, help="bare/harness pairs, alternating which goes first (default 3)"
+    )
     p.add_argument("--data", help="dataset folder (default: the embedded corpus)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one config key")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one config key"
+    )
     p.set_defaults(func=cmd_runner)
 
 

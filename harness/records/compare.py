@@ -63,7 +63,9 @@ class WelchResult:
         return asdict(self)
 
 
-def welch_test(new: list[float], old: list[float], margin: float, alpha: float, metric: str = "val_loss") -> WelchResult:
+def welch_test(
+    new: list[float], old: list[float], margin: float, alpha: float, metric: str = "val_loss"
+) -> WelchResult:
     """One-sided Welch test of mean(old) - mean(new) > margin; needs two or more values per side."""
     if len(new) < 2 or len(old) < 2:
         raise ValueError(
@@ -74,13 +76,26 @@ def welch_test(new: list[float], old: list[float], margin: float, alpha: float, 
         raise ValueError(f"p-value must be in (0, 1) and margin >= 0; got {alpha}, {margin}")
     sn, so = statistics.stdev(new), statistics.stdev(old)
     if sn == 0 and so == 0:
-        raise ValueError("every seed gave the same number on both sides: the variance is zero and Welch's t is undefined")
+        raise ValueError(
+            "every seed gave the same number on both sides: the variance is zero and Welch's t is undefined"
+        )
     res = stats.ttest_ind(old, [x + margin for x in new], equal_var=False, alternative="greater")
     df = float(getattr(res, "df", math.nan))
     mo, mn = statistics.fmean(old), statistics.fmean(new)
     return WelchResult(
-        metric=metric, n_new=len(new), n_old=len(old), mean_new=mn, mean_old=mo, std_new=sn, std_old=so,
-        improvement=mo - mn, margin=margin, t=float(res.statistic), df=df, p_value=float(res.pvalue), alpha=alpha,
+        metric=metric,
+        n_new=len(new),
+        n_old=len(old),
+        mean_new=mn,
+        mean_old=mo,
+        std_new=sn,
+        std_old=so,
+        improvement=mo - mn,
+        margin=margin,
+        t=float(res.statistic),
+        df=df,
+        p_value=float(res.pvalue),
+        alpha=alpha,
         record=bool(float(res.pvalue) < alpha),
     )
 
@@ -94,14 +109,20 @@ def load_results(paths: list[str | os.PathLike[str]]) -> list[dict[str, Any]]:
         if r.get("format") != "pg-result":
             raise ValueError(f"{path} is not a pg-result record")
         if r.get("status") != "ok" or r.get("val_loss") is None:
-            raise ValueError(f"{path} has status {r.get('status')!r} and no score; only scored results can be compared")
+            raise ValueError(
+                f"{path} has status {r.get('status')!r} and no score; only scored results can be compared"
+            )
         r["_path"] = str(path)
         out.append(r)
     return out
 
 
 def compare_results(
-    new: list[dict[str, Any]], old: list[dict[str, Any]], *, metric: str = "val_loss", track: str | None = None
+    new: list[dict[str, Any]],
+    old: list[dict[str, Any]],
+    *,
+    metric: str = "val_loss",
+    track: str | None = None,
 ) -> dict[str, Any]:
     """The comparison record: the Welch result plus what was compared and any warnings."""
     if metric not in METRICS:
@@ -121,18 +142,27 @@ def compare_results(
         if len(set(seeds)) < len(seeds):
             warnings.append(f"{side} side repeats seeds {seeds}: repeated seeds are not independent samples")
         if {r.get("track") for r in rs} != {tr.name}:
-            warnings.append(f"{side} side has results from tracks {sorted({str(r.get('track')) for r in rs})}, testing under {tr.name}")
+            warnings.append(
+                f"{side} side has results from tracks {sorted({str(r.get('track')) for r in rs})}, testing under {tr.name}"
+            )
     if not tr.record:
         warnings.append(f"track {tr.name} does not hold records; the verdict is informational")
     margin = tr.margin_nats
     if metric == "val_bpb":
         tokens_per_byte = sum(r["val_tokens"] for r in old) / sum(r["val_bytes"] for r in old)
         margin = tr.margin_nats * tokens_per_byte / math.log(2.0)
-    w = welch_test([float(r[metric]) for r in new], [float(r[metric]) for r in old], margin, tr.p_value, metric)
+    w = welch_test(
+        [float(r[metric]) for r in new], [float(r[metric]) for r in old], margin, tr.p_value, metric
+    )
     return {
-        "format": COMPARE_FORMAT, "format_version": COMPARE_FORMAT_VERSION, "track": tr.name,
-        "margin_nats": tr.margin_nats, "new": [r["_path"] for r in new], "old": [r["_path"] for r in old],
-        "warnings": warnings, **w.as_dict(),
+        "format": COMPARE_FORMAT,
+        "format_version": COMPARE_FORMAT_VERSION,
+        "track": tr.name,
+        "margin_nats": tr.margin_nats,
+        "new": [r["_path"] for r in new],
+        "old": [r["_path"] for r in old],
+        "warnings": warnings,
+        **w.as_dict(),
     }
 
 
@@ -152,16 +182,24 @@ def describe(rec: dict[str, Any]) -> str:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    rec = compare_results(load_results(args.new), load_results(args.against), metric=args.metric, track=args.track)
+    rec = compare_results(
+        load_results(args.new), load_results(args.against), metric=args.metric, track=args.track
+    )
     print(json.dumps(rec, sort_keys=True) if args.json else describe(rec))
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("compare", help="one-sided Welch test: does NEW beat OLD by the track's margin at its p-value?")
-    p.add_argument("new", nargs="+", help="the new entry's results (result.json files or run folders), one per seed")
+    p = sub.add_parser(
+        "compare", help="one-sided Welch test: does NEW beat OLD by the track's margin at its p-value?"
+    )
+    p.add_argument(
+        "new", nargs="+", help="the new entry's results (result.json files or run folders), one per seed"
+    )
     p.add_argument("--against", nargs="+", required=True, help="the current record's results, one per seed")
-    p.add_argument("--metric", default="val_loss", choices=METRICS, help="val_loss (nats/token, default) or val_bpb")
+    p.add_argument(
+        "--metric", default="val_loss", choices=METRICS, help="val_loss (nats/token, default) or val_bpb"
+    )
     p.add_argument("--track", help="track whose margin and p-value apply (default: the new results' track)")
     p.add_argument("--json", action="store_true", help="print the comparison record as one JSON object")
     p.set_defaults(func=cmd_compare)

@@ -39,12 +39,28 @@ LEADERBOARD_FORMAT = "pg-leaderboard"
 LEADERBOARD_FORMAT_VERSION = 1
 DEFAULT_LEDGER = "runs/ledger.jsonl"
 COLUMNS = [  # key, header, type
-    ("rank", "#", "num"), ("name", "Entry", "str"), ("val_bpb", "val_bpb", "num"), ("val_bpb_std", "± std", "num"),
-    ("seeds", "Seeds", "num"), ("val_loss", "val_loss", "num"), ("bytes_total", "Bytes", "num"),
-    ("date", "Date", "str"), ("author", "Author", "str"), ("builds_on", "Builds on", "str"),
+    ("rank", "#", "num"),
+    ("name", "Entry", "str"),
+    ("val_bpb", "val_bpb", "num"),
+    ("val_bpb_std", "± std", "num"),
+    ("seeds", "Seeds", "num"),
+    ("val_loss", "val_loss", "num"),
+    ("bytes_total", "Bytes", "num"),
+    ("date", "Date", "str"),
+    ("author", "Author", "str"),
+    ("builds_on", "Builds on", "str"),
 ]
-UNRANKED_COLUMNS = [("name", "Entry"), ("seed", "Seed"), ("status", "Status"), ("verification", "Verification"),
-                    ("val_bpb", "val_bpb"), ("bytes_total", "Bytes"), ("date", "Date"), ("builds_on", "Builds on"), ("run_dir", "Run")]
+UNRANKED_COLUMNS = [
+    ("name", "Entry"),
+    ("seed", "Seed"),
+    ("status", "Status"),
+    ("verification", "Verification"),
+    ("val_bpb", "val_bpb"),
+    ("bytes_total", "Bytes"),
+    ("date", "Date"),
+    ("builds_on", "Builds on"),
+    ("run_dir", "Run"),
+]
 
 
 # ---- Reading the ledger ----
@@ -54,7 +70,9 @@ def read_ledger(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, dict[
     """(results in ledger order, latest verification record per result digest)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"results ledger not found: {path}; runs append to RUN_DIR/../ledger.jsonl (pass --ledger)")
+        raise FileNotFoundError(
+            f"results ledger not found: {path}; runs append to RUN_DIR/../ledger.jsonl (pass --ledger)"
+        )
     results, verifications = [], {}
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
@@ -62,7 +80,9 @@ def read_ledger(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, dict[
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n} is not a JSON line ({e}); the ledger is append-only JSON lines") from e
+            raise ValueError(
+                f"{path}:{n} is not a JSON line ({e}); the ledger is append-only JSON lines"
+            ) from e
         if rec.get("format") == "pg-result":
             results.append(rec)
         elif rec.get("format") == "pg-verification" and rec.get("result_sha256"):
@@ -77,7 +97,9 @@ def _date(r: dict[str, Any]) -> str:
     return dt.datetime.fromtimestamp(float(r.get("created_unix_s") or 0), dt.UTC).date().isoformat()
 
 
-def build(results: Iterable[dict[str, Any]], verifications: dict[str, dict[str, Any]], track: str | None) -> dict[str, Any]:
+def build(
+    results: Iterable[dict[str, Any]], verifications: dict[str, dict[str, Any]], track: str | None
+) -> dict[str, Any]:
     """The leaderboard record: ranked rows (verified groups) and unranked rows (every other run)."""
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     unranked = []
@@ -88,30 +110,61 @@ def build(results: Iterable[dict[str, Any]], verifications: dict[str, dict[str, 
         ver = verifications.get(result_digest(r))
         verification = ver["status"] if ver else "unverified"
         name = str(sub.get("name") or "?")
-        if verification == "verified" and r.get("status") == "ok" and r.get("within_cap") and r.get("val_bpb") is not None:
+        if (
+            verification == "verified"
+            and r.get("status") == "ok"
+            and r.get("within_cap")
+            and r.get("val_bpb") is not None
+        ):
             groups.setdefault((name, str(r.get("track")), str(r.get("preset"))), []).append(r)
             continue
-        unranked.append({
-            "name": name, "seed": r.get("seed"), "status": r.get("status"), "verification": verification,
-            "val_bpb": r.get("val_bpb"), "bytes_total": r.get("bytes_total"), "date": _date(r),
-            "builds_on": sub.get("builds_on") or "", "run_dir": r.get("run_dir"), "track": r.get("track"),
-        })
+        unranked.append(
+            {
+                "name": name,
+                "seed": r.get("seed"),
+                "status": r.get("status"),
+                "verification": verification,
+                "val_bpb": r.get("val_bpb"),
+                "bytes_total": r.get("bytes_total"),
+                "date": _date(r),
+                "builds_on": sub.get("builds_on") or "",
+                "run_dir": r.get("run_dir"),
+                "track": r.get("track"),
+            }
+        )
     rows = []
     for (name, tr, preset), rs in groups.items():
         bpb = [float(r["val_bpb"]) for r in rs]
         sub = rs[0].get("submission") or {}
-        rows.append({
-            "name": name, "track": tr, "preset": preset, "val_bpb": statistics.fmean(bpb),
-            "val_bpb_std": statistics.stdev(bpb) if len(bpb) > 1 else 0.0, "seeds": len(rs),
-            "val_loss": statistics.fmean(float(r["val_loss"]) for r in rs), "bytes_total": max(int(r["bytes_total"]) for r in rs),
-            "date": min(_date(r) for r in rs), "author": sub.get("author") or "", "github_id": sub.get("github_id") or "",
-            "builds_on": sub.get("builds_on") or "", "runs": [r.get("run_dir") for r in rs], "seed_list": [r.get("seed") for r in rs],
-        })
+        rows.append(
+            {
+                "name": name,
+                "track": tr,
+                "preset": preset,
+                "val_bpb": statistics.fmean(bpb),
+                "val_bpb_std": statistics.stdev(bpb) if len(bpb) > 1 else 0.0,
+                "seeds": len(rs),
+                "val_loss": statistics.fmean(float(r["val_loss"]) for r in rs),
+                "bytes_total": max(int(r["bytes_total"]) for r in rs),
+                "date": min(_date(r) for r in rs),
+                "author": sub.get("author") or "",
+                "github_id": sub.get("github_id") or "",
+                "builds_on": sub.get("builds_on") or "",
+                "runs": [r.get("run_dir") for r in rs],
+                "seed_list": [r.get("seed") for r in rs],
+            }
+        )
     rows.sort(key=lambda row: (row["val_bpb"], row["bytes_total"], row["name"]))
     for i, row in enumerate(rows, start=1):
         row["rank"] = i
-    return {"format": LEADERBOARD_FORMAT, "format_version": LEADERBOARD_FORMAT_VERSION, "track": track,
-            "generated_unix_s": time.time(), "ranked": rows, "unranked": unranked}
+    return {
+        "format": LEADERBOARD_FORMAT,
+        "format_version": LEADERBOARD_FORMAT_VERSION,
+        "track": track,
+        "generated_unix_s": time.time(),
+        "ranked": rows,
+        "unranked": unranked,
+    }
 
 
 # ---- Markdown ----
@@ -134,10 +187,17 @@ def markdown(board: dict[str, Any]) -> str:
     lines = [title, "", "| " + " | ".join(h for _, h, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in board["ranked"]:
         lines.append("| " + " | ".join(_fmt(row.get(k), k).replace("|", "\\|") for k, _, _ in COLUMNS) + " |")
-    lines += ["", f"## Not ranked ({len(board['unranked'])})", "",
-              "| " + " | ".join(h for _, h in UNRANKED_COLUMNS) + " |", "|" + "---|" * len(UNRANKED_COLUMNS)]
+    lines += [
+        "",
+        f"## Not ranked ({len(board['unranked'])})",
+        "",
+        "| " + " | ".join(h for _, h in UNRANKED_COLUMNS) + " |",
+        "|" + "---|" * len(UNRANKED_COLUMNS),
+    ]
     for row in board["unranked"]:
-        lines.append("| " + " | ".join(_fmt(row.get(k), k).replace("|", "\\|") for k, _ in UNRANKED_COLUMNS) + " |")
+        lines.append(
+            "| " + " | ".join(_fmt(row.get(k), k).replace("|", "\\|") for k, _ in UNRANKED_COLUMNS) + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -154,12 +214,22 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return [first + i * step for i in range(int((hi - first) / step) + 1)]
 
 
-def svg_plot(pid: str, title: str, points: list[dict[str, Any]], xkey: str, xlabel: str, xfmt: Any, frontier: bool = False) -> str:
+def svg_plot(
+    pid: str,
+    title: str,
+    points: list[dict[str, Any]],
+    xkey: str,
+    xlabel: str,
+    xfmt: Any,
+    frontier: bool = False,
+) -> str:
     """A scatter plot of val_bpb against points[xkey] (ranked filled, unranked hollow)."""
     W, H, ml, mr, mt, mb = 560, 340, 64, 20, 34, 48
     pts = [p for p in points if p.get("val_bpb") is not None and p.get(xkey) is not None]
-    out = [f'<svg id="{pid}" class="plot" viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-label="{html.escape(title)}">',
-           f'<text x="{W / 2}" y="20" text-anchor="middle" class="ptitle">{html.escape(title)}</text>']
+    out = [
+        f'<svg id="{pid}" class="plot" viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-label="{html.escape(title)}">',
+        f'<text x="{W / 2}" y="20" text-anchor="middle" class="ptitle">{html.escape(title)}</text>',
+    ]
     if not pts:
         out.append(f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">no scored results</text></svg>')
         return "".join(out)
@@ -172,13 +242,19 @@ def svg_plot(pid: str, title: str, points: list[dict[str, Any]], xkey: str, xlab
     sy = lambda v: H - mb - (v - y0) / ((y1 - y0) or 1) * (H - mt - mb)
     out.append(f'<rect x="{ml}" y="{mt}" width="{W - ml - mr}" height="{H - mt - mb}" class="frame"/>')
     for v in (v for v in xt if sx(v) < W - mr - 28):  # a label must not run off the right edge
-        out.append(f'<line x1="{sx(v):.1f}" x2="{sx(v):.1f}" y1="{mt}" y2="{H - mb}" class="grid"/>'
-                   f'<text x="{sx(v):.1f}" y="{H - mb + 16}" text-anchor="middle" class="tick">{html.escape(xfmt(v))}</text>')
+        out.append(
+            f'<line x1="{sx(v):.1f}" x2="{sx(v):.1f}" y1="{mt}" y2="{H - mb}" class="grid"/>'
+            f'<text x="{sx(v):.1f}" y="{H - mb + 16}" text-anchor="middle" class="tick">{html.escape(xfmt(v))}</text>'
+        )
     for v in yt:
-        out.append(f'<line x1="{ml}" x2="{W - mr}" y1="{sy(v):.1f}" y2="{sy(v):.1f}" class="grid"/>'
-                   f'<text x="{ml - 6}" y="{sy(v) + 4:.1f}" text-anchor="end" class="tick">{v:.3g}</text>')
-    out.append(f'<text x="{(W + ml) / 2 + 40}" y="{H - 8}" text-anchor="middle" class="axis">{html.escape(xlabel)}</text>'
-               f'<text x="14" y="{(H - mb + mt) / 2}" text-anchor="middle" class="axis" transform="rotate(-90 14 {(H - mb + mt) / 2})">val_bpb (bits/byte)</text>')
+        out.append(
+            f'<line x1="{ml}" x2="{W - mr}" y1="{sy(v):.1f}" y2="{sy(v):.1f}" class="grid"/>'
+            f'<text x="{ml - 6}" y="{sy(v) + 4:.1f}" text-anchor="end" class="tick">{v:.3g}</text>'
+        )
+    out.append(
+        f'<text x="{(W + ml) / 2 + 40}" y="{H - 8}" text-anchor="middle" class="axis">{html.escape(xlabel)}</text>'
+        f'<text x="14" y="{(H - mb + mt) / 2}" text-anchor="middle" class="axis" transform="rotate(-90 14 {(H - mb + mt) / 2})">val_bpb (bits/byte)</text>'
+    )
     if frontier:
         ranked = sorted((p for p in pts if p.get("ranked")), key=lambda p: float(p[xkey]))
         best, path = math.inf, []
@@ -194,14 +270,20 @@ def svg_plot(pid: str, title: str, points: list[dict[str, Any]], xkey: str, xlab
     for p in pts:
         cls = "pt ranked" if p.get("ranked") else "pt unranked"
         tip = f"{p['name']}: {float(p['val_bpb']):.4f} bpb, {xfmt(float(p[xkey]))}"
-        out.append(f'<circle cx="{sx(float(p[xkey])):.1f}" cy="{sy(float(p["val_bpb"])):.1f}" r="5" class="{cls}"><title>{html.escape(tip)}</title></circle>')
+        out.append(
+            f'<circle cx="{sx(float(p[xkey])):.1f}" cy="{sy(float(p["val_bpb"])):.1f}" r="5" class="{cls}"><title>{html.escape(tip)}</title></circle>'
+        )
         if p.get("ranked"):
             x = sx(float(p[xkey]))
             right = x > ml + 0.6 * (W - ml - mr)  # near the right edge: label to the left of the point
-            out.append(f'<text x="{x - 7 if right else x + 7:.1f}" y="{sy(float(p["val_bpb"])) - 6:.1f}" class="label" '
-                       f'text-anchor="{"end" if right else "start"}">{html.escape(str(p["name"]))}</text>')
-    out.append(f'<circle cx="{ml - 40}" cy="{H - 12}" r="4" class="pt ranked legend"/><text x="{ml - 32}" y="{H - 8}" class="tick">ranked</text>'
-               f'<circle cx="{ml + 16}" cy="{H - 12}" r="4" class="pt unranked legend"/><text x="{ml + 24}" y="{H - 8}" class="tick">not ranked</text>')
+            out.append(
+                f'<text x="{x - 7 if right else x + 7:.1f}" y="{sy(float(p["val_bpb"])) - 6:.1f}" class="label" '
+                f'text-anchor="{"end" if right else "start"}">{html.escape(str(p["name"]))}</text>'
+            )
+    out.append(
+        f'<circle cx="{ml - 40}" cy="{H - 12}" r="4" class="pt ranked legend"/><text x="{ml - 32}" y="{H - 8}" class="tick">ranked</text>'
+        f'<circle cx="{ml + 16}" cy="{H - 12}" r="4" class="pt unranked legend"/><text x="{ml + 24}" y="{H - 8}" class="tick">not ranked</text>'
+    )
     out.append("</svg>")
     return "".join(out)
 
@@ -243,18 +325,45 @@ def page(board: dict[str, Any]) -> str:
     ranked, unranked = board["ranked"], board["unranked"]
     names = {r["name"] for r in ranked}
     head = "".join(f'<th data-key="{k}" data-type="{t}">{html.escape(h)}</th>' for k, h, t in COLUMNS)
-    body = "".join(f'<tr id="row-{html.escape(r["name"])}">' + "".join(_cell(r, k, t, names) for k, _, t in COLUMNS) + "</tr>" for r in ranked)
-    uhead = "".join(f'<th data-key="{k}" data-type="{"num" if k in ("seed", "val_bpb", "bytes_total") else "str"}">{html.escape(h)}</th>'
-                    for k, h in UNRANKED_COLUMNS)
-    ubody = "".join("<tr>" + "".join(_cell(r, k, "num" if k in ("seed", "val_bpb", "bytes_total") else "str", names)
-                                     for k, _ in UNRANKED_COLUMNS) + "</tr>" for r in unranked)
+    body = "".join(
+        f'<tr id="row-{html.escape(r["name"])}">'
+        + "".join(_cell(r, k, t, names) for k, _, t in COLUMNS)
+        + "</tr>"
+        for r in ranked
+    )
+    uhead = "".join(
+        f'<th data-key="{k}" data-type="{"num" if k in ("seed", "val_bpb", "bytes_total") else "str"}">{html.escape(h)}</th>'
+        for k, h in UNRANKED_COLUMNS
+    )
+    ubody = "".join(
+        "<tr>"
+        + "".join(
+            _cell(r, k, "num" if k in ("seed", "val_bpb", "bytes_total") else "str", names)
+            for k, _ in UNRANKED_COLUMNS
+        )
+        + "</tr>"
+        for r in unranked
+    )
     pts = [{**r, "ranked": True} for r in ranked] + [{**r, "ranked": False} for r in unranked]
     for p in pts:
         p["day"] = _day(p["date"]) if p.get("date") else None
-    plot_bytes = svg_plot("plot-bytes", "val_bpb against total bytes", pts, "bytes_total", "bytes_total (code + model)",
-                          lambda v: f"{v / 1e6:.2f} MB" if v >= 1e5 else f"{v:,.0f}")
-    plot_date = svg_plot("plot-date", "val_bpb against date (record line dashed)", pts, "day", "date",
-                         lambda v: dt.date.fromordinal(int(round(v))).isoformat(), frontier=True)
+    plot_bytes = svg_plot(
+        "plot-bytes",
+        "val_bpb against total bytes",
+        pts,
+        "bytes_total",
+        "bytes_total (code + model)",
+        lambda v: f"{v / 1e6:.2f} MB" if v >= 1e5 else f"{v:,.0f}",
+    )
+    plot_date = svg_plot(
+        "plot-date",
+        "val_bpb against date (record line dashed)",
+        pts,
+        "day",
+        "date",
+        lambda v: dt.date.fromordinal(int(round(v))).isoformat(),
+        frontier=True,
+    )
     title = f"Parameter golf leaderboard{' — ' + board['track'] if board['track'] else ''}"
     return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{_CSS}</style></head>
 <body><h1>{html.escape(title)}</h1><p class="note">Only verified results rank (pgolf verify); val_bpb is the mean over verified seeds, lower is better.
@@ -281,13 +390,17 @@ def write_leaderboard(ledger: str | Path, out: str | Path, track: str | None = N
 
 def cmd_leaderboard(args: argparse.Namespace) -> int:
     board = write_leaderboard(args.ledger, args.out, args.track)
-    print(f"leaderboard: {len(board['ranked'])} ranked, {len(board['unranked'])} not ranked -> "
-          f"{Path(args.out) / 'index.html'}, leaderboard.md, leaderboard.json")
+    print(
+        f"leaderboard: {len(board['ranked'])} ranked, {len(board['unranked'])} not ranked -> "
+        f"{Path(args.out) / 'index.html'}, leaderboard.md, leaderboard.json"
+    )
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("leaderboard", help="build the leaderboard (markdown, JSON, HTML page) from the results ledger")
+    p = sub.add_parser(
+        "leaderboard", help="build the leaderboard (markdown, JSON, HTML page) from the results ledger"
+    )
     p.add_argument("--ledger", default=DEFAULT_LEDGER, help=f"results ledger (default: {DEFAULT_LEDGER})")
     p.add_argument("--track", help="only results of this track")
     p.add_argument("--out", required=True, help="output folder")

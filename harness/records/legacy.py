@@ -77,7 +77,9 @@ class LegacyError(ValueError):
 
 def _tensor_dict(obj: dict, key: str, path: Path) -> dict[str, torch.Tensor]:
     d = obj.get(key, {})
-    if not isinstance(d, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in d.items()):
+    if not isinstance(d, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in d.items()
+    ):
         raise LegacyError(f"{path}: {key!r} must map tensor names to tensors")
     return d
 
@@ -90,7 +92,9 @@ def load_legacy_artifact(path: str | Path) -> StateDict:
     try:
         raw = zlib.decompress(path.read_bytes())
     except zlib.error as e:
-        raise LegacyError(f"{path} is not zlib-compressed ({e}); expected the reference's final_model.int8.ptz") from e
+        raise LegacyError(
+            f"{path} is not zlib-compressed ({e}); expected the reference's final_model.int8.ptz"
+        ) from e
     try:
         obj = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
@@ -111,7 +115,9 @@ def load_legacy_artifact(path: str | Path) -> StateDict:
             raise LegacyError(f"{path}: quantized tensor {name!r} has no scale or dtype")
         dtype = getattr(torch, str(dtypes[name]), None)
         if not isinstance(dtype, torch.dtype) or q.dtype != torch.int8:
-            raise LegacyError(f"{path}: tensor {name!r}: dtype {dtypes[name]!r} / storage {q.dtype} is not int8 of a torch dtype")
+            raise LegacyError(
+                f"{path}: tensor {name!r}: dtype {dtypes[name]!r} / storage {q.dtype} is not int8 of a torch dtype"
+            )
         s = scales[name]
         if (qmeta.get(name) or {}).get("scheme") == "per_row" or s.ndim > 0:
             s32 = s.to(torch.float32)
@@ -141,7 +147,13 @@ class _StripDecorations(ast.NodeTransformer):
 
     def _fn(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.AST:
         node.decorator_list, node.returns = [], None
-        for a in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs, node.args.vararg, node.args.kwarg]:
+        for a in [
+            *node.args.posonlyargs,
+            *node.args.args,
+            *node.args.kwonlyargs,
+            node.args.vararg,
+            node.args.kwarg,
+        ]:
             if a is not None:
                 a.annotation = None
         return node  # bodies run only when called; nested definitions stay as written
@@ -153,7 +165,9 @@ class _StripDecorations(ast.NodeTransformer):
 def _safe_def(stmt: ast.stmt, skipped: list[str]) -> ast.stmt | None:
     where = f"line {stmt.lineno}"
     if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
-        if any(_calls(d) for d in [*stmt.args.defaults, *[d for d in stmt.args.kw_defaults if d is not None]]):
+        if any(
+            _calls(d) for d in [*stmt.args.defaults, *[d for d in stmt.args.kw_defaults if d is not None]]
+        ):
             skipped.append(f"{where}: def {stmt.name} (a default argument calls something)")
             return None
         return _StripDecorations().visit(stmt)
@@ -166,13 +180,20 @@ def _safe_def(stmt: ast.stmt, skipped: list[str]) -> ast.stmt | None:
             if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef):
                 body.append(_safe_def(s, skipped))
             elif isinstance(s, ast.Assign | ast.AnnAssign) and s.value is not None and _calls(s.value):
-                skipped.append(f"line {s.lineno}: {stmt.name}.{ast.unparse(s).split('=')[0].strip()} (calls something)")
+                skipped.append(
+                    f"line {s.lineno}: {stmt.name}.{ast.unparse(s).split('=')[0].strip()} (calls something)"
+                )
             elif isinstance(s, ast.Expr | ast.Pass | ast.Assign | ast.AnnAssign):
                 body.append(s if not (isinstance(s, ast.Expr) and _calls(s)) else None)
         stmt.body = [s for s in body if s is not None] or [ast.Pass()]
         return stmt
     if isinstance(stmt, ast.Assign | ast.AnnAssign):
-        if stmt.value is None or _calls(stmt.value) or isinstance(stmt, ast.AnnAssign) and _calls(stmt.annotation):
+        if (
+            stmt.value is None
+            or _calls(stmt.value)
+            or isinstance(stmt, ast.AnnAssign)
+            and _calls(stmt.annotation)
+        ):
             skipped.append(f"{where}: {ast.unparse(stmt)[:70]} (calls something)")
             return None
         return stmt
@@ -188,7 +209,11 @@ def exec_definitions(script: Path) -> tuple[dict[str, Any], list[str]]:
         tree = ast.parse(script.read_text(encoding="utf-8"), filename=str(script))
     except SyntaxError as e:
         raise LegacyError(f"{script} does not parse: {e}") from e
-    ns: dict[str, Any] = {"__name__": "pgolf_legacy_record", "__file__": str(script), "__builtins__": builtins}
+    ns: dict[str, Any] = {
+        "__name__": "pgolf_legacy_record",
+        "__file__": str(script),
+        "__builtins__": builtins,
+    }
     skipped: list[str] = []
 
     def run(stmts: list[ast.stmt]) -> bool:
@@ -225,7 +250,12 @@ def _static(node: ast.expr, overrides: dict[str, str]) -> Any:
         return node.value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         return -_static(node.operand, overrides)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CASTS and len(node.args) == 1:
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in _CASTS
+        and len(node.args) == 1
+    ):
         value = _static(node.args[0], overrides)
         if node.func.id == "bool" and isinstance(value, str):
             value = int(value)
@@ -241,7 +271,9 @@ def read_hyperparameters(script: Path, overrides: dict[str, str]) -> dict[str, A
     tree = ast.parse(script.read_text(encoding="utf-8"))
     cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Hyperparameters"), None)
     if cls is None:
-        raise LegacyError(f"{script} defines no class Hyperparameters; is it a reference-style record script?")
+        raise LegacyError(
+            f"{script} defines no class Hyperparameters; is it a reference-style record script?"
+        )
     out: dict[str, Any] = {}
     for s in cls.body:
         if isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name):
@@ -259,14 +291,27 @@ def read_hyperparameters(script: Path, overrides: dict[str, str]) -> dict[str, A
 
 
 def _env_names(node: ast.expr) -> list[str]:
-    return [c.args[0].value for c in ast.walk(node) if isinstance(c, ast.Call) and ast.unparse(c.func) == "os.environ.get"
-            and c.args and isinstance(c.args[0], ast.Constant)]
+    return [
+        c.args[0].value
+        for c in ast.walk(node)
+        if isinstance(c, ast.Call)
+        and ast.unparse(c.func) == "os.environ.get"
+        and c.args
+        and isinstance(c.args[0], ast.Constant)
+    ]
 
 
 def gpt_kwargs(script: Path, gpt_cls: type, hp: dict[str, Any]) -> dict[str, Any]:
     """GPT's keyword arguments: from the script's GPT(...) call, else GPT's parameter names."""
     tree = ast.parse(script.read_text(encoding="utf-8"))
-    call = next((n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "GPT"), None)
+    call = next(
+        (
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "GPT"
+        ),
+        None,
+    )
     params = [p for p in inspect.signature(gpt_cls.__init__).parameters.values() if p.name != "self"]
     kw: dict[str, Any] = {}
     if call is not None and not call.args:
@@ -280,7 +325,9 @@ def gpt_kwargs(script: Path, gpt_cls: type, hp: dict[str, Any]) -> dict[str, Any
         if p.name not in kw and p.name in hp:
             kw[p.name] = hp[p.name]
         if p.name not in kw and p.default is inspect.Parameter.empty:
-            raise LegacyError(f"cannot tell GPT's argument {p.name!r} from the script; pass --hparam {p.name}=VALUE")
+            raise LegacyError(
+                f"cannot tell GPT's argument {p.name!r} from the script; pass --hparam {p.name}=VALUE"
+            )
     return kw
 
 
@@ -322,15 +369,21 @@ class LogitsFromLoss(nn.Module):
         with captured_cross_entropy(self._ns) as calls:
             self.gpt(input_ids, input_ids)
         if len(calls) != 1:
-            raise LegacyError(f"the record's GPT.forward called cross_entropy {len(calls)} times; the wrapper needs exactly one")
+            raise LegacyError(
+                f"the record's GPT.forward called cross_entropy {len(calls)} times; the wrapper needs exactly one"
+            )
         logits, target = calls[0]
         if target.numel() != B * T or not torch.equal(target.reshape(-1), input_ids.reshape(-1)):
-            raise LegacyError("the record's GPT.forward passed cross_entropy targets other than the ones given; cannot align logits")
+            raise LegacyError(
+                "the record's GPT.forward passed cross_entropy targets other than the ones given; cannot align logits"
+            )
         if logits.ndim == 2 and logits.shape[0] == B * T:
             return logits.reshape(B, T, -1)
         if logits.ndim == 3 and logits.shape[:2] == (B, T):
             return logits
-        raise LegacyError(f"cross_entropy received logits of shape {tuple(logits.shape)}; expected ({B * T}, V) or ({B}, {T}, V)")
+        raise LegacyError(
+            f"cross_entropy received logits of shape {tuple(logits.shape)}; expected ({B * T}, V) or ({B}, {T}, V)"
+        )
 
 
 # ---- Scoring ----
@@ -341,15 +394,28 @@ def find_script(record_dir: Path, script: str | None) -> Path:
         return record_dir / script
     if (record_dir / SCRIPT_NAME).is_file():
         return record_dir / SCRIPT_NAME
-    found = [p for p in sorted(record_dir.glob("*.py")) if "class GPT" in p.read_text(encoding="utf-8", errors="replace")]
+    found = [
+        p
+        for p in sorted(record_dir.glob("*.py"))
+        if "class GPT" in p.read_text(encoding="utf-8", errors="replace")
+    ]
     if len(found) != 1:
-        raise FileNotFoundError(f"{record_dir}: expected {SCRIPT_NAME} (or one .py defining class GPT); pass --script NAME")
+        raise FileNotFoundError(
+            f"{record_dir}: expected {SCRIPT_NAME} (or one .py defining class GPT); pass --script NAME"
+        )
     return found[0]
 
 
 def score_legacy(
-    record_dir: str | Path, artifact: str | Path, data_dir: str | Path, *, cfg: EvalConfig | None = None,
-    hparams: dict[str, str] | None = None, script: str | None = None, device: str = "cpu", cap_bytes: int = ARTIFACT_CAP_BYTES,
+    record_dir: str | Path,
+    artifact: str | Path,
+    data_dir: str | Path,
+    *,
+    cfg: EvalConfig | None = None,
+    hparams: dict[str, str] | None = None,
+    script: str | None = None,
+    device: str = "cpu",
+    cap_bytes: int = ARTIFACT_CAP_BYTES,
 ) -> dict[str, Any]:
     """Build the record's model from its script, load its artifact, score it; the "pg-legacy-score" record."""
     t0 = time.perf_counter()
@@ -359,7 +425,9 @@ def score_legacy(
     ns, skipped = exec_definitions(script_path)
     gpt_cls = ns.get("GPT")
     if not isinstance(gpt_cls, type) or not issubclass(gpt_cls, nn.Module):
-        raise LegacyError(f"{script_path} defines no class GPT(nn.Module) among its definitions (skipped: {skipped[:5]})")
+        raise LegacyError(
+            f"{script_path} defines no class GPT(nn.Module) among its definitions (skipped: {skipped[:5]})"
+        )
     kwargs = gpt_kwargs(script_path, gpt_cls, hp)
     state = load_legacy_artifact(artifact)
     dev = torch.device(device)
@@ -369,32 +437,67 @@ def score_legacy(
     try:
         gpt.load_state_dict(state, strict=True)
     except RuntimeError as e:
-        raise LegacyError(f"the artifact does not fit GPT({kwargs}) (set the run's settings with --hparam NAME=VALUE): {e}") from e
+        raise LegacyError(
+            f"the artifact does not fit GPT({kwargs}) (set the run's settings with --hparam NAME=VALUE): {e}"
+        ) from e
     model = LogitsFromLoss(gpt.float().to(dev).eval(), ns)
     cfg = cfg or EvalConfig(seq_len=int(hp.get("train_seq_len", 1024)))
     manifest = load_manifest(data_dir)
     tokenizer = load_tokenizer(manifest.tokenizer_path)
     table = tokenizer.byte_table()
     tokens = read_split(data_dir, "val")
-    probes = run_probes(model, tokens, table.vocab_size, ProbeConfig(seq_len=cfg.seq_len, dtype=cfg.dtype), dev)
+    probes = run_probes(
+        model, tokens, table.vocab_size, ProbeConfig(seq_len=cfg.seq_len, dtype=cfg.dtype), dev
+    )
     res = evaluate(model, tokens, table, cfg, dev, bos_id=tokenizer.bos_id)
     code_bytes = len(script_path.read_text(encoding="utf-8").encode("utf-8"))
     model_bytes = artifact.stat().st_size
-    claimed = read_json(record_dir / "submission.json", what="record metadata") if (record_dir / "submission.json").is_file() else {}
-    scored = {"val_loss": res.sums.val_loss, "val_bpb": res.sums.val_bpb, "bytes_total": code_bytes + model_bytes}
+    claimed = (
+        read_json(record_dir / "submission.json", what="record metadata")
+        if (record_dir / "submission.json").is_file()
+        else {}
+    )
+    scored = {
+        "val_loss": res.sums.val_loss,
+        "val_bpb": res.sums.val_bpb,
+        "bytes_total": code_bytes + model_bytes,
+    }
     return {
-        "format": LEGACY_SCORE_FORMAT, "format_version": LEGACY_SCORE_VERSION,
-        **scored, "val_tokens": res.sums.tokens, "val_bytes": res.sums.bytes,
-        "eval_mode": cfg.mode, "eval_seq_len": cfg.seq_len, "eval_stride": cfg.resolved_stride, "eval_dtype": cfg.dtype,
-        "eval_subset_max_tokens": cfg.max_tokens, "eval_windows": res.windows, "eval_time_s": res.eval_time_s,
-        "bytes_code": code_bytes, "bytes_model": model_bytes, "cap_bytes": cap_bytes,
+        "format": LEGACY_SCORE_FORMAT,
+        "format_version": LEGACY_SCORE_VERSION,
+        **scored,
+        "val_tokens": res.sums.tokens,
+        "val_bytes": res.sums.bytes,
+        "eval_mode": cfg.mode,
+        "eval_seq_len": cfg.seq_len,
+        "eval_stride": cfg.resolved_stride,
+        "eval_dtype": cfg.dtype,
+        "eval_subset_max_tokens": cfg.max_tokens,
+        "eval_windows": res.windows,
+        "eval_time_s": res.eval_time_s,
+        "bytes_code": code_bytes,
+        "bytes_model": model_bytes,
+        "cap_bytes": cap_bytes,
         "within_cap": code_bytes + model_bytes <= cap_bytes,
-        "probes": probes, "script": str(script_path), "script_sha256": sha256_file(script_path),
-        "artifact_sha256": sha256_file(artifact), "artifact_loader": "zlib + torch.load(weights_only=True)",
-        "hyperparameters": hp, "gpt_kwargs": kwargs, "skipped_statements": skipped,
-        "claimed": {k: claimed[k] for k in ("val_loss", "val_bpb", "bytes_total") if isinstance(claimed.get(k), int | float)},
-        "claimed_minus_scored": {k: claimed[k] - scored[k] for k in scored if isinstance(claimed.get(k), int | float)},
-        "data_dir": str(data_dir), "device": dev.type, "score_wall_s": time.perf_counter() - t0,
+        "probes": probes,
+        "script": str(script_path),
+        "script_sha256": sha256_file(script_path),
+        "artifact_sha256": sha256_file(artifact),
+        "artifact_loader": "zlib + torch.load(weights_only=True)",
+        "hyperparameters": hp,
+        "gpt_kwargs": kwargs,
+        "skipped_statements": skipped,
+        "claimed": {
+            k: claimed[k]
+            for k in ("val_loss", "val_bpb", "bytes_total")
+            if isinstance(claimed.get(k), int | float)
+        },
+        "claimed_minus_scored": {
+            k: claimed[k] - scored[k] for k in scored if isinstance(claimed.get(k), int | float)
+        },
+        "data_dir": str(data_dir),
+        "device": dev.type,
+        "score_wall_s": time.perf_counter() - t0,
     }
 
 
@@ -405,20 +508,42 @@ def cmd_verify_legacy(args: argparse.Namespace) -> int:
         if not sep:
             raise ValueError(f"--hparam {item!r}: expected NAME=VALUE, e.g. --hparam NUM_LAYERS=10")
         overrides[k.strip()] = v.strip()
-    seq_len = args.seq_len or int(read_hyperparameters(find_script(Path(args.record), args.script), overrides).get("train_seq_len", 1024))
-    cfg = EvalConfig(mode=args.mode, seq_len=seq_len, batch_seqs=args.batch_seqs, max_tokens=args.max_tokens or None,
-                     dtype=args.dtype, stride=args.stride or None)
-    rec = score_legacy(args.record, args.artifact, args.data, cfg=cfg, hparams=overrides, script=args.script,
-                       device=args.device, cap_bytes=args.cap_bytes)
+    seq_len = args.seq_len or int(
+        read_hyperparameters(find_script(Path(args.record), args.script), overrides).get(
+            "train_seq_len", 1024
+        )
+    )
+    cfg = EvalConfig(
+        mode=args.mode,
+        seq_len=seq_len,
+        batch_seqs=args.batch_seqs,
+        max_tokens=args.max_tokens or None,
+        dtype=args.dtype,
+        stride=args.stride or None,
+    )
+    rec = score_legacy(
+        args.record,
+        args.artifact,
+        args.data,
+        cfg=cfg,
+        hparams=overrides,
+        script=args.script,
+        device=args.device,
+        cap_bytes=args.cap_bytes,
+    )
     if args.json_out:
         write_json_atomic(args.json_out, rec)
     if args.json:
         print(json.dumps(rec, sort_keys=True))
         return 0
-    print(f"legacy record {args.record}: val_loss {rec['val_loss']:.6f} nats/token  val_bpb {rec['val_bpb']:.6f} bits/byte "
-          f"({rec['val_tokens']:,} tokens, {rec['eval_mode']}, seq_len {rec['eval_seq_len']})")
-    print(f"  bytes_total {rec['bytes_total']:,} = script {rec['bytes_code']:,} + artifact {rec['bytes_model']:,} "
-          f"(cap {rec['cap_bytes']:,}, within_cap {rec['within_cap']})")
+    print(
+        f"legacy record {args.record}: val_loss {rec['val_loss']:.6f} nats/token  val_bpb {rec['val_bpb']:.6f} bits/byte "
+        f"({rec['val_tokens']:,} tokens, {rec['eval_mode']}, seq_len {rec['eval_seq_len']})"
+    )
+    print(
+        f"  bytes_total {rec['bytes_total']:,} = script {rec['bytes_code']:,} + artifact {rec['bytes_model']:,} "
+        f"(cap {rec['cap_bytes']:,}, within_cap {rec['within_cap']})"
+    )
     for k, d in rec["claimed_minus_scored"].items():
         print(f"  claimed {k} {rec['claimed'][k]} vs scored {rec[k]:.6f} (claimed - scored = {d:+.6g})")
     print(f"  probes passed; {len(rec['skipped_statements'])} top-level statement(s) not executed")
@@ -426,17 +551,34 @@ def cmd_verify_legacy(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("verify-legacy", help="score a reference-format record (train_gpt.py + int8/zlib artifact) with the trusted scorer")
-    p.add_argument("record", help="the record folder (train_gpt.py, optional submission.json with the claimed numbers)")
-    p.add_argument("--artifact", required=True, help="the record's int8_clean_per_row_v1 artifact (final_model.int8.ptz)")
-    p.add_argument("--data", required=True, help="dataset folder with the validation shards and the tokenizer")
+    p = sub.add_parser(
+        "verify-legacy",
+        help="score a reference-format record (train_gpt.py + int8/zlib artifact) with the trusted scorer",
+    )
+    p.add_argument(
+        "record", help="the record folder (train_gpt.py, optional submission.json with the claimed numbers)"
+    )
+    p.add_argument(
+        "--artifact", required=True, help="the record's int8_clean_per_row_v1 artifact (final_model.int8.ptz)"
+    )
+    p.add_argument(
+        "--data", required=True, help="dataset folder with the validation shards and the tokenizer"
+    )
     p.add_argument("--script", help=f"the training script's name (default: {SCRIPT_NAME})")
-    p.add_argument("--hparam", action="append", default=[], metavar="NAME=VALUE", help="a Hyperparameters value the run set by env var")
+    p.add_argument(
+        "--hparam",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a Hyperparameters value the run set by env var",
+    )
     p.add_argument("--mode", default="standard", choices=EVAL_MODES)
     p.add_argument("--seq-len", type=int, default=0, help="window length (0: the script's train_seq_len)")
     p.add_argument("--stride", type=int, default=0)
     p.add_argument("--batch-seqs", type=int, default=32)
-    p.add_argument("--max-tokens", type=int, default=0, help="score only the first N validation tokens (0: all)")
+    p.add_argument(
+        "--max-tokens", type=int, default=0, help="score only the first N validation tokens (0: all)"
+    )
     p.add_argument("--dtype", default="float32", choices=EVAL_DTYPES)
     p.add_argument("--device", default="cpu")
     p.add_argument("--cap-bytes", type=int, default=ARTIFACT_CAP_BYTES)

@@ -12,7 +12,16 @@ from typing import Any
 
 import torch
 
-LIBRARIES = ("torch", "numpy", "sentencepiece", "safetensors", "zstandard", "huggingface_hub", "datasets", "scipy")
+LIBRARIES = (
+    "torch",
+    "numpy",
+    "sentencepiece",
+    "safetensors",
+    "zstandard",
+    "huggingface_hub",
+    "datasets",
+    "scipy",
+)
 
 
 def library_versions() -> dict[str, str]:
@@ -46,7 +55,11 @@ def hardware() -> dict[str, Any]:
     if torch.cuda.is_available():
         hw["cuda_devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     try:
-        mem_kb = next(int(x.split()[1]) for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal"))
+        mem_kb = next(
+            int(x.split()[1])
+            for x in Path("/proc/meminfo").read_text().splitlines()
+            if x.startswith("MemTotal")
+        )
         hw["memory_bytes"] = mem_kb * 1024
     except (OSError, StopIteration, ValueError):
         pass
@@ -55,7 +68,9 @@ def hardware() -> dict[str, Any]:
 
 def git_commit(path: Path) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None

@@ -37,8 +37,15 @@ def _unigram(manifest: Manifest, score: dict[str, Any]) -> float | None:
 
 
 def build_result(
-    run_dir: Path, cfg: ResolvedConfig, meta: dict[str, Any], track: Track, phases: dict[str, Any], manifest: Manifest,
-    *, status: str, pipeline_s: float,
+    run_dir: Path,
+    cfg: ResolvedConfig,
+    meta: dict[str, Any],
+    track: Track,
+    phases: dict[str, Any],
+    manifest: Manifest,
+    *,
+    status: str,
+    pipeline_s: float,
 ) -> dict[str, Any]:
     train, pack, score = phases.get("train", {}), phases.get("pack", {}), phases.get("score", {})
     scored = status in ("ok", "over_eval_budget") and "val_bpb" in score
@@ -47,7 +54,10 @@ def build_result(
         "format_version": RESULT_FORMAT_VERSION,
         "status": status,
         "verification": "unverified",
-        "submission": {k: meta.get(k) for k in ("name", "author", "github_id", "date", "track", "data_variant", "builds_on")},
+        "submission": {
+            k: meta.get(k)
+            for k in ("name", "author", "github_id", "date", "track", "data_variant", "builds_on")
+        },
         "track": track.name,
         "preset": cfg.preset,
         "seed": cfg.tables["run"]["seed"],
@@ -128,7 +138,11 @@ def card(result: dict[str, Any]) -> str:
         f"│ training      {_fmt(r['train_time_s'], '.1f')} s, {_fmt(r['steps'], ',')} steps, {_fmt(r['tokens_seen'], ',')} tokens,"
         f" {r['world_size'] or '-'} rank(s)",
         f"│ hardware      {r['provenance']['hardware']['cpu']}"
-        + (f", {r['provenance']['hardware']['cuda_devices']}" if r["provenance"]["hardware"]["cuda_devices"] else ""),
+        + (
+            f", {r['provenance']['hardware']['cuda_devices']}"
+            if r["provenance"]["hardware"]["cuda_devices"]
+            else ""
+        ),
         f"└─ {r['run_dir']}/result.json",
     ]
     return "\n".join(lines)

@@ -64,7 +64,9 @@ class VerifyConfig:
         if not self.tol_bpb >= 0:
             raise ValueError(f"--tol-bpb must be >= 0, got {self.tol_bpb}")
         if self.threads < 0 or self.timeout_s <= 0:
-            raise ValueError(f"threads must be >= 0 and timeout_s positive, got {self.threads}, {self.timeout_s}")
+            raise ValueError(
+                f"threads must be >= 0 and timeout_s positive, got {self.threads}, {self.timeout_s}"
+            )
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,9 @@ class Check:
 def result_digest(result: dict[str, Any]) -> str:
     """sha256 of the result's canonical JSON without its verification fields (how the ledger keys it)."""
     core = {k: v for k, v in result.items() if k not in VERIFICATION_FIELDS}
-    return hashlib.sha256(json.dumps(core, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(core, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    ).hexdigest()
 
 
 def locate(path: str | os.PathLike[str]) -> tuple[Path, Path]:
@@ -94,11 +98,15 @@ def locate(path: str | os.PathLike[str]) -> tuple[Path, Path]:
     return result_path, result_path.parent
 
 
-def code_folder(run_dir: Path, submission: str | os.PathLike[str] | None, result: dict[str, Any]) -> Path | None:
+def code_folder(
+    run_dir: Path, submission: str | os.PathLike[str] | None, result: dict[str, Any]
+) -> Path | None:
     """--submission, else RUN_DIR/code, else provenance.submission_dir, else train_spec.json's folder."""
     if submission is not None:
         if not Path(submission).is_dir():
-            raise FileNotFoundError(f"--submission {submission} is not a folder; pass the submission folder the result was packed from")
+            raise FileNotFoundError(
+                f"--submission {submission} is not a folder; pass the submission folder the result was packed from"
+            )
         return Path(submission)
     if (run_dir / "code").is_dir():
         return run_dir / "code"
@@ -117,7 +125,9 @@ def _check(checks: list[Check], name: str, expected: Any, actual: Any) -> None:
     checks.append(Check(name, expected == actual, expected, actual))
 
 
-def receipt_checks(result: dict[str, Any], run_dir: Path, code_dir: Path | None, data_dir: Path | None) -> list[Check]:
+def receipt_checks(
+    result: dict[str, Any], run_dir: Path, code_dir: Path | None, data_dir: Path | None
+) -> list[Check]:
     """Recompute every hash and byte count of the receipt; one Check per fact."""
     prov = result.get("provenance") or {}
     pack = (result.get("phases") or {}).get("pack") or {}
@@ -138,7 +148,9 @@ def receipt_checks(result: dict[str, Any], run_dir: Path, code_dir: Path | None,
         _check(checks, "code files bound in the artifact header", prov.get("code_files"), header_code)
     files: dict[str, str] = prov.get("code_files") or {}
     if code_dir is None:
-        checks.append(Check("code folder", False, "the submission's code", "not found; pass --submission DIR"))
+        checks.append(
+            Check("code folder", False, "the submission's code", "not found; pass --submission DIR")
+        )
     else:
         for rel, want in sorted(files.items()):
             p = code_dir / rel
@@ -150,53 +162,104 @@ def receipt_checks(result: dict[str, Any], run_dir: Path, code_dir: Path | None,
         total = sum(int(result.get(k) or 0) for k in ("bytes_code", "bytes_model"))
         _check(checks, "bytes_total = bytes_code + bytes_model", result.get("bytes_total"), total)
         _check(checks, "within_cap", result.get("within_cap"), total <= int(result.get("cap_bytes") or 0))
-    _check(checks, "pack record agrees", [pack.get(k) for k in ("artifact_sha256", "bytes_total")],
-           [prov.get("artifact_sha256"), result.get("bytes_total")])
+    _check(
+        checks,
+        "pack record agrees",
+        [pack.get(k) for k in ("artifact_sha256", "bytes_total")],
+        [prov.get("artifact_sha256"), result.get("bytes_total")],
+    )
     if data_dir is None or not (data_dir / MANIFEST_NAME).is_file():
         checks.append(Check("data folder", False, prov.get("data_dir"), "not found; pass --data DIR"))
     else:
-        _check(checks, "data manifest sha256", prov.get("data_manifest_sha256"), sha256_file(data_dir / MANIFEST_NAME))
-        _check(checks, "tokenizer sha256", prov.get("tokenizer_sha256"), sha256_file(load_manifest(data_dir).tokenizer_path))
+        _check(
+            checks,
+            "data manifest sha256",
+            prov.get("data_manifest_sha256"),
+            sha256_file(data_dir / MANIFEST_NAME),
+        )
+        _check(
+            checks,
+            "tokenizer sha256",
+            prov.get("tokenizer_sha256"),
+            sha256_file(load_manifest(data_dir).tokenizer_path),
+        )
     return checks
 
 
-def rescore_command(result: dict[str, Any], artifact: Path, staged: Path, val_view: Path, out: Path, cfg: VerifyConfig) -> list[str]:
+def rescore_command(
+    result: dict[str, Any], artifact: Path, staged: Path, val_view: Path, out: Path, cfg: VerifyConfig
+) -> list[str]:
     score = result["phases"]["score"]
     ev = (result.get("config") or {}).get("eval") or {}
     cmd = [
-        sys.executable, "-m", "scoring", "score", str(artifact), "--submission", str(staged), "--data", str(val_view),
-        "--mode", str(score["eval_mode"]), "--seq-len", str(score["eval_seq_len"]),
-        "--batch-seqs", str(score.get("eval_batch_seqs") or ev.get("batch_seqs") or 32),
-        "--max-tokens", str(score.get("eval_subset_max_tokens") or 0), "--dtype", str(score["eval_dtype"]),
-        "--device", cfg.device or str(score.get("device") or "cpu"),
-        "--threads", str(cfg.threads or score.get("threads") or 0), "--json-out", str(out),
+        sys.executable,
+        "-m",
+        "scoring",
+        "score",
+        str(artifact),
+        "--submission",
+        str(staged),
+        "--data",
+        str(val_view),
+        "--mode",
+        str(score["eval_mode"]),
+        "--seq-len",
+        str(score["eval_seq_len"]),
+        "--batch-seqs",
+        str(score.get("eval_batch_seqs") or ev.get("batch_seqs") or 32),
+        "--max-tokens",
+        str(score.get("eval_subset_max_tokens") or 0),
+        "--dtype",
+        str(score["eval_dtype"]),
+        "--device",
+        cfg.device or str(score.get("device") or "cpu"),
+        "--threads",
+        str(cfg.threads or score.get("threads") or 0),
+        "--json-out",
+        str(out),
     ]
     if score.get("eval_stride") and score["eval_mode"] != "standard":
         cmd += ["--stride", str(score["eval_stride"])]
     return cmd
 
 
-def rescore(result: dict[str, Any], run_dir: Path, code_dir: Path, data_dir: Path, cfg: VerifyConfig) -> tuple[dict[str, Any] | None, str]:
+def rescore(
+    result: dict[str, Any], run_dir: Path, code_dir: Path, data_dir: Path, cfg: VerifyConfig
+) -> tuple[dict[str, Any] | None, str]:
     """Score the artifact again in a fresh process; (score record or None, the process's output tail)."""
     with tempfile.TemporaryDirectory(prefix="pgolf-verify-") as tmp:
         t = Path(tmp)
         staged = t / "model_code"
         stage_model_code(code_dir, staged)
         view = make_split_view(data_dir, t / "val", "val")
-        out = t / "out" / "score.json"  # the confined scorer may write beneath out/ only, never beside the view
+        out = (
+            t / "out" / "score.json"
+        )  # the confined scorer may write beneath out/ only, never beside the view
         out.parent.mkdir()
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        proc = subprocess.run([*rescore_command(result, run_dir / ARTIFACT_FILE, staged, view, out, cfg), "--protect", str(data_dir)],
-                              capture_output=True, text=True, env=env, timeout=cfg.timeout_s, check=False)
+        proc = subprocess.run(
+            [
+                *rescore_command(result, run_dir / ARTIFACT_FILE, staged, view, out, cfg),
+                "--protect",
+                str(data_dir),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=cfg.timeout_s,
+            check=False,
+        )
         tail = (proc.stdout + proc.stderr)[-3000:]
         if proc.returncode != 0 or not out.is_file():
             return None, tail
         return read_json(out, what="re-score record"), tail
 
 
-def score_checks(result: dict[str, Any], new: dict[str, Any] | None, tail: str, cfg: VerifyConfig) -> list[Check]:
+def score_checks(
+    result: dict[str, Any], new: dict[str, Any] | None, tail: str, cfg: VerifyConfig
+) -> list[Check]:
     if new is None:
         return [Check("re-score in a fresh process", False, "a score", f"failed: {tail.strip()[-800:]}")]
     old = result["phases"]["score"]
@@ -220,8 +283,13 @@ def append_ledger(ledger: Path, record: dict[str, Any]) -> None:
 
 
 def verify_result(
-    path: str | os.PathLike[str], *, submission: str | os.PathLike[str] | None = None, data: str | os.PathLike[str] | None = None,
-    cfg: VerifyConfig | None = None, ledger: str | os.PathLike[str] | None = None, write: bool = True,
+    path: str | os.PathLike[str],
+    *,
+    submission: str | os.PathLike[str] | None = None,
+    data: str | os.PathLike[str] | None = None,
+    cfg: VerifyConfig | None = None,
+    ledger: str | os.PathLike[str] | None = None,
+    write: bool = True,
 ) -> dict[str, Any]:
     """Verify one result; returns the "pg-verification" record (status "verified" or "failed")."""
     cfg = cfg or VerifyConfig()
@@ -239,7 +307,9 @@ def verify_result(
     checks = receipt_checks(result, run_dir, code_dir, data_dir)
     scored = result.get("status") in ("ok", "over_eval_budget") and "score" in (result.get("phases") or {})
     if not scored:
-        checks.append(Check("result has a score", False, "a scored result", f"status {result.get('status')!r}"))
+        checks.append(
+            Check("result has a score", False, "a scored result", f"status {result.get('status')!r}")
+        )
     elif code_dir is not None and data_dir is not None and (run_dir / ARTIFACT_FILE).is_file():
         new, tail = rescore(result, run_dir, code_dir, data_dir, cfg)
         checks += score_checks(result, new, tail, cfg)
@@ -275,20 +345,30 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rec, sort_keys=True))
     else:
-        print(f"verify {rec['run_dir']}: {rec['status'].upper()} ({len(rec['checks'])} checks, {len(rec['differences'])} difference(s))")
+        print(
+            f"verify {rec['run_dir']}: {rec['status'].upper()} ({len(rec['checks'])} checks, {len(rec['differences'])} difference(s))"
+        )
         for c in rec["checks"]:
             print(Check(**c).line())
     return 0 if rec["status"] == "verified" else 1
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("verify", help="recompute a result's hashes and re-score its artifact in a fresh process")
+    p = sub.add_parser(
+        "verify", help="recompute a result's hashes and re-score its artifact in a fresh process"
+    )
     p.add_argument("result", help="a run folder or its result.json")
-    p.add_argument("--submission", help="the submission folder (default: RUN_DIR/code, else the one in train_spec.json)")
+    p.add_argument(
+        "--submission", help="the submission folder (default: RUN_DIR/code, else the one in train_spec.json)"
+    )
     p.add_argument("--data", help="the dataset folder (default: the one the result records)")
     p.add_argument("--device", help="re-score device (default: the one the result was scored on)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: as recorded)")
-    p.add_argument("--tol-bpb", type=float, default=VerifyConfig().tol_bpb, help="accepted |Δ| of val_bpb and val_loss")
-    p.add_argument("--ledger", help="ledger to append the verification to (default: RUN_DIR/../ledger.jsonl if present)")
+    p.add_argument(
+        "--tol-bpb", type=float, default=VerifyConfig().tol_bpb, help="accepted |Δ| of val_bpb and val_loss"
+    )
+    p.add_argument(
+        "--ledger", help="ledger to append the verification to (default: RUN_DIR/../ledger.jsonl if present)"
+    )
     p.add_argument("--json", action="store_true", help="print the verification record as one JSON object")
     p.set_defaults(func=cmd_verify)

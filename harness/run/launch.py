@@ -66,9 +66,13 @@ class LaunchConfig:
         if self.device not in DEVICES:
             raise ValueError(f"launch.device must be one of {DEVICES}, got {self.device!r}")
         if self.nproc_per_node < 1 or self.nnodes < 1:
-            raise ValueError(f"launch.nproc_per_node and launch.nnodes must be >= 1, got {self.nproc_per_node}, {self.nnodes}")
+            raise ValueError(
+                f"launch.nproc_per_node and launch.nnodes must be >= 1, got {self.nproc_per_node}, {self.nnodes}"
+            )
         if self.nnodes > 1 and not self.rdzv_endpoint:
-            raise ValueError("launch.nnodes > 1 needs launch.rdzv_endpoint = 'HOST:PORT' (the same on every node)")
+            raise ValueError(
+                "launch.nnodes > 1 needs launch.rdzv_endpoint = 'HOST:PORT' (the same on every node)"
+            )
         if self.rdzv_endpoint and ":" not in self.rdzv_endpoint:
             raise ValueError(f"launch.rdzv_endpoint must be HOST:PORT, got {self.rdzv_endpoint!r}")
         if self.threads < 0:
@@ -102,10 +106,22 @@ def torchrun_command(cfg: LaunchConfig, spec_path: Path) -> list[str]:
     if cfg.nnodes == 1 and not cfg.rdzv_endpoint:
         cmd.append("--standalone")
     else:
-        cmd += [f"--nnodes={cfg.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={cfg.rdzv_endpoint}", f"--rdzv-id={cfg.rdzv_id}"]
+        cmd += [
+            f"--nnodes={cfg.nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={cfg.rdzv_endpoint}",
+            f"--rdzv-id={cfg.rdzv_id}",
+        ]
     # the agent wakes every monitor interval (a store round trip on c10d): once a second keeps it off the
     # ranks' cores on small machines, and a dead rank is still noticed within a second
-    return [*cmd, "--max-restarts=0", f"--monitor-interval={MONITOR_INTERVAL_S}", "-m", "harness.train.rank", str(spec_path)]
+    return [
+        *cmd,
+        "--max-restarts=0",
+        f"--monitor-interval={MONITOR_INTERVAL_S}",
+        "-m",
+        "harness.train.rank",
+        str(spec_path),
+    ]
 
 
 # ---- Supervising ----
@@ -194,7 +210,12 @@ def reap_token_processes(token: str, wait_s: float) -> list[int]:
 
 
 def supervise(
-    cmd: list[str], out_dir: Path, budget: BudgetConfig, log_path: Path, env: dict[str, str], token: str,
+    cmd: list[str],
+    out_dir: Path,
+    budget: BudgetConfig,
+    log_path: Path,
+    env: dict[str, str],
+    token: str,
     leftover_wait_s: float = 0.0,
 ) -> PhaseOutcome:
     """Run `cmd` in its own session, enforce the deadlines, append its output to `log_path`.
@@ -225,11 +246,24 @@ def supervise(
         off = max(off, min(m["off"], budget.warmup_max_s))
 
     timed = math.isfinite(budget.train_s)
-    bar = tqdm(total=round(budget.train_s) if timed else None, desc="train", unit="s", disable=None, leave=False,
-               bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s of the budget" if timed else None)
+    bar = tqdm(
+        total=round(budget.train_s) if timed else None,
+        desc="train",
+        unit="s",
+        disable=None,
+        leave=False,
+        bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s of the budget" if timed else None,
+    )
     with open(log_path, "ab") as log, bar:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env, cwd=out_dir)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+            cwd=out_dir,
+        )
         status, detail = "ok", ""
         while proc.poll() is None:
             now = time.time()
@@ -237,11 +271,18 @@ def supervise(
             if start is not None:  # progress on the harness's clock (the supervisor's view of it)
                 bar.n = min(max(now - start - off, 0.0), budget.train_s) if timed else now - start - off
                 bar.refresh()
-            deadline = t_launch + budget.startup_s if start is None else start + off + budget.train_s + budget.grace_s
+            deadline = (
+                t_launch + budget.startup_s
+                if start is None
+                else start + off + budget.train_s + budget.grace_s
+            )
             if now > deadline:
                 status = "over_budget"
-                detail = ("the training clock never started within budget.startup_s" if start is None else
-                          f"training ran past budget.train_s + budget.grace_s = {budget.train_s + budget.grace_s:.1f} s")
+                detail = (
+                    "the training clock never started within budget.startup_s"
+                    if start is None
+                    else f"training ran past budget.train_s + budget.grace_s = {budget.train_s + budget.grace_s:.1f} s"
+                )
                 kill_session(proc, signal.SIGKILL)  # the grace period was the chance to stop cleanly
                 break
             time.sleep(POLL_S)
@@ -252,8 +293,12 @@ def supervise(
     if status == "ok" and proc.returncode != 0:
         status, detail = "error", f"torchrun exited with status {proc.returncode}"
     return PhaseOutcome(
-        status, proc.returncode, t_end - t_launch, detail,
+        status,
+        proc.returncode,
+        t_end - t_launch,
+        detail,
         startup_s=None if start is None else start - t_launch,
         clock_to_exit_s=None if start is None else t_end - start - off,
-        off_clock_s=off, leftover_pids=leftovers,
+        off_clock_s=off,
+        leftover_pids=leftovers,
     )

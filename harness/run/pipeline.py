@@ -101,7 +101,10 @@ def run_pipeline(
         raise FileExistsError(f"run folder {run_dir} already exists and is not empty; pass a new --out")
     run_dir.mkdir(parents=True, exist_ok=True)
     run_dir = run_dir.resolve()
-    write_json_atomic(run_dir / "config.json", {"format": "pg-config", "format_version": 1, "preset": preset, "tables": cfg.tables})
+    write_json_atomic(
+        run_dir / "config.json",
+        {"format": "pg-config", "format_version": 1, "preset": preset, "tables": cfg.tables},
+    )
     phases: dict[str, Any] = {}
 
     # ---- 1. data ----
@@ -109,12 +112,17 @@ def run_pipeline(
     data_root = Path(data_dir).resolve() if data_dir else ensure_embedded_dataset()
     manifest = load_manifest(data_root)
     phases["data"] = {"dir": str(data_root), "time_s": time.perf_counter() - t0}
-    print(f"[data] {data_root} ({manifest.split_tokens('train'):,} train / {manifest.split_tokens('val'):,} val tokens)", flush=True)
+    print(
+        f"[data] {data_root} ({manifest.split_tokens('train'):,} train / {manifest.split_tokens('val'):,} val tokens)",
+        flush=True,
+    )
     # the scorer would refuse this code after training: say so before spending the training budget
     problems = lint_scored_code(submission_dir)
     if problems:
         phases["code_check"] = {"status": "illegal", "problems": problems}
-        detail = "code check failed: the scorer refuses this submission's scored code:\n  " + "\n  ".join(problems[:12])
+        detail = "code check failed: the scorer refuses this submission's scored code:\n  " + "\n  ".join(
+            problems[:12]
+        )
         print(detail, file=sys.stderr)
         return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="illegal")
 
@@ -123,33 +131,84 @@ def run_pipeline(
         # ---- 2. train ----
         # staged in its own folder (train view, submission copy, spec), sandboxed, supervised: harness/run/train_phase.py
         phases["train"] = run_train_phase(
-            submission_dir=submission_dir, data_root=data_root, run_dir=run_dir, stage_root=views, model_config=cfg.model,
-            hparams=cfg.train, seed=run_cfg.seed, budget=budget, launch=launch, device=device,
-            train_shards=cfg.section("data").train_shards, base_env=_subprocess_env(),
+            submission_dir=submission_dir,
+            data_root=data_root,
+            run_dir=run_dir,
+            stage_root=views,
+            model_config=cfg.model,
+            hparams=cfg.train,
+            seed=run_cfg.seed,
+            budget=budget,
+            launch=launch,
+            device=device,
+            train_shards=cfg.section("data").train_shards,
+            base_env=_subprocess_env(),
         )
         if phases["train"]["status"] != "ok":
-            return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=phases["train"]["status"],
-                           hint=_tail(run_dir / "train.log"))
-        if phases["train"].get("role") == "secondary_node":  # several nodes: the node of global rank 0 packs and scores
-            write_json_atomic(run_dir / "train_phase.json", {"format": "pg-train-phase", "format_version": 1, **phases["train"]})
-            print(f"[train] done on this node (not the node of rank 0); its record: {run_dir / 'train_phase.json'}", flush=True)
+            return _finish(
+                run_dir,
+                cfg,
+                meta,
+                track,
+                phases,
+                manifest,
+                ledger,
+                t_pipeline,
+                status=phases["train"]["status"],
+                hint=_tail(run_dir / "train.log"),
+            )
+        if (
+            phases["train"].get("role") == "secondary_node"
+        ):  # several nodes: the node of global rank 0 packs and scores
+            write_json_atomic(
+                run_dir / "train_phase.json",
+                {"format": "pg-train-phase", "format_version": 1, **phases["train"]},
+            )
+            print(
+                f"[train] done on this node (not the node of rank 0); its record: {run_dir / 'train_phase.json'}",
+                flush=True,
+            )
             return {"status": "ok", "role": "secondary_node", "phases": phases}
 
         # ---- 3. pack ----
         artifact = run_dir / "artifact.pgolf"
-        cmd = [sys.executable, "-m", "harness.cli", "pack", str(run_dir / STATE_FILE), "--submission", str(submission_dir),
-               "--out", str(artifact), "--codec", cfg.section("pack").codec, "--cap-bytes", str(track.cap_bytes),
-               "--json-out", str(run_dir / "pack.json")]
-        if cfg.section("pack").codec == "submission":  # its encode is training-side code: on the clock, sandboxed
+        cmd = [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "pack",
+            str(run_dir / STATE_FILE),
+            "--submission",
+            str(submission_dir),
+            "--out",
+            str(artifact),
+            "--codec",
+            cfg.section("pack").codec,
+            "--cap-bytes",
+            str(track.cap_bytes),
+            "--json-out",
+            str(run_dir / "pack.json"),
+        ]
+        if (
+            cfg.section("pack").codec == "submission"
+        ):  # its encode is training-side code: on the clock, sandboxed
             returncode, sealed = run_sealed_pack(
-                run_dir=run_dir, submission_dir=submission_dir, data_root=data_root, budget=budget, launch=launch,
-                train_time_s=phases["train"]["train_time_s"], cap_bytes=track.cap_bytes, log_path=run_dir / "pack.log",
+                run_dir=run_dir,
+                submission_dir=submission_dir,
+                data_root=data_root,
+                budget=budget,
+                launch=launch,
+                train_time_s=phases["train"]["train_time_s"],
+                cap_bytes=track.cap_bytes,
+                log_path=run_dir / "pack.log",
                 base_env=_subprocess_env(),
             )
             phases["train"]["codec_encode"] = sealed
             if sealed["status"] != "ok":
                 phases["train"].update(status=sealed["status"], detail=sealed.get("detail", ""))
-                return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=sealed["status"])
+                return _finish(
+                    run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=sealed["status"]
+                )
             proc = subprocess.CompletedProcess(cmd, returncode)
         else:
             proc = _run_phase("pack", cmd, run_dir / "pack.log")
@@ -167,11 +226,37 @@ def run_pipeline(
         ev = cfg.section("eval").to_eval_config(track.eval_max_tokens)
         score_out = views / "score_out" / "score.json"  # the one folder the confined scorer may write
         score_out.parent.mkdir()
-        cmd = [sys.executable, "-m", "scoring", "score", str(artifact), "--submission", str(staged), "--data", str(val_view),
-               "--mode", ev.mode, "--seq-len", str(ev.seq_len), "--batch-seqs", str(ev.batch_seqs),
-               "--max-tokens", str(ev.max_tokens or 0), "--dtype", ev.dtype, "--device", device,
-               "--threads", str(os.cpu_count() or 1), "--adapt-chunk-tokens", str(ev.adapt_chunk_tokens),
-               "--json-out", str(score_out), "--protect", str(data_root)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "scoring",
+            "score",
+            str(artifact),
+            "--submission",
+            str(staged),
+            "--data",
+            str(val_view),
+            "--mode",
+            ev.mode,
+            "--seq-len",
+            str(ev.seq_len),
+            "--batch-seqs",
+            str(ev.batch_seqs),
+            "--max-tokens",
+            str(ev.max_tokens or 0),
+            "--dtype",
+            ev.dtype,
+            "--device",
+            device,
+            "--threads",
+            str(os.cpu_count() or 1),
+            "--adapt-chunk-tokens",
+            str(ev.adapt_chunk_tokens),
+            "--json-out",
+            str(score_out),
+            "--protect",
+            str(data_root),
+        ]
         if launch.sandbox == "off":  # the whole run is unsandboxed on purpose: so is the scorer (recorded)
             cmd.append("--no-confine")
         if ev.stride:
@@ -182,7 +267,17 @@ def run_pipeline(
             # a failed legality probe or score-first check is a verdict on the entry, not a crash
             illegal = any(k in log for k in ("probe failed", "score-first", "code check failed"))
             phases["score"] = {"status": "illegal" if illegal else "error", "detail": log}
-            return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=phases["score"]["status"])
+            return _finish(
+                run_dir,
+                cfg,
+                meta,
+                track,
+                phases,
+                manifest,
+                ledger,
+                t_pipeline,
+                status=phases["score"]["status"],
+            )
         phases["score"] = read_json(score_out)
         write_json_atomic(run_dir / "score.json", phases["score"])
         over_eval = phases["score"]["eval_time_s"] > track.eval_budget_s
@@ -190,8 +285,19 @@ def run_pipeline(
         return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=status)
 
 
-def _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, *, status: str, hint: str = "") -> dict[str, Any]:
-    result = build_result(run_dir, cfg, meta, track, phases, manifest, status=status, pipeline_s=time.perf_counter() - t_pipeline)
+def _finish(
+    run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, *, status: str, hint: str = ""
+) -> dict[str, Any]:
+    result = build_result(
+        run_dir,
+        cfg,
+        meta,
+        track,
+        phases,
+        manifest,
+        status=status,
+        pipeline_s=time.perf_counter() - t_pipeline,
+    )
     write_result(run_dir, result, Path(ledger) if ledger else run_dir.parent / "ledger.jsonl")
     print_card(result)
     if status != "ok" and hint:

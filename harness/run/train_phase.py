@@ -63,13 +63,22 @@ def compile_cache_dir(out: Path) -> Path:
     (and from anything else that writes there), so it is opt-in. Compiling happens in the off-clock
     warm-up, so a cold cache costs wall time, not budget.
     """
-    return Path(os.environ["PGOLF_COMPILE_CACHE"]) if os.environ.get("PGOLF_COMPILE_CACHE") else out / "compile"
+    return (
+        Path(os.environ["PGOLF_COMPILE_CACHE"]) if os.environ.get("PGOLF_COMPILE_CACHE") else out / "compile"
+    )
 
 
 def worker_import_path(env: dict[str, str], cwd: Path) -> list[str]:
     """sys.path as the ranks' interpreter will have it, with their environment (no '' entry)."""
-    r = subprocess.run([sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"], capture_output=True,
-                       text=True, env=env, cwd=cwd, timeout=60, check=True)
+    r = subprocess.run(
+        [sys.executable, "-c", "import json, sys; print(json.dumps(sys.path[1:]))"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=60,
+        check=True,
+    )
     return [p for p in json.loads(r.stdout) if p]
 
 
@@ -77,12 +86,23 @@ def phase_env(base: dict[str, str], out: Path, token: str, threads: int) -> dict
     """The training processes' environment: no hint of where the data lives; caches and temp files in OUT."""
     env = {k: v for k, v in base.items() if k not in SCRUBBED_ENV}
     cache = compile_cache_dir(out)
-    extra = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.realpath(p) != str(PROJECT_ROOT)]
+    extra = [
+        p
+        for p in base.get("PYTHONPATH", "").split(os.pathsep)
+        if p and os.path.realpath(p) != str(PROJECT_ROOT)
+    ]
     env.update(
-        PYTHONPATH=os.pathsep.join([str(PROJECT_ROOT), *extra]), PYTHONDONTWRITEBYTECODE="1", PYTHONUSERBASE=site.getuserbase(),
-        HOME=str(out / "home"), TMPDIR=str(out / "tmp"), XDG_CACHE_HOME=str(out / "cache"),
-        TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), TRITON_CACHE_DIR=str(cache / "triton"),
-        CUDA_CACHE_PATH=str(cache / "nv"), OMP_NUM_THREADS=str(threads), **{TOKEN_ENV: token},
+        PYTHONPATH=os.pathsep.join([str(PROJECT_ROOT), *extra]),
+        PYTHONDONTWRITEBYTECODE="1",
+        PYTHONUSERBASE=site.getuserbase(),
+        HOME=str(out / "home"),
+        TMPDIR=str(out / "tmp"),
+        XDG_CACHE_HOME=str(out / "cache"),
+        TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
+        TRITON_CACHE_DIR=str(cache / "triton"),
+        CUDA_CACHE_PATH=str(cache / "nv"),
+        OMP_NUM_THREADS=str(threads),
+        **{TOKEN_ENV: token},
     )
     for d in ("home", "tmp", "cache"):
         (out / d).mkdir(parents=True, exist_ok=True)
@@ -114,14 +134,18 @@ def rank_failures(log_text: str) -> list[dict[str, Any]]:
     return [found[r] for r in sorted(found)]
 
 
-def _probe(plan: SandboxPlan, policy: Path, env: dict[str, str], paths: dict[str, Path], cwd: Path) -> tuple[dict[str, str], list[str]]:
+def _probe(
+    plan: SandboxPlan, policy: Path, env: dict[str, str], paths: dict[str, Path], cwd: Path
+) -> tuple[dict[str, str], list[str]]:
     """Try to read each path from inside the sandbox: the check that the plan holds on this machine.
 
     Returns what each read got and the warnings of layers the kernel refused.
     """
     cmd = plan.wrap([sys.executable, "-m", "isolation.sandbox", "probe", *map(str, paths.values())], policy)
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=60, check=False)
-    warnings = [line[len(WARNING_PREFIX):] for line in r.stderr.splitlines() if line.startswith(WARNING_PREFIX)]
+    warnings = [
+        line[len(WARNING_PREFIX) :] for line in r.stderr.splitlines() if line.startswith(WARNING_PREFIX)
+    ]
     try:
         got = json.loads(r.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -130,9 +154,20 @@ def _probe(plan: SandboxPlan, policy: Path, env: dict[str, str], paths: dict[str
 
 
 def run_train_phase(
-    *, submission_dir: Path, data_root: Path, run_dir: Path, stage_root: Path, model_config: dict[str, Any],
-    hparams: dict[str, Any], seed: int, budget: BudgetConfig, launch: LaunchConfig, device: str, train_shards: int = 0,
-    save_state: bool = True, base_env: dict[str, str] | None = None,
+    *,
+    submission_dir: Path,
+    data_root: Path,
+    run_dir: Path,
+    stage_root: Path,
+    model_config: dict[str, Any],
+    hparams: dict[str, Any],
+    seed: int,
+    budget: BudgetConfig,
+    launch: LaunchConfig,
+    device: str,
+    train_shards: int = 0,
+    save_state: bool = True,
+    base_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Stage, sandbox, launch and supervise the train phase; returns its record (also the phase's status)."""
     stage = stage_root / "train-phase"
@@ -145,45 +180,92 @@ def run_train_phase(
     val_shards = manifest.shard_paths("val")
     (stage / "spec.json").touch()  # a rule needs the file to exist; written below, once the plan is known
     token = secrets.token_hex(8)
-    env = phase_env(base_env if base_env is not None else dict(os.environ), out, token, launch.threads_per_rank())
+    env = phase_env(
+        base_env if base_env is not None else dict(os.environ), out, token, launch.threads_per_rank()
+    )
     plan = plan_sandbox(
-        mode=launch.sandbox, network=launch.network, device=device, multi_node=launch.nnodes > 1, project_root=PROJECT_ROOT,
-        read_paths=[train_view, staged_sub, stage / "spec.json"], write_paths=[out, compile_cache_dir(out)],
-        protected=[data_root, *val_shards], private=[stage_root], import_path=worker_import_path(env, out),
+        mode=launch.sandbox,
+        network=launch.network,
+        device=device,
+        multi_node=launch.nnodes > 1,
+        project_root=PROJECT_ROOT,
+        read_paths=[train_view, staged_sub, stage / "spec.json"],
+        write_paths=[out, compile_cache_dir(out)],
+        protected=[data_root, *val_shards],
+        private=[stage_root],
+        import_path=worker_import_path(env, out),
         extra_read=[p for p in launch.sandbox_read_paths.split(os.pathsep) if p],
     )
     if "net" in plan.namespaces:
         env.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
     policy = run_dir / "sandbox_policy.json"
     spec = {
-        "format": SPEC_FORMAT, "format_version": SPEC_FORMAT_VERSION, "submission_dir": str(staged_sub),
-        "data_dir": str(train_view), "out_dir": str(out), "model_config": model_config, "hparams": hparams, "seed": seed,
-        "budget_s": budget.train_s, "warmup_max_s": budget.warmup_max_s, "device": device,
-        "threads": launch.threads_per_rank(), "train_shards": train_shards, "save_state": save_state,
-        "monitor_rules": [{"path": r.path, "access": r.access} for r in plan.rules] if plan.mode != "off" else None,
+        "format": SPEC_FORMAT,
+        "format_version": SPEC_FORMAT_VERSION,
+        "submission_dir": str(staged_sub),
+        "data_dir": str(train_view),
+        "out_dir": str(out),
+        "model_config": model_config,
+        "hparams": hparams,
+        "seed": seed,
+        "budget_s": budget.train_s,
+        "warmup_max_s": budget.warmup_max_s,
+        "device": device,
+        "threads": launch.threads_per_rank(),
+        "train_shards": train_shards,
+        "save_state": save_state,
+        "monitor_rules": [{"path": r.path, "access": r.access} for r in plan.rules]
+        if plan.mode != "off"
+        else None,
     }
     (stage / "spec.json").write_text(json.dumps(spec, indent=1), encoding="utf-8")
     isolation: dict[str, Any] = plan.describe()
     if plan.mode != "off":
-        probes = {"validation_shard": val_shards[0], "dataset_manifest": data_root / "manifest.json",
-                  "train_view_manifest": train_view / "manifest.json"} if val_shards else {}
+        probes = (
+            {
+                "validation_shard": val_shards[0],
+                "dataset_manifest": data_root / "manifest.json",
+                "train_view_manifest": train_view / "manifest.json",
+            }
+            if val_shards
+            else {}
+        )
         isolation["probe"], refused = _probe(plan, policy, env, probes, out) if probes else ({}, [])
         isolation["warnings"] += refused
-        isolation["verified"] = bool(probes) and isolation["probe"].get("train_view_manifest") == "read" and all(
-            v == "PermissionError" for k, v in isolation["probe"].items() if k != "train_view_manifest")
+        isolation["verified"] = (
+            bool(probes)
+            and isolation["probe"].get("train_view_manifest") == "read"
+            and all(
+                v == "PermissionError" for k, v in isolation["probe"].items() if k != "train_view_manifest"
+            )
+        )
         if not isolation["verified"]:
-            isolation["warnings"].append(f"the sandbox did not hold on this machine (probe: {isolation['probe']})")
+            isolation["warnings"].append(
+                f"the sandbox did not hold on this machine (probe: {isolation['probe']})"
+            )
         if launch.sandbox == "required" and not isolation["verified"]:
-            raise RuntimeError(f"launch.sandbox = 'required' but the sandbox did not hold: {isolation['probe']}")
+            raise RuntimeError(
+                f"launch.sandbox = 'required' but the sandbox did not hold: {isolation['probe']}"
+            )
     else:
         isolation["verified"] = False
     log_path = run_dir / "train.log"
-    print(f"[train] {launch.nnodes}x{launch.nproc_per_node} rank(s) on {device}, budget {budget.train_s:.0f} s, "
-          f"sandbox: {'landlock' if plan.landlock else 'no landlock'}"
-          f"{', ' + '+'.join(plan.namespaces) + ' namespaces' if plan.namespaces else ''}"
-          f", verified {isolation['verified']}", flush=True)
-    outcome = supervise(plan.wrap(torchrun_command(launch, stage / "spec.json"), policy), out, budget, log_path, env, token,
-                        leftover_wait_s=LEFTOVER_WAIT_S if "pid" in plan.namespaces else 0.0)
+    print(
+        f"[train] {launch.nnodes}x{launch.nproc_per_node} rank(s) on {device}, budget {budget.train_s:.0f} s, "
+        f"sandbox: {'landlock' if plan.landlock else 'no landlock'}"
+        f"{', ' + '+'.join(plan.namespaces) + ' namespaces' if plan.namespaces else ''}"
+        f", verified {isolation['verified']}",
+        flush=True,
+    )
+    outcome = supervise(
+        plan.wrap(torchrun_command(launch, stage / "spec.json"), policy),
+        out,
+        budget,
+        log_path,
+        env,
+        token,
+        leftover_wait_s=LEFTOVER_WAIT_S if "pid" in plan.namespaces else 0.0,
+    )
     _collect(out, run_dir)
     shutil.rmtree(stage, ignore_errors=True)
     log_text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
@@ -191,12 +273,22 @@ def run_train_phase(
     isolation["attempts"] = attempts
     isolation["attempts_from_submission"] = sum(1 for a in attempts if a.get("submission_frame"))
     record: dict[str, Any] = {
-        "status": outcome.status, "wall_s": outcome.wall_s, "detail": outcome.detail, "returncode": outcome.returncode,
-        "startup_s": outcome.startup_s, "clock_to_exit_s": outcome.clock_to_exit_s,
-        "off_clock_accepted_s": outcome.off_clock_s, "leftover_processes_killed": len(outcome.leftover_pids),
+        "status": outcome.status,
+        "wall_s": outcome.wall_s,
+        "detail": outcome.detail,
+        "returncode": outcome.returncode,
+        "startup_s": outcome.startup_s,
+        "clock_to_exit_s": outcome.clock_to_exit_s,
+        "off_clock_accepted_s": outcome.off_clock_s,
+        "leftover_processes_killed": len(outcome.leftover_pids),
         "process_token": token,
-        "launch": {"nproc_per_node": launch.nproc_per_node, "nnodes": launch.nnodes, "rdzv_endpoint": launch.rdzv_endpoint,
-                   "device": device, "threads_per_rank": launch.threads_per_rank()},
+        "launch": {
+            "nproc_per_node": launch.nproc_per_node,
+            "nnodes": launch.nnodes,
+            "rdzv_endpoint": launch.rdzv_endpoint,
+            "device": device,
+            "threads_per_rank": launch.threads_per_rank(),
+        },
         "isolation": isolation,
     }
     train_json = run_dir / TRAIN_RECORD
@@ -205,15 +297,24 @@ def run_train_phase(
             record.update(status="error", detail="training exited 0 but wrote no train.json")
         else:
             worker = json.loads(train_json.read_text(encoding="utf-8"))
-            record.update({k: v for k, v in worker.items() if k not in ("status", "format", "format_version")})
+            record.update(
+                {k: v for k, v in worker.items() if k not in ("status", "format", "format_version")}
+            )
             if worker.get("ticks_after_stop") or worker.get("batches_after_stop"):
-                record.update(status="over_budget", detail=(
-                    f"kept training after the clock said stop ({worker.get('batches_after_stop')} batches, "
-                    f"{worker.get('ticks_after_stop')} ticks after the stop reading)"))
+                record.update(
+                    status="over_budget",
+                    detail=(
+                        f"kept training after the clock said stop ({worker.get('batches_after_stop')} batches, "
+                        f"{worker.get('ticks_after_stop')} ticks after the stop reading)"
+                    ),
+                )
             elif worker.get("role") == "main" and save_state and not (run_dir / STATE_FILE).is_file():
                 record.update(status="error", detail="training wrote no state")
     if record["status"] != "ok":
-        record["errors"] = {p.name: p.read_text(errors="replace")[-4000:] for p in sorted(run_dir.glob("train_error_rank*.txt"))}
+        record["errors"] = {
+            p.name: p.read_text(errors="replace")[-4000:]
+            for p in sorted(run_dir.glob("train_error_rank*.txt"))
+        }
         record["rank_failures"] = rank_failures(log_text)
         killed = [f"rank {f['rank']} killed by {f['signal']}" for f in record["rank_failures"] if f["signal"]]
         if killed and outcome.status == "error":
@@ -225,8 +326,16 @@ def run_train_phase(
 
 
 def run_sealed_pack(
-    *, run_dir: Path, submission_dir: Path, data_root: Path, budget: BudgetConfig, launch: LaunchConfig, train_time_s: float,
-    cap_bytes: int, log_path: Path, base_env: dict[str, str] | None = None,
+    *,
+    run_dir: Path,
+    submission_dir: Path,
+    data_root: Path,
+    budget: BudgetConfig,
+    launch: LaunchConfig,
+    train_time_s: float,
+    cap_bytes: int,
+    log_path: Path,
+    base_env: dict[str, str] | None = None,
 ) -> tuple[int | None, dict[str, Any]]:
     """`pgolf pack --codec submission`, sandboxed like training, killed when the training budget (+ grace) runs out.
 
@@ -242,22 +351,52 @@ def run_sealed_pack(
         shutil.copy2(run_dir / STATE_FILE, stage / STATE_FILE)
         manifest = load_manifest(data_root)
         token = secrets.token_hex(8)
-        env = phase_env(base_env if base_env is not None else dict(os.environ), out, token, launch.threads_per_rank())
+        env = phase_env(
+            base_env if base_env is not None else dict(os.environ), out, token, launch.threads_per_rank()
+        )
         plan = plan_sandbox(
-            mode=launch.sandbox, network=launch.network, device="cpu", multi_node=False, project_root=PROJECT_ROOT,
-            read_paths=[stage / STATE_FILE, submission_dir], write_paths=[out], protected=[data_root, *manifest.shard_paths("val")],
-            private=[stage], import_path=worker_import_path(env, out),
+            mode=launch.sandbox,
+            network=launch.network,
+            device="cpu",
+            multi_node=False,
+            project_root=PROJECT_ROOT,
+            read_paths=[stage / STATE_FILE, submission_dir],
+            write_paths=[out],
+            protected=[data_root, *manifest.shard_paths("val")],
+            private=[stage],
+            import_path=worker_import_path(env, out),
             extra_read=[p for p in launch.sandbox_read_paths.split(os.pathsep) if p],
         )
-        cmd = [sys.executable, "-m", "harness.cli", "pack", str(stage / STATE_FILE), "--submission", str(submission_dir),
-               "--out", str(out / "artifact.pgolf"), "--codec", "submission", "--cap-bytes", str(cap_bytes),
-               "--json-out", str(out / "pack.json")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "pack",
+            str(stage / STATE_FILE),
+            "--submission",
+            str(submission_dir),
+            "--out",
+            str(out / "artifact.pgolf"),
+            "--codec",
+            "submission",
+            "--cap-bytes",
+            str(cap_bytes),
+            "--json-out",
+            str(out / "pack.json"),
+        ]
         allowed_s = max(budget.train_s + budget.grace_s - train_time_s, 0.0)
         print(f"[pack] the submission's codec, sandboxed, {allowed_s:.1f} s left on the clock", flush=True)
         t0 = time.time()
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen(plan.wrap(cmd, run_dir / "pack_sandbox_policy.json"), stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, env=env, cwd=out)
+            proc = subprocess.Popen(
+                plan.wrap(cmd, run_dir / "pack_sandbox_policy.json"),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=env,
+                cwd=out,
+            )
             try:
                 proc.wait(timeout=allowed_s + PACK_STARTUP_S)
                 killed = False
@@ -268,16 +407,29 @@ def run_sealed_pack(
         for name in ("artifact.pgolf", "pack.json"):
             if (out / name).is_file() and not (out / name).is_symlink():
                 shutil.move(str(out / name), str(run_dir / name))
-    record: dict[str, Any] = {"status": "ok", "wall_s": time.time() - t0, "allowed_s": allowed_s,
-                              "leftover_processes_killed": len(leftovers), "isolation": plan.describe()}
+    record: dict[str, Any] = {
+        "status": "ok",
+        "wall_s": time.time() - t0,
+        "allowed_s": allowed_s,
+        "leftover_processes_killed": len(leftovers),
+        "isolation": plan.describe(),
+    }
     if killed:
-        record.update(status="over_budget", detail=f"the codec's encode ran past the training budget + grace ({allowed_s:.1f} s left)")
+        record.update(
+            status="over_budget",
+            detail=f"the codec's encode ran past the training budget + grace ({allowed_s:.1f} s left)",
+        )
     elif (run_dir / "pack.json").is_file():
         pack = json.loads((run_dir / "pack.json").read_text(encoding="utf-8"))
         pack["artifact"] = str(run_dir / "artifact.pgolf")
-        (run_dir / "pack.json").write_text(json.dumps(pack, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        (run_dir / "pack.json").write_text(
+            json.dumps(pack, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+        )
         record["encode_time_s"] = pack.get("encode_time_s")
         record["train_plus_encode_s"] = train_time_s + float(pack.get("encode_time_s") or 0.0)
         if record["train_plus_encode_s"] > budget.train_s + budget.grace_s:
-            record.update(status="over_budget", detail="training + the codec's encode took longer than train_s + grace_s")
+            record.update(
+                status="over_budget",
+                detail="training + the codec's encode took longer than train_s + grace_s",
+            )
     return (None if killed else proc.returncode), record

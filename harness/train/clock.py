@@ -67,7 +67,9 @@ class DataGate:
 
     def next_batch(self, batch_tokens: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._clock.in_warmup:
-            raise RuntimeError("ctx.data is closed during ctx.clock.warmup(): train on the synthetic batch it passes")
+            raise RuntimeError(
+                "ctx.data is closed during ctx.clock.warmup(): train on the synthetic batch it passes"
+            )
         if self._clock.last.stop:
             self.batches_after_stop += 1
         return self._stream.next_batch(batch_tokens, seq_len)
@@ -80,7 +82,9 @@ class DataGate:
 class HarnessClock:
     """Implements harness.api.BudgetClock."""
 
-    def __init__(self, budget_s: float, dist_info: DistInfo, marker_dir: Path | None = None, warmup_max_s: float = 0.0):
+    def __init__(
+        self, budget_s: float, dist_info: DistInfo, marker_dir: Path | None = None, warmup_max_s: float = 0.0
+    ):
         self.budget_s = float(budget_s)
         self.warmup_max_s = float(warmup_max_s)
         self._dist = dist_info
@@ -112,7 +116,15 @@ class HarnessClock:
         if self._marker_dir is None:
             return
         tmp = self._marker_dir / f".{CLOCK_MARKER}.tmp"
-        tmp.write_text(json.dumps({"clock_start_unix_s": self._t0_unix, "off_clock_s": self.off_clock_s, "budget_s": self.budget_s}))
+        tmp.write_text(
+            json.dumps(
+                {
+                    "clock_start_unix_s": self._t0_unix,
+                    "off_clock_s": self.off_clock_s,
+                    "budget_s": self.budget_s,
+                }
+            )
+        )
         os.replace(tmp, self._marker_dir / CLOCK_MARKER)
 
     def sync(self) -> None:
@@ -164,7 +176,9 @@ class HarnessClock:
         if self.warmup_report is not None:
             raise RuntimeError("ctx.clock.warmup() may be called once per run")
         if steps < 0 or batch_tokens <= 0 or batch_tokens % seq_len:
-            raise ValueError(f"warmup: steps >= 0 and batch_tokens a multiple of seq_len, got {steps}, {batch_tokens}, {seq_len}")
+            raise ValueError(
+                f"warmup: steps >= 0 and batch_tokens a multiple of seq_len, got {steps}, {batch_tokens}, {seq_len}"
+            )
         self.sync()
         t0 = time.perf_counter()
         snap = Snapshot(modules, optimizers, self._cuda)
@@ -180,7 +194,9 @@ class HarnessClock:
             snap.restore()
         verified = snap.verify()
         if not verified:
-            raise RuntimeError("warm-up left the weights or optimizer state changed after restoring them; refusing to continue")
+            raise RuntimeError(
+                "warm-up left the weights or optimizer state changed after restoring them; refusing to continue"
+            )
         dur = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
         if self._dist.distributed:  # the least generous rank's duration: all ranks agree
             dev = dur.to(self._dist.device) if self._dist.backend == "nccl" else dur
@@ -205,10 +221,21 @@ class Snapshot:
                     seen.add(id(t))
                     g = t.grad.detach().clone() if t.grad is not None else None
                     self.tensors.append((t, t.detach().clone(), g))
-        self.optimizers = [(o, _clone_state(o.state), [_clone({k: v for k, v in g.items() if k != "params"}) for g in o.param_groups])
-                           for o in optimizers]
+        self.optimizers = [
+            (
+                o,
+                _clone_state(o.state),
+                [_clone({k: v for k, v in g.items() if k != "params"}) for g in o.param_groups],
+            )
+            for o in optimizers
+        ]
         self.cuda = cuda
-        self.rng = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None, random.getstate(), np.random.get_state())
+        self.rng = (
+            torch.get_rng_state(),
+            torch.cuda.get_rng_state_all() if cuda else None,
+            random.getstate(),
+            np.random.get_state(),
+        )
 
     def restore(self) -> None:
         with torch.no_grad():
@@ -223,7 +250,12 @@ class Snapshot:
                     for k in [k for k in cur if k not in saved_state]:
                         del cur[k]
                     for k, v in saved_state.items():
-                        if isinstance(v, torch.Tensor) and isinstance(cur.get(k), torch.Tensor) and cur[k].shape == v.shape and cur[k].dtype == v.dtype:
+                        if (
+                            isinstance(v, torch.Tensor)
+                            and isinstance(cur.get(k), torch.Tensor)
+                            and cur[k].shape == v.shape
+                            and cur[k].dtype == v.dtype
+                        ):
                             cur[k].copy_(v)
                         else:
                             cur[k] = _clone(v)
@@ -247,7 +279,9 @@ class Snapshot:
                 if set(cur) != set(saved_state):
                     return False
                 for k, v in saved_state.items():
-                    if isinstance(v, torch.Tensor) and not (isinstance(cur[k], torch.Tensor) and _bitwise_equal(cur[k], v)):
+                    if isinstance(v, torch.Tensor) and not (
+                        isinstance(cur[k], torch.Tensor) and _bitwise_equal(cur[k], v)
+                    ):
                         return False
         return True
 
@@ -268,5 +302,7 @@ def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     if a.is_floating_point() or a.is_complex():
-        return torch.equal(a.reshape(-1).contiguous().view(torch.uint8), b.reshape(-1).contiguous().view(torch.uint8))
+        return torch.equal(
+            a.reshape(-1).contiguous().view(torch.uint8), b.reshape(-1).contiguous().view(torch.uint8)
+        )
     return torch.equal(a, b)

@@ -104,7 +104,9 @@ def state_of(result: TrainResult | None) -> dict[str, torch.Tensor]:
     elif isinstance(result, Mapping):
         state = dict(result)
     else:
-        raise TypeError(f"train(ctx) returned {type(result).__name__}; return the nn.Module or its state dict")
+        raise TypeError(
+            f"train(ctx) returned {type(result).__name__}; return the nn.Module or its state dict"
+        )
     out = {}
     for k, v in state.items():
         if not isinstance(v, torch.Tensor):
@@ -168,14 +170,24 @@ def main(spec_path: str) -> int:
     manifest = load_manifest(spec["data_dir"])
     paths = train_shard_paths(spec["data_dir"], spec["train_shards"] or None)
     loader = DistributedTokenLoader(paths, info.rank, info.world_size, info.device, pin_memory=True)
-    clock = HarnessClock(spec["budget_s"], info, out_dir if info.local_rank == 0 else None, spec["warmup_max_s"])
+    clock = HarnessClock(
+        spec["budget_s"], info, out_dir if info.local_rank == 0 else None, spec["warmup_max_s"]
+    )
     gate = DataGate(loader, clock)
     log = RankLogger(info.is_main, out_dir)
     scratch = out_dir / "scratch" / f"rank{info.rank}"
     scratch.mkdir(parents=True, exist_ok=True)
     ctx = TrainContext(
-        hparams=spec["hparams"], model_config=spec["model_config"], data=gate, dist=info, clock=clock, log=log,
-        seed=spec["seed"], vocab_size=manifest.vocab_size, submission_dir=Path(spec["submission_dir"]), scratch_dir=scratch,
+        hparams=spec["hparams"],
+        model_config=spec["model_config"],
+        data=gate,
+        dist=info,
+        clock=clock,
+        log=log,
+        seed=spec["seed"],
+        vocab_size=manifest.vocab_size,
+        submission_dir=Path(spec["submission_dir"]),
+        scratch_dir=scratch,
     )
     setup_s = time.perf_counter() - t_enter
     try:
@@ -197,38 +209,50 @@ def main(spec_path: str) -> int:
         if info.distributed:
             os._exit(1)  # a barrier would hang on the other ranks; torchrun stops them
         return 1
-    train_time_s, after_stop, ticks_after = _agree(info, [train_time_s, gate.batches_after_stop, clock.ticks_after_stop])
+    train_time_s, after_stop, ticks_after = _agree(
+        info, [train_time_s, gate.batches_after_stop, clock.ticks_after_stop]
+    )
     save_s = 0.0
     if info.is_main and spec.get("save_state", True):
         from safetensors.torch import save_file
 
         t0 = time.perf_counter()
         tmp = out_dir / f".{STATE_FILE}.tmp"
-        save_file(state, str(tmp), metadata={"model_config": json.dumps(spec["model_config"], sort_keys=True)})
+        save_file(
+            state, str(tmp), metadata={"model_config": json.dumps(spec["model_config"], sort_keys=True)}
+        )
         os.replace(tmp, out_dir / STATE_FILE)
         save_s = time.perf_counter() - t0
     if info.local_rank == 0:
         warm = clock.warmup_report
-        _write_json(out_dir / TRAIN_RECORD, {
-            "format": TRAIN_FORMAT,
-            "format_version": TRAIN_FORMAT_VERSION,
-            "role": "main" if info.is_main else "secondary_node",
-            "status": "ok",
-            "train_time_s": train_time_s,
-            "off_clock_s": clock.off_clock_s,
-            "warmup": warm._asdict() if warm else None,
-            "steps": clock.steps,
-            "stopped_by_clock": clock.last.stop,
-            "ticks_after_stop": int(ticks_after),
-            "batches_after_stop": int(after_stop),
-            "tokens_seen": loader.tokens_consumed,
-            **loader.describe(),
-            "backend": info.backend,
-            "device": str(info.device.type),
-            "threads_per_rank": torch.get_num_threads(),
-            "phase_times_s": {"setup": setup_s, "train": train_time_s, "off_clock": clock.off_clock_s, "save": save_s},
-            "process": _process_facts(),
-        })
+        _write_json(
+            out_dir / TRAIN_RECORD,
+            {
+                "format": TRAIN_FORMAT,
+                "format_version": TRAIN_FORMAT_VERSION,
+                "role": "main" if info.is_main else "secondary_node",
+                "status": "ok",
+                "train_time_s": train_time_s,
+                "off_clock_s": clock.off_clock_s,
+                "warmup": warm._asdict() if warm else None,
+                "steps": clock.steps,
+                "stopped_by_clock": clock.last.stop,
+                "ticks_after_stop": int(ticks_after),
+                "batches_after_stop": int(after_stop),
+                "tokens_seen": loader.tokens_consumed,
+                **loader.describe(),
+                "backend": info.backend,
+                "device": str(info.device.type),
+                "threads_per_rank": torch.get_num_threads(),
+                "phase_times_s": {
+                    "setup": setup_s,
+                    "train": train_time_s,
+                    "off_clock": clock.off_clock_s,
+                    "save": save_s,
+                },
+                "process": _process_facts(),
+            },
+        )
     if info.distributed:
         dist.barrier()  # without it, gloo ranks tearing down at once can crash at exit
         dist.destroy_process_group()

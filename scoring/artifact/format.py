@@ -34,7 +34,17 @@ ARTIFACT_FORMAT = "pg-artifact"
 ARTIFACT_VERSION = 1
 _PREFIX = struct.Struct("<8sII")
 HEADER_KEYS = frozenset(
-    {"format", "format_version", "codec", "model_config", "code_files", "bytes_code", "tensors", "payload_bytes", "payload_sha256"}
+    {
+        "format",
+        "format_version",
+        "codec",
+        "model_config",
+        "code_files",
+        "bytes_code",
+        "tensors",
+        "payload_bytes",
+        "payload_sha256",
+    }
 )
 
 
@@ -57,7 +67,13 @@ class Artifact:
 
 
 def build_header(
-    state: StateDict, codec: Codec, payload: bytes, *, model_config: dict, code_files: dict[str, str], bytes_code: int,
+    state: StateDict,
+    codec: Codec,
+    payload: bytes,
+    *,
+    model_config: dict,
+    code_files: dict[str, str],
+    bytes_code: int,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
@@ -67,7 +83,10 @@ def build_header(
         "model_config": model_config,
         "code_files": code_files,
         "bytes_code": bytes_code,
-        "tensors": {k: {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")} for k, v in state.items()},
+        "tensors": {
+            k: {"shape": list(v.shape), "dtype": str(v.dtype).removeprefix("torch.")}
+            for k, v in state.items()
+        },
         "payload_bytes": len(payload),
         "payload_sha256": sha256_bytes(payload),
         **(extra or {}),
@@ -98,7 +117,9 @@ def read_artifact(path: str | os.PathLike[str]) -> Artifact:
     if magic != ARTIFACT_MAGIC:
         raise ArtifactError(f"{path} is not a pgolf artifact (magic {magic!r}); make one with `pgolf pack`")
     if version != ARTIFACT_VERSION:
-        raise ArtifactError(f"{path} has artifact format_version {version}; this scorer reads {ARTIFACT_VERSION}")
+        raise ArtifactError(
+            f"{path} has artifact format_version {version}; this scorer reads {ARTIFACT_VERSION}"
+        )
     if _PREFIX.size + hlen > len(data):
         raise ArtifactError(f"{path}: header length {hlen} runs past the end of the file (truncated?)")
     try:
@@ -126,7 +147,9 @@ def check_code_hashes(artifact: Artifact, submission_dir: Path) -> None:
                 "score with the submission folder the artifact was packed from"
             )
     if MODEL_FILE not in artifact.header.get("code_files", {}):
-        raise ArtifactError(f"the artifact records no {MODEL_FILE}; it was not packed from a submission folder")
+        raise ArtifactError(
+            f"the artifact records no {MODEL_FILE}; it was not packed from a submission folder"
+        )
 
 
 def artifact_codec(artifact: Artifact, submission_dir: str | os.PathLike[str] | None) -> Codec:
@@ -151,9 +174,13 @@ def decode_state(artifact: Artifact, codec: Codec) -> StateDict:
     want = artifact.header["tensors"]
     if set(state) != set(want):
         missing, extra = sorted(set(want) - set(state)), sorted(set(state) - set(want))
-        raise ArtifactError(f"codec {codec.name} decoded the wrong tensors: missing {missing[:5]}, unexpected {extra[:5]}")
+        raise ArtifactError(
+            f"codec {codec.name} decoded the wrong tensors: missing {missing[:5]}, unexpected {extra[:5]}"
+        )
     for name, meta in want.items():
         t = state[name]
         if list(t.shape) != meta["shape"]:
-            raise ArtifactError(f"codec {codec.name} decoded {name} with shape {list(t.shape)}, header says {meta['shape']}")
+            raise ArtifactError(
+                f"codec {codec.name} decoded {name} with shape {list(t.shape)}, header says {meta['shape']}"
+            )
     return {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in state.items()}

@@ -64,7 +64,9 @@ def pack_state(
     t0 = time.perf_counter()
     payload = codec.encode({k: v.detach().cpu().contiguous() for k, v in state.items()})
     encode_s = time.perf_counter() - t0
-    header = build_header(state, codec, payload, model_config=model_config, code_files=files, bytes_code=n_code)
+    header = build_header(
+        state, codec, payload, model_config=model_config, code_files=files, bytes_code=n_code
+    )
     n_model = write_artifact(out, header, payload)
     check = CapCheck(n_code, n_model, cap_bytes)
     record = {
@@ -83,15 +85,20 @@ def pack_state(
 
 
 def unpack_artifact(
-    artifact_path: str | os.PathLike[str], out: str | os.PathLike[str], submission_dir: str | os.PathLike[str] | None = None
+    artifact_path: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    submission_dir: str | os.PathLike[str] | None = None,
 ) -> StateDict:
     """Decode an artifact and write the dequantized tensors as safetensors (a standard format)."""
     artifact = read_artifact(artifact_path)
     state = decode_state(artifact, artifact_codec(artifact, submission_dir))
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(out).with_name(f".{Path(out).name}.tmp")
-    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp),
-              metadata={"model_config": json.dumps(artifact.model_config, sort_keys=True)})
+    save_file(
+        {k: v.contiguous() for k, v in state.items()},
+        str(tmp),
+        metadata={"model_config": json.dumps(artifact.model_config, sort_keys=True)},
+    )
     os.replace(tmp, out)
     return state
 

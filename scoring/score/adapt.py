@@ -90,10 +90,14 @@ class ScoreFirstAdapter:
         model.eval()
         self._snapshot = [t.detach().clone() for _, t in _state_tensors(model)]
 
-    def after_chunk(self, model: nn.Module, chunk: int, scored_tokens: np.ndarray, first_position: int) -> None:
+    def after_chunk(
+        self, model: nn.Module, chunk: int, scored_tokens: np.ndarray, first_position: int
+    ) -> None:
         tensors = _state_tensors(model)
         if len(tensors) != len(self._snapshot):
-            raise AdaptationViolation(f"the model added or removed tensors while chunk {chunk} was being scored")
+            raise AdaptationViolation(
+                f"the model added or removed tensors while chunk {chunk} was being scored"
+            )
         for (name, t), old in zip(tensors, self._snapshot, strict=False):
             if t.shape != old.shape or not torch.equal(t.detach(), old):
                 raise AdaptationViolation(

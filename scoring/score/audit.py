@@ -97,7 +97,9 @@ def speller_for(tok: Tokenizer) -> Speller:
                 raw.append(piece.replace(SPACE_MARK, " ").encode("utf-8"))
                 lead[i] = piece.startswith(SPACE_MARK)
         return Speller(raw, lead, pieces, lambda ids: sp.decode([int(i) for i in ids], out_type=bytes))
-    raise ValueError(f"the tokenizer audit reads SentencePiece and byte260 tokenizers, not {type(tok).__name__}")
+    raise ValueError(
+        f"the tokenizer audit reads SentencePiece and byte260 tokenizers, not {type(tok).__name__}"
+    )
 
 
 @dataclass(frozen=True)
@@ -138,11 +140,18 @@ class AuditReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "format": AUDIT_FORMAT, "format_version": AUDIT_FORMAT_VERSION, "passed": self.passed,
-            "docs": self.docs, "tokens": self.tokens, "table_bytes": self.table_bytes, "spelled_bytes": self.spelled_bytes,
-            "mismatched_docs": self.mismatched_docs, "decode_checked_docs": self.decode_checked_docs,
+            "format": AUDIT_FORMAT,
+            "format_version": AUDIT_FORMAT_VERSION,
+            "passed": self.passed,
+            "docs": self.docs,
+            "tokens": self.tokens,
+            "table_bytes": self.table_bytes,
+            "spelled_bytes": self.spelled_bytes,
+            "mismatched_docs": self.mismatched_docs,
+            "decode_checked_docs": self.decode_checked_docs,
             "decode_disagreements": self.decode_disagreements,
-            "first_mismatches": [m.describe() for m in self.first], "first_decode_disagreements": self.first_decode,
+            "first_mismatches": [m.describe() for m in self.first],
+            "first_decode_disagreements": self.first_decode,
         }
 
     def summary(self) -> str:
@@ -151,12 +160,20 @@ class AuditReport:
             f"table {self.table_bytes:,} bytes vs spelled {self.spelled_bytes:,}; {self.mismatched_docs} document(s) differ; "
             f"decode cross-check on {self.decode_checked_docs} document(s): {self.decode_disagreements} disagreement(s)"
         )
-        return "\n".join([head, *("  " + m.describe() for m in self.first), *("  " + d for d in self.first_decode)])
+        return "\n".join(
+            [head, *("  " + m.describe() for m in self.first), *("  " + d for d in self.first_decode)]
+        )
 
 
 def audit_documents(
-    tok: Tokenizer, docs: Iterable[Sequence[int] | np.ndarray], texts: Sequence[str] | None = None, *,
-    table: ByteTable | None = None, show: int = 5, decode_check_docs: int | None = None, first_doc: int = 0,
+    tok: Tokenizer,
+    docs: Iterable[Sequence[int] | np.ndarray],
+    texts: Sequence[str] | None = None,
+    *,
+    table: ByteTable | None = None,
+    show: int = 5,
+    decode_check_docs: int | None = None,
+    first_doc: int = 0,
 ) -> AuditReport:
     """Audit documents given as token ids (without their BOS). `table` defaults to tok.byte_table()."""
     table = tok.byte_table() if table is None else table
@@ -178,9 +195,22 @@ def audit_documents(
             if len(rep.first) < show:
                 i = int(np.flatnonzero(t_b != s_b)[0])
                 text = texts[k] if texts is not None else sp.spell(ids).decode("utf-8", errors="replace")
-                rep.first.append(Mismatch(d, i, int(ids[i]), sp.pieces[int(ids[i])], int(t_b[i]), int(s_b[i]),
-                                          int(t_b.sum()), int(s_b.sum()), text[:80]))
-        if sp.decode is not None and (decode_check_docs is None or rep.decode_checked_docs < decode_check_docs):
+                rep.first.append(
+                    Mismatch(
+                        d,
+                        i,
+                        int(ids[i]),
+                        sp.pieces[int(ids[i])],
+                        int(t_b[i]),
+                        int(s_b[i]),
+                        int(t_b.sum()),
+                        int(s_b.sum()),
+                        text[:80],
+                    )
+                )
+        if sp.decode is not None and (
+            decode_check_docs is None or rep.decode_checked_docs < decode_check_docs
+        ):
             spelled = sp.spell(ids)
             if ids.size and not boundary[ids].any() and _is_utf8(spelled):
                 rep.decode_checked_docs += 1
@@ -188,10 +218,13 @@ def audit_documents(
                 if decoded != spelled:
                     rep.decode_disagreements += 1
                     if len(rep.first_decode) < show:
-                        j = next((n for n, (a, b) in enumerate(zip(spelled, decoded, strict=False)) if a != b), min(len(spelled), len(decoded)))
+                        j = next(
+                            (n for n, (a, b) in enumerate(zip(spelled, decoded, strict=False)) if a != b),
+                            min(len(spelled), len(decoded)),
+                        )
                         rep.first_decode.append(
                             f"document {d}: the audit's spelling and the tokenizer's decode part at byte {j} "
-                            f"({spelled[j:j + 20]!r} vs {decoded[j:j + 20]!r}); the audit cannot vouch for this tokenizer"
+                            f"({spelled[j : j + 20]!r} vs {decoded[j : j + 20]!r}); the audit cannot vouch for this tokenizer"
                         )
     return rep
 
@@ -204,7 +237,9 @@ def _is_utf8(b: bytes) -> bool:
     return True
 
 
-def audit_texts(tok: Tokenizer, texts: Sequence[str], *, table: ByteTable | None = None, show: int = 5) -> AuditReport:
+def audit_texts(
+    tok: Tokenizer, texts: Sequence[str], *, table: ByteTable | None = None, show: int = 5
+) -> AuditReport:
     """Encode each text with the tokenizer and audit the result."""
     ids: list[list[int]] = []
     for i in range(0, len(texts), 256):
@@ -221,11 +256,22 @@ def split_documents(tokens: np.ndarray, bos_id: int) -> list[np.ndarray]:
 
 
 def audit_token_stream(
-    tok: Tokenizer, tokens: np.ndarray, *, table: ByteTable | None = None, show: int = 5, decode_check_docs: int = 200
+    tok: Tokenizer,
+    tokens: np.ndarray,
+    *,
+    table: ByteTable | None = None,
+    show: int = 5,
+    decode_check_docs: int = 200,
 ) -> AuditReport:
     """Audit a validation token stream, document by document (documents split at BOS)."""
-    return audit_documents(tok, split_documents(tokens, tok.bos_id), None, table=table, show=show,
-                           decode_check_docs=decode_check_docs)
+    return audit_documents(
+        tok,
+        split_documents(tokens, tok.bos_id),
+        None,
+        table=table,
+        show=show,
+        decode_check_docs=decode_check_docs,
+    )
 
 
 # ---- CLI ----
@@ -250,7 +296,10 @@ def cmd_audit_tokenizer(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("audit-tokenizer", help="check, document by document, that the byte table counts the bytes the tokens spell")
+    p = sub.add_parser(
+        "audit-tokenizer",
+        help="check, document by document, that the byte table counts the bytes the tokens spell",
+    )
     p.add_argument("model", help="tokenizer: a SentencePiece .model, a byte260.json, or 'byte260'")
     p.add_argument("--docs", required=True, help="documents: a .jsonl file with a text field")
     p.add_argument("--field", default="text", help="JSON field holding the text (default: text)")

@@ -37,7 +37,10 @@ METRICS: dict[str, MetricSpec] = {
 
 def metric_table() -> dict[str, dict[str, object]]:
     """The metric registry as plain JSON (recorded in every score record)."""
-    return {k: {"unit": m.unit, "higher_is_better": m.higher_is_better, "version": m.version, "alias": m.alias} for k, m in METRICS.items()}
+    return {
+        k: {"unit": m.unit, "higher_is_better": m.higher_is_better, "version": m.version, "alias": m.alias}
+        for k, m in METRICS.items()
+    }
 
 
 @dataclass

@@ -21,13 +21,26 @@ from scoring.score.scorer import score_artifact
 
 def cmd_score(args: argparse.Namespace) -> int:
     cfg = EvalConfig(
-        mode=args.mode, seq_len=args.seq_len, batch_seqs=args.batch_seqs,
-        max_tokens=args.max_tokens or None, dtype=args.dtype, stride=args.stride or None,
+        mode=args.mode,
+        seq_len=args.seq_len,
+        batch_seqs=args.batch_seqs,
+        max_tokens=args.max_tokens or None,
+        dtype=args.dtype,
+        stride=args.stride or None,
         adapt_chunk_tokens=args.adapt_chunk_tokens,
     )
     write_dirs = [Path(args.json_out).resolve().parent] if args.json_out else []
-    record = score_artifact(args.artifact, args.submission, args.data, cfg, device=args.device, threads=args.threads,
-                            confine=not args.no_confine, write_dirs=write_dirs, protect=args.protect)
+    record = score_artifact(
+        args.artifact,
+        args.submission,
+        args.data,
+        cfg,
+        device=args.device,
+        threads=args.threads,
+        confine=not args.no_confine,
+        write_dirs=write_dirs,
+        protect=args.protect,
+    )
     if args.json_out:
         write_json_atomic(args.json_out, record)
     if args.json:
@@ -50,22 +63,43 @@ def cmd_unpack(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("score", help="score an artifact: bits per byte on the validation split")
     p.add_argument("artifact")
-    p.add_argument("--submission", required=True, help="the submission folder (its model.py builds the model)")
+    p.add_argument(
+        "--submission", required=True, help="the submission folder (its model.py builds the model)"
+    )
     p.add_argument("--data", required=True, help="dataset folder with the validation shards")
     p.add_argument("--mode", default="standard", choices=EVAL_MODES)
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--batch-seqs", type=int, default=32)
-    p.add_argument("--max-tokens", type=int, default=0, help="score only the first N validation tokens (0: all)")
+    p.add_argument(
+        "--max-tokens", type=int, default=0, help="score only the first N validation tokens (0: all)"
+    )
     p.add_argument("--dtype", default="float32", choices=EVAL_DTYPES)
-    p.add_argument("--stride", type=int, default=0, help="sliding/documents modes: targets per window (0: the mode's default)")
-    p.add_argument("--adapt-chunk-tokens", type=int, default=EvalConfig().adapt_chunk_tokens,
-                   help="score-first adaptation (eval.py): targets scored before the hook sees them")
+    p.add_argument(
+        "--stride",
+        type=int,
+        default=0,
+        help="sliding/documents modes: targets per window (0: the mode's default)",
+    )
+    p.add_argument(
+        "--adapt-chunk-tokens",
+        type=int,
+        default=EvalConfig().adapt_chunk_tokens,
+        help="score-first adaptation (eval.py): targets scored before the hook sees them",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--no-confine", action="store_true",
-                   help="do not restrict the scorer with Landlock before the model runs (recorded; see scoring/score/confine.py)")
-    p.add_argument("--protect", action="append", default=[], metavar="PATH",
-                   help="another folder the model must not read (the dataset a view was made from); repeatable")
+    p.add_argument(
+        "--no-confine",
+        action="store_true",
+        help="do not restrict the scorer with Landlock before the model runs (recorded; see scoring/score/confine.py)",
+    )
+    p.add_argument(
+        "--protect",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="another folder the model must not read (the dataset a view was made from); repeatable",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--json-out", help="also write the record to this file")
     p.set_defaults(func=cmd_score)
@@ -75,7 +109,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--submission", help="needed only for an artifact packed with the submission's own codec")
     p.set_defaults(func=cmd_unpack)
-
 
 
 USER_ERRORS = (ValueError, FileNotFoundError, TypeError)

@@ -59,9 +59,17 @@ def private_workdir() -> tuple[Path, str]:
     """
     system_tmp = os.path.realpath(tempfile.gettempdir())
     work = Path(tempfile.mkdtemp(prefix="pgolf-score-"))
-    _reapers.append(subprocess.Popen([sys.executable, "-c", _REAPER, str(work)], stdin=subprocess.PIPE, start_new_session=True))
-    for var, sub in (("TMPDIR", "tmp"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton"),
-                     ("CUDA_CACHE_PATH", "nv")):
+    _reapers.append(
+        subprocess.Popen(
+            [sys.executable, "-c", _REAPER, str(work)], stdin=subprocess.PIPE, start_new_session=True
+        )
+    )
+    for var, sub in (
+        ("TMPDIR", "tmp"),
+        ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+        ("TRITON_CACHE_DIR", "triton"),
+        ("CUDA_CACHE_PATH", "nv"),
+    ):
         (work / sub).mkdir()
         os.environ[var] = str(work / sub)
     tempfile.tempdir = str(work / "tmp")
@@ -69,7 +77,12 @@ def private_workdir() -> tuple[Path, str]:
 
 
 def plan_rules(
-    *, code_dir: Path, protected: Iterable[Path], write_dirs: Iterable[Path], device: str, system_tmp: str,
+    *,
+    code_dir: Path,
+    protected: Iterable[Path],
+    write_dirs: Iterable[Path],
+    device: str,
+    system_tmp: str,
 ) -> tuple[list[Rule], list[str], list[str]]:
     """(rules, protected real paths, warnings) for the confined scorer."""
     prot = sorted({os.path.realpath(p) for p in protected})
@@ -78,13 +91,20 @@ def plan_rules(
     for path in dict.fromkeys([*SYSTEM_READ_ROOTS, *python_roots(sys.path, PROJECT_ROOT)]):
         if os.path.exists(path):
             rules += broad_read_rules(path, prot, prot, system_tmp, warnings)
-    rules += own_rules([code_dir, *(PROJECT_ROOT / pkg for pkg in SCORER_PACKAGES)], write_dirs, prot, "the scorer's")
+    rules += own_rules(
+        [code_dir, *(PROJECT_ROOT / pkg for pkg in SCORER_PACKAGES)], write_dirs, prot, "the scorer's"
+    )
     rules += device_rules(device)
     return rules, prot, warnings
 
 
 def confine_scorer(
-    *, code_dir: Path, protected: Iterable[Path], write_dirs: Iterable[Path], device: str, workdir: tuple[Path, str],
+    *,
+    code_dir: Path,
+    protected: Iterable[Path],
+    write_dirs: Iterable[Path],
+    device: str,
+    workdir: tuple[Path, str],
 ) -> dict[str, Any]:
     """Apply the scorer's Landlock rules to this process (irreversible); the record says what was done.
 
@@ -92,9 +112,23 @@ def confine_scorer(
     """
     abi = landlock_abi()
     if abi == 0:
-        return {"applied": False, "reason": "Landlock is not available on this kernel: the scorer ran unconfined"}
-    rules, prot, warnings = plan_rules(code_dir=code_dir, protected=protected, write_dirs=[*write_dirs, workdir[0]],
-                                       device=device, system_tmp=workdir[1])
+        return {
+            "applied": False,
+            "reason": "Landlock is not available on this kernel: the scorer ran unconfined",
+        }
+    rules, prot, warnings = plan_rules(
+        code_dir=code_dir,
+        protected=protected,
+        write_dirs=[*write_dirs, workdir[0]],
+        device=device,
+        system_tmp=workdir[1],
+    )
     apply_landlock(rules, abi, scope_signals=abi >= 6)
-    return {"applied": True, "landlock_abi": abi, "rules": len(rules), "protected": prot,
-            "writable": [r.path for r in rules if r.access == "rw"], "warnings": warnings}
+    return {
+        "applied": True,
+        "landlock_abi": abi,
+        "rules": len(rules),
+        "protected": prot,
+        "writable": [r.path for r in rules if r.access == "rw"],
+        "warnings": warnings,
+    }

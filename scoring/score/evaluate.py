@@ -87,14 +87,18 @@ class EvalConfig:
         if self.mode not in EVAL_MODES:
             raise ValueError(f"eval mode must be one of {EVAL_MODES}, got {self.mode!r}")
         if self.seq_len <= 0 or self.batch_seqs <= 0:
-            raise ValueError(f"seq_len and batch_seqs must be positive, got {self.seq_len}, {self.batch_seqs}")
+            raise ValueError(
+                f"seq_len and batch_seqs must be positive, got {self.seq_len}, {self.batch_seqs}"
+            )
         if self.max_tokens is not None and self.max_tokens <= self.seq_len:
             raise ValueError(f"max_tokens must exceed seq_len ({self.seq_len}), got {self.max_tokens}")
         if self.dtype not in EVAL_DTYPES:
             raise ValueError(f"eval dtype must be one of {EVAL_DTYPES}, got {self.dtype!r}")
         if self.stride is not None:
             if self.mode == "standard":
-                raise ValueError(f"stride={self.stride} applies to the sliding and documents modes only; drop it or pick --mode sliding")
+                raise ValueError(
+                    f"stride={self.stride} applies to the sliding and documents modes only; drop it or pick --mode sliding"
+                )
             if not 1 <= self.stride <= self.seq_len:
                 raise ValueError(f"stride must be in [1, seq_len={self.seq_len}], got {self.stride}")
         if self.adapt_chunk_tokens <= 0:
@@ -126,7 +130,9 @@ class ChunkAdapter(Protocol):
 
     def before_chunk(self, model: nn.Module, chunk: int) -> None: ...
 
-    def after_chunk(self, model: nn.Module, chunk: int, scored_tokens: np.ndarray, first_position: int) -> None: ...
+    def after_chunk(
+        self, model: nn.Module, chunk: int, scored_tokens: np.ndarray, first_position: int
+    ) -> None: ...
 
     @property
     def adapt_time_s(self) -> float: ...
@@ -153,7 +159,10 @@ class WindowPlan:
 
     def target_positions(self) -> np.ndarray:
         """Every scored target's index into the token array, in plan order (for tests and audits)."""
-        parts = [np.arange(s + 1 + f, s + 1 + n, dtype=np.int64) for s, n, f in zip(self.starts, self.lengths, self.score_from, strict=False)]
+        parts = [
+            np.arange(s + 1 + f, s + 1 + n, dtype=np.int64)
+            for s, n, f in zip(self.starts, self.lengths, self.score_from, strict=False)
+        ]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
@@ -169,7 +178,9 @@ def segment_plan(begin: int, end: int, seq_len: int, stride: int) -> WindowPlan:
         return _empty_plan()
     if T <= seq_len:
         return WindowPlan(np.array([begin], np.int64), np.array([T], np.int64), np.zeros(1, np.int64))
-    ends = np.append(np.arange(seq_len, T, stride, dtype=np.int64), T)  # last target (relative) of each window
+    ends = np.append(
+        np.arange(seq_len, T, stride, dtype=np.int64), T
+    )  # last target (relative) of each window
     counts = np.diff(ends, prepend=0)
     lengths = np.full(ends.size, seq_len, dtype=np.int64)
     return WindowPlan(begin + ends - seq_len, lengths, seq_len - counts)
@@ -178,16 +189,22 @@ def segment_plan(begin: int, end: int, seq_len: int, stride: int) -> WindowPlan:
 def _concat(plans: list[WindowPlan]) -> WindowPlan:
     if not plans:
         return _empty_plan()
-    return WindowPlan(*(np.concatenate([getattr(p, k) for p in plans]) for k in ("starts", "lengths", "score_from")))
+    return WindowPlan(
+        *(np.concatenate([getattr(p, k) for p in plans]) for k in ("starts", "lengths", "score_from"))
+    )
 
 
-def standard_targets(tokens: np.ndarray, seq_len: int, max_tokens: int | None = None) -> tuple[np.ndarray, int]:
+def standard_targets(
+    tokens: np.ndarray, seq_len: int, max_tokens: int | None = None
+) -> tuple[np.ndarray, int]:
     """Validation tokens cut to the standard windows: (tokens[: usable + 1], number of windows)."""
     if max_tokens is not None:
         tokens = tokens[: max_tokens + 1]
     windows = (tokens.size - 1) // seq_len
     if windows <= 0:
-        raise ValueError(f"validation split has {tokens.size} tokens: too short for one window of seq_len={seq_len}")
+        raise ValueError(
+            f"validation split has {tokens.size} tokens: too short for one window of seq_len={seq_len}"
+        )
     return tokens[: windows * seq_len + 1], windows
 
 
@@ -215,28 +232,34 @@ def plan_windows(tokens: np.ndarray, cfg: EvalConfig, bos_id: int = BOS_ID) -> W
     if starts.size == 0 or starts[0] != 0:
         starts = np.concatenate([[0], starts])  # a subset may begin inside a document
     ends = np.append(starts[1:], N)
-    return _concat([segment_plan(int(a), int(b), L, S) for a, b in zip(starts, ends, strict=False) if b - a > 1])
+    return _concat(
+        [segment_plan(int(a), int(b), L, S) for a, b in zip(starts, ends, strict=False) if b - a > 1]
+    )
 
 
 # ---- The loss ----
 
 
 def output_kind(model: nn.Module) -> str:
-    """"logits" (the default) or "log_probs", from the model's `pgolf_output` attribute."""
+    """ "logits" (the default) or "log_probs", from the model's `pgolf_output` attribute."""
     kind = getattr(model, "pgolf_output", "logits")
     if kind not in MODEL_OUTPUTS:
         raise ValueError(f"model.pgolf_output must be one of {MODEL_OUTPUTS}, got {kind!r}")
     return kind
 
 
-def model_logits(model: nn.Module, x_BL: torch.Tensor, vocab_size: int, dtype: str, guard: Guard | None = None) -> torch.Tensor:
+def model_logits(
+    model: nn.Module, x_BL: torch.Tensor, vocab_size: int, dtype: str, guard: Guard | None = None
+) -> torch.Tensor:
     """The model's output for x_BL, checked to be a [B, L, V >= vocab_size] tensor (and the tools by `guard`)."""
     with torch.autocast(device_type=x_BL.device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
         logits_BLV = model(x_BL)
     if guard is not None:
         guard("during a forward pass")
     if not isinstance(logits_BLV, torch.Tensor):
-        raise ValueError(f"model forward returned {type(logits_BLV).__name__}; it must return logits [batch, seq, vocab]")
+        raise ValueError(
+            f"model forward returned {type(logits_BLV).__name__}; it must return logits [batch, seq, vocab]"
+        )
     B, L = x_BL.shape
     if logits_BLV.ndim != 3 or logits_BLV.shape[:2] != (B, L) or logits_BLV.shape[2] < vocab_size:
         raise ValueError(
@@ -268,7 +291,9 @@ class LossWorkspace:
     def get(self, n: int, v: int, device: torch.device) -> torch.Tensor:
         b = self._buf
         if b is None or b.shape[1] != v or b.shape[0] < n or b.device != device:
-            with torch.inference_mode(False):  # a plain tensor: writable under inference_mode and no_grad alike
+            with torch.inference_mode(
+                False
+            ):  # a plain tensor: writable under inference_mode and no_grad alike
                 b = self._buf = torch.empty((n, v), dtype=torch.float64, device=device)
         return b[:n]
 
@@ -289,7 +314,9 @@ def _target_logp_f64(out_NV: torch.Tensor, y_N: torch.Tensor, ws: LossWorkspace 
     return res.squeeze(-1)
 
 
-def nats_of(out_NV: torch.Tensor, y_N: torch.Tensor, output: str = "logits", ws: LossWorkspace | None = None) -> torch.Tensor:
+def nats_of(
+    out_NV: torch.Tensor, y_N: torch.Tensor, output: str = "logits", ws: LossWorkspace | None = None
+) -> torch.Tensor:
     """-log p(y) per row in float64: log-softmax of logits, or log-probabilities taken as given.
 
     nan or +inf anywhere is refused (either makes the row's log-softmax nan, so checking the gathered
@@ -305,13 +332,22 @@ def nats_of(out_NV: torch.Tensor, y_N: torch.Tensor, output: str = "logits", ws:
         nats = -logp_NV.gather(-1, y_N.unsqueeze(-1)).squeeze(-1)
     if not bool(torch.isfinite(nats).all()):
         bad = nats[~torch.isfinite(nats)][0]
-        what = "non-finite logits (nan or inf)" if torch.isnan(bad) else "a target probability of zero (infinite loss)"
+        what = (
+            "non-finite logits (nan or inf)"
+            if torch.isnan(bad)
+            else "a target probability of zero (infinite loss)"
+        )
         raise ValueError(f"model returned {what}")
     return nats
 
 
 def token_nats(
-    model: nn.Module, x_BL: torch.Tensor, y_BL: torch.Tensor, vocab_size: int, dtype: str, output: str = "logits"
+    model: nn.Module,
+    x_BL: torch.Tensor,
+    y_BL: torch.Tensor,
+    vocab_size: int,
+    dtype: str,
+    output: str = "logits",
 ) -> torch.Tensor:
     """Per-token negative log-likelihood (nats, float64, shape B×L) from the model's logits."""
     logits_BLV = model_logits(model, x_BL, vocab_size, dtype)
@@ -339,12 +375,18 @@ def tune_cpu_allocator() -> str:
     if _ALLOCATOR_TUNED is None:
         try:
             libc = ctypes.CDLL("libc.so.6")
-            ok = libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1) == 1
-            _ALLOCATOR_TUNED = "glibc mallopt: mmap threshold 1 GiB, trim threshold 2 GiB" if ok else "default (mallopt refused)"
+            ok = (
+                libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30) == 1
+                and libc.mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1) == 1
+            )
+            _ALLOCATOR_TUNED = (
+                "glibc mallopt: mmap threshold 1 GiB, trim threshold 2 GiB"
+                if ok
+                else "default (mallopt refused)"
+            )
         except (OSError, AttributeError):
             _ALLOCATOR_TUNED = "default (not glibc)"
     return _ALLOCATOR_TUNED
-
 
 
 def _batches(plan: WindowPlan, idx: np.ndarray, cfg: EvalConfig) -> list[np.ndarray]:
@@ -364,8 +406,18 @@ def _batches(plan: WindowPlan, idx: np.ndarray, cfg: EvalConfig) -> list[np.ndar
 
 
 def _score_batch(
-    model: nn.Module, toks: np.ndarray, plan: WindowPlan, w: np.ndarray, table: ByteTable, cfg: EvalConfig,
-    device: torch.device, output: str, sums: BpbSums, on_scored: ScoredCallback | None, ws: LossWorkspace, guard: Guard | None,
+    model: nn.Module,
+    toks: np.ndarray,
+    plan: WindowPlan,
+    w: np.ndarray,
+    table: ByteTable,
+    cfg: EvalConfig,
+    device: torch.device,
+    output: str,
+    sums: BpbSums,
+    on_scored: ScoredCallback | None,
+    ws: LossWorkspace,
+    guard: Guard | None,
 ) -> None:
     starts, lengths, score_from = plan.starts[w], plan.lengths[w], plan.score_from[w]
     n = int(lengths.max())
@@ -402,8 +454,15 @@ def _chunks(plan: WindowPlan, chunk_tokens: int | None) -> list[np.ndarray]:
 
 
 def evaluate(
-    model: nn.Module, tokens: np.ndarray, table: ByteTable, cfg: EvalConfig, device: torch.device,
-    *, bos_id: int = BOS_ID, adapter: ChunkAdapter | None = None, on_scored: ScoredCallback | None = None,
+    model: nn.Module,
+    tokens: np.ndarray,
+    table: ByteTable,
+    cfg: EvalConfig,
+    device: torch.device,
+    *,
+    bos_id: int = BOS_ID,
+    adapter: ChunkAdapter | None = None,
+    on_scored: ScoredCallback | None = None,
     guard: Guard | None = None,
 ) -> EvalResult:
     """Score `model` on validation `tokens` in `cfg.mode`, optionally adapting score-first.
@@ -457,7 +516,9 @@ def evaluate_standard(
     return evaluate(model, tokens, table, cfg, device)
 
 
-def unigram_bpb(counts: np.ndarray, tokens: np.ndarray, table: ByteTable, seq_len: int, max_tokens: int | None = None) -> float:
+def unigram_bpb(
+    counts: np.ndarray, tokens: np.ndarray, table: ByteTable, seq_len: int, max_tokens: int | None = None
+) -> float:
     """bpb of a unigram model (add-1/2 smoothed training counts) on the standard-mode targets: context for a score."""
     toks, _ = standard_targets(tokens, seq_len, max_tokens)
     counts = np.asarray(counts, dtype=np.float64)

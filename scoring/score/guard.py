@@ -23,7 +23,6 @@ Watched = list[tuple[str, Any]]
 """(name, module or class) pairs whose attributes the guard snapshots."""
 
 
-
 _MISSING = object()
 SELF_PATCHED = frozenset({"torch.manual_seed"})
 """Replaced by torch itself when a model compiles (torch._dynamo wraps it on import); the scorer never
@@ -32,9 +31,25 @@ territory (what the model returns is checked by the probes)."""
 
 
 HOT_OPS = (
-    "aten::copy_", "aten::_log_softmax.out", "aten::gather.out", "aten::neg", "aten::isfinite", "aten::all", "aten::any",
-    "aten::isnan", "aten::eq.Scalar", "aten::index.Tensor", "aten::squeeze.dim", "aten::unsqueeze", "aten::slice.Tensor",
-    "aten::empty.memory_format", "aten::_local_scalar_dense", "aten::sum", "aten::detach", "aten::_to_copy", "aten::view",
+    "aten::copy_",
+    "aten::_log_softmax.out",
+    "aten::gather.out",
+    "aten::neg",
+    "aten::isfinite",
+    "aten::all",
+    "aten::any",
+    "aten::isnan",
+    "aten::eq.Scalar",
+    "aten::index.Tensor",
+    "aten::squeeze.dim",
+    "aten::unsqueeze",
+    "aten::slice.Tensor",
+    "aten::empty.memory_format",
+    "aten::_local_scalar_dense",
+    "aten::sum",
+    "aten::detach",
+    "aten::_to_copy",
+    "aten::view",
 )
 """The kernels the scorer runs on the logits and targets between forward passes: checked after every one."""
 
@@ -70,8 +85,10 @@ class ToolGuard:
         """
         self.checks += 1
         if _mode_depths() != self._modes:
-            self._fail(f"a torch function or dispatch mode was left active (stack depths {_mode_depths()}, were {self._modes})",
-                       when)
+            self._fail(
+                f"a torch function or dispatch mode was left active (stack depths {_mode_depths()}, were {self._modes})",
+                when,
+            )
         for name in self._all if full else self._hot:
             if torch._C._dispatch_dump_table(name) != self._kernels[name]:
                 self._fail(f"the kernels of {name} were replaced", when)
@@ -86,10 +103,14 @@ class ToolGuard:
 
     @staticmethod
     def _fail(what: str, when: str) -> None:
-        raise CodeCheckFailure(f"code check failed: {what}{' ' + when if when else ''}: submission code changed a "
-                               "tool the scorer computes with")
+        raise CodeCheckFailure(
+            f"code check failed: {what}{' ' + when if when else ''}: submission code changed a "
+            "tool the scorer computes with"
+        )
 
     def record(self) -> dict[str, Any]:
-        return {"watched": [n for n, _ in self._objs], "kernels_watched": len(self._all), "checks": self.checks}
-
-
+        return {
+            "watched": [n for n, _ in self._objs],
+            "kernels_watched": len(self._all),
+            "checks": self.checks,
+        }

@@ -58,12 +58,16 @@ def build_model(submission_dir: str | Path, config: dict) -> nn.Module:
     return model
 
 
-def load_model(artifact: Artifact, state: dict[str, torch.Tensor], submission_dir: str | Path, device: torch.device) -> nn.Module:
+def load_model(
+    artifact: Artifact, state: dict[str, torch.Tensor], submission_dir: str | Path, device: torch.device
+) -> nn.Module:
     """Build the model, load the decoded tensors with strict=True, move to `device`, eval mode."""
     check_code_hashes(artifact, Path(submission_dir))
     model = build_model(submission_dir, artifact.model_config)
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as e:
-        raise ArtifactError(f"the artifact's tensors do not fit the model built from {MODEL_FILE}: {e}") from e
+        raise ArtifactError(
+            f"the artifact's tensors do not fit the model built from {MODEL_FILE}: {e}"
+        ) from e
     return model.to(device).eval()

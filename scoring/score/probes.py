@@ -57,7 +57,9 @@ class ProbeConfig:
         if self.positions < 1:
             raise ValueError(f"probe positions must be at least 1, got {self.positions}")
         if self.norm_atol_nats <= 0 or (self.atol is not None and self.atol < 0):
-            raise ValueError(f"probe tolerances must be positive, got atol={self.atol}, norm_atol_nats={self.norm_atol_nats}")
+            raise ValueError(
+                f"probe tolerances must be positive, got atol={self.atol}, norm_atol_nats={self.norm_atol_nats}"
+            )
 
     @property
     def resolved_atol(self) -> float:
@@ -73,7 +75,12 @@ def _positions(L: int, k: int, g: torch.Generator) -> list[int]:
 
 
 def causality_probe(
-    model: nn.Module, window: torch.Tensor, vocab_size: int, cfg: ProbeConfig, g: torch.Generator, name: str,
+    model: nn.Module,
+    window: torch.Tensor,
+    vocab_size: int,
+    cfg: ProbeConfig,
+    g: torch.Generator,
+    name: str,
     guard: Guard | None = None,
 ) -> dict[str, Any]:
     """Check one window (1-D, L tokens, on the model's device). Raises ProbeFailure."""
@@ -113,7 +120,12 @@ def causality_probe(
 
 
 def normalization_probe(
-    model: nn.Module, window: torch.Tensor, vocab_size: int, cfg: ProbeConfig, positions: list[int], guard: Guard | None = None
+    model: nn.Module,
+    window: torch.Tensor,
+    vocab_size: int,
+    cfg: ProbeConfig,
+    positions: list[int],
+    guard: Guard | None = None,
 ) -> dict[str, Any]:
     """logsumexp of the distribution the scorer uses must be 0 at each sampled position."""
     kind = output_kind(model)
@@ -134,11 +146,18 @@ def normalization_probe(
 
 @torch.inference_mode()
 def run_probes(
-    model: nn.Module, tokens: np.ndarray, vocab_size: int, cfg: ProbeConfig, device: torch.device, guard: Guard | None = None
+    model: nn.Module,
+    tokens: np.ndarray,
+    vocab_size: int,
+    cfg: ProbeConfig,
+    device: torch.device,
+    guard: Guard | None = None,
 ) -> dict[str, Any]:
     """Causality on two validation windows, normalization on the first; returns the probe record."""
     if tokens.size < cfg.seq_len:
-        raise ValueError(f"probes need a window of {cfg.seq_len} tokens; the validation split has {tokens.size}")
+        raise ValueError(
+            f"probes need a window of {cfg.seq_len} tokens; the validation split has {tokens.size}"
+        )
     g = torch.Generator().manual_seed(cfg.seed)
     L = cfg.seq_len
     r = int(torch.randint(0, max(1, tokens.size - L + 1), (1,), generator=g))

@@ -58,11 +58,21 @@ def scorer_tools() -> Watched:
 
     torch.ops.aten._log_softmax  # noqa: B018 (materialize the lazily created op the loss uses)
     return [
-        ("builtins", builtins), ("math", math), ("numpy", np), ("torch", torch), ("torch.Tensor", torch.Tensor),
-        ("torch.nn.functional", F), ("torch.ops.aten", torch.ops.aten),
-        ("scoring.score.evaluate", evaluate), ("scoring.score.bpb", bpb), ("scoring.score.probes", probes),
-        ("scoring.score.adapt", adapt), ("data.tokenizer", tokenizer), ("BpbSums", bpb.BpbSums),
-        ("ByteTable", tokenizer.ByteTable), ("LossWorkspace", evaluate.LossWorkspace),
+        ("builtins", builtins),
+        ("math", math),
+        ("numpy", np),
+        ("torch", torch),
+        ("torch.Tensor", torch.Tensor),
+        ("torch.nn.functional", F),
+        ("torch.ops.aten", torch.ops.aten),
+        ("scoring.score.evaluate", evaluate),
+        ("scoring.score.bpb", bpb),
+        ("scoring.score.probes", probes),
+        ("scoring.score.adapt", adapt),
+        ("data.tokenizer", tokenizer),
+        ("BpbSums", bpb.BpbSums),
+        ("ByteTable", tokenizer.ByteTable),
+        ("LossWorkspace", evaluate.LossWorkspace),
         ("ScoreFirstAdapter", adapt.ScoreFirstAdapter),
     ]
 
@@ -102,14 +112,24 @@ def score_artifact(
     tokens = read_split(data_dir, "val")
     tokenizer_sha256 = sha256_file(manifest.tokenizer_path)
     artifact_sha256, manifest_sha256 = sha256_file(artifact_path), sha256_file(Path(data_dir) / MANIFEST_NAME)
-    confinement: dict[str, Any] = {"applied": False, "reason": "not asked (--no-confine, or scored in-process)"}
+    confinement: dict[str, Any] = {
+        "applied": False,
+        "reason": "not asked (--no-confine, or scored in-process)",
+    }
     if workdir is not None:  # everything is read: from here on, the dataset is out of reach
-        confinement = confine_scorer(code_dir=Path(submission_dir), protected=[Path(data_dir), manifest.root, *map(Path, protect)],
-                                     write_dirs=list(map(Path, write_dirs)), device=dev.type, workdir=workdir)
+        confinement = confine_scorer(
+            code_dir=Path(submission_dir),
+            protected=[Path(data_dir), manifest.root, *map(Path, protect)],
+            write_dirs=list(map(Path, write_dirs)),
+            device=dev.type,
+            workdir=workdir,
+        )
     audit = tokenizer_audit(tokenizer, tokenizer_sha256, eval_tokens(tokens, cfg))
     probe_cfg = ProbeConfig(seq_len=cfg.seq_len, dtype=cfg.dtype)
     probes = run_probes(model, tokens, table.vocab_size, probe_cfg, dev, guard)
-    guard("during the probes", full=True)  # their own arithmetic (differences, maxima) runs between forward passes
+    guard(
+        "during the probes", full=True
+    )  # their own arithmetic (differences, maxima) runs between forward passes
     adapter = ScoreFirstAdapter(hook[0], hook[1]) if hook else None
     result = evaluate(model, tokens, table, cfg, dev, bos_id=tokenizer.bos_id, adapter=adapter, guard=guard)
     if adapter is not None:
@@ -143,10 +163,14 @@ def score_artifact(
         "confinement": confinement,
         "score_wall_s": time.perf_counter() - t_start,
         "device": dev.type,
-        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine(),
+        "device_name": torch.cuda.get_device_name(dev)
+        if dev.type == "cuda"
+        else platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
         "allocator": allocator,
-        "submission_files_seen": sorted(p.relative_to(submission_dir).as_posix() for p in Path(submission_dir).rglob("*") if p.is_file()),
+        "submission_files_seen": sorted(
+            p.relative_to(submission_dir).as_posix() for p in Path(submission_dir).rglob("*") if p.is_file()
+        ),
         "artifact_sha256": artifact_sha256,
         "codec": artifact.header["codec"],
         "data_manifest_sha256": manifest_sha256,
@@ -162,7 +186,10 @@ def tokenizer_audit(tokenizer: Tokenizer, tokenizer_sha256: str, tokens: np.ndar
     A failed audit fails the score (ProbeFailure, with the first mismatching document).
     """
     if tokenizer_sha256 in KNOWN_TOKENIZER_SHA256 or tokenizer.kind == "byte260":
-        return {"ran": False, "reason": f"known tokenizer ({tokenizer.kind}, sha256 {tokenizer_sha256[:12]}…)"}
+        return {
+            "ran": False,
+            "reason": f"known tokenizer ({tokenizer.kind}, sha256 {tokenizer_sha256[:12]}…)",
+        }
     report = audit_token_stream(tokenizer, tokens)
     if not report.passed:
         raise ProbeFailure(f"the dataset's tokenizer failed the byte-table audit:\n{report.summary()}")

@@ -33,10 +33,22 @@ def peek_run(tiny_dataset, tmp_path_factory):
     cfg = load_config(FIXTURES / "peek_val", None, [f"train.peek_paths={told!r}"])
     (tmp / "run").mkdir()
     rec = run_train_phase(
-        submission_dir=FIXTURES / "peek_val", data_root=tiny_dataset, run_dir=tmp / "run", stage_root=tmp, model_config=cfg.model,
-        hparams=cfg.train, seed=1, budget=cfg.section("budget"), launch=cfg.section("launch"), device="cpu",
+        submission_dir=FIXTURES / "peek_val",
+        data_root=tiny_dataset,
+        run_dir=tmp / "run",
+        stage_root=tmp,
+        model_config=cfg.model,
+        hparams=cfg.train,
+        seed=1,
+        budget=cfg.section("budget"),
+        launch=cfg.section("launch"),
+        device="cpu",
     )
-    peek = next(json.loads(line[5:]) for line in (tmp / "run/train.log").read_text().splitlines() if line.startswith("PEEK "))
+    peek = next(
+        json.loads(line[5:])
+        for line in (tmp / "run/train.log").read_text().splitlines()
+        if line.startswith("PEEK ")
+    )
     return rec, peek, val, tmp
 
 
@@ -45,10 +57,15 @@ def test_nothing_else_in_the_temp_folder_is_reachable(peek_run):
     temp = os.path.realpath(tempfile.gettempdir())
     roots = [*rec["isolation"]["read_roots"], *rec["isolation"]["write_roots"]]
     stray = [
-        r for r in roots
-        if (r == temp or r.startswith(temp + "/")) and not r.startswith(str(tmp / "train-phase") + "/") and not is_own_install(r)
+        r
+        for r in roots
+        if (r == temp or r.startswith(temp + "/"))
+        and not r.startswith(str(tmp / "train-phase") + "/")
+        and not is_own_install(r)
     ]
-    assert not stray, f"rules reach other things in the temp folder (other runs stage their data there): {stray}"
+    assert not stray, (
+        f"rules reach other things in the temp folder (other runs stage their data there): {stray}"
+    )
 
 
 def test_the_run_completes_and_records_its_isolation(peek_run):
@@ -60,8 +77,11 @@ def test_the_run_completes_and_records_its_isolation(peek_run):
         assert not iso["landlock"] and any("Landlock" in w for w in iso["warnings"])
     else:
         assert iso["landlock"] and iso["verified"]
-        assert iso["probe"] == {"validation_shard": "PermissionError", "dataset_manifest": "PermissionError",
-                                "train_view_manifest": "read"}
+        assert iso["probe"] == {
+            "validation_shard": "PermissionError",
+            "dataset_manifest": "PermissionError",
+            "train_view_manifest": "read",
+        }
 
 
 @pytest.mark.skipif(landlock_abi() == 0, reason="this kernel has no Landlock: nothing can deny the reads")
@@ -79,7 +99,9 @@ def test_the_attempts_are_reported_with_the_submission_line(peek_run):
     assert str(val[0]) in by_path and by_path[str(val[0])]["event"] == "open"
     assert by_path[str(val[0])]["submission_frame"].startswith("train.py:")
     assert rec["isolation"]["attempts_from_submission"] >= len(val) + 1
-    assert any(a["event"] == "os.scandir" and a["submission_frame"] for a in attempts)  # the walk around its data
+    assert any(
+        a["event"] == "os.scandir" and a["submission_frame"] for a in attempts
+    )  # the walk around its data
 
 
 def test_a_custom_codec_encodes_sandboxed_and_on_the_clock(tiny_dataset, tmp_path):
@@ -101,15 +123,31 @@ def test_a_custom_codec_encodes_sandboxed_and_on_the_clock(tiny_dataset, tmp_pat
     run_dir.mkdir()
     import torch
 
-    save_file({"emb.weight": torch.zeros(260, 8), "head.weight": torch.zeros(260, 8), "head.bias": torch.zeros(260)},
-              str(run_dir / STATE_FILE), metadata={"model_config": json.dumps({"vocab_size": 260, "dim": 8})})
+    save_file(
+        {
+            "emb.weight": torch.zeros(260, 8),
+            "head.weight": torch.zeros(260, 8),
+            "head.bias": torch.zeros(260),
+        },
+        str(run_dir / STATE_FILE),
+        metadata={"model_config": json.dumps({"vocab_size": 260, "dim": 8})},
+    )
     budget = BudgetConfig(train_s=10.0, grace_s=1.0)
-    rc, rec = run_sealed_pack(run_dir=run_dir, submission_dir=sub, data_root=tiny_dataset, budget=budget,
-                              launch=LaunchConfig(device="cpu"), train_time_s=10.8, cap_bytes=16_000_000,
-                              log_path=run_dir / "pack.log")
+    rc, rec = run_sealed_pack(
+        run_dir=run_dir,
+        submission_dir=sub,
+        data_root=tiny_dataset,
+        budget=budget,
+        launch=LaunchConfig(device="cpu"),
+        train_time_s=10.8,
+        cap_bytes=16_000_000,
+        log_path=run_dir / "pack.log",
+    )
     log = (run_dir / "pack.log").read_text()
     peek = json.loads(next(line[11:] for line in log.splitlines() if line.startswith("CODEC-PEEK ")))
     if landlock_abi():
         assert set(peek.values()) == {"PermissionError"}, peek
     assert rc == 0 and rec["encode_time_s"] >= 0.5 and (run_dir / "artifact.pgolf").is_file()
-    assert rec["status"] == "over_budget" and rec["train_plus_encode_s"] > 11.0  # 10.8 s of training + 0.5 s of encode
+    assert (
+        rec["status"] == "over_budget" and rec["train_plus_encode_s"] > 11.0
+    )  # 10.8 s of training + 0.5 s of encode

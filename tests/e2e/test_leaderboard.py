@@ -24,8 +24,20 @@ from tests.conftest import REPO
 
 ENTRIES = [  # name, date, builds_on, [(seed, val_bpb, bytes_total)], verification
     ("naive_baseline", "2026-03-18", None, [(1, 1.2244, 15_863_489), (2, 1.2251, 15_861_002)], "verified"),
-    ("longer_context", "2026-03-25", "naive_baseline", [(1, 1.2011, 15_901_337), (2, 1.2019, 15_899_120), (3, 1.2004, 15_900_001)], "verified"),
-    ("int6_mlp3x", "2026-04-08", "longer_context", [(1, 1.1520, 15_990_212), (2, 1.1533, 15_989_998)], "verified"),
+    (
+        "longer_context",
+        "2026-03-25",
+        "naive_baseline",
+        [(1, 1.2011, 15_901_337), (2, 1.2019, 15_899_120), (3, 1.2004, 15_900_001)],
+        "verified",
+    ),
+    (
+        "int6_mlp3x",
+        "2026-04-08",
+        "longer_context",
+        [(1, 1.1520, 15_990_212), (2, 1.1533, 15_989_998)],
+        "verified",
+    ),
     ("tiny_vocab", "2026-04-02", "naive_baseline", [(1, 1.2390, 9_812_443)], "verified"),
     ("unverified_claim", "2026-04-10", "int6_mlp3x", [(1, 1.0900, 15_999_000)], None),
     ("failed_check", "2026-04-11", "int6_mlp3x", [(1, 1.1000, 15_950_000)], "failed"),
@@ -35,10 +47,26 @@ ENTRIES = [  # name, date, builds_on, [(seed, val_bpb, bytes_total)], verificati
 
 def result(name, date, builds_on, seed, bpb, nbytes):
     return {
-        "format": "pg-result", "format_version": 1, "status": "ok", "verification": "unverified", "track": "10min_16mb",
-        "preset": "official", "seed": seed, "created_unix_s": 1.8e9, "run_dir": f"runs/{name}-{seed}",
-        "submission": {"name": name, "author": f"{name} author", "github_id": name, "date": date, "builds_on": builds_on},
-        "val_bpb": bpb, "val_loss": None if bpb is None else bpb * 0.6931 * 2.436, "bytes_total": nbytes, "within_cap": True,
+        "format": "pg-result",
+        "format_version": 1,
+        "status": "ok",
+        "verification": "unverified",
+        "track": "10min_16mb",
+        "preset": "official",
+        "seed": seed,
+        "created_unix_s": 1.8e9,
+        "run_dir": f"runs/{name}-{seed}",
+        "submission": {
+            "name": name,
+            "author": f"{name} author",
+            "github_id": name,
+            "date": date,
+            "builds_on": builds_on,
+        },
+        "val_bpb": bpb,
+        "val_loss": None if bpb is None else bpb * 0.6931 * 2.436,
+        "bytes_total": nbytes,
+        "within_cap": True,
     }
 
 
@@ -53,13 +81,37 @@ def board_dir(tmp_path_factory) -> Path:
                 r["verification"] = "verified"  # written by hand, without a verification record
             lines.append(r)
             if ver in ("verified", "failed"):
-                lines.append({"format": "pg-verification", "format_version": 1, "status": ver, "result_sha256": result_digest(r)})
+                lines.append(
+                    {
+                        "format": "pg-verification",
+                        "format_version": 1,
+                        "status": ver,
+                        "result_sha256": result_digest(r),
+                    }
+                )
     lines.append({**result("crashed", "2026-04-01", None, 1, None, None), "status": "error"})
     lines.append(result("other_track", "2026-04-01", None, 1, 1.0, 1000) | {"track": "smoke"})
     ledger = tmp / "ledger.jsonl"
     ledger.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    r = subprocess.run([sys.executable, "-m", "harness.cli", "leaderboard", "--ledger", str(ledger), "--track", "10min_16mb",
-                        "--out", str(tmp / "site")], capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "leaderboard",
+            "--ledger",
+            str(ledger),
+            "--track",
+            "10min_16mb",
+            "--out",
+            str(tmp / "site"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr
     assert "4 ranked, 4 not ranked" in r.stdout
     return tmp / "site"
@@ -68,13 +120,32 @@ def board_dir(tmp_path_factory) -> Path:
 def test_only_verified_results_rank(board_dir):
     board = json.loads((board_dir / "leaderboard.json").read_text())
     assert board["format"] == "pg-leaderboard"
-    assert [r["name"] for r in board["ranked"]] == ["int6_mlp3x", "longer_context", "naive_baseline", "tiny_vocab"]
+    assert [r["name"] for r in board["ranked"]] == [
+        "int6_mlp3x",
+        "longer_context",
+        "naive_baseline",
+        "tiny_vocab",
+    ]
     top = board["ranked"][0]
-    assert top["seeds"] == 2 and top["val_bpb"] == pytest.approx((1.1520 + 1.1533) / 2) and top["builds_on"] == "longer_context"
+    assert (
+        top["seeds"] == 2
+        and top["val_bpb"] == pytest.approx((1.1520 + 1.1533) / 2)
+        and top["builds_on"] == "longer_context"
+    )
     apart = {r["name"]: r["verification"] for r in board["unranked"]}
-    assert apart == {"unverified_claim": "unverified", "failed_check": "failed", "hand_edited": "unverified", "crashed": "unverified"}
+    assert apart == {
+        "unverified_claim": "unverified",
+        "failed_check": "failed",
+        "hand_edited": "unverified",
+        "crashed": "unverified",
+    }
     md = (board_dir / "leaderboard.md").read_text()
-    assert md.index("int6_mlp3x") < md.index("longer_context") < md.index("naive_baseline") < md.index("## Not ranked")
+    assert (
+        md.index("int6_mlp3x")
+        < md.index("longer_context")
+        < md.index("naive_baseline")
+        < md.index("## Not ranked")
+    )
     assert "| 1 | int6_mlp3x | 1.152" in md
 
 
@@ -93,8 +164,18 @@ def chromium() -> str:
 
 
 def browse(url: str, *args: str) -> subprocess.CompletedProcess:
-    cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-           "--hide-scrollbars", "--virtual-time-budget=3000", *args, url]
+    cmd = [
+        chromium(),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--hide-scrollbars",
+        "--virtual-time-budget=3000",
+        *args,
+        url,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
 
 

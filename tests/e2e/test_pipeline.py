@@ -18,7 +18,9 @@ from tests.conftest import BASELINE
 
 
 def pgolf(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=600
+    )
     if check:
         assert r.returncode == 0, f"pgolf {' '.join(args)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return r
@@ -32,7 +34,9 @@ FIXED_STEPS = ["--set", "budget.train_s=300", "--set", "train.iterations=8"]
 @pytest.fixture(scope="module")
 def tiny_run(sp_dataset, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "tiny"
-    r = pgolf("run", str(BASELINE), "--preset", "tiny", "--data", str(sp_dataset), "--out", str(out), *FIXED_STEPS)
+    r = pgolf(
+        "run", str(BASELINE), "--preset", "tiny", "--data", str(sp_dataset), "--out", str(out), *FIXED_STEPS
+    )
     return out, r.stdout
 
 
@@ -42,7 +46,11 @@ def test_run_produces_a_complete_result(tiny_run, sp_dataset):
     assert res["format"] == "pg-result" and res["format_version"] == 1
     assert res["status"] == "ok" and res["verification"] == "unverified"
     assert res["within_cap"] is True
-    assert res["bytes_total"] == res["bytes_code"] + res["bytes_model"] == res["bytes_code"] + (out / "artifact.pgolf").stat().st_size
+    assert (
+        res["bytes_total"]
+        == res["bytes_code"] + res["bytes_model"]
+        == res["bytes_code"] + (out / "artifact.pgolf").stat().st_size
+    )
     for key in ("val_loss", "val_bpb", "unigram_bpb", "train_time_s", "eval_time_s"):
         assert isinstance(res[key], float) and res[key] > 0, key
     assert res["steps"] == 8 and res["tokens_seen"] == 8 * 1024
@@ -58,8 +66,23 @@ def test_run_produces_a_complete_result(tiny_run, sp_dataset):
 
 def test_score_twice_is_bit_identical(tiny_run, sp_dataset):
     out, _ = tiny_run
-    args = ["score", str(out / "artifact.pgolf"), "--submission", str(BASELINE), "--data", str(sp_dataset),
-            "--seq-len", "64", "--batch-seqs", "16", "--max-tokens", "4096", "--threads", str(os.cpu_count()), "--json"]
+    args = [
+        "score",
+        str(out / "artifact.pgolf"),
+        "--submission",
+        str(BASELINE),
+        "--data",
+        str(sp_dataset),
+        "--seq-len",
+        "64",
+        "--batch-seqs",
+        "16",
+        "--max-tokens",
+        "4096",
+        "--threads",
+        str(os.cpu_count()),
+        "--json",
+    ]
     a, b = (json.loads(pgolf(*args).stdout) for _ in range(2))
     assert a["val_bpb"] == b["val_bpb"] and a["val_loss_sum_nats"] == b["val_loss_sum_nats"]
     # and it agrees with the pipeline's own score phase
@@ -68,8 +91,21 @@ def test_score_twice_is_bit_identical(tiny_run, sp_dataset):
 
 def test_same_seed_same_losses(tiny_run, sp_dataset, tmp_path):
     out, _ = tiny_run
-    pgolf("run", str(BASELINE), "--preset", "tiny", "--data", str(sp_dataset), "--out", str(tmp_path / "again"), *FIXED_STEPS)
-    losses = [[json.loads(line)["train_loss"] for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (out, tmp_path / "again")]
+    pgolf(
+        "run",
+        str(BASELINE),
+        "--preset",
+        "tiny",
+        "--data",
+        str(sp_dataset),
+        "--out",
+        str(tmp_path / "again"),
+        *FIXED_STEPS,
+    )
+    losses = [
+        [json.loads(line)["train_loss"] for line in (d / "metrics.jsonl").read_text().splitlines()]
+        for d in (out, tmp_path / "again")
+    ]
     assert len(losses[0]) == 8
     assert losses[0] == losses[1]
     # and the packed models are byte-identical
@@ -90,7 +126,17 @@ def test_failing_submission_is_an_error_not_a_score(tmp_path, tiny_dataset):
     sub = tmp_path / "broken"
     shutil.copytree(BASELINE, sub)
     (sub / "train.py").write_text("def train(ctx):\n    raise RuntimeError('boom at step 0')\n")
-    r = pgolf("run", str(sub), "--preset", "tiny", "--data", str(tiny_dataset), "--out", str(tmp_path / "run"), check=False)
+    r = pgolf(
+        "run",
+        str(sub),
+        "--preset",
+        "tiny",
+        "--data",
+        str(tiny_dataset),
+        "--out",
+        str(tmp_path / "run"),
+        check=False,
+    )
     assert r.returncode == 1
     res = json.loads((tmp_path / "run" / "result.json").read_text())
     assert res["status"] == "error" and res["val_bpb"] is None
@@ -102,25 +148,69 @@ def test_model_code_the_scorer_would_refuse_is_illegal_before_training(tmp_path,
     shutil.copytree(BASELINE, sub)
     with open(sub / "model.py", "a") as f:
         f.write("\nimport numpy as np\nVAL = np.fromfile('/data/fineweb_val_000000.bin', dtype=np.uint16)\n")
-    r = pgolf("run", str(sub), "--preset", "tiny", "--data", str(tiny_dataset), "--out", str(tmp_path / "run"), check=False)
-    assert r.returncode == 1 and "code check failed" in r.stderr and "attribute 'fromfile'" in r.stderr, r.stderr
+    r = pgolf(
+        "run",
+        str(sub),
+        "--preset",
+        "tiny",
+        "--data",
+        str(tiny_dataset),
+        "--out",
+        str(tmp_path / "run"),
+        check=False,
+    )
+    assert r.returncode == 1 and "code check failed" in r.stderr and "attribute 'fromfile'" in r.stderr, (
+        r.stderr
+    )
     res = json.loads((tmp_path / "run" / "result.json").read_text())
     assert res["status"] == "illegal" and res["val_bpb"] is None and "train" not in res["phases"]
     assert any("fromfile" in p for p in res["phases"]["code_check"]["problems"])
 
 
 def test_bad_user_input_is_one_clear_line(tmp_path):
-    r = pgolf("run", str(BASELINE), "--preset", "tiny", "--set", "train.lr=0.1", "--out", str(tmp_path / "r"), check=False)
+    r = pgolf(
+        "run",
+        str(BASELINE),
+        "--preset",
+        "tiny",
+        "--set",
+        "train.lr=0.1",
+        "--out",
+        str(tmp_path / "r"),
+        check=False,
+    )
     assert r.returncode == 2
     assert "unknown key 'train.lr'" in r.stderr and "Traceback" not in r.stderr
-    r = pgolf("score", str(tmp_path / "missing.pgolf"), "--submission", str(BASELINE), "--data", str(tmp_path), check=False)
+    r = pgolf(
+        "score",
+        str(tmp_path / "missing.pgolf"),
+        "--submission",
+        str(BASELINE),
+        "--data",
+        str(tmp_path),
+        check=False,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr
 
 
 def test_sample_runs_the_packed_model(tiny_run, sp_dataset):
     out, _ = tiny_run
-    args = ["sample", str(out / "artifact.pgolf"), "--submission", str(BASELINE), "--data", str(sp_dataset),
-            "--prompt", "The module", "--tokens", "8", "--temperature", "0", "--context", "64"]
+    args = [
+        "sample",
+        str(out / "artifact.pgolf"),
+        "--submission",
+        str(BASELINE),
+        "--data",
+        str(sp_dataset),
+        "--prompt",
+        "The module",
+        "--tokens",
+        "8",
+        "--temperature",
+        "0",
+        "--context",
+        "64",
+    ]
     a, b = pgolf(*args).stdout, pgolf(*args).stdout
     assert "[8 tokens in" in a and "tokens/s" in a
     assert a.splitlines()[0] == b.splitlines()[0]  # greedy decoding is deterministic

@@ -36,8 +36,16 @@ def train_phase(fixture: str, data: Path, tmp: Path, *overrides: str) -> tuple[d
     run_dir.mkdir(parents=True)
     stage.mkdir()
     rec = run_train_phase(
-        submission_dir=sub, data_root=data, run_dir=run_dir, stage_root=stage, model_config=cfg.model, hparams=cfg.train,
-        seed=cfg.tables["run"]["seed"], budget=cfg.section("budget"), launch=cfg.section("launch"), device="cpu",
+        submission_dir=sub,
+        data_root=data,
+        run_dir=run_dir,
+        stage_root=stage,
+        model_config=cfg.model,
+        hparams=cfg.train,
+        seed=cfg.tables["run"]["seed"],
+        budget=cfg.section("budget"),
+        launch=cfg.section("launch"),
+        device="cpu",
     )
     return rec, run_dir
 
@@ -61,8 +69,16 @@ def test_one_rank_run_records_the_phase(one_rank):
     rec, run_dir = one_rank
     assert rec["status"] == "ok", rec
     assert rec["steps"] == 12 and rec["tokens_seen"] == 12 * 2 * 256 and rec["world_size"] == 1
-    assert rec["warmup"]["verified"] and rec["off_clock_s"] > 0 and rec["off_clock_accepted_s"] == pytest.approx(rec["off_clock_s"])
-    assert rec["ticks_after_stop"] == 0 and rec["batches_after_stop"] == 0 and rec["leftover_processes_killed"] == 0
+    assert (
+        rec["warmup"]["verified"]
+        and rec["off_clock_s"] > 0
+        and rec["off_clock_accepted_s"] == pytest.approx(rec["off_clock_s"])
+    )
+    assert (
+        rec["ticks_after_stop"] == 0
+        and rec["batches_after_stop"] == 0
+        and rec["leftover_processes_killed"] == 0
+    )
     assert set(rec["phase_times_s"]) == {"setup", "train", "off_clock", "save"} and rec["startup_s"] > 0
     assert (run_dir / "state.safetensors").is_file() and (run_dir / "train.json").is_file()
 
@@ -70,7 +86,11 @@ def test_one_rank_run_records_the_phase(one_rank):
 def test_two_gloo_ranks_give_the_one_rank_loss_curve(one_rank, tiny_dataset, tmp_path):
     rec, run_dir = train_phase("tiny_lm", tiny_dataset, tmp_path, "launch.nproc_per_node=2")
     assert rec["status"] == "ok", rec
-    assert rec["world_size"] == 2 and rec["backend"] == "gloo" and rec["tokens_seen"] == one_rank[0]["tokens_seen"]
+    assert (
+        rec["world_size"] == 2
+        and rec["backend"] == "gloo"
+        and rec["tokens_seen"] == one_rank[0]["tokens_seen"]
+    )
     assert_same_curve(losses(run_dir), losses(one_rank[1]))
 
 
@@ -81,8 +101,14 @@ def test_two_nodes_through_the_rendezvous_give_the_same_curve(one_rank, tiny_dat
     results: dict[int, tuple[dict[str, Any], Path]] = {}
 
     def node(i: int) -> None:
-        results[i] = train_phase("tiny_lm", tiny_dataset, tmp_path / f"node{i}", "launch.nnodes=2",
-                                 f"launch.rdzv_endpoint='127.0.0.1:{port}'", f"launch.rdzv_id='test{port}'")
+        results[i] = train_phase(
+            "tiny_lm",
+            tiny_dataset,
+            tmp_path / f"node{i}",
+            "launch.nnodes=2",
+            f"launch.rdzv_endpoint='127.0.0.1:{port}'",
+            f"launch.rdzv_id='test{port}'",
+        )
 
     threads = [threading.Thread(target=node, args=(i,)) for i in range(2)]
     for t in threads:
@@ -91,8 +117,12 @@ def test_two_nodes_through_the_rendezvous_give_the_same_curve(one_rank, tiny_dat
         t.join(timeout=120)
     recs = [results[i][0] for i in range(2)]
     assert all(r["status"] == "ok" for r in recs), recs
-    assert sorted(r["role"] for r in recs) == ["main", "secondary_node"] and all(r["world_size"] == 2 for r in recs)
-    assert all(r["isolation"]["landlock"] == (landlock_abi() > 0) and not r["isolation"]["namespaces"] for r in recs)
+    assert sorted(r["role"] for r in recs) == ["main", "secondary_node"] and all(
+        r["world_size"] == 2 for r in recs
+    )
+    assert all(
+        r["isolation"]["landlock"] == (landlock_abi() > 0) and not r["isolation"]["namespaces"] for r in recs
+    )
     main_dir = next(results[i][1] for i in range(2) if results[i][0]["role"] == "main")
     assert_same_curve(losses(main_dir), losses(one_rank[1]))
 
@@ -103,17 +133,28 @@ def test_ignoring_the_stop_is_killed_at_budget_plus_grace(tiny_dataset, tmp_path
     assert rec["status"] == "over_budget" and "grace_s" in rec["detail"]
     assert deadline <= rec["clock_to_exit_s"] <= deadline + 2 * POLL_S + 1.0, rec["clock_to_exit_s"]
     assert not (run_dir / "state.safetensors").exists()
-    assert processes_with_token(rec["process_token"]) == []  # the SIGTERM-proof rank and its detached grandchild
+    assert (
+        processes_with_token(rec["process_token"]) == []
+    )  # the SIGTERM-proof rank and its detached grandchild
 
 
 def test_training_past_the_stop_reading_is_over_budget_even_within_grace(tiny_dataset, tmp_path):
-    rec, _ = train_phase("tiny_lm", tiny_dataset, tmp_path, "budget.train_s=0.3", "train.steps=100000", "train.steps_after_stop=2")
+    rec, _ = train_phase(
+        "tiny_lm",
+        tiny_dataset,
+        tmp_path,
+        "budget.train_s=0.3",
+        "train.steps=100000",
+        "train.steps_after_stop=2",
+    )
     assert rec["status"] == "over_budget" and "after the clock said stop" in rec["detail"], rec
     assert rec["batches_after_stop"] == 2 * 2 and rec["ticks_after_stop"] == 2  # 2 micro-batches per step
 
 
 def test_a_rank_that_kills_itself_fails_the_run_and_leaves_nothing(tiny_dataset, tmp_path):
-    rec, _ = train_phase("kill_rank", tiny_dataset, tmp_path, "launch.sandbox='off'")  # no PID namespace: the token finds leftovers
+    rec, _ = train_phase(
+        "kill_rank", tiny_dataset, tmp_path, "launch.sandbox='off'"
+    )  # no PID namespace: the token finds leftovers
     assert rec["status"] == "error" and "rank 1 killed by SIGKILL" in rec["detail"], rec
     assert any(f["rank"] == 1 and f["signal"] == "SIGKILL" for f in rec["rank_failures"])
     assert rec["isolation"]["mode"] == "off" and rec["isolation"]["warnings"]

@@ -12,8 +12,14 @@ import sys
 from pathlib import Path
 
 GOLDEN_ARGS = [
-    "--preset", "tiny", "--set", "train.warmdown_iters=0", "--set", "budget.train_s=300.0",
-    "--set", "train.train_log_every=1",
+    "--preset",
+    "tiny",
+    "--set",
+    "train.warmdown_iters=0",
+    "--set",
+    "budget.train_s=300.0",
+    "--set",
+    "train.train_log_every=1",
 ]
 """A step count ends the run (30 iterations, constant LR): the losses do not depend on the clock."""
 
@@ -36,7 +42,11 @@ def shards_identity(data_dir: Path) -> str:
 
 def golden_lines(run_dir: Path) -> list[str]:
     result = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if line]
+    metrics = [
+        json.loads(line)
+        for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+        if line
+    ]
     lines = [
         f"data_shards_sha256 {shards_identity(Path(result['provenance']['data_dir']))}",
         f"status {result['status']}",

@@ -1,8 +1,8 @@
 """The dependency direction of DESIGN.md, checked by reading every import.
 
-    harness -> scoring -> data;  data imports nothing of the project;  scoring never imports harness.
-    harness/api.py imports no other harness module.
-    A submission folder imports only harness.api and its own files (and torch / stdlib / numpy).
+harness -> scoring -> data;  data imports nothing of the project;  scoring never imports harness.
+harness/api.py imports no other harness module.
+A submission folder imports only harness.api and its own files (and torch / stdlib / numpy).
 """
 
 from __future__ import annotations
@@ -44,7 +44,13 @@ def test_packages_import_in_one_direction(pkg):
             if mod.startswith("."):
                 bad.append((f.relative_to(REPO), mod, "relative import"))
             elif top in PROJECT and top != pkg and top not in ALLOWED[pkg]:
-                bad.append((f.relative_to(REPO), mod, f"{pkg} may import only {sorted(ALLOWED[pkg]) or 'nothing of the project'}"))
+                bad.append(
+                    (
+                        f.relative_to(REPO),
+                        mod,
+                        f"{pkg} may import only {sorted(ALLOWED[pkg]) or 'nothing of the project'}",
+                    )
+                )
     assert not bad, bad
 
 
@@ -54,7 +60,10 @@ def test_api_module_imports_no_other_harness_module():
 
 
 def _submission_dirs() -> list[Path]:
-    return [p.parent for p in sorted(REPO.glob("baselines/*/train.py")) + sorted(REPO.glob("submissions/*/train.py"))]
+    return [
+        p.parent
+        for p in sorted(REPO.glob("baselines/*/train.py")) + sorted(REPO.glob("submissions/*/train.py"))
+    ]
 
 
 @pytest.mark.parametrize("folder", _submission_dirs(), ids=lambda p: p.name)
@@ -64,7 +73,9 @@ def test_submissions_import_only_the_api_and_their_own_files(folder):
         for mod in imports_of(f):
             top = mod.split(".")[0]
             if top in PROJECT:
-                assert mod == "harness.api", f"{f.relative_to(REPO)} imports {mod}: a submission may import harness.api only"
+                assert mod == "harness.api", (
+                    f"{f.relative_to(REPO)} imports {mod}: a submission may import harness.api only"
+                )
             if f.name == "model.py":
                 assert top in {"torch", "math", "dataclasses", "typing", "__future__"} | own, (
                     f"{f.relative_to(REPO)} imports {mod}: model.py is torch only (the scorer loads it without a harness)"

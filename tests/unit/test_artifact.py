@@ -53,7 +53,9 @@ def test_bytes_total_is_artifact_size_plus_code(submission, tmp_path):
 
 
 def test_over_the_cap_names_every_number(submission, tmp_path):
-    rec = pack_state(state(), submission, tmp_path / "a.pgolf", codec_name="int8_zlib", model_config={}, cap_bytes=1000)
+    rec = pack_state(
+        state(), submission, tmp_path / "a.pgolf", codec_name="int8_zlib", model_config={}, cap_bytes=1000
+    )
     assert not rec["within_cap"]
     with pytest.raises(ArtifactTooLarge) as e:
         CapCheck(rec["bytes_code"], rec["bytes_model"], 1000).enforce()
@@ -84,7 +86,7 @@ def test_corrupt_artifacts_are_refused(submission, tmp_path, where):
         read_artifact(out)
 
 
-CODEC_SRC = '''from safetensors.torch import load, save
+CODEC_SRC = """from safetensors.torch import load, save
 
 NAME = "fixture_safetensors"
 VERSION = 1
@@ -96,14 +98,21 @@ def encode(state):
 
 def decode(payload):
     return load(payload)
-'''
+"""
 
 
 def test_a_custom_codec_is_imported_only_if_it_is_the_packed_one(submission, tmp_path):
     from scoring.artifact.format import artifact_codec, decode_state
 
     (submission / "codec.py").write_text(CODEC_SRC)
-    pack_state(state(), submission, tmp_path / "a.pgolf", codec_name="submission", model_config={}, cap_bytes=16_000_000)
+    pack_state(
+        state(),
+        submission,
+        tmp_path / "a.pgolf",
+        codec_name="submission",
+        model_config={},
+        cap_bytes=16_000_000,
+    )
     art = read_artifact(tmp_path / "a.pgolf")
     assert torch.equal(decode_state(art, artifact_codec(art, submission))["w"], state()["w"])
     (submission / "codec.py").write_text(CODEC_SRC + "\nraise RuntimeError('a changed codec.py ran')\n")

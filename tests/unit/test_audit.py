@@ -15,7 +15,13 @@ from data.tokenizer import BOS_ID, SPACE_MARK, ByteTable, ByteTokenizer, Sentenc
 from scoring.score.audit import audit_texts, audit_token_stream, split_documents
 from tests.conftest import REPO, SAMPLE_JSONL, SP1024, SP8192, require_shared
 
-TEXTS = ["Plain ASCII text.", "Grüße aus Köln — naïve café ☕ 你好", "", "tabs\tand  double  spaces\nnew line", "x" * 40]
+TEXTS = [
+    "Plain ASCII text.",
+    "Grüße aus Köln — naïve café ☕ 你好",
+    "",
+    "tabs\tand  double  spaces\nnew line",
+    "x" * 40,
+]
 
 
 class SpaceBytesCounted(SentencePieceTokenizer):
@@ -25,7 +31,11 @@ class SpaceBytesCounted(SentencePieceTokenizer):
         t = super().byte_table()
         base = t.base_bytes.copy()
         for i in range(self.vocab_size):
-            if not t.is_boundary[i] and not self.sp.is_byte(i) and self.sp.id_to_piece(i).startswith(SPACE_MARK):
+            if (
+                not t.is_boundary[i]
+                and not self.sp.is_byte(i)
+                and self.sp.id_to_piece(i).startswith(SPACE_MARK)
+            ):
                 base[i] = len(self.sp.id_to_piece(i).encode("utf-8"))
         return ByteTable(base, np.zeros_like(t.has_leading_space), t.is_boundary)
 
@@ -57,7 +67,11 @@ def test_byte260_passes_and_a_planted_over_count_is_caught():
     rep = audit_texts(ByteTokenizerOverCounting(), TEXTS)
     assert not rep.passed and rep.mismatched_docs == 3  # the three documents with a space
     first = rep.first[0]
-    assert (first.doc, first.token_index, first.token_id) == (0, 5, 4 + 0x20)  # "Plain| |ASCII": the 6th token
+    assert (first.doc, first.token_index, first.token_id) == (
+        0,
+        5,
+        4 + 0x20,
+    )  # "Plain| |ASCII": the 6th token
     assert (first.table_bytes, first.spelled_bytes) == (2, 1)
     assert "document 0" in first.describe() and "Plain ASCII" in first.describe()
 
@@ -71,8 +85,13 @@ def test_real_tokenizers_pass_on_real_documents(model):
     assert rep.decode_checked_docs > 100 and rep.table_bytes == rep.spelled_bytes > 500_000
 
 
-@pytest.mark.parametrize("bug,piece_check", [(SpaceBytesCounted, lambda p: p.startswith(SPACE_MARK)),
-                                             (ByteFallbackAsPiece, lambda p: p.startswith("<0x"))])
+@pytest.mark.parametrize(
+    "bug,piece_check",
+    [
+        (SpaceBytesCounted, lambda p: p.startswith(SPACE_MARK)),
+        (ByteFallbackAsPiece, lambda p: p.startswith("<0x")),
+    ],
+)
 def test_planted_sentencepiece_bugs_are_caught_with_document_and_token(bug, piece_check):
     require_shared(SP1024)
     tok = bug(SP1024)
@@ -85,7 +104,10 @@ def test_planted_sentencepiece_bugs_are_caught_with_document_and_token(bug, piec
     assert ids[m.token_index] == m.token_id
     good = SentencePieceTokenizer(SP1024).byte_table()
     prev = np.array([BOS_ID, *ids[:-1]])
-    assert np.array_equal(good.token_bytes(prev, np.array(ids))[: m.token_index], tok.byte_table().token_bytes(prev, np.array(ids))[: m.token_index])
+    assert np.array_equal(
+        good.token_bytes(prev, np.array(ids))[: m.token_index],
+        tok.byte_table().token_bytes(prev, np.array(ids))[: m.token_index],
+    )
 
 
 def test_audit_of_a_token_stream_splits_documents_at_bos():
@@ -93,7 +115,9 @@ def test_audit_of_a_token_stream_splits_documents_at_bos():
     stream = np.concatenate([[BOS_ID, *ids] for ids in ByteTokenizer().encode(["ab", "c d", "ef"])])
     assert [d.tolist() for d in split_documents(stream, BOS_ID)] == [[101, 102], [103, 36, 104], [105, 106]]
     rep = audit_token_stream(tok, stream)
-    assert rep.docs == 3 and rep.mismatched_docs == 1 and rep.first[0].doc == 1 and rep.first[0].token_index == 1
+    assert (
+        rep.docs == 3 and rep.mismatched_docs == 1 and rep.first[0].doc == 1 and rep.first[0].token_index == 1
+    )
 
 
 def test_cli_passes_on_a_good_tokenizer_and_prints_json(tmp_path):
@@ -101,13 +125,33 @@ def test_cli_passes_on_a_good_tokenizer_and_prints_json(tmp_path):
     docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
     tok = tmp_path / "byte260.json"
     tok.write_text('{"kind": "byte260"}')
-    r = subprocess.run([sys.executable, "-m", "harness.cli", "audit-tokenizer", str(tok), "--docs", str(docs), "--json"],
-                       capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "audit-tokenizer", str(tok), "--docs", str(docs), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr
     rec = json.loads(r.stdout)
     assert rec["passed"] and rec["docs"] == len(TEXTS) and rec["format"] == "pg-tokenizer-audit"
-    r = subprocess.run([sys.executable, "-m", "harness.cli", "audit-tokenizer", str(tmp_path / "nope.model"), "--docs", str(docs)],
-                       capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "audit-tokenizer",
+            str(tmp_path / "nope.model"),
+            "--docs",
+            str(docs),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        check=False,
+    )
     assert r.returncode == 2 and "tokenizer model not found" in r.stderr
 
 
@@ -129,5 +173,7 @@ def test_the_scorer_audits_a_tokenizer_brought_with_the_data(tmp_path, monkeypat
     assert rec["tokenizer_audit"]["ran"] is True and rec["tokenizer_audit"]["passed"] is True
     assert rec["tokenizer_audit"]["docs"] >= 1 and rec["tokenizer_audit"]["tokens"] > 1000
     monkeypatch.setattr(score_mod, "load_tokenizer", lambda path: SpaceBytesCounted(path))
-    with pytest.raises(score_mod.ProbeFailure, match=r"failed the byte-table audit[\s\S]*document 0: the byte table counts"):
+    with pytest.raises(
+        score_mod.ProbeFailure, match=r"failed the byte-table audit[\s\S]*document 0: the byte table counts"
+    ):
         score_mod.score_artifact(tmp_path / "a.pgolf", folder, ds, cfg, threads=1)

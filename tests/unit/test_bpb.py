@@ -51,7 +51,9 @@ def test_uniform_over_byte260_pieces_is_exactly_8_bpb(tmp_path):
     ds = build_dataset([text, "train doc"], tmp_path / "ds", val_docs=1, tokenizer="byte260")
     tokens = read_split(ds, "val")
     table = ByteTokenizer().byte_table()
-    res = evaluate(UniformOverBytes(260), tokens, table, EvalConfig(seq_len=32, batch_seqs=4), torch.device("cpu"))
+    res = evaluate(
+        UniformOverBytes(260), tokens, table, EvalConfig(seq_len=32, batch_seqs=4), torch.device("cpu")
+    )
     assert res.sums.val_bpb == 8.0
     assert res.sums.val_loss == math.log(256)
     assert res.sums.bytes == res.sums.tokens == ((tokens.size - 1) // 32) * 32
@@ -66,11 +68,15 @@ def test_uniform_over_sp1024_byte_pieces_is_exactly_8_bpb():
     raw = "naïve café ☕".encode() * 30
     tokens = np.concatenate([[BOS_ID], np.frombuffer(raw, dtype=np.uint8).astype(np.int64) + 4])
     assert all(tok.sp.is_byte(int(i)) for i in tokens[1:])
-    res = evaluate(UniformOverBytes(1024, 4), tokens, tok.byte_table(), EvalConfig(seq_len=16), torch.device("cpu"))
+    res = evaluate(
+        UniformOverBytes(1024, 4), tokens, tok.byte_table(), EvalConfig(seq_len=16), torch.device("cpu")
+    )
     assert res.sums.val_bpb == 8.0
 
 
-def _oracle(model: nn.Module, tokens: np.ndarray, seq_len: int, pieces: list[str], boundary: set[int]) -> tuple[float, int]:
+def _oracle(
+    model: nn.Module, tokens: np.ndarray, seq_len: int, pieces: list[str], boundary: set[int]
+) -> tuple[float, int]:
     """Naive per-token loop: float64 log-softmax of each window, bytes from the piece strings."""
     windows = (tokens.size - 1) // seq_len
     nats, nbytes = 0.0, 0
@@ -95,7 +101,11 @@ def _oracle(model: nn.Module, tokens: np.ndarray, seq_len: int, pieces: list[str
 def test_scorer_matches_oracle_and_is_batch_invariant():
     require_shared(SP1024)
     tok = SentencePieceTokenizer(SP1024)
-    docs = ["The quick brown fox jumps over the lazy dog.", "  Numbers 12345 and  spaces\tand ✓ unicode ☕", "x" * 50]
+    docs = [
+        "The quick brown fox jumps over the lazy dog.",
+        "  Numbers 12345 and  spaces\tand ✓ unicode ☕",
+        "x" * 50,
+    ]
     ids = [[BOS_ID, *d] for d in tok.encode(docs)]
     tokens = np.concatenate(ids).astype(np.int64)
     model = RandomBigram(1024)
@@ -105,7 +115,8 @@ def test_scorer_matches_oracle_and_is_batch_invariant():
         nats, nbytes = _oracle(model, tokens, 16, pieces, boundary)
     table = tok.byte_table()
     results = [
-        evaluate(model, tokens, table, EvalConfig(seq_len=16, batch_seqs=b), torch.device("cpu")).sums for b in (1, 3, 64)
+        evaluate(model, tokens, table, EvalConfig(seq_len=16, batch_seqs=b), torch.device("cpu")).sums
+        for b in (1, 3, 64)
     ]
     for s in results:
         assert s.bytes == nbytes
@@ -116,7 +127,10 @@ def test_scorer_matches_oracle_and_is_batch_invariant():
 
 def test_sums_merge_is_order_independent():
     g = torch.Generator().manual_seed(1)
-    parts = [(torch.rand(50, generator=g, dtype=torch.float64) * 5, np.random.default_rng(i).integers(0, 4, 50)) for i in range(6)]
+    parts = [
+        (torch.rand(50, generator=g, dtype=torch.float64) * 5, np.random.default_rng(i).integers(0, 4, 50))
+        for i in range(6)
+    ]
     fwd, rev = BpbSums(), BpbSums()
     for n, b in parts:
         fwd.add(n, b)
@@ -142,6 +156,12 @@ def test_model_output_is_checked():
     with pytest.raises(ValueError, match="shape"):
         evaluate(Bad(lambda ids: torch.zeros(*ids.shape, 10)), tokens, table, cfg, torch.device("cpu"))
     with pytest.raises(ValueError, match="non-finite"):
-        evaluate(Bad(lambda ids: torch.full((*ids.shape, 260), float("nan"))), tokens, table, cfg, torch.device("cpu"))
+        evaluate(
+            Bad(lambda ids: torch.full((*ids.shape, 260), float("nan"))),
+            tokens,
+            table,
+            cfg,
+            torch.device("cpu"),
+        )
     with pytest.raises(ValueError, match="logits"):
         evaluate(Bad(lambda ids: torch.tensor(1.0)), tokens, table, cfg, torch.device("cpu"))

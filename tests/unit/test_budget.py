@@ -27,7 +27,9 @@ class FakeStream:
     tokens_consumed = 0
 
     def next_batch(self, batch_tokens, seq_len):
-        return torch.zeros(batch_tokens // seq_len, seq_len, dtype=torch.long), torch.zeros(batch_tokens // seq_len, seq_len, dtype=torch.long)
+        return torch.zeros(batch_tokens // seq_len, seq_len, dtype=torch.long), torch.zeros(
+            batch_tokens // seq_len, seq_len, dtype=torch.long
+        )
 
 
 def test_budget_config_validates():
@@ -95,7 +97,9 @@ def test_warmup_trains_nothing_and_is_off_the_clock(tmp_path):
         time.sleep(0.1)
         calls.append(1)
 
-    report = clock.warmup(step, modules=[model], optimizers=[opt], steps=3, batch_tokens=8, seq_len=4, vocab_size=16)
+    report = clock.warmup(
+        step, modules=[model], optimizers=[opt], steps=3, batch_tokens=8, seq_len=4, vocab_size=16
+    )
     assert len(calls) == 3 and report.verified and report.steps == 3
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert len(opt.state) == 0 and all(p.grad is None for p in model.parameters())
@@ -112,7 +116,9 @@ def test_warmup_credit_is_capped_and_refused_after_a_tick():
     model, opt = _model_and_opt()
     clock = HarnessClock(100.0, ONE, warmup_max_s=0.01)
     clock.start()
-    report = clock.warmup(lambda x, y: time.sleep(0.05), modules=[model], steps=1, batch_tokens=8, seq_len=4, vocab_size=16)
+    report = clock.warmup(
+        lambda x, y: time.sleep(0.05), modules=[model], steps=1, batch_tokens=8, seq_len=4, vocab_size=16
+    )
     assert report.off_clock_s == 0.01
     assert clock.elapsed_s() >= 0.04  # the excess counts
     late = HarnessClock(100.0, ONE)

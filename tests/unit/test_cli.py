@@ -31,9 +31,13 @@ def surface(parser: argparse.ArgumentParser, prefix: str = "pgolf") -> list[str]
 
 def test_cli_surface_is_the_golden_one():
     want = [line for line in GOLDEN.read_text().splitlines() if line and not line.startswith("#")]
-    assert surface(build_parser()) == want, "the CLI changed: regenerate tests/golden/cli.txt (see this file's docstring)"
+    assert surface(build_parser()) == want, (
+        "the CLI changed: regenerate tests/golden/cli.txt (see this file's docstring)"
+    )
 
 
 if __name__ == "__main__":
-    print("# every command, positional and flag of pgolf; regenerate: python -m tests.unit.test_cli > tests/golden/cli.txt")
+    print(
+        "# every command, positional and flag of pgolf; regenerate: python -m tests.unit.test_cli > tests/golden/cli.txt"
+    )
     print("\n".join(surface(build_parser())))

@@ -109,8 +109,13 @@ def test_corrupt_payload_is_refused():
 # ---- properties ----
 
 matrices = st.builds(
-    lambda rows, cols, seed, scale: torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)) * scale,
-    st.integers(1, 6), st.integers(1, 40), st.integers(0, 2**31 - 1), st.sampled_from([1e-3, 1.0, 50.0]),
+    lambda rows, cols, seed, scale: (
+        torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)) * scale
+    ),
+    st.integers(1, 6),
+    st.integers(1, 40),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from([1e-3, 1.0, 50.0]),
 )
 
 

@@ -21,7 +21,10 @@ FIXTURES = REPO / "tests" / "fixtures" / "submissions"
 # (what the model file adds, the rule it must be refused by)
 HOSTILE_MODELS = {
     "reads a file": ("V = open('/data/fineweb_val_000000.bin', 'rb').read()\n", "uses 'open'"),
-    "numpy fromfile": ("import numpy as np\nV = np.fromfile('/v.bin', dtype=np.uint16)\n", "attribute 'fromfile'"),
+    "numpy fromfile": (
+        "import numpy as np\nV = np.fromfile('/v.bin', dtype=np.uint16)\n",
+        "attribute 'fromfile'",
+    ),
     "numpy memmap": ("import numpy\nV = numpy.memmap('/v.bin')\n", "attribute 'memmap'"),
     "from-import of a file reader": ("from numpy import fromfile\n", "imports 'fromfile'"),
     "torch.load": ("X = torch.load('/v.pt')\n", "attribute 'load'"),
@@ -30,15 +33,27 @@ HOSTILE_MODELS = {
     "gc": ("import gc\n", "imports 'gc'"),
     "dunder": ("G = build_model.__globals__\n", "attribute '__globals__'"),
     "monkeypatch torch": ("torch.gather = lambda *a, **k: None\n", "assigns to 'torch.gather'"),
-    "monkeypatch F": ("import torch.nn.functional as F\nF.log_softmax = None\n", "assigns to 'F.log_softmax'"),
+    "monkeypatch F": (
+        "import torch.nn.functional as F\nF.log_softmax = None\n",
+        "assigns to 'F.log_softmax'",
+    ),
     "monkeypatch a class": ("nn.Module.__call__ = None\n", "assigns to 'nn.Module.__call__'"),
     "getattr": ("X = getattr(torch, 'gather')\n", "uses 'getattr'"),
     "helper module": ("from helper import peek\n", "helper.py:1: imports 'os'"),
-    "private back door": ("F = torch.serialization._open_file_like('/v.bin', 'rb')\n", "private attribute '_open_file_like'"),
+    "private back door": (
+        "F = torch.serialization._open_file_like('/v.bin', 'rb')\n",
+        "private attribute '_open_file_like'",
+    ),
     "private module": ("from torch._dynamo import eval_frame\n", "private module 'torch._dynamo'"),
-    "datapipes": ("P = torch.utils.data.datapipes.iter.FileOpener(['/v.bin'], mode='b')\n", "attribute 'datapipes'"),
+    "datapipes": (
+        "P = torch.utils.data.datapipes.iter.FileOpener(['/v.bin'], mode='b')\n",
+        "attribute 'datapipes'",
+    ),
     "a shell": ("R = torch.utils.collect_env.run('cat /v.bin')\n", "attribute 'collect_env'"),
-    "numpy writes": ("import numpy as np\nnp.savetxt('score.json', [], header='{}')\n", "attribute 'savetxt'"),
+    "numpy writes": (
+        "import numpy as np\nnp.savetxt('score.json', [], header='{}')\n",
+        "attribute 'savetxt'",
+    ),
     "exit early": ("raise SystemExit(0)\n", "uses 'SystemExit'"),
     "kernel registry": ("import torch.library\n", "imports 'torch.library'"),
     "function modes": ("M = torch.overrides.TorchFunctionMode\n", "attribute 'TorchFunctionMode'"),
@@ -57,27 +72,42 @@ def test_hostile_model_code_is_refused_by_the_static_check(tmp_path, name):
 
 def test_the_baseline_and_honest_fixtures_pass():
     assert lint_scored_code(REPO / "baselines" / "naive_baseline") == []
-    for name in ("tiny_lm", "peek_val", "ignore_stop", "kill_rank"):  # their hostility is in train.py, which the scorer never gets
+    for name in (
+        "tiny_lm",
+        "peek_val",
+        "ignore_stop",
+        "kill_rank",
+    ):  # their hostility is in train.py, which the scorer never gets
         assert lint_scored_code(FIXTURES / name) == [], name
 
 
 def test_a_codec_may_decode_bytes_but_not_open_files(tmp_path):
     folder = write_submission(tmp_path / "c")
-    good = ("import io\nimport json\nimport zlib\nimport torch\nfrom safetensors.torch import load, save\n\n"
-            "def decode(payload):\n    return load(zlib.decompress(payload))\n\n"
-            "def raw(payload):\n    return torch.frombuffer(bytearray(payload), dtype=torch.uint8)\n")
+    good = (
+        "import io\nimport json\nimport zlib\nimport torch\nfrom safetensors.torch import load, save\n\n"
+        "def decode(payload):\n    return load(zlib.decompress(payload))\n\n"
+        "def raw(payload):\n    return torch.frombuffer(bytearray(payload), dtype=torch.uint8)\n"
+    )
     (folder / "codec.py").write_text(good)
     assert lint_scored_code(folder) == []
-    (folder / "codec.py").write_text(good + "import lzma\nX = lzma.LZMAFile('/v.bin')\nY = io.FileIO('/v.bin')\n")
+    (folder / "codec.py").write_text(
+        good + "import lzma\nX = lzma.LZMAFile('/v.bin')\nY = io.FileIO('/v.bin')\n"
+    )
     problems = lint_scored_code(folder)
     assert any("'LZMAFile'" in p for p in problems) and any("'FileIO'" in p for p in problems), problems
-    assert any("time" in p for p in lint_scored_code(FIXTURES / "codec_peek"))  # the hostile codec fixture: time, pathlib, open
+    assert any(
+        "time" in p for p in lint_scored_code(FIXTURES / "codec_peek")
+    )  # the hostile codec fixture: time, pathlib, open
 
 
 def test_model_code_may_not_use_codec_allowances(tmp_path):
-    folder = write_submission(tmp_path / "m", model_src=TINY_MODEL + "import zlib\nX = torch.frombuffer(b'ab', dtype=torch.uint8)\n")
+    folder = write_submission(
+        tmp_path / "m", model_src=TINY_MODEL + "import zlib\nX = torch.frombuffer(b'ab', dtype=torch.uint8)\n"
+    )
     problems = lint_scored_code(folder)
-    assert any("imports 'zlib'" in p for p in problems) and any("'frombuffer'" in p for p in problems), problems
+    assert any("imports 'zlib'" in p for p in problems) and any("'frombuffer'" in p for p in problems), (
+        problems
+    )
 
 
 def test_the_static_check_runs_before_the_model_is_imported(tmp_path, tiny_dataset):
@@ -122,7 +152,9 @@ def test_a_model_that_patches_the_scorer_through_an_alias_fails_at_its_first_for
     original = torch.isfinite
     try:
         with pytest.raises(CodeCheckFailure, match=r"torch\.isfinite was replaced during a forward pass"):
-            score_artifact(tmp_path / "a.pgolf", folder, tiny_dataset, FAST_EVAL, threads=1)  # ... not from the guard
+            score_artifact(
+                tmp_path / "a.pgolf", folder, tiny_dataset, FAST_EVAL, threads=1
+            )  # ... not from the guard
     finally:
         torch.isfinite = original
 
@@ -133,7 +165,9 @@ def test_a_clean_score_records_its_code_check(tmp_path, tiny_dataset):
     rec = score_artifact(tmp_path / "a.pgolf", folder, tiny_dataset, FAST_EVAL, threads=1)
     cc = rec["code_check"]
     assert cc["static"] == "passed" and cc["files"] == ["model.py"] and "torch" in cc["watched"]
-    assert cc["checks"] >= 2 + 3 + rec["eval_windows"] // FAST_EVAL.batch_seqs  # build, end, 3 probe forwards, every batch
+    assert (
+        cc["checks"] >= 2 + 3 + rec["eval_windows"] // FAST_EVAL.batch_seqs
+    )  # build, end, 3 probe forwards, every batch
 
 
 def test_the_score_command_says_code_check_failed(tmp_path, tiny_dataset):
@@ -141,10 +175,30 @@ def test_the_score_command_says_code_check_failed(tmp_path, tiny_dataset):
     folder = write_submission(tmp_path / "m")
     pack_tiny(folder, tmp_path / "a.pgolf")
     (folder / "model.py").write_text(TINY_MODEL + "import gc\n")
-    proc = subprocess.run([sys.executable, "-m", "scoring", "score", str(tmp_path / "a.pgolf"), "--submission", str(folder),
-                           "--data", str(tiny_dataset), "--seq-len", "32", "--max-tokens", "512"],
-                          capture_output=True, text=True, cwd=REPO, check=False)
-    assert proc.returncode == 2 and "code check failed" in proc.stderr and "imports 'gc'" in proc.stderr, proc.stderr
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "scoring",
+            "score",
+            str(tmp_path / "a.pgolf"),
+            "--submission",
+            str(folder),
+            "--data",
+            str(tiny_dataset),
+            "--seq-len",
+            "32",
+            "--max-tokens",
+            "512",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
+    assert proc.returncode == 2 and "code check failed" in proc.stderr and "imports 'gc'" in proc.stderr, (
+        proc.stderr
+    )
 
 
 def test_torch_compile_in_model_code_is_not_a_false_alarm():
@@ -180,7 +234,9 @@ def test_the_guard_sees_a_function_mode_left_active():
     guard("after it ended")
 
 
-@pytest.mark.filterwarnings("ignore:Warning only once for all operators")  # torch warns of the override: the point here
+@pytest.mark.filterwarnings(
+    "ignore:Warning only once for all operators"
+)  # torch warns of the override: the point here
 @pytest.mark.parametrize(("op", "full"), [("neg", False), ("gather", True)])
 def test_the_guard_sees_a_kernel_replaced_through_torch_library(op, full):
     guard = ToolGuard(scorer_tools())

@@ -9,7 +9,9 @@ from tests.conftest import BASELINE
 
 
 def test_presets_and_overrides_resolve():
-    cfg = load_config(BASELINE, "cpu-smoke", ["train.matrix_lr=0.02", "budget.train_s=30", "model.num_layers=3"])
+    cfg = load_config(
+        BASELINE, "cpu-smoke", ["train.matrix_lr=0.02", "budget.train_s=30", "model.num_layers=3"]
+    )
     assert cfg.train["matrix_lr"] == 0.02
     assert cfg.section("budget").train_s == 30.0 and isinstance(cfg.section("budget").train_s, float)
     assert cfg.model["num_layers"] == 3 and cfg.model["model_dim"] == 128

@@ -17,9 +17,11 @@ from scoring.score.confine import plan_rules
 from tests.conftest import REPO
 from tests.unit.test_eval_support import FAST_EVAL, _one_thread, pack_tiny, write_submission  # noqa: F401 (fixture)
 
-needs_landlock = pytest.mark.skipif(landlock_abi() == 0, reason="this kernel has no Landlock: the scorer runs unconfined here")
+needs_landlock = pytest.mark.skipif(
+    landlock_abi() == 0, reason="this kernel has no Landlock: the scorer runs unconfined here"
+)
 
-PROBE = r'''
+PROBE = r"""
 import json, sys, tempfile
 from pathlib import Path
 from scoring.score.confine import confine_scorer, private_workdir
@@ -46,7 +48,7 @@ print(json.dumps({"confinement": rec, "work": str(workdir[0]), **{
     "write to its temp folder": attempt(lambda: (Path(tempfile.gettempdir()) / "t").write_text("x")),
     "import a module not yet loaded": attempt(lambda: __import__("decimal")),
 }}))
-'''
+"""
 
 
 @needs_landlock
@@ -54,8 +56,14 @@ def test_a_confined_scorer_cannot_open_the_dataset_but_can_do_its_job(tmp_path, 
     code = write_submission(tmp_path / "code")
     out = tmp_path / "out"
     out.mkdir()
-    proc = subprocess.run([sys.executable, "-c", PROBE, str(tiny_dataset), str(code), str(out)], capture_output=True, text=True,
-                          cwd=REPO, check=False, env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, str(tiny_dataset), str(code), str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got.pop("confinement")["applied"] is True
@@ -81,27 +89,74 @@ def test_a_confined_scorer_cannot_open_the_dataset_but_can_do_its_job(tmp_path, 
 
 
 def test_plan_carves_a_dataset_out_of_a_readable_folder_and_refuses_overlaps(tmp_path):
-    data = REPO / "data" / "pytest-dataset-inside-the-package"  # a dataset built inside the project's data/ package
+    data = (
+        REPO / "data" / "pytest-dataset-inside-the-package"
+    )  # a dataset built inside the project's data/ package
     data.mkdir()
     try:
-        rules, prot, _ = plan_rules(code_dir=tmp_path, protected=[data], write_dirs=[tmp_path / "out"], device="cpu",
-                                    system_tmp="/tmp")
+        rules, prot, _ = plan_rules(
+            code_dir=tmp_path,
+            protected=[data],
+            write_dirs=[tmp_path / "out"],
+            device="cpu",
+            system_tmp="/tmp",
+        )
         paths = {r.path for r in rules if r.access == "ro"}
-        assert str(REPO / "data") not in paths and str(REPO / "data" / "shards.py") in paths and prot == [str(data)]
+        assert (
+            str(REPO / "data") not in paths
+            and str(REPO / "data" / "shards.py") in paths
+            and prot == [str(data)]
+        )
         assert not any(p == str(data) or p.startswith(str(data) + "/") for p in paths)
         with pytest.raises(ValueError, match="overlaps the protected"):
-            plan_rules(code_dir=tmp_path, protected=[tmp_path / "ds"], write_dirs=[tmp_path], device="cpu", system_tmp="/tmp")
+            plan_rules(
+                code_dir=tmp_path,
+                protected=[tmp_path / "ds"],
+                write_dirs=[tmp_path],
+                device="cpu",
+                system_tmp="/tmp",
+            )
         with pytest.raises(ValueError, match="keep code and data apart"):
-            plan_rules(code_dir=tmp_path / "ds" / "code", protected=[tmp_path / "ds"], write_dirs=[], device="cpu", system_tmp="/tmp")
+            plan_rules(
+                code_dir=tmp_path / "ds" / "code",
+                protected=[tmp_path / "ds"],
+                write_dirs=[],
+                device="cpu",
+                system_tmp="/tmp",
+            )
     finally:
         data.rmdir()
 
 
 def _score_cli(artifact: Path, folder: Path, data: Path, out: Path, *extra: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "scoring", "score", str(artifact), "--submission", str(folder), "--data", str(data),
-                           "--seq-len", str(FAST_EVAL.seq_len), "--batch-seqs", str(FAST_EVAL.batch_seqs),
-                           "--max-tokens", str(FAST_EVAL.max_tokens), "--threads", "1", "--json-out", str(out), *extra],
-                          capture_output=True, text=True, cwd=REPO, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "scoring",
+            "score",
+            str(artifact),
+            "--submission",
+            str(folder),
+            "--data",
+            str(data),
+            "--seq-len",
+            str(FAST_EVAL.seq_len),
+            "--batch-seqs",
+            str(FAST_EVAL.batch_seqs),
+            "--max-tokens",
+            str(FAST_EVAL.max_tokens),
+            "--threads",
+            "1",
+            "--json-out",
+            str(out),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.read_text())
 
@@ -114,7 +169,9 @@ def test_the_score_command_confines_itself_and_scores_the_same(tmp_path, tiny_da
     (tmp_path / "o1").mkdir()
     (tmp_path / "o2").mkdir()
     confined = _score_cli(tmp_path / "a.pgolf", folder, tiny_dataset, tmp_path / "o1" / "score.json")
-    free = _score_cli(tmp_path / "a.pgolf", folder, tiny_dataset, tmp_path / "o2" / "score.json", "--no-confine")
+    free = _score_cli(
+        tmp_path / "a.pgolf", folder, tiny_dataset, tmp_path / "o2" / "score.json", "--no-confine"
+    )
     in_process = score_artifact(tmp_path / "a.pgolf", folder, tiny_dataset, FAST_EVAL, threads=1)
     assert confined["val_loss_sum_nats"] == free["val_loss_sum_nats"] == in_process["val_loss_sum_nats"]
     assert free["confinement"]["applied"] is False and in_process["confinement"]["applied"] is False

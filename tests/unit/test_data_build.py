@@ -44,7 +44,13 @@ def sp_build(tmp_path_factory, sample_texts):
     src = source_from_path(SAMPLE_JSONL)
     out = tmp_path_factory.mktemp("sp1024") / "ds"
     return build_dataset(
-        src, out, val_docs=SAMPLE_VAL_DOCS, tokenizer=SP1024, shard_tokens=1_000_000, workers=2, source=src.describe()
+        src,
+        out,
+        val_docs=SAMPLE_VAL_DOCS,
+        tokenizer=SP1024,
+        shard_tokens=1_000_000,
+        workers=2,
+        source=src.describe(),
     )
 
 
@@ -52,7 +58,9 @@ def test_every_document_is_bos_plus_its_own_encoding(sp_build, sample_texts):
     m = read_json(sp_build / "manifest.json")
     tok = SentencePieceTokenizer(sp_build / m["tokenizer"]["file"])
     assert m["tokenizer"]["sha256"] == "4f5e8adb109c66b4886963bc75a7befd73bda36d27fd7102df8e9e66503b0e2a"
-    got = split_docs(read_split(sp_build, "val"), tok.bos_id) + split_docs(read_split(sp_build, "train"), tok.bos_id)
+    got = split_docs(read_split(sp_build, "val"), tok.bos_id) + split_docs(
+        read_split(sp_build, "train"), tok.bos_id
+    )
     assert len(got) == len(sample_texts) == m["selection"]["docs"]
     want = tok.sp.encode(sample_texts, out_type=int)  # the tokenizer's own encoding, one list per document
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
@@ -87,7 +95,9 @@ def test_verify_passes_and_catches_a_flipped_byte(sp_build, tmp_path, capsys):
 
 
 def test_byte260_round_trip_gives_back_the_utf8_documents_exactly(tmp_path, sample_texts):
-    out = build_dataset(sample_texts, tmp_path / "b260", val_docs=100, tokenizer="byte260", shard_tokens=3_000_000, workers=2)
+    out = build_dataset(
+        sample_texts, tmp_path / "b260", val_docs=100, tokenizer="byte260", shard_tokens=3_000_000, workers=2
+    )
     docs = split_docs(read_split(out, "val"), BOS_ID) + split_docs(read_split(out, "train"), BOS_ID)
     assert len(docs) == len(sample_texts)
     for d, text in zip(docs, sample_texts, strict=True):
@@ -111,7 +121,10 @@ def test_parallel_encoding_is_identical_to_sequential(tmp_path):
 
     def run(workers: int) -> list[tuple[str, list[int], list[int]]]:
         batches = (EncodeBatch("train", texts[i : i + 7], 0) for i in range(0, len(texts), 7))
-        return [(b.texts[0], flat.tolist(), lens.tolist()) for b, flat, lens in encode_ordered(tok_path, batches, workers)]
+        return [
+            (b.texts[0], flat.tolist(), lens.tolist())
+            for b, flat, lens in encode_ordered(tok_path, batches, workers)
+        ]
 
     assert run(1) == run(2)
     a = build_dataset(texts, tmp_path / "a", val_docs=6, tokenizer="byte260", shard_tokens=20_000, workers=1)
@@ -150,7 +163,24 @@ def test_cli_build_from_a_text_folder(tmp_path, capsys):
     folder.mkdir()
     for i, d in enumerate(prose_documents(8)):
         (folder / f"{i:03d}.txt").write_text(d[:1000], encoding="utf-8")
-    rc = data_main(["build", "--docs", str(folder), "--tokenizer", "byte260", "--val-docs", "2", "--out", str(tmp_path / "o"), "--workers", "1"])
+    rc = data_main(
+        [
+            "build",
+            "--docs",
+            str(folder),
+            "--tokenizer",
+            "byte260",
+            "--val-docs",
+            "2",
+            "--out",
+            str(tmp_path / "o"),
+            "--workers",
+            "1",
+        ]
+    )
     assert rc == 0 and "2 val docs" in capsys.readouterr().out
-    assert data_main(["build", "--docs", str(folder), "--tokenizer", "byte260", "--out", str(tmp_path / "o2")]) == 2
+    assert (
+        data_main(["build", "--docs", str(folder), "--tokenizer", "byte260", "--out", str(tmp_path / "o2")])
+        == 2
+    )
     assert "8 documents and --val-docs is 50000: no training documents left" in capsys.readouterr().err

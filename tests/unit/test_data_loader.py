@@ -58,7 +58,11 @@ def test_train_shard_paths_fixes_the_count_and_describe_records_it(tmp_path):
     assert two == all_paths[:2]
     ld = DistributedTokenLoader(two, 1, 8)
     d = ld.describe()
-    assert d["train_shards_used"] == 2 and d["train_shard_names"] == [p.name for p in two] and d["world_size"] == 8
+    assert (
+        d["train_shards_used"] == 2
+        and d["train_shard_names"] == [p.name for p in two]
+        and d["world_size"] == 8
+    )
     with pytest.raises(ValueError, match=f"holds {len(all_paths)} training shards"):
         train_shard_paths(ds, len(all_paths) + 1)
     with pytest.raises(ValueError, match="positive"):

@@ -28,7 +28,9 @@ def docs() -> list[str]:
 def files(tmp_path_factory, docs):
     root = tmp_path_factory.mktemp("sources")
     jl = root / "docs.jsonl"
-    jl.write_text("".join(json.dumps({"text": d, "id": i}) + "\n" for i, d in enumerate(docs)), encoding="utf-8")
+    jl.write_text(
+        "".join(json.dumps({"text": d, "id": i}) + "\n" for i, d in enumerate(docs)), encoding="utf-8"
+    )
     pdir = root / "parquet"
     pdir.mkdir()
     half = len(docs) // 2  # two files: order is sorted file name, then row
@@ -75,7 +77,15 @@ def test_builds_from_every_source_record_the_same_selection(tmp_path, files, doc
     shas = set()
     for kind in ("jsonl", "parquet", "text"):
         src = source_from_path(files[kind])
-        out = build_dataset(src, tmp_path / kind, val_docs=4, tokenizer="byte260", shard_tokens=10_000, workers=1, source=src.describe())
+        out = build_dataset(
+            src,
+            tmp_path / kind,
+            val_docs=4,
+            tokenizer="byte260",
+            shard_tokens=10_000,
+            workers=1,
+            source=src.describe(),
+        )
         m = read_json(out / "manifest.json")
         assert m["source"]["kind"] == kind and m["selection"]["docs"] == len(docs)
         shas.add(m["selection_sha256"])

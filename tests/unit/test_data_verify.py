@@ -17,7 +17,14 @@ from tests.fixtures.texts import prose_documents
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory):
     docs = prose_documents(30, 2000)
-    return build_dataset(docs, tmp_path_factory.mktemp("verify") / "ds", val_docs=3, tokenizer="byte260", shard_tokens=9_000, workers=1)
+    return build_dataset(
+        docs,
+        tmp_path_factory.mktemp("verify") / "ds",
+        val_docs=3,
+        tokenizer="byte260",
+        shard_tokens=9_000,
+        workers=1,
+    )
 
 
 @pytest.fixture()

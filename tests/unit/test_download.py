@@ -32,7 +32,11 @@ B260 = "datasets/datasets/fineweb10B_byte260"
 def _pure_byte_json(path: Path) -> Path:
     """The reference's byte260 tokenizer file (data/pure_byte_tokenizer.py's save_json)."""
     cfg = {"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3, "byte_offset": 4, "byte_count": 256}
-    path.write_text(json.dumps({"tokenizer_type": "pure_byte", "config": cfg, "vocab_size": 260}, indent=2, sort_keys=True))
+    path.write_text(
+        json.dumps(
+            {"tokenizer_type": "pure_byte", "config": cfg, "vocab_size": 260}, indent=2, sort_keys=True
+        )
+    )
     return path
 
 
@@ -40,10 +44,14 @@ def _pure_byte_json(path: Path) -> Path:
 def built(tmp_path_factory) -> dict[str, tuple[Path, list[Path]]]:
     root = tmp_path_factory.mktemp("hub_src")
     docs = prose_documents(79, 12_000)
-    b260 = build_dataset(docs, root / "byte260", val_docs=8, tokenizer="byte260", shard_tokens=100_000, workers=1)
+    b260 = build_dataset(
+        docs, root / "byte260", val_docs=8, tokenizer="byte260", shard_tokens=100_000, workers=1
+    )
     variants = {"byte260": (b260, [_pure_byte_json(root / "fineweb_pure_byte_260.json")])}
     if SP1024.is_file():
-        sp = build_dataset(docs, root / "sp1024", val_docs=8, tokenizer=SP1024, shard_tokens=40_000, workers=1)
+        sp = build_dataset(
+            docs, root / "sp1024", val_docs=8, tokenizer=SP1024, shard_tokens=40_000, workers=1
+        )
         variants["sp1024"] = (sp, [SP1024, SP1024.with_suffix(".vocab")])
     return variants
 
@@ -96,7 +104,9 @@ def test_all_training_shards_by_default_when_fewer_than_80(hub, built, tmp_path)
     assert (out / "byte260.json").is_file() and (out / "fineweb_pure_byte_260.json").is_file()
 
 
-def test_resumes_with_a_range_request_after_the_connection_drops_mid_file(hub, repo_files, tmp_path, monkeypatch):
+def test_resumes_with_a_range_request_after_the_connection_drops_mid_file(
+    hub, repo_files, tmp_path, monkeypatch
+):
     # huggingface_hub writes what it received in DOWNLOAD_CHUNK_SIZE pieces (10 MiB) and resumes from
     # there; 16 KiB pieces let a 300 kB test shard be cut and resumed mid-file.
     from huggingface_hub import constants
@@ -142,25 +152,62 @@ def test_a_bad_shard_is_refused_without_a_hash_to_compare(built, tmp_path):
     files = reference_repo_files(built, with_sha256=False)  # a manifest without sizes or sha256s
     path = f"{B260}/fineweb_val_000000.bin"
     files[path] = (1234).to_bytes(4, "little") + files[path][4:]  # wrong magic
-    with HubServer(REPO_ID, files) as hub, pytest.raises(DownloadError, match=r"fineweb_val_000000\.bin: not a valid shard .*magic 1234"):
+    with (
+        HubServer(REPO_ID, files) as hub,
+        pytest.raises(DownloadError, match=r"fineweb_val_000000\.bin: not a valid shard .*magic 1234"),
+    ):
         download_variant("byte260", tmp_path / "h", train_shards=1, endpoint=hub.endpoint)
     assert not (tmp_path / "h" / "fineweb_val_000000.bin").exists()
 
 
 def test_a_missing_variant_lists_those_the_repo_has(hub, built, tmp_path, capsys):
     have = ", ".join(sorted(built))
-    with pytest.raises(ValueError, match=rf"variant 'sp4096' \(fineweb10B_sp4096\) is not in .*; it has: {have}\."):
+    with pytest.raises(
+        ValueError, match=rf"variant 'sp4096' \(fineweb10B_sp4096\) is not in .*; it has: {have}\."
+    ):
         download_variant("sp4096", tmp_path / "m", endpoint=hub.endpoint)
-    rc = data_main(["download", "--variant", "sp8192", "--out", str(tmp_path / "m"), "--endpoint", hub.endpoint])
+    rc = data_main(
+        ["download", "--variant", "sp8192", "--out", str(tmp_path / "m"), "--endpoint", hub.endpoint]
+    )
     assert rc == 2 and f"it has: {have}" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--variant must be"):
         download_variant("gpt2", tmp_path / "m", endpoint=hub.endpoint)
 
 
 def test_cli_download_and_too_many_train_shards(hub, tmp_path, capsys):
-    assert data_main(["download", "--variant", "byte260", "--train-shards", "1", "--out", str(tmp_path / "d"), "--endpoint", hub.endpoint]) == 0
+    assert (
+        data_main(
+            [
+                "download",
+                "--variant",
+                "byte260",
+                "--train-shards",
+                "1",
+                "--out",
+                str(tmp_path / "d"),
+                "--endpoint",
+                hub.endpoint,
+            ]
+        )
+        == 0
+    )
     assert "1 shard(s)" in capsys.readouterr().out
-    assert data_main(["download", "--variant", "byte260", "--train-shards", "999", "--out", str(tmp_path / "d"), "--endpoint", hub.endpoint]) == 2
+    assert (
+        data_main(
+            [
+                "download",
+                "--variant",
+                "byte260",
+                "--train-shards",
+                "999",
+                "--out",
+                str(tmp_path / "d"),
+                "--endpoint",
+                hub.endpoint,
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "--train-shards 999" in err and "training shards on the hub" in err
 
@@ -169,7 +216,10 @@ def test_a_moved_revision_is_not_mixed_into_an_old_download(repo_files, tmp_path
     out = tmp_path / "mv"
     with HubServer(REPO_ID, repo_files) as hub:
         download_variant("byte260", out, train_shards=1, endpoint=hub.endpoint)
-    with HubServer(REPO_ID, repo_files, commit="f" * 40) as hub, pytest.raises(ValueError, match="mixing commits"):
+    with (
+        HubServer(REPO_ID, repo_files, commit="f" * 40) as hub,
+        pytest.raises(ValueError, match="mixing commits"),
+    ):
         download_variant("byte260", out, train_shards=2, endpoint=hub.endpoint)
 
 
@@ -186,7 +236,9 @@ def test_unreachable_hub_and_unknown_manifest_shapes_are_clear(tmp_path, built):
 
 def test_tolerant_manifest_reading():
     raw = {
-        "datasets": {"fineweb10B_sp1024": {"tokenizer_name": "t", "stats": {"files_train": "3", "files_val": 1}}},
+        "datasets": {
+            "fineweb10B_sp1024": {"tokenizer_name": "t", "stats": {"files_train": "3", "files_val": 1}}
+        },
         "tokenizers": {"t": {"model_path": "/export/root/tokenizers/fineweb_1024_bpe.model"}},
         "files": [{"name": "fineweb_val_000000.bin", "bytes": 10, "sha256": "A" * 64}],
     }

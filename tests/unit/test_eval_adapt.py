@@ -40,7 +40,13 @@ def tokens(tiny_dataset) -> np.ndarray:
 
 
 def run(model, tokens, hook, mode="standard", chunk=256, on_scored=None):
-    cfg = EvalConfig(mode=mode, seq_len=32, batch_seqs=4, adapt_chunk_tokens=chunk, stride=None if mode == "standard" else 16)
+    cfg = EvalConfig(
+        mode=mode,
+        seq_len=32,
+        batch_seqs=4,
+        adapt_chunk_tokens=chunk,
+        stride=None if mode == "standard" else 16,
+    )
     adapter = ScoreFirstAdapter(hook)
     return evaluate(model, tokens, TABLE, cfg, CPU, adapter=adapter, on_scored=on_scored), adapter
 
@@ -54,7 +60,9 @@ def test_hook_sees_only_scored_tokens_in_order(tokens, mode):
         events.append(("delivered", np.array([])))
         got.append(chunk.clone())
 
-    res, adapter = run(Unigram(), tokens, hook, mode, on_scored=lambda pos, n, b: events.append(("scored", pos)))
+    res, adapter = run(
+        Unigram(), tokens, hook, mode, on_scored=lambda pos, n, b: events.append(("scored", pos))
+    )
     scored_so_far: set[int] = set()
     k = 0
     for kind, pos in events:
@@ -62,18 +70,23 @@ def test_hook_sees_only_scored_tokens_in_order(tokens, mode):
             scored_so_far |= set(pos.tolist())
             continue
         a, b = adapter.delivered[k]
-        for p in range(a, b):  # every delivered position was scored already (BOS boundaries are never targets)
+        for p in range(
+            a, b
+        ):  # every delivered position was scored already (BOS boundaries are never targets)
             assert p in scored_so_far or (mode == "documents" and tokens[p] == BOS_ID), (mode, p)
         assert got[k].tolist() == tokens[a:b].tolist()
         k += 1
     assert k == len(adapter.delivered) == res.chunks > 1
     spans = adapter.delivered
-    assert spans[0][0] == 1 and all(spans[i][1] == spans[i + 1][0] for i in range(len(spans) - 1))  # in order, no gaps
+    assert spans[0][0] == 1 and all(
+        spans[i][1] == spans[i + 1][0] for i in range(len(spans) - 1)
+    )  # in order, no gaps
     assert spans[-1][1] - 1 == max(scored_so_far)  # nothing past the last scored target
 
 
 def test_score_first_the_first_chunk_is_scored_before_any_adaptation(tokens):
     """A hook that learns the unigram distribution changes later chunks' losses, never the first chunk's."""
+
     def learn(model, chunk):
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
         for _ in range(5):
@@ -83,7 +96,12 @@ def test_score_first_the_first_chunk_is_scored_before_any_adaptation(tokens):
 
     per: dict[str, dict[int, float]] = {"adapt": {}, "none": {}}
     for name, hook in (("adapt", learn), ("none", lambda m, c: None)):
-        run(Unigram(), tokens, hook, on_scored=lambda pos, n, b, d=per[name]: d.update(zip(pos.tolist(), n.tolist(), strict=True)))
+        run(
+            Unigram(),
+            tokens,
+            hook,
+            on_scored=lambda pos, n, b, d=per[name]: d.update(zip(pos.tolist(), n.tolist(), strict=True)),
+        )
     first = [p for p in per["none"] if p <= 256]
     assert all(per["adapt"][p] == per["none"][p] for p in first)
     assert sum(per["adapt"].values()) < sum(per["none"].values())  # the adaptation helped later chunks
@@ -107,14 +125,19 @@ def test_a_hostile_hook_gets_nothing_beyond_its_chunk(tokens):
     for info in seen:
         assert info["storage_bytes"] == info["numel"] * 8  # the tensor owns exactly its chunk
         assert info["read_past"] is False
-    assert res_hostile.sums.loss_nats == res_plain.sums.loss_nats and res_hostile.sums.bytes == res_plain.sums.bytes
+    assert (
+        res_hostile.sums.loss_nats == res_plain.sums.loss_nats
+        and res_hostile.sums.bytes == res_plain.sums.bytes
+    )
 
 
 def test_weights_that_move_while_scoring_are_a_violation(tokens):
     class LearnsInForward(Unigram):
         def forward(self, ids):
             with torch.no_grad():
-                self.logits.add_(F.one_hot(ids[:, -1], V).float().sum(0))  # trains on the window it is scoring
+                self.logits.add_(
+                    F.one_hot(ids[:, -1], V).float().sum(0)
+                )  # trains on the window it is scoring
             return super().forward(ids)
 
     with pytest.raises(AdaptationViolation, match="logits changed while chunk 0 was being scored"):
@@ -128,12 +151,18 @@ def test_the_eval_clock_covers_adaptation(tokens):
 
 
 HOSTILE_HOOKS = {
-    "frames": ("import sys\n\ndef adapt(model, tokens):\n    future = sys._getframe(2).f_locals['toks']\n", "uses 'sys'"),
+    "frames": (
+        "import sys\n\ndef adapt(model, tokens):\n    future = sys._getframe(2).f_locals['toks']\n",
+        "uses 'sys'",
+    ),
     "gc": ("import gc\n\ndef adapt(model, tokens):\n    gc.get_objects()\n", "imports 'gc'"),
     "files": ("def adapt(model, tokens):\n    open('/proc/self/cmdline').read()\n", "uses 'open'"),
     "dunder": ("def adapt(model, tokens):\n    tokens.__class__.__subclasses__()\n", "attribute '__class__'"),
     "storage": ("def adapt(model, tokens):\n    tokens.untyped_storage()\n", "attribute 'untyped_storage'"),
-    "helper": ("from helper import peek\n\ndef adapt(model, tokens):\n    peek()\n", "helper.py:1: imports 'os'"),
+    "helper": (
+        "from helper import peek\n\ndef adapt(model, tokens):\n    peek()\n",
+        "helper.py:1: imports 'os'",
+    ),
 }
 
 
@@ -164,8 +193,13 @@ def test_score_artifact_runs_the_submission_hook(tmp_path, tiny_dataset):
     folder = write_submission(tmp_path / "ttt", eval_src=GOOD_HOOK)
     assert lint_scored_code(folder) == []
     pack_tiny(folder, tmp_path / "a.pgolf")
-    rec = score_artifact(tmp_path / "a.pgolf", folder, tiny_dataset,
-                         EvalConfig(seq_len=32, max_tokens=1024, adapt_chunk_tokens=256), threads=1)
+    rec = score_artifact(
+        tmp_path / "a.pgolf",
+        folder,
+        tiny_dataset,
+        EvalConfig(seq_len=32, max_tokens=1024, adapt_chunk_tokens=256),
+        threads=1,
+    )
     ad = rec["adaptation"]
     assert ad["protocol"] == "score-first" and ad["chunks"] == 4 and ad["tokens_delivered"] == 1024
     assert rec["eval_time_s"] >= ad["adapt_time_s"] > 0

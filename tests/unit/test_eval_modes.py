@@ -40,10 +40,23 @@ class CausalCounts(nn.Module):
 @pytest.fixture(scope="module")
 def docs_tokens(tmp_path_factory) -> np.ndarray:
     """Validation documents of many lengths: empty, 1 byte, shorter and longer than the windows."""
-    texts = ["", "a", "tiny doc", "x" * 15, "Grüße aus Köln, " * 4, "The quick brown fox jumps over the lazy dog. " * 3,
-             "ok", "seventeen chars!!", "ünïcödé " * 9]
-    ds = build_dataset(texts + ["some training text"] * 3, tmp_path_factory.mktemp("modes"), val_docs=len(texts),
-                       tokenizer="byte260")
+    texts = [
+        "",
+        "a",
+        "tiny doc",
+        "x" * 15,
+        "Grüße aus Köln, " * 4,
+        "The quick brown fox jumps over the lazy dog. " * 3,
+        "ok",
+        "seventeen chars!!",
+        "ünïcödé " * 9,
+    ]
+    ds = build_dataset(
+        texts + ["some training text"] * 3,
+        tmp_path_factory.mktemp("modes"),
+        val_docs=len(texts),
+        tokenizer="byte260",
+    )
     return read_split(ds, "val").astype(np.int64)
 
 
@@ -70,7 +83,9 @@ def brute_force(model: nn.Module, toks: np.ndarray, mode: str, L: int, S: int, m
         bos = [p for p in range(N) if toks[p] == BOS_ID]
         begins = bos if bos and bos[0] == 0 else [0, *bos]
         ends = [*begins[1:], N]
-        targets = [(j, ctx_start(j, a, b, L, S)) for a, b in zip(begins, ends, strict=False) for j in range(a + 1, b)]
+        targets = [
+            (j, ctx_start(j, a, b, L, S)) for a, b in zip(begins, ends, strict=False) for j in range(a + 1, b)
+        ]
     out = {}
     with torch.no_grad():
         for j, s in targets:
@@ -94,9 +109,16 @@ def scored(model, toks, cfg):
 
 
 CASES = [
-    ("standard", 16, None, None), ("standard", 7, None, 100),
-    ("sliding", 16, 4, None), ("sliding", 16, 16, None), ("sliding", 9, 1, 120), ("sliding", 32, None, None),
-    ("documents", 16, 16, None), ("documents", 16, 5, None), ("documents", 8, 3, 150), ("documents", 64, None, None),
+    ("standard", 16, None, None),
+    ("standard", 7, None, 100),
+    ("sliding", 16, 4, None),
+    ("sliding", 16, 16, None),
+    ("sliding", 9, 1, 120),
+    ("sliding", 32, None, None),
+    ("documents", 16, 16, None),
+    ("documents", 16, 5, None),
+    ("documents", 8, 3, 150),
+    ("documents", 64, None, None),
 ]
 
 
@@ -137,13 +159,17 @@ def test_transformer_matches_brute_force(docs_tokens, mode):
     from scoring.score.loading import import_file
 
     torch.manual_seed(0)
-    gpt = import_file(BASELINE / "model.py", "baseline_model_for_modes").build_model(
-        {"vocab_size": V, "num_layers": 2, "model_dim": 32, "num_heads": 2, "num_kv_heads": 1}
-    ).eval()
+    gpt = (
+        import_file(BASELINE / "model.py", "baseline_model_for_modes")
+        .build_model({"vocab_size": V, "num_layers": 2, "model_dim": 32, "num_heads": 2, "num_kv_heads": 1})
+        .eval()
+    )
     with torch.no_grad():
         for p in gpt.parameters():
             p.add_(torch.randn_like(p) * 0.05)  # move off the zero-initialised projections
-    cfg = EvalConfig(mode=mode, seq_len=16, stride=None if mode == "standard" else 6, batch_seqs=4, max_tokens=200)
+    cfg = EvalConfig(
+        mode=mode, seq_len=16, stride=None if mode == "standard" else 6, batch_seqs=4, max_tokens=200
+    )
     _, got = scored(gpt, docs_tokens, cfg)
     want = brute_force(gpt, docs_tokens, mode, 16, 6, 200)
     assert sorted(got) == sorted(want)
@@ -154,8 +180,20 @@ def test_transformer_matches_brute_force(docs_tokens, mode):
 
 def test_batching_does_not_change_the_result(docs_tokens):
     model = CausalCounts()
-    a = evaluate(model, docs_tokens, ByteTokenizer().byte_table(), EvalConfig(mode="documents", seq_len=16, batch_seqs=1), torch.device("cpu"))
-    b = evaluate(model, docs_tokens, ByteTokenizer().byte_table(), EvalConfig(mode="documents", seq_len=16, batch_seqs=64), torch.device("cpu"))
+    a = evaluate(
+        model,
+        docs_tokens,
+        ByteTokenizer().byte_table(),
+        EvalConfig(mode="documents", seq_len=16, batch_seqs=1),
+        torch.device("cpu"),
+    )
+    b = evaluate(
+        model,
+        docs_tokens,
+        ByteTokenizer().byte_table(),
+        EvalConfig(mode="documents", seq_len=16, batch_seqs=64),
+        torch.device("cpu"),
+    )
     assert (a.sums.tokens, a.sums.bytes) == (b.sums.tokens, b.sums.bytes)
     assert a.sums.loss_nats == pytest.approx(b.sums.loss_nats, rel=1e-13)
 

@@ -61,15 +61,31 @@ def _one_thread():
 
 
 def write_submission(
-    folder: Path, *, model_src: str = TINY_MODEL, eval_src: str | None = None, name: str = "tiny", date: str = "2026-11-01",
-    builds_on: str | None = None, track: str = "smoke",
+    folder: Path,
+    *,
+    model_src: str = TINY_MODEL,
+    eval_src: str | None = None,
+    name: str = "tiny",
+    date: str = "2026-11-01",
+    builds_on: str | None = None,
+    track: str = "smoke",
 ) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "model.py").write_text(model_src)
-    (folder / "train.py").write_text('"""Not run by these tests."""\n\n\ndef train(ctx):\n    raise NotImplementedError\n')
+    (folder / "train.py").write_text(
+        '"""Not run by these tests."""\n\n\ndef train(ctx):\n    raise NotImplementedError\n'
+    )
     (folder / "config.toml").write_text("[model]\nvocab_size = 260\ndim = 16\n")
-    meta = {"schema_version": 1, "name": name, "author": "tests", "github_id": "tests", "date": date, "track": track,
-            "data_variant": "byte260", "blurb": "a scorer test entry"}
+    meta = {
+        "schema_version": 1,
+        "name": name,
+        "author": "tests",
+        "github_id": "tests",
+        "date": date,
+        "track": track,
+        "data_variant": "byte260",
+        "blurb": "a scorer test entry",
+    }
     if builds_on:
         meta["builds_on"] = builds_on
     (folder / "submission.json").write_text(json.dumps(meta))
@@ -82,11 +98,24 @@ def pack_tiny(folder: Path, out: Path, seed: int = 0, model_config: dict | None 
     config = dict(model_config or TINY_CONFIG)
     torch.manual_seed(seed)
     model = build_model(folder, config)
-    return pack_state(model.state_dict(), folder, out, codec_name="int8_zlib", model_config=config, cap_bytes=ARTIFACT_CAP_BYTES)
+    return pack_state(
+        model.state_dict(),
+        folder,
+        out,
+        codec_name="int8_zlib",
+        model_config=config,
+        cap_bytes=ARTIFACT_CAP_BYTES,
+    )
 
 
 def make_run(
-    run_dir: Path, folder: Path, data_dir: Path, *, seed: int = 0, cfg: EvalConfig = FAST_EVAL, ledger: Path | None = None,
+    run_dir: Path,
+    folder: Path,
+    data_dir: Path,
+    *,
+    seed: int = 0,
+    cfg: EvalConfig = FAST_EVAL,
+    ledger: Path | None = None,
     track: str = "smoke",
 ) -> dict[str, Any]:
     """A run folder as the pipeline leaves it (training replaced by a seeded random init)."""
@@ -100,18 +129,39 @@ def make_run(
     meta = json.loads((folder / "submission.json").read_text())
     manifest = load_manifest(data_dir)
     result = {
-        "format": "pg-result", "format_version": 1, "status": "ok", "verification": "unverified",
-        "submission": {k: meta.get(k) for k in ("name", "author", "github_id", "date", "track", "data_variant", "builds_on")},
-        "track": track, "preset": "tiny", "seed": seed, "created_unix_s": time.time(), "run_dir": str(run_dir),
-        "val_loss": score["val_loss"], "val_bpb": score["val_bpb"], "val_tokens": score["val_tokens"],
-        "val_bytes": score["val_bytes"], "eval_mode": score["eval_mode"], "eval_dtype": score["eval_dtype"],
-        "eval_time_s": score["eval_time_s"], "bytes_code": pack["bytes_code"], "bytes_model": pack["bytes_model"],
-        "bytes_total": pack["bytes_total"], "cap_bytes": pack["cap_bytes"], "within_cap": pack["within_cap"],
-        "phases": {"pack": pack, "score": score}, "config": {"eval": {"batch_seqs": cfg.batch_seqs}},
+        "format": "pg-result",
+        "format_version": 1,
+        "status": "ok",
+        "verification": "unverified",
+        "submission": {
+            k: meta.get(k)
+            for k in ("name", "author", "github_id", "date", "track", "data_variant", "builds_on")
+        },
+        "track": track,
+        "preset": "tiny",
+        "seed": seed,
+        "created_unix_s": time.time(),
+        "run_dir": str(run_dir),
+        "val_loss": score["val_loss"],
+        "val_bpb": score["val_bpb"],
+        "val_tokens": score["val_tokens"],
+        "val_bytes": score["val_bytes"],
+        "eval_mode": score["eval_mode"],
+        "eval_dtype": score["eval_dtype"],
+        "eval_time_s": score["eval_time_s"],
+        "bytes_code": pack["bytes_code"],
+        "bytes_model": pack["bytes_model"],
+        "bytes_total": pack["bytes_total"],
+        "cap_bytes": pack["cap_bytes"],
+        "within_cap": pack["within_cap"],
+        "phases": {"pack": pack, "score": score},
+        "config": {"eval": {"batch_seqs": cfg.batch_seqs}},
         "provenance": {
-            "code_files": pack["code_files"], "artifact_sha256": pack["artifact_sha256"],
+            "code_files": pack["code_files"],
+            "artifact_sha256": pack["artifact_sha256"],
             "data_manifest_sha256": sha256_file(Path(data_dir) / MANIFEST_NAME),
-            "tokenizer_sha256": sha256_file(manifest.tokenizer_path), "data_dir": str(data_dir),
+            "tokenizer_sha256": sha256_file(manifest.tokenizer_path),
+            "data_dir": str(data_dir),
         },
     }
     write_json_atomic(run_dir / "result.json", result)
@@ -123,7 +173,9 @@ def make_run(
 def test_make_run_writes_a_scored_consistent_result(tmp_path, tiny_dataset):
     folder = write_submission(tmp_path / "sub")
     res = make_run(tmp_path / "runs" / "r0", folder, tiny_dataset)
-    assert res["bytes_total"] == res["bytes_code"] + (tmp_path / "runs" / "r0" / "artifact.pgolf").stat().st_size
+    assert (
+        res["bytes_total"] == res["bytes_code"] + (tmp_path / "runs" / "r0" / "artifact.pgolf").stat().st_size
+    )
     score = res["phases"]["score"]
     assert score["probes"]["passed"] is True
     assert score["tokenizer_audit"]["ran"] is False  # byte260 is exact by construction

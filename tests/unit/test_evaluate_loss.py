@@ -29,7 +29,12 @@ def small_blocks(monkeypatch):
 
 
 @settings(max_examples=40, deadline=None)
-@given(n=st.integers(1, 23), v=st.sampled_from([1, 2, 64, 257]), scale=st.sampled_from([0.0, 1.0, 30.0, 1e4]), seed=st.integers(0, 2**16))
+@given(
+    n=st.integers(1, 23),
+    v=st.sampled_from([1, 2, 64, 257]),
+    scale=st.sampled_from([0.0, 1.0, 30.0, 1e4]),
+    seed=st.integers(0, 2**16),
+)
 def test_workspace_loss_is_bit_identical_to_plain_log_softmax(n, v, scale, seed):
     g = torch.Generator().manual_seed(seed)
     out = torch.randn(n, v, generator=g) * scale

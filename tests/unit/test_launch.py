@@ -48,9 +48,21 @@ def test_launch_config_validates():
 
 def test_torchrun_command_standalone_and_multi_node(tmp_path):
     cmd = torchrun_command(LaunchConfig(nproc_per_node=8), tmp_path / "spec.json")
-    assert "--standalone" in cmd and "--nproc-per-node=8" in cmd and cmd[-2:] == ["harness.train.rank", str(tmp_path / "spec.json")]
-    cmd = torchrun_command(LaunchConfig(nproc_per_node=8, nnodes=4, rdzv_endpoint="node0:29500", rdzv_id="job7"), tmp_path / "s")
-    assert {"--nnodes=4", "--rdzv-backend=c10d", "--rdzv-endpoint=node0:29500", "--rdzv-id=job7", "--max-restarts=0"} <= set(cmd)
+    assert (
+        "--standalone" in cmd
+        and "--nproc-per-node=8" in cmd
+        and cmd[-2:] == ["harness.train.rank", str(tmp_path / "spec.json")]
+    )
+    cmd = torchrun_command(
+        LaunchConfig(nproc_per_node=8, nnodes=4, rdzv_endpoint="node0:29500", rdzv_id="job7"), tmp_path / "s"
+    )
+    assert {
+        "--nnodes=4",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=node0:29500",
+        "--rdzv-id=job7",
+        "--max-restarts=0",
+    } <= set(cmd)
     assert "--standalone" not in cmd
 
 
@@ -76,7 +88,9 @@ def test_supervisor_kills_at_budget_plus_grace(tmp_path):
     budget = BudgetConfig(train_s=0.6, grace_s=0.4, startup_s=10)
     out = _supervise(tmp_path, _script(tmp_path, _marker() + "time.sleep(30)\n"), budget)
     assert out.status == "over_budget" and "train_s + budget.grace_s" in out.detail
-    assert 1.0 <= out.clock_to_exit_s < 1.0 + POLL_S + 1.5  # checked every POLL_S, then SIGKILL (slack for a loaded machine)
+    assert (
+        1.0 <= out.clock_to_exit_s < 1.0 + POLL_S + 1.5
+    )  # checked every POLL_S, then SIGKILL (slack for a loaded machine)
 
 
 def test_supervisor_trusts_a_rewritten_marker_only_up_to_warmup_max(tmp_path):
@@ -150,22 +164,38 @@ def _plan(tmp_path, caps, **kw):
     (data / "val").mkdir(parents=True, exist_ok=True)
     (tmp_path / "stage/data").mkdir(parents=True, exist_ok=True)
     (tmp_path / "stage/out").mkdir(parents=True, exist_ok=True)
-    args = dict(mode="auto", network="auto", device="cpu", multi_node=False, project_root=REPO,
-                read_paths=[tmp_path / "stage/data"], write_paths=[tmp_path / "stage/out"], protected=[data],
-                private=[tmp_path / "stage"], caps=caps)
+    args = dict(
+        mode="auto",
+        network="auto",
+        device="cpu",
+        multi_node=False,
+        project_root=REPO,
+        read_paths=[tmp_path / "stage/data"],
+        write_paths=[tmp_path / "stage/out"],
+        protected=[data],
+        private=[tmp_path / "stage"],
+        caps=caps,
+    )
     return plan_sandbox(**{**args, **kw}), data
 
 
 def test_plan_uses_every_layer_offered(tmp_path):
     plan, data = _plan(tmp_path, LANDLOCK_ROOT)
     d = plan.describe()
-    assert d["landlock"] and d["namespaces"] == ["mount", "pid", "net"] and d["capabilities_dropped"] and d["signals_scoped"]
+    assert (
+        d["landlock"]
+        and d["namespaces"] == ["mount", "pid", "net"]
+        and d["capabilities_dropped"]
+        and d["signals_scoped"]
+    )
     assert str(tmp_path / "stage/out") in d["write_roots"]
     assert not any(r.path == str(data) or r.path.startswith(str(data) + "/") for r in plan.rules)
     (tmp_path / "other").mkdir()
     carved, _ = _plan(tmp_path, LANDLOCK_ROOT, extra_read=[str(tmp_path)])
     roots = carved.describe()["read_roots"]
-    assert str(tmp_path / "other") in roots and str(tmp_path / "stage/data") in roots  # tmp_path carved around ds and stage
+    assert (
+        str(tmp_path / "other") in roots and str(tmp_path / "stage/data") in roots
+    )  # tmp_path carved around ds and stage
     assert str(tmp_path) not in roots and str(tmp_path / "stage") not in roots and str(data) not in roots
     wrapped = plan.wrap(["torchrun"], tmp_path / "policy.json")
     assert wrapped[0] == "/usr/bin/unshare" and "--net" in wrapped and wrapped[-2:] == ["--", "torchrun"]
@@ -187,7 +217,11 @@ def test_a_broad_read_path_never_exposes_the_temp_folder(tmp_path):
     # running a script from the temp folder puts it on sys.path: it must not open other runs' staging there
     tmp = os.path.realpath(tempfile.gettempdir())
     plan, _ = _plan(tmp_path, LANDLOCK_ROOT, import_path=[tmp], extra_read=["/"])
-    under_tmp = [r.path for r in plan.rules if (r.path == tmp or r.path.startswith(tmp + "/")) and not is_own_install(r.path)]
+    under_tmp = [
+        r.path
+        for r in plan.rules
+        if (r.path == tmp or r.path.startswith(tmp + "/")) and not is_own_install(r.path)
+    ]
     assert under_tmp and all(p.startswith(str(tmp_path / "stage") + "/") for p in under_tmp), under_tmp
     assert any("temp folder" in w for w in plan.warnings)
 
@@ -196,8 +230,12 @@ def test_plan_degrades_with_warnings_where_layers_are_missing(tmp_path):
     plan, data = _plan(tmp_path, NO_LANDLOCK)
     d = plan.describe()
     assert not d["landlock"] and d["namespaces"] == [] and not d["capabilities_dropped"]
-    assert any("Landlock is not available" in w for w in d["warnings"]) and any("not root" in w for w in d["warnings"])
-    no_net, _ = _plan(tmp_path, MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare", net_namespace=False))
+    assert any("Landlock is not available" in w for w in d["warnings"]) and any(
+        "not root" in w for w in d["warnings"]
+    )
+    no_net, _ = _plan(
+        tmp_path, MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare", net_namespace=False)
+    )
     assert no_net.namespaces == ("mount", "pid") and any("--net" in w for w in no_net.warnings)
     assert plan.rules  # still planned: the access monitor reports against them
     assert plan.wrap(["torchrun"], tmp_path / "p.json")[-2:] == ["--", "torchrun"]
@@ -211,8 +249,12 @@ def test_plan_degrades_with_warnings_where_layers_are_missing(tmp_path):
 
 def test_access_monitor_reports_denied_accesses_with_the_submission_frame(tmp_path, capfd):
     sub = tmp_path / "sub"
-    mon = AccessMonitor(rank=3, read=[str(tmp_path / "ok")], listing=[], write=[str(tmp_path / "out")], attribute_to=str(sub))
-    assert mon.allowed(str(tmp_path / "ok/f"), "open", False) and not mon.allowed(str(tmp_path / "ok/f"), "open", True)
+    mon = AccessMonitor(
+        rank=3, read=[str(tmp_path / "ok")], listing=[], write=[str(tmp_path / "out")], attribute_to=str(sub)
+    )
+    assert mon.allowed(str(tmp_path / "ok/f"), "open", False) and not mon.allowed(
+        str(tmp_path / "ok/f"), "open", True
+    )
     code = compile("def peek(mon, p):\n    mon('open', (p, 'r', 0))\n", str(sub / "train.py"), "exec")
     ns: dict = {}
     exec(code, ns)
@@ -222,7 +264,11 @@ def test_access_monitor_reports_denied_accesses_with_the_submission_frame(tmp_pa
     mon("open", (5, "r", 0))  # a descriptor: not a path
     got = parse_attempts(capfd.readouterr().err)
     assert [a["path"] for a in got] == [str(tmp_path / "secret/fineweb_val_000000.bin"), str(tmp_path)]
-    assert got[0]["rank"] == 3 and got[0]["submission_frame"] == "train.py:2" and got[1]["submission_frame"] is None
+    assert (
+        got[0]["rank"] == 3
+        and got[0]["submission_frame"] == "train.py:2"
+        and got[1]["submission_frame"] is None
+    )
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Landlock is Linux only")
@@ -234,11 +280,25 @@ def test_landlock_denies_what_the_plan_leaves_out(tmp_path):
     plan, data = _plan(tmp_path, MachineCaps(landlock_abi=landlock_abi(), root=False, unshare=None))
     (data / "val/fineweb_val_000000.bin").write_bytes(b"x" * 32)
     (tmp_path / "stage/data/ok.txt").write_text("ok")
-    cmd = plan.wrap([sys.executable, "-m", "isolation.sandbox", "probe", str(data / "val/fineweb_val_000000.bin"),
-                     str(tmp_path / "stage/data/ok.txt")], tmp_path / "policy.json")
-    r = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), check=True)
+    cmd = plan.wrap(
+        [
+            sys.executable,
+            "-m",
+            "isolation.sandbox",
+            "probe",
+            str(data / "val/fineweb_val_000000.bin"),
+            str(tmp_path / "stage/data/ok.txt"),
+        ],
+        tmp_path / "policy.json",
+    )
+    r = subprocess.run(
+        cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), check=True
+    )
     got = json.loads(r.stdout)
-    assert got[str(data / "val/fineweb_val_000000.bin")] == "PermissionError" and got[str(tmp_path / "stage/data/ok.txt")] == "read"
+    assert (
+        got[str(data / "val/fineweb_val_000000.bin")] == "PermissionError"
+        and got[str(tmp_path / "stage/data/ok.txt")] == "read"
+    )
 
 
 def test_enter_skips_a_refused_layer_with_a_warning_unless_required(tmp_path, monkeypatch, capsys):

@@ -60,7 +60,9 @@ def test_a_record_is_scored_without_running_its_script(tmp_path, tiny_dataset, s
     skipped = "\n".join(rec["skipped_statements"])
     assert "PG_LEGACY_SENTINEL" in skipped and "PG_LEGACY_COMPILE" in skipped and "__name__" in skipped
     assert "CONTROL_TENSOR_NAME_PATTERNS" in skipped and "flash_attn_interface" in skipped
-    assert ns["flash_attn_func"] is None and "SignSGD" in ns  # the except branch ran; decorated methods are kept
+    assert (
+        ns["flash_attn_func"] is None and "SignSGD" in ns
+    )  # the except branch ran; decorated methods are kept
     assert rec["bytes_code"] == len(SCRIPT.read_text(encoding="utf-8").encode("utf-8"))
     assert rec["bytes_model"] == (tmp_path / "final_model.int8.ptz").stat().st_size
     assert rec["bytes_total"] == rec["bytes_code"] + rec["bytes_model"] and rec["within_cap"]
@@ -98,8 +100,17 @@ class Evil:
 
 def test_an_artifact_that_would_run_code_is_refused(tmp_path):
     buf = io.BytesIO()
-    torch.save({"__quant_format__": "int8_clean_per_row_v1", "quantized": {}, "scales": {}, "dtypes": {},
-                "passthrough": {"x": torch.zeros(2)}, "payload": Evil(tmp_path / "pwned")}, buf)
+    torch.save(
+        {
+            "__quant_format__": "int8_clean_per_row_v1",
+            "quantized": {},
+            "scales": {},
+            "dtypes": {},
+            "passthrough": {"x": torch.zeros(2)},
+            "payload": Evil(tmp_path / "pwned"),
+        },
+        buf,
+    )
     (tmp_path / "evil.ptz").write_bytes(zlib.compress(buf.getvalue()))
     with pytest.raises(LegacyError, match="refused by the restricted unpickler"):
         load_legacy_artifact(tmp_path / "evil.ptz")
@@ -132,9 +143,27 @@ def test_settings_the_run_made_by_env_var_come_in_with_hparam(tmp_path, tiny_dat
 
 def test_cli(tmp_path, tiny_dataset, sentinel):
     make_artifact(tmp_path / "final_model.int8.ptz")
-    r = subprocess.run([sys.executable, "-m", "harness.cli", "verify-legacy", str(RECORD), "--artifact",
-                        str(tmp_path / "final_model.int8.ptz"), "--data", str(tiny_dataset), "--max-tokens", "512"],
-                       capture_output=True, text=True, cwd=REPO, timeout=300, check=False, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "verify-legacy",
+            str(RECORD),
+            "--artifact",
+            str(tmp_path / "final_model.int8.ptz"),
+            "--data",
+            str(tiny_dataset),
+            "--max-tokens",
+            "512",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+        check=False,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert r.returncode == 0, r.stderr
     assert "val_bpb" in r.stdout and "claimed val_bpb 7.2 vs scored" in r.stdout and "bytes_total" in r.stdout
     assert "seq_len 32" in r.stdout  # the script's own TRAIN_SEQ_LEN

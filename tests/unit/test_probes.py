@@ -89,7 +89,9 @@ def test_honest_models_pass():
 
 
 def test_peeking_model_fails_causality_with_the_position():
-    with pytest.raises(ProbeFailure, match=r"changing the tokens after position 0 changed the logits at position 0"):
+    with pytest.raises(
+        ProbeFailure, match=r"changing the tokens after position 0 changed the logits at position 0"
+    ):
         run_probes(PeekNext(), TOKENS, V, ProbeConfig(seq_len=64), CPU)
 
 
@@ -105,7 +107,9 @@ def test_batch_row_mixing_fails():
 
 
 def test_unnormalized_log_probs_fail_with_the_position():
-    with pytest.raises(ProbeFailure, match=r"normalization probe failed: the log_probs returned at position 0 sum to"):
+    with pytest.raises(
+        ProbeFailure, match=r"normalization probe failed: the log_probs returned at position 0 sum to"
+    ):
         run_probes(LogProbs(offset=0.01), TOKENS, V, ProbeConfig(seq_len=64), CPU)
 
 
@@ -119,9 +123,13 @@ def test_log_probs_are_scored_as_given_and_match_logits():
 
 
 def test_a_failed_probe_fails_the_score(tmp_path, tiny_dataset):
-    peek = TINY_MODEL.replace("prev = torch.cat([torch.zeros_like(e[:, :1]), e[:, :-1]], dim=1)",
-                              "prev = torch.cat([e[:, 1:], torch.zeros_like(e[:, :1])], dim=1)  # the NEXT token")
+    peek = TINY_MODEL.replace(
+        "prev = torch.cat([torch.zeros_like(e[:, :1]), e[:, :-1]], dim=1)",
+        "prev = torch.cat([e[:, 1:], torch.zeros_like(e[:, :1])], dim=1)  # the NEXT token",
+    )
     folder = write_submission(tmp_path / "peek", model_src=peek)
     pack_tiny(folder, tmp_path / "a.pgolf")
     with pytest.raises(ProbeFailure, match="causality probe failed .* at position"):
-        score_artifact(tmp_path / "a.pgolf", folder, tiny_dataset, EvalConfig(seq_len=32, max_tokens=512), threads=1)
+        score_artifact(
+            tmp_path / "a.pgolf", folder, tiny_dataset, EvalConfig(seq_len=32, max_tokens=512), threads=1
+        )

@@ -28,14 +28,26 @@ def textbook(new: list[float], old: list[float], margin: float) -> tuple[float, 
     return t, df, float(stats.t.sf(t, df))
 
 
-def write_results(folder, name, values, *, track="10min_16mb", tokenizer="t" * 64, val_tokens=1000, val_bytes=2400):
+def write_results(
+    folder, name, values, *, track="10min_16mb", tokenizer="t" * 64, val_tokens=1000, val_bytes=2400
+):
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for seed, v in enumerate(values):
-        r = {"format": "pg-result", "format_version": 1, "status": "ok", "track": track, "seed": 1337 + seed,
-             "val_loss": v, "val_bpb": v * val_tokens / (math.log(2) * val_bytes), "val_tokens": val_tokens,
-             "val_bytes": val_bytes, "eval_mode": "standard", "submission": {"name": name},
-             "provenance": {"tokenizer_sha256": tokenizer}}
+        r = {
+            "format": "pg-result",
+            "format_version": 1,
+            "status": "ok",
+            "track": track,
+            "seed": 1337 + seed,
+            "val_loss": v,
+            "val_bpb": v * val_tokens / (math.log(2) * val_bytes),
+            "val_tokens": val_tokens,
+            "val_bytes": val_bytes,
+            "eval_mode": "standard",
+            "submission": {"name": name},
+            "provenance": {"tokenizer_sha256": tokenizer},
+        }
         p = folder / f"{name}_{seed}.json"
         p.write_text(json.dumps(r))
         paths.append(str(p))
@@ -54,7 +66,9 @@ CASES = {
 def test_compare_reproduces_an_independent_welch_test(tmp_path, case):
     new, old = CASES[case]
     tr = get_track("10min_16mb")
-    rec = compare_results(load_results(write_results(tmp_path, "new", new)), load_results(write_results(tmp_path, "old", old)))
+    rec = compare_results(
+        load_results(write_results(tmp_path, "new", new)), load_results(write_results(tmp_path, "old", old))
+    )
     t, df, p = textbook(new, old, tr.margin_nats)
     assert rec["t"] == pytest.approx(t, rel=1e-9)
     assert rec["df"] == pytest.approx(df, rel=1e-9)
@@ -66,25 +80,47 @@ def test_compare_reproduces_an_independent_welch_test(tmp_path, case):
 
 def test_verdicts_of_the_cases(tmp_path):
     verdicts = {c: welch_test(n, o, 0.005, 0.01).record for c, (n, o) in CASES.items()}
-    assert verdicts == {"clear record": True, "better, but not by the margin": False, "borderline, noisy": False, "worse": False}
+    assert verdicts == {
+        "clear record": True,
+        "better, but not by the margin": False,
+        "borderline, noisy": False,
+        "worse": False,
+    }
 
 
 def test_cli_prints_means_difference_t_df_p_and_verdict(tmp_path):
     new, old = CASES["clear record"]
-    args = [sys.executable, "-m", "harness.cli", "compare", *write_results(tmp_path, "new", new), "--against",
-            *write_results(tmp_path, "old", old)]
+    args = [
+        sys.executable,
+        "-m",
+        "harness.cli",
+        "compare",
+        *write_results(tmp_path, "new", new),
+        "--against",
+        *write_results(tmp_path, "old", old),
+    ]
     r = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
     t, df, p = textbook(new, old, 0.005)
-    for needle in ("new  n=4  mean 2.040250", "old  n=3  mean 2.060067", "improvement (old - new) +0.019817",
-                   f"t = {t:.4f}", f"df = {df:.2f}", f"p = {p:.3g}", "verdict: NEW RECORD"):
+    for needle in (
+        "new  n=4  mean 2.040250",
+        "old  n=3  mean 2.060067",
+        "improvement (old - new) +0.019817",
+        f"t = {t:.4f}",
+        f"df = {df:.2f}",
+        f"p = {p:.3g}",
+        "verdict: NEW RECORD",
+    ):
         assert needle in r.stdout, r.stdout
 
 
 def test_bpb_metric_converts_the_margin_with_the_old_tokens_per_byte(tmp_path):
     new, old = CASES["clear record"]
-    rec = compare_results(load_results(write_results(tmp_path, "n", new)), load_results(write_results(tmp_path, "o", old)),
-                          metric="val_bpb")
+    rec = compare_results(
+        load_results(write_results(tmp_path, "n", new)),
+        load_results(write_results(tmp_path, "o", old)),
+        metric="val_bpb",
+    )
     assert rec["margin"] == pytest.approx(0.005 * 1000 / 2400 / math.log(2))
     assert rec["record"] is True  # the same test in other units: val_bpb is val_loss times a constant here
     assert rec["t"] == pytest.approx(textbook(new, old, 0.005)[0], rel=1e-9)

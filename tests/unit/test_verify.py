@@ -27,8 +27,14 @@ def test_untouched_result_is_verified_and_recorded(run):
     rec = verify_result(run_dir)
     assert rec["status"] == "verified", rec["differences"]
     names = {c["name"] for c in rec["checks"]}
-    assert {"artifact sha256 (receipt)", "code model.py sha256", "data manifest sha256", "tokenizer sha256",
-            "re-score val_bpb (tolerance 1e-06)", "re-score probes passed"} <= names
+    assert {
+        "artifact sha256 (receipt)",
+        "code model.py sha256",
+        "data manifest sha256",
+        "tokenizer sha256",
+        "re-score val_bpb (tolerance 1e-06)",
+        "re-score probes passed",
+    } <= names
     written = json.loads((run_dir / "result.json").read_text())
     assert written["verification"] == "verified"
     assert result_digest(written) == result_digest(result) == rec["result_sha256"]  # the ledger line's key
@@ -43,8 +49,14 @@ def test_one_flipped_artifact_byte_fails_with_the_differences_printed(run):
     data = bytearray(artifact.read_bytes())
     data[len(data) // 2] ^= 0x01
     artifact.write_bytes(bytes(data))
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "verify", str(run_dir)], capture_output=True, text=True, cwd=REPO,
-                          timeout=300, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "verify", str(run_dir)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 1, proc.stderr
     assert "FAILED" in proc.stdout
     assert "DIFF artifact sha256 (receipt)" in proc.stdout

@@ -46,7 +46,9 @@ def load_submission_codec(submission_dir: str | Path) -> Codec:
     spec.loader.exec_module(module)
     missing = [n for n in ("NAME", "VERSION", "encode", "decode") if not hasattr(module, n)]
     if missing:
-        raise ValueError(f"{path} must define {', '.join(missing)} (see submissions/README.md, 'Custom codecs')")
+        raise ValueError(
+            f"{path} must define {', '.join(missing)} (see submissions/README.md, 'Custom codecs')"
+        )
 
     class _SubmissionCodec:
         name = str(module.NAME)
@@ -64,5 +66,7 @@ def get_codec(name: str, submission_dir: str | Path | None = None) -> Codec:
             raise ValueError("codec 'submission' needs the submission folder")
         return load_submission_codec(submission_dir)
     if name not in CODECS:
-        raise ValueError(f"unknown codec {name!r}; built-in codecs: {', '.join(sorted(CODECS))}, or 'submission'")
+        raise ValueError(
+            f"unknown codec {name!r}; built-in codecs: {', '.join(sorted(CODECS))}, or 'submission'"
+        )
     return CODECS[name]

@@ -148,7 +148,9 @@ class Int8Zlib:
         tensors = st_load(blob)
         layout = json.loads(_metadata(blob)["layout"])
         if layout.get("__quant_format__") != QUANT_FORMAT:
-            raise ValueError(f"int8_zlib payload has format {layout.get('__quant_format__')!r}, expected {QUANT_FORMAT}")
+            raise ValueError(
+                f"int8_zlib payload has format {layout.get('__quant_format__')!r}, expected {QUANT_FORMAT}"
+            )
         out: StateDict = {}
         for name, meta in layout["quantized"].items():
             out[name] = dequantize_tensor(tensors[f"q.{name}"], tensors[f"s.{name}"], _dtype(meta["dtype"]))
