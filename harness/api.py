@@ -1,14 +1,26 @@
-"""The submission contract: everything a submission's `train.py` may use from the harness.
+"""The submission contract: everything a submission is, may use, and must do. One module, read whole.
 
-This module is the whole public API. It imports no other harness module and nothing outside
-torch and the standard library, so a submission folder depends on this file alone.
+It imports nothing of the project and nothing outside torch and the standard library, so a
+submission folder depends on this file alone; the harness, the scorer and the model worker take
+every name below from here (file names, hooks, output kinds, allowed imports), so the contract and
+its enforcement cannot drift apart. API_VERSION is recorded in every record a run writes.
 
 A submission folder holds (see submissions/README.md):
-    model.py    build_model(config: dict) -> nn.Module; forward(input_ids [B, L] int64) -> logits [B, L, V].
-                torch only. The scorer builds the model from this file and computes the loss itself.
-    train.py    train(ctx: TrainContext) -> TrainResult. Imports this module and its own folder only.
-    config.toml presets: [model] (given to build_model), [train] (ctx.hparams), harness tables.
-    codec.py    optional custom codec (NAME, VERSION, encode(state) -> bytes, decode(bytes) -> state).
+    submission.json  metadata (harness/submission.py validates it against its schema).
+    config.toml      presets: [model] (given to build_model), [train] (ctx.hparams), and the harness keys
+                     the contract lets a submission set (harness/config.py SUBMISSION_KEYS); a track's
+                     own rules (budgets, grace, eval subset, sandbox) are the track's, never the folder's.
+    train.py         train(ctx: TrainContext) -> TrainResult. Runs in the training sandbox, one process per
+                     rank. Imports this module and its own folder only.
+    model.py         build_model(config: dict) -> nn.Module; forward(input_ids [B, L] int64) -> logits
+                     [B, L, V]. Scored code: runs in the model worker, never beside validation data.
+                     Optional module attribute of the built model: `pgolf_output` (MODEL_OUTPUTS).
+    eval.py          optional score-first adaptation hook: adapt(model, tokens) -> None (EVAL_HOOK_NAME).
+    codec.py         optional custom codec: NAME, VERSION, encode(state) -> bytes, decode(bytes) -> state
+                     (CODEC_ATTRS). Its encode runs in the training sandbox on the clock; its decode in the
+                     model worker.
+Counted code bytes: every file of the folder except UNCOUNTED_FILES (scoring/artifact/cap.py has the
+exact rule); bytes_code + bytes_model = bytes_total, at most the track's cap.
 
 What train(ctx) may do, and must not:
     - It reads training tokens only through ctx.data; it is never given validation data or its path.
@@ -19,6 +31,13 @@ What train(ctx) may do, and must not:
     - The only time off the clock is ctx.clock.warmup(...) (compile on synthetic tokens, undone after).
     - It returns the trained model (or its state dict). Rank 0's return value is what gets packed.
     - It logs through ctx.log (rank 0 prints; metrics go to the run's metrics file).
+
+What scored code (model.py, eval.py, codec.py and the local modules they import) may do:
+    - compute with the tensors it is handed: the artifact's tensors, the windows it is sent, and (eval.py)
+      the tokens already scored. It runs in its own confined process: it can read its staged code, the
+      artifact and the Python installation, write a private temp folder, nothing else.
+    - import the standard library modules and packages of SCORED_IMPORTS (codec.py also CODEC_IMPORTS).
+      The static check (scoring/codecheck.py) says so early and friendly; the process is the boundary.
 """
 
 from __future__ import annotations
@@ -33,6 +52,64 @@ import torch.distributed as dist
 from torch import nn
 
 API_VERSION = 1
+"""Version of this contract; recorded as `api_version` in every record (pg-train, pg-pack, pg-score, pg-result)."""
+
+# ---- The folder ----
+
+SUBMISSION_JSON = "submission.json"
+CONFIG_FILE = "config.toml"
+TRAIN_FILE = "train.py"
+MODEL_FILE = "model.py"
+EVAL_HOOK_FILE = "eval.py"
+CODEC_FILE = "codec.py"
+README_FILE = "README.md"
+SCORED_FILES = (MODEL_FILE, EVAL_HOOK_FILE, CODEC_FILE)
+"""The entry files of scored code: they (and what they import) run in the model worker."""
+UNCOUNTED_FILES = frozenset({README_FILE, SUBMISSION_JSON})
+"""Not counted against the cap (with logs, results and caches: scoring/artifact/cap.py)."""
+
+# ---- Entry points ----
+
+TRAIN_FN = "train"
+"""train.py: train(ctx: TrainContext) -> TrainResult."""
+BUILD_MODEL_FN = "build_model"
+"""model.py: build_model(config: dict) -> nn.Module."""
+MODEL_OUTPUT_ATTR = "pgolf_output"
+"""Optional attribute of the built model: one of MODEL_OUTPUTS (default "logits")."""
+MODEL_OUTPUTS = ("logits", "log_probs")
+"""What forward returns: raw logits (the scorer applies log-softmax in float64), or log-probabilities
+(used as they are; the normalization probe checks that they sum to one at every position)."""
+EVAL_HOOK_NAME = "adapt"
+"""eval.py: adapt(model, tokens) -> None. Called after a chunk of validation tokens was scored, with a
+fresh int64 tensor of exactly those tokens; it may update the model (score-first test-time training)."""
+CODEC_ATTRS = ("NAME", "VERSION", "encode", "decode")
+"""codec.py: NAME (str), VERSION (int), encode(state: dict[str, Tensor]) -> bytes, decode(bytes) -> state."""
+
+# ---- What scored code may import ----
+
+SCORED_IMPORTS = frozenset(
+    {
+        "torch",
+        "numpy",
+        "math",
+        "typing",
+        "dataclasses",
+        "collections",
+        "functools",
+        "itertools",
+        "__future__",
+        "einops",
+        "enum",
+    }
+)
+"""Top-level modules model.py, eval.py and their local modules may import (DESIGN: "model.py: torch only")."""
+CODEC_IMPORTS = frozenset(
+    {"json", "struct", "io", "zlib", "lzma", "bz2", "zstandard", "safetensors", "brotli"}
+)
+"""A codec turns bytes into tensors: it may also use these (to compress, never to read files)."""
+
+BuildModelFn: TypeAlias = Callable[[dict[str, Any]], nn.Module]
+AdaptFn: TypeAlias = Callable[[nn.Module, torch.Tensor], None]
 
 TrainResult: TypeAlias = nn.Module | Mapping[str, torch.Tensor]
 """What train(ctx) returns: the trained module, or its state dict (CPU or device tensors)."""

@@ -36,32 +36,13 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-from scoring.artifact.codecs import SUBMISSION_CODEC_FILE as CODEC_FILE
-from scoring.score.loading import MODEL_FILE
+from harness.api import CODEC_FILE, CODEC_IMPORTS, EVAL_HOOK_FILE, MODEL_FILE, SCORED_FILES, SCORED_IMPORTS
 
-EVAL_HOOK_FILE = "eval.py"
-ENTRY_FILES = (MODEL_FILE, EVAL_HOOK_FILE, CODEC_FILE)
+ENTRY_FILES = SCORED_FILES
 """Where the static check starts: the files the scorer imports."""
 
-ALLOWED_IMPORTS = frozenset(
-    {
-        "torch",
-        "numpy",
-        "math",
-        "typing",
-        "dataclasses",
-        "collections",
-        "functools",
-        "itertools",
-        "__future__",
-        "einops",
-        "enum",
-    }
-)
-CODEC_EXTRA_IMPORTS = frozenset(
-    {"json", "struct", "io", "zlib", "lzma", "bz2", "zstandard", "safetensors", "brotli"}
-)
-"""A codec turns bytes into tensors: it may also use these (never to read files: see BANNED_ATTRS)."""
+ALLOWED_IMPORTS = SCORED_IMPORTS
+CODEC_EXTRA_IMPORTS = CODEC_IMPORTS
 BANNED_NAMES = frozenset(
     {
         "gc",

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 
 from data.io import sha256_bytes, sha256_file, write_bytes_atomic
+from harness.api import MODEL_FILE
 from scoring.artifact.codecs import CODECS, Codec, StateDict, get_codec
 
-MODEL_FILE = "model.py"
 """The file a submission must have: the scorer builds the model from it (scoring/score/loading.py)."""
 
 ARTIFACT_MAGIC = b"PGOLFART"

@@ -24,7 +24,6 @@ after every adaptation step (codecheck.ToolGuard).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,12 +33,11 @@ import torch
 from torch import nn
 
 from data.io import sha256_file
-from scoring.codecheck import EVAL_HOOK_FILE, require_clean_code
+from harness.api import EVAL_HOOK_FILE, EVAL_HOOK_NAME, AdaptFn
+from scoring.codecheck import require_clean_code
 from scoring.score.loading import import_file
 
-HOOK_NAME = "adapt"
-
-AdaptFn = Callable[[nn.Module, torch.Tensor], None]
+HOOK_NAME = EVAL_HOOK_NAME
 
 
 class AdaptationViolation(ValueError):

@@ -52,11 +52,11 @@ from torch import nn
 from tqdm import tqdm
 
 from data.tokenizer import BOS_ID, ByteTable
+from harness.api import MODEL_OUTPUT_ATTR, MODEL_OUTPUTS
 from scoring.score.bpb import BpbSums
 
 EVAL_MODES = ("standard", "sliding", "documents")
 EVAL_DTYPES = ("float32", "bfloat16")
-MODEL_OUTPUTS = ("logits", "log_probs")
 PAD_TOKEN = 0
 
 ScoredCallback = Callable[[np.ndarray, torch.Tensor, np.ndarray], None]
@@ -242,7 +242,7 @@ def plan_windows(tokens: np.ndarray, cfg: EvalConfig, bos_id: int = BOS_ID) -> W
 
 def output_kind(model: nn.Module) -> str:
     """ "logits" (the default) or "log_probs", from the model's `pgolf_output` attribute."""
-    kind = getattr(model, "pgolf_output", "logits")
+    kind = getattr(model, MODEL_OUTPUT_ATTR, "logits")
     if kind not in MODEL_OUTPUTS:
         raise ValueError(f"model.pgolf_output must be one of {MODEL_OUTPUTS}, got {kind!r}")
     return kind

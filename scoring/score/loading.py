@@ -17,7 +17,8 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from scoring.artifact.format import MODEL_FILE, Artifact, ArtifactError, check_code_hashes
+from harness.api import BUILD_MODEL_FN, MODEL_FILE
+from scoring.artifact.format import Artifact, ArtifactError, check_code_hashes
 
 STAGED_EXCLUDE = ("train.py", "__pycache__", "runs")
 """What the scorer never gets of a submission folder: its training code (and caches, run folders)."""
@@ -49,7 +50,7 @@ def build_model(submission_dir: str | Path, config: dict) -> nn.Module:
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: a submission defines build_model(config) in {MODEL_FILE}")
     module = import_file(path, "pgolf_submission_model")
-    fn = getattr(module, "build_model", None)
+    fn = getattr(module, BUILD_MODEL_FN, None)
     if not callable(fn):
         raise ValueError(f"{path} must define build_model(config) -> nn.Module")
     model = fn(dict(config))

@@ -1,8 +1,16 @@
-"""The dependency direction of DESIGN.md, checked by reading every import.
+"""The layers of docs/ARCHITECTURE.md, checked by reading every import of every module.
 
-harness -> scoring -> data;  data imports nothing of the project;  scoring never imports harness.
-harness/api.py imports no other harness module.
-A submission folder imports only harness.api and its own files (and torch / stdlib / numpy).
+    layer              may import (of the project)
+    isolation          nothing                       (kernel isolation: a leaf)
+    data               nothing                       (shards, tokenizers, manifests)
+    harness.api        nothing                       (the submission contract: a leaf)
+    scoring            data, isolation, harness.api  (never the rest of harness: no training code)
+    harness            everything above
+    harness.train      harness.api, harness.train, data, isolation  (a rank loads no scorer, no records)
+    harness.records    imported by no sealed process: not by scoring, not by harness.train
+
+A submission folder imports only harness.api and its own files; model.py is torch only.
+Imports inside functions count too (the AST is walked whole), so a lazy import cannot hide an edge.
 """
 
 from __future__ import annotations
@@ -14,8 +22,16 @@ import pytest
 
 from tests.conftest import REPO
 
-PROJECT = ("harness", "scoring", "data")
-ALLOWED = {"data": set(), "scoring": {"data"}, "harness": {"scoring", "data"}}
+PACKAGES = ("harness", "scoring", "data", "isolation")
+LAYERS: dict[str, frozenset[str]] = {
+    "isolation": frozenset(),
+    "data": frozenset(),
+    "harness.api": frozenset(),
+    "scoring": frozenset({"scoring", "data", "isolation", "harness.api"}),
+    "harness.train": frozenset({"harness.api", "harness.train", "data", "isolation"}),
+    "harness": frozenset({"harness", "scoring", "data", "isolation"}),
+}
+"""Module prefix -> the project modules (by prefix) it may import; the longest matching prefix rules."""
 
 
 def imports_of(path: Path) -> set[str]:
@@ -26,37 +42,80 @@ def imports_of(path: Path) -> set[str]:
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)  # `from harness import records`
         elif isinstance(node, ast.ImportFrom) and node.level > 0:
             found.add("." * node.level + (node.module or ""))
     return found
 
 
-def package_files(pkg: str) -> list[Path]:
-    return sorted((REPO / pkg).rglob("*.py"))
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-@pytest.mark.parametrize("pkg", PROJECT)
-def test_packages_import_in_one_direction(pkg):
+def _within(mod: str, prefix: str) -> bool:
+    return mod == prefix or mod.startswith(prefix + ".")
+
+
+def layer_of(mod: str) -> str:
+    return max((p for p in LAYERS if _within(mod, p)), key=len)
+
+
+def project_modules() -> dict[str, set[str]]:
+    """Every module of the project -> the project modules it imports."""
+    out = {}
+    for pkg in PACKAGES:
+        for f in sorted((REPO / pkg).rglob("*.py")):
+            out[module_name(f)] = {
+                m for m in imports_of(f) if m.split(".")[0] in PACKAGES or m.startswith(".")
+            }
+    return out
+
+
+def violations(mods: dict[str, set[str]]) -> list[str]:
     bad = []
-    for f in package_files(pkg):
-        for mod in imports_of(f):
-            top = mod.split(".")[0]
-            if mod.startswith("."):
-                bad.append((f.relative_to(REPO), mod, "relative import"))
-            elif top in PROJECT and top != pkg and top not in ALLOWED[pkg]:
+    for mod, imported in mods.items():
+        allowed = LAYERS[layer_of(mod)] | {layer_of(mod)}  # a layer may import itself
+        for imp in sorted(imported):
+            if imp.startswith("."):
+                bad.append(f"{mod}: relative import {imp!r}")
+            elif not any(_within(imp, a) for a in allowed):
+                others = sorted(allowed - {layer_of(mod)})
                 bad.append(
-                    (
-                        f.relative_to(REPO),
-                        mod,
-                        f"{pkg} may import only {sorted(ALLOWED[pkg]) or 'nothing of the project'}",
-                    )
+                    f"{mod} imports {imp}: layer {layer_of(mod)} may import only {others or 'nothing of the project'}"
                 )
-    assert not bad, bad
+            elif _within(imp, "harness.records") and (
+                _within(mod, "scoring") or _within(mod, "harness.train")
+            ):
+                bad.append(f"{mod} imports {imp}: records are never loaded by a sealed process")
+    return bad
 
 
-def test_api_module_imports_no_other_harness_module():
-    mods = imports_of(REPO / "harness" / "api.py")
-    assert not [m for m in mods if m.split(".")[0] in PROJECT], mods
+def test_every_module_respects_its_layer():
+    bad = violations(project_modules())
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    ("mod", "imports", "why"),
+    [
+        ("scoring.score.scorer", {"harness.records.result"}, "layer scoring may import only"),
+        ("scoring.artifact.pack", {"harness.run.pipeline"}, "layer scoring may import only"),
+        ("harness.train.rank", {"scoring.score.evaluate"}, "layer harness.train may import only"),
+        ("data.loader", {"scoring.tracks"}, "nothing of the project"),
+        ("isolation.sandbox", {"harness.api"}, "nothing of the project"),
+        ("harness.api", {"harness.config"}, "nothing of the project"),
+        ("scoring.codecheck", {".loading"}, "relative import"),
+    ],
+)
+def test_the_checker_catches_each_kind_of_violation(mod, imports, why):
+    assert any(why in v for v in violations({mod: imports})), violations({mod: imports})
+
+
+def test_the_checker_sees_imports_inside_functions(tmp_path):
+    src = tmp_path / "x.py"
+    src.write_text("def f():\n    from harness.records import verify\n    import scoring.artifact.cap\n")
+    assert {"harness.records", "harness.records.verify", "scoring.artifact.cap"} <= imports_of(src)
 
 
 def _submission_dirs() -> list[Path]:
@@ -72,17 +131,11 @@ def test_submissions_import_only_the_api_and_their_own_files(folder):
     for f in folder.glob("*.py"):
         for mod in imports_of(f):
             top = mod.split(".")[0]
-            if top in PROJECT:
-                assert mod == "harness.api", (
+            if top in PACKAGES:
+                assert _within(mod, "harness.api"), (
                     f"{f.relative_to(REPO)} imports {mod}: a submission may import harness.api only"
                 )
             if f.name == "model.py":
                 assert top in {"torch", "math", "dataclasses", "typing", "__future__"} | own, (
-                    f"{f.relative_to(REPO)} imports {mod}: model.py is torch only (the scorer loads it without a harness)"
+                    f"{f.relative_to(REPO)} imports {mod}: model.py is torch only (the model worker loads it without a harness)"
                 )
-
-
-def test_the_checker_catches_a_violation(tmp_path):
-    bad = tmp_path / "x.py"
-    bad.write_text("from harness.run.pipeline import run_pipeline\nimport scoring.artifact.cap\n")
-    assert {"harness.run.pipeline", "scoring.artifact.cap"} <= imports_of(bad)

@@ -18,6 +18,7 @@ from typing import Protocol
 
 import torch
 
+from harness.api import CODEC_ATTRS, CODEC_FILE
 from scoring.artifact.codecs.int8_zlib import Int8Zlib
 
 StateDict = dict[str, torch.Tensor]
@@ -33,7 +34,7 @@ class Codec(Protocol):
 
 
 CODECS: dict[str, Codec] = {"int8_zlib": Int8Zlib()}
-SUBMISSION_CODEC_FILE = "codec.py"
+SUBMISSION_CODEC_FILE = CODEC_FILE
 
 
 def load_submission_codec(submission_dir: str | Path) -> Codec:
@@ -44,7 +45,7 @@ def load_submission_codec(submission_dir: str | Path) -> Codec:
         raise FileNotFoundError(f"{path} not found: a custom codec lives in the submission's codec.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    missing = [n for n in ("NAME", "VERSION", "encode", "decode") if not hasattr(module, n)]
+    missing = [n for n in CODEC_ATTRS if not hasattr(module, n)]
     if missing:
         raise ValueError(
             f"{path} must define {', '.join(missing)} (see submissions/README.md, 'Custom codecs')"

@@ -1,0 +1,61 @@
+"""What each sealed process actually loads, asked of a fresh interpreter (sys.modules after its imports).
+
+The architecture test reads import statements; this one runs them, so a dependency pulled in by a
+library or an `__init__` cannot slip past it. Run by hand to see the whole list:
+    python -m tests.unit.test_import_closure scorer|rank|worker
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+ENTRY_POINTS = {
+    "scorer": "scoring.score.cli",  # what `python -m scoring score` imports before it parses its arguments
+    "rank": "harness.train.rank",  # what torchrun runs in each rank, inside the training sandbox
+}
+
+
+def loaded_modules(entry: str) -> list[str]:
+    code = f"import importlib, json, sys; importlib.import_module({entry!r}); print(json.dumps(sorted(sys.modules)))"
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120, check=True
+    )
+    return json.loads(r.stdout)
+
+
+def project(mods: list[str]) -> list[str]:
+    return [m for m in mods if m.split(".")[0] in ("harness", "scoring", "data", "isolation")]
+
+
+def test_the_scorer_loads_no_records_training_or_scipy():
+    mods = loaded_modules(ENTRY_POINTS["scorer"])
+    own = project(mods)
+    harness = [m for m in own if m.startswith("harness")]
+    assert set(harness) <= {"harness", "harness.api"}, harness
+    assert not [m for m in mods if m == "scipy" or m.startswith("scipy.")], "the scorer process imports scipy"
+    assert not [m for m in mods if m == "wandb" or m.startswith("wandb.")]
+    assert (
+        "scoring.score.scorer" in own and "scoring.score.evaluate" in own
+    )  # the check sees the real closure
+
+
+def test_a_rank_loads_no_scorer_and_no_records():
+    own = project(loaded_modules(ENTRY_POINTS["rank"]))
+    assert not [m for m in own if m.startswith("scoring")], own
+    assert not [m for m in own if m.startswith(("harness.records", "harness.run", "harness.bench"))], own
+    assert "harness.train.clock" in own and "data.loader" in own
+
+
+if __name__ == "__main__":
+    which = sys.argv[1] if len(sys.argv) > 1 else "scorer"
+    if which not in ENTRY_POINTS:
+        pytest.exit(f"choose one of {sorted(ENTRY_POINTS)}")
+    mods = loaded_modules(ENTRY_POINTS[which])
+    print(f"{which} ({ENTRY_POINTS[which]}): {len(mods)} modules, of the project:")
+    print("\n".join(f"  {m}" for m in project(mods)))
