@@ -1,4 +1,4 @@
-"""Config: TOML presets in the submission folder, plus `--set section.key=value` overrides.
+"""Config: TOML presets in the submission folder, `--set section.key=value` overrides, and the track.
 
 A submission's `config.toml` has top-level tables that are the defaults, and a `[presets.NAME]`
 table per preset holding dotted overrides:
@@ -11,11 +11,21 @@ table per preset holding dotted overrides:
     train_s = 600.0         #   run, budget, launch, data, eval, pack
     [presets.cpu-smoke]
     model.num_layers = 2
-    budget.train_s = 60.0
+    run.track = "smoke"
 
 Every key a preset or an override sets must already exist in the defaults (or, for harness tables,
 be a field of the component's dataclass), with the same type (an int is accepted for a float).
-Unknown keys and type mismatches are refused with the key, the value and what was expected.
+
+Who sets what (the track wins; `load_config` applies it, in this order):
+    1. the file (defaults, then the preset): [model], [train] and the harness keys of SUBMISSION_KEYS;
+    2. `--set` (the official running it): any key;
+    3. the track (run.track, scoring/tracks.py): every key of TRACK_KEYS not set above takes the
+       track's value, and budget.train_s defaults to the track's budget. On a record track the file may
+       not set a track key at all, `--set` may only tighten one, and budget.train_s may not exceed the
+       track's; on an unranked track both may loosen them, and each loosened rule is recorded
+       (ResolvedConfig.loosened, in the run's config.json). An untimed budget (inf) needs an untimed track.
+Every value is checked here, before any process starts; a bad one is refused in one line naming the
+file or the `--set`, the key, the value and what is allowed.
 """
 
 from __future__ import annotations
@@ -23,24 +33,41 @@ from __future__ import annotations
 import ast
 import copy
 import dataclasses
+import math
+import re
 import tomllib
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.api import CODEC_FILE, CONFIG_FILE, SUBMISSION_JSON
 from harness.run.launch import LaunchConfig
+from harness.submission import check_submission
 from harness.train.clock import BudgetConfig
-from scoring.score.evaluate import EvalConfig
+from scoring.artifact.codecs import CODECS
+from scoring.score.evaluate import EVAL_DTYPES, EVAL_MODES, EvalConfig
+from scoring.tracks import TRACKS, Track
 
-CONFIG_FILE = "config.toml"
 SUBMISSION_SECTIONS = ("model", "train")
+SUBMISSION_CODEC = "submission"
+"""pack.codec value that selects the folder's own codec.py."""
+CONFIG_FORMAT = "pg-config"
+CONFIG_FORMAT_VERSION = 1
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunSection:
     track: str = "10min_16mb"
-    """Track name (scoring/tracks.py): fixes the cap and the largest budgets allowed."""
+    """Track name (scoring/tracks.py): the rules the run is held to (budgets, cap, data, sandbox)."""
     seed: int = 1337
+    """Seed of the submission's RNGs (torch, numpy, random) on every rank."""
+
+    def __post_init__(self) -> None:
+        if self.track not in TRACKS:
+            raise ValueError(f"run.track = {self.track!r} is not a track; tracks: {', '.join(TRACKS)}")
+        if self.seed < 0:
+            raise ValueError(f"run.seed = {self.seed} must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,25 +75,60 @@ class DataConfig:
     train_shards: int = 0
     """Use the first N training shards (0: all). Recorded: the order of training data depends on it."""
 
+    def __post_init__(self) -> None:
+        if self.train_shards < 0:
+            raise ValueError(f"data.train_shards = {self.train_shards} must be >= 0 (0: every shard)")
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PackConfig:
     codec: str = "int8_zlib"
-    """Built-in codec name, or "submission" for the folder's codec.py."""
+    """Built-in codec name (scoring/artifact/codecs CODECS), or "submission" for the folder's codec.py."""
+
+    def __post_init__(self) -> None:
+        if self.codec not in CODECS and self.codec != SUBMISSION_CODEC:
+            allowed = ", ".join([*CODECS, SUBMISSION_CODEC])
+            raise ValueError(f"pack.codec = {self.codec!r} is not a codec; allowed: {allowed}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EvalSection:
     mode: str = "standard"
+    """standard, sliding or documents (scoring/score/evaluate.py EVAL_MODES)."""
     seq_len: int = 1024
+    """Window length in tokens."""
     batch_seqs: int = 32
+    """Windows per forward pass (speed only)."""
     max_tokens: int = 0
-    """0: the track's subset (None on GPU tracks: the full split)."""
+    """Score only the first N validation tokens (0: the full split). The track's (Track.eval_max_tokens)."""
     dtype: str = "float32"
+    """Forward-pass dtype: float32, or bfloat16 autocast (EVAL_DTYPES)."""
     stride: int = 0
     """sliding/documents modes: targets per window after the first (0: the mode's default)."""
     adapt_chunk_tokens: int = 32_768
     """score-first adaptation (the submission's eval.py): targets scored before the hook sees them."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in EVAL_MODES:
+            raise ValueError(f"eval.mode = {self.mode!r} is not a mode; allowed: {', '.join(EVAL_MODES)}")
+        if self.dtype not in EVAL_DTYPES:
+            raise ValueError(f"eval.dtype = {self.dtype!r} is not allowed; allowed: {', '.join(EVAL_DTYPES)}")
+        for name in ("seq_len", "batch_seqs", "adapt_chunk_tokens"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"eval.{name} = {getattr(self, name)} must be positive")
+        if self.max_tokens < 0 or 0 < self.max_tokens <= self.seq_len:
+            raise ValueError(
+                f"eval.max_tokens = {self.max_tokens} must be 0 (the full split) or more than eval.seq_len ({self.seq_len})"
+            )
+        if self.stride and self.mode == "standard":
+            raise ValueError(
+                f"eval.stride = {self.stride} applies to the sliding and documents modes only; set eval.mode or drop eval.stride"
+            )
+        if not 0 <= self.stride <= self.seq_len:
+            raise ValueError(
+                f"eval.stride = {self.stride} must be in [0, eval.seq_len = {self.seq_len}] (0: the mode's default)"
+            )
+        self.to_eval_config(None)  # the scorer's own checks, now rather than after training
 
     def to_eval_config(self, track_max_tokens: int | None) -> EvalConfig:
         return EvalConfig(
@@ -89,15 +151,92 @@ HARNESS_SECTIONS: dict[str, type] = {
     "pack": PackConfig,
 }
 
+# The harness keys a submission's config.toml (its defaults and presets) may set, besides [model] and
+# [train]: what the entry is and how it runs (its track, seed, training time up to the track's,
+# parallelism, the data it reads, how it is windowed for scoring, its codec), never how strictly it is
+# judged. Grace, startup and warm-up allowances, the scored subset and the sandbox are the track's
+# (TRACK_KEYS); rendezvous settings are facts of the official's machines (OFFICIAL_KEYS).
+SUBMISSION_KEYS: frozenset[str] = frozenset(
+    {
+        "run.track",
+        "run.seed",
+        "budget.train_s",  # at most the track's budget (a run may use less time, never more)
+        "launch.nproc_per_node",
+        "launch.nnodes",
+        "launch.device",
+        "launch.threads",
+        "data.train_shards",
+        "eval.mode",
+        "eval.seq_len",
+        "eval.batch_seqs",
+        "eval.dtype",
+        "eval.stride",
+        "eval.adapt_chunk_tokens",
+        "pack.codec",
+    }
+)
+
+# The keys a track fixes, with the track's value in the config's terms. A record track's are
+# applied whatever the file says (and the file may not say); an unranked track's may be loosened.
+TRACK_KEYS: dict[str, Callable[[Track], Any]] = {
+    "budget.grace_s": lambda t: t.grace_s,
+    "budget.startup_s": lambda t: t.startup_s,
+    "budget.warmup_max_s": lambda t: t.warmup_max_s,
+    "eval.max_tokens": lambda t: t.eval_max_tokens or 0,
+    "launch.sandbox": lambda t: t.sandbox,
+    "launch.network": lambda t: t.network,
+    "launch.sandbox_read_paths": lambda t: "",  # no folder beyond the sandbox's own plan
+}
+
+# Facts of the machines a run is launched on: the official's (`--set`, --nnodes, --rdzv-endpoint).
+OFFICIAL_KEYS: frozenset[str] = frozenset({"launch.rdzv_endpoint", "launch.rdzv_id"})
+
+SET_ORIGIN = "--set"
+UNTIMED_TRACK = "non_record_16mb"
+_SANDBOX_STRICTNESS = {"off": 0, "auto": 1, "required": 2}
+_NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+def _looser(key: str, value: Any, track_value: Any) -> bool:
+    """Whether `value` judges the run less strictly than the track's value for `key`."""
+    if key == "launch.sandbox":
+        return _SANDBOX_STRICTNESS.get(value, 0) < _SANDBOX_STRICTNESS[track_value]
+    if key == "launch.network":
+        return value == "host" and track_value != "host"
+    if key == "launch.sandbox_read_paths":
+        return value != track_value
+    if key == "eval.max_tokens":
+        return value != track_value  # another subset is another score
+    return value > track_value  # seconds: more time is looser
+
+
+def _to_record(value: Any) -> Any:
+    """JSON-ready: a non-finite float becomes the string "inf", "-inf" or "nan"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+def _from_record(section: str, table: dict[str, Any]) -> dict[str, Any]:
+    """A harness table as recorded -> its values (the strings of non-finite floats read back)."""
+    floats = {f.name for f in dataclasses.fields(HARNESS_SECTIONS[section]) if isinstance(f.default, float)}
+    return {
+        k: _NONFINITE[v] if k in floats and isinstance(v, str) and v in _NONFINITE else v
+        for k, v in table.items()
+    }
+
 
 @dataclass(frozen=True)
 class ResolvedConfig:
     preset: str | None
     tables: dict[str, dict[str, Any]]
-    """Every table after preset and overrides (what is logged and recorded)."""
+    """Every table after the file, the preset, the overrides and the track, as recorded: JSON-ready
+    (a non-finite float of a harness table is the string "inf", "-inf" or "nan"; `section` reads it back)."""
+    loosened: list[dict[str, Any]] = field(default_factory=list)
+    """Track rules this run loosens (unranked tracks only): {"key", "value", "track_value", "origin"}."""
 
     def section(self, name: str) -> Any:
-        return HARNESS_SECTIONS[name](**self.tables[name])
+        return HARNESS_SECTIONS[name](**_from_record(name, self.tables[name]))
 
     @property
     def model(self) -> dict[str, Any]:
@@ -106,6 +245,25 @@ class ResolvedConfig:
     @property
     def train(self) -> dict[str, Any]:
         return dict(self.tables["train"])
+
+    def record(self) -> dict[str, Any]:
+        """What `pgolf run` writes as RUN_DIR/config.json (valid JSON; `from_record` reads it back)."""
+        return {
+            "format": CONFIG_FORMAT,
+            "format_version": CONFIG_FORMAT_VERSION,
+            "preset": self.preset,
+            "tables": self.tables,
+            "loosened": self.loosened,
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> ResolvedConfig:
+        if record.get("format") != CONFIG_FORMAT or record.get("format_version") != CONFIG_FORMAT_VERSION:
+            raise ValueError(
+                f"not a {CONFIG_FORMAT} v{CONFIG_FORMAT_VERSION} record: format {record.get('format')!r} "
+                f"v{record.get('format_version')!r}"
+            )
+        return cls(record["preset"], record["tables"], list(record.get("loosened", [])))
 
 
 def _type_ok(old: Any, new: Any) -> bool:
@@ -116,23 +274,58 @@ def _type_ok(old: Any, new: Any) -> bool:
     return type(old) is type(new)
 
 
-def _apply(tables: dict[str, dict[str, Any]], key: str, value: Any, origin: str) -> None:
-    section, _, name = key.partition(".")
-    if not name or "." in name:
-        raise ValueError(f"{origin}: key {key!r} must be SECTION.KEY (sections: {', '.join(sorted(tables))})")
-    if section not in tables:
-        raise ValueError(
-            f"{origin}: unknown section {section!r} in {key!r}; sections are {', '.join(sorted(tables))}"
-        )
-    if name not in tables[section]:
-        known = ", ".join(sorted(tables[section])) or "(none)"
-        raise ValueError(f"{origin}: unknown key {key!r}; keys of [{section}] are: {known}")
-    old = tables[section][name]
-    if not _type_ok(old, value):
-        raise ValueError(
-            f"{origin}: {key} = {value!r} has type {type(value).__name__}, but the default {old!r} is {type(old).__name__}"
-        )
-    tables[section][name] = float(value) if isinstance(old, float) else value
+class _Layers:
+    """The tables being resolved, with where each key was last set (for errors and the loosened list)."""
+
+    def __init__(self, tables: dict[str, dict[str, Any]]) -> None:
+        self.tables = tables
+        self.origins: dict[str, list[str]] = {}
+        """key -> every origin that set it, in order."""
+
+    def apply(self, key: str, value: Any, origin: str, *, from_file: bool) -> None:
+        tables = self.tables
+        section, _, name = key.partition(".")
+        if not name or "." in name:
+            raise ValueError(
+                f"{origin}: key {key!r} must be SECTION.KEY (sections: {', '.join(sorted(tables))})"
+            )
+        if section not in tables:
+            raise ValueError(
+                f"{origin}: unknown section {section!r} in {key!r}; sections are {', '.join(sorted(tables))}"
+            )
+        if name not in tables[section]:
+            known = ", ".join(sorted(tables[section])) or "(none)"
+            raise ValueError(f"{origin}: unknown key {key!r}; keys of [{section}] are: {known}")
+        old = tables[section][name]
+        if not _type_ok(old, value):
+            raise ValueError(
+                f"{origin}: {key} = {value!r} has type {type(value).__name__}, but the default {old!r} is {type(old).__name__}"
+            )
+        if from_file and section in HARNESS_SECTIONS and key not in SUBMISSION_KEYS and key not in TRACK_KEYS:
+            raise ValueError(
+                f"{origin}: {key} is not a submission's to set (a fact of the machines the run is launched on); "
+                f"pass it on the command line, e.g. --set {key}=..."
+            )
+        tables[section][name] = float(value) if isinstance(old, float) else value
+        self.origins.setdefault(key, []).append(origin)
+
+    def value(self, key: str) -> Any:
+        section, _, name = key.partition(".")
+        return self.tables[section][name]
+
+    def last_origin(self, key: str, default: str) -> str:
+        return self.origins.get(key, [default])[-1]
+
+    def section_error(self, name: str, err: Exception, default: str) -> ValueError:
+        """A section's validation error, prefixed with the origin of the key it names."""
+        msg = " ".join(str(err).split())  # one line
+        keys = [k for k in self.origins if k.startswith(f"{name}.")]
+        at = {k: m.start() for k in keys if (m := re.search(rf"(?<![\w.]){re.escape(k)}(?!\w)", msg))}
+        named = sorted(at, key=at.__getitem__)  # the first key the message names
+        origin = self.last_origin(named[0], default) if named else default
+        if not named and keys:
+            origin = ", ".join(dict.fromkeys(self.last_origin(k, default) for k in keys))
+        return ValueError(f"{origin}: {msg}")
 
 
 def _flatten(table: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
@@ -146,20 +339,86 @@ def _flatten(table: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """`section.key=value`; value parsed as a Python literal, else kept as a string."""
+    """`section.key=value`; value parsed as a Python literal (inf, -inf and nan as floats), else kept as a string."""
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise ValueError(f"--set {text!r}: expected SECTION.KEY=VALUE, e.g. --set train.matrix_lr=0.02")
+    raw = raw.strip()
+    if raw.lower().lstrip("+") in _NONFINITE:
+        return key.strip(), float(raw)
     try:
-        value = ast.literal_eval(raw.strip())
+        value = ast.literal_eval(raw)
     except (ValueError, SyntaxError):
-        value = raw.strip()
+        value = raw
     return key.strip(), value
+
+
+def _nonfinite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, list | tuple):
+        return any(_nonfinite(v) for v in value)
+    if isinstance(value, dict):
+        return any(_nonfinite(v) for v in value.values())
+    return False
+
+
+def _apply_track(layers: _Layers, track: Track, path: Path) -> list[dict[str, Any]]:
+    """Step 3 of the module docstring: the track's values, its refusals, and what was loosened."""
+    loosened: list[dict[str, Any]] = []
+    unranked = "an unranked track (--set run.track=smoke, or non_record_16mb)"
+
+    def loosen(key: str, value: Any, track_value: Any, origin: str) -> None:
+        loosened.append(
+            {"key": key, "value": _to_record(value), "track_value": _to_record(track_value), "origin": origin}
+        )
+
+    for key, of_track in TRACK_KEYS.items():
+        tv = of_track(track)
+        if key not in layers.origins:
+            section, _, name = key.partition(".")
+            layers.tables[section][name] = tv
+            continue
+        value, origin = layers.value(key), layers.origins[key][-1]
+        if track.record:
+            in_file = next((o for o in layers.origins[key] if not o.startswith(SET_ORIGIN)), None)
+            if in_file is not None:
+                raise ValueError(
+                    f"{in_file}: {key} is set by the track {track.name}: {tv!r}; a submission on a record "
+                    f"track cannot change how it is judged: remove {key} from the file"
+                )
+            if _looser(key, value, tv):
+                raise ValueError(
+                    f"{origin}: {key} = {value!r} loosens a rule set by the track {track.name}: {tv!r}; "
+                    f"a record track's rules are never loosened: run it on {unranked}"
+                )
+        elif _looser(key, value, tv):
+            loosen(key, value, tv, origin)
+
+    budget_s = track.train_budget_s
+    if "budget.train_s" not in layers.origins:
+        layers.tables["budget"]["train_s"] = budget_s
+    else:
+        value, origin = layers.value("budget.train_s"), layers.last_origin("budget.train_s", str(path))
+        if value == math.inf and math.isfinite(budget_s):
+            raise ValueError(
+                f"{origin}: budget.train_s = inf (untimed), but the track {track.name} is timed ({budget_s:g} s); "
+                f"an untimed run belongs on the track {UNTIMED_TRACK} (--set run.track={UNTIMED_TRACK})"
+            )
+        if value > budget_s:
+            if track.record:
+                raise ValueError(
+                    f"{origin}: budget.train_s = {value:g} exceeds the training budget set by the track "
+                    f"{track.name}: {budget_s:g} s (a run may use less, never more)"
+                )
+            loosen("budget.train_s", value, budget_s, origin)
+    return loosened
 
 
 def load_config(
     submission_dir: str | Path, preset: str | None = None, overrides: list[str] | None = None
 ) -> ResolvedConfig:
+    """The folder's config.toml with `preset` and `overrides` applied, held to its track, every value checked."""
     path = Path(submission_dir) / CONFIG_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: a submission keeps its presets in {CONFIG_FILE}")
@@ -173,32 +432,89 @@ def load_config(
         raise ValueError(
             f"{path}: unknown table(s) {sorted(unknown)}; allowed: {sorted(HARNESS_SECTIONS) + list(SUBMISSION_SECTIONS)} and [presets.NAME]"
         )
-    tables: dict[str, dict[str, Any]] = {}
-    for name, cls in HARNESS_SECTIONS.items():
-        tables[name] = {f.name: f.default for f in dataclasses.fields(cls)}
-        for key, value in raw.get(name, {}).items():
-            _apply(tables, f"{name}.{key}", value, str(path))
+    for name, table in [*raw.items(), *((f"presets.{p}", t) for p, t in presets.items())]:
+        if not isinstance(table, dict):
+            raise ValueError(f"{path}: {name} must be a table ([{name}]), got {table!r}")
+    tables: dict[str, dict[str, Any]] = {
+        name: {f.name: f.default for f in dataclasses.fields(cls)} for name, cls in HARNESS_SECTIONS.items()
+    }
     for name in SUBMISSION_SECTIONS:
         tables[name] = copy.deepcopy(raw.get(name, {}))
+    layers = _Layers(tables)
+    for name in HARNESS_SECTIONS:
+        for key, value in _flatten(raw.get(name, {}), f"{name}."):
+            layers.apply(key, value, str(path), from_file=True)
     if preset is not None:
         if preset not in presets:
             raise ValueError(
                 f"{path}: no preset {preset!r}; presets: {', '.join(sorted(presets)) or '(none)'}"
             )
         for key, value in _flatten(presets[preset]):
-            _apply(tables, key, value, f"{path} [presets.{preset}]")
+            layers.apply(key, value, f"{path} [presets.{preset}]", from_file=True)
     for text in overrides or []:
         key, value = parse_override(text)
-        _apply(tables, key, value, f"--set {text}")
-    resolved = ResolvedConfig(preset, tables)
-    for name in HARNESS_SECTIONS:
+        layers.apply(key, value, f"{SET_ORIGIN} {text}", from_file=False)
+    for key, value in _flatten({n: tables[n] for n in SUBMISSION_SECTIONS}):
+        if _nonfinite(value):
+            origin = layers.last_origin(key, str(path))
+            raise ValueError(
+                f"{origin}: {key} = {value!r}: [model] and [train] values must be finite (records are JSON)"
+            )
+
+    def validate(*names: str) -> None:
+        for name in names:
+            try:
+                HARNESS_SECTIONS[name](**tables[name])  # validates in __post_init__
+            except (TypeError, ValueError) as e:
+                raise layers.section_error(name, e, str(path)) from e  # attributed to where it was said
+
+    validate("run")
+    track = TRACKS[tables["run"]["track"]]
+    loosened = _apply_track(layers, track, path)  # the track's refusals first: they say what to remove
+    validate(*HARNESS_SECTIONS)
+    if tables["pack"]["codec"] == SUBMISSION_CODEC and not (Path(submission_dir) / CODEC_FILE).is_file():
+        origin = layers.last_origin("pack.codec", str(path))
+        raise ValueError(
+            f"{origin}: pack.codec = {SUBMISSION_CODEC!r} needs {Path(submission_dir) / CODEC_FILE}, which is missing; "
+            f"allowed: {', '.join(CODECS)}, or add {CODEC_FILE}"
+        )
+    recorded = {
+        name: {k: _to_record(v) for k, v in table.items()} if name in HARNESS_SECTIONS else table
+        for name, table in tables.items()
+    }
+    return ResolvedConfig(preset, recorded, loosened)
+
+
+def validate_run(
+    submission_dir: str | Path,
+    preset: str | None = None,
+    overrides: list[str] | None = None,
+    *,
+    seed: int | None = None,
+) -> tuple[dict[str, Any], ResolvedConfig]:
+    """Everything `pgolf run` checks before any process starts: the folder and its submission.json,
+    the config held to its track, and the data variant the submission declares against the track's.
+
+    Returns (submission.json, the resolved config). Raises ValueError (one line) on the first problem.
+    """
+    meta = check_submission(submission_dir)
+    cfg = load_config(submission_dir, preset, overrides)
+    if seed is not None:
         try:
-            resolved.section(name)  # validates in __post_init__
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{path} [{name}] (preset {preset}): {e}") from e
-    return resolved
-
-
-def list_presets(submission_dir: str | Path) -> list[str]:
-    raw = tomllib.loads((Path(submission_dir) / CONFIG_FILE).read_text(encoding="utf-8"))
-    return sorted(raw.get("presets", {}))
+            RunSection(track=cfg.tables["run"]["track"], seed=seed)
+        except ValueError as e:
+            raise ValueError(f"--seed {seed}: {e}") from e
+        cfg.tables["run"]["seed"] = seed
+    track = TRACKS[cfg.tables["run"]["track"]]
+    variant = meta["data_variant"]
+    if track.data_variant not in ("any", variant):
+        where = str(Path(submission_dir) / SUBMISSION_JSON)
+        if track.record:
+            raise ValueError(
+                f"{where}: data_variant = {variant!r}, but the track {track.name} is trained and scored on "
+                f"{track.data_variant!r}; allowed: {track.data_variant!r}, or run on an unranked track (--set run.track=smoke)"
+            )
+        cfg.loosened.append(
+            {"key": "data_variant", "value": variant, "track_value": track.data_variant, "origin": where}
+        )
+    return meta, cfg

@@ -3,21 +3,26 @@
 `check_submission(dir)` verifies the required files and hooks exist (by reading the code, not
 running it) and validates submission.json against its schema (schema_version 1):
 
-    name, author, github_id (str), date (YYYY-MM-DD), track (a known track), data_variant (str),
-    blurb (str); optional: builds_on (str), claimed (object of numbers; never trusted).
+    name, author, github_id (str), date (YYYY-MM-DD), track (a known track), data_variant (sp<VOCAB>
+    or byte260, the tokenizations of data/download.py), blurb (str); optional: builds_on (str),
+    claimed (object of numbers; never trusted).
+
+Whether the data variant fits the track a run is on is checked with the config (harness/config.py
+validate_run): a record track's variant is required, an unranked track's may be departed from.
 """
 
 from __future__ import annotations
 
 import ast
 import datetime as dt
+import re
 from pathlib import Path
 from typing import Any
 
 from data.io import read_json
+from harness.api import SUBMISSION_JSON
 from scoring.tracks import TRACKS
 
-SUBMISSION_JSON = "submission.json"
 SCHEMA_VERSION = 1
 REQUIRED_FIELDS = {
     "name": str,
@@ -29,6 +34,8 @@ REQUIRED_FIELDS = {
     "blurb": str,
 }
 OPTIONAL_FIELDS = {"builds_on": str, "claimed": dict, "schema_version": int}
+DATA_VARIANT_RE = re.compile(r"sp[1-9]\d*|byte260")
+"""The dataset variants (data/download.py names them the same way: fineweb10B_<variant>)."""
 
 
 def _defines(path: Path, func: str) -> bool:
@@ -61,6 +68,10 @@ def validate_metadata(meta: Any, where: str) -> dict[str, Any]:
         raise ValueError(f"{where}: date {meta['date']!r} must be YYYY-MM-DD") from e
     if meta["track"] not in TRACKS:
         raise ValueError(f"{where}: unknown track {meta['track']!r}; known: {', '.join(TRACKS)}")
+    if not DATA_VARIANT_RE.fullmatch(meta["data_variant"]):
+        raise ValueError(
+            f"{where}: data_variant {meta['data_variant']!r} is not a dataset variant; allowed: sp<VOCAB> (e.g. sp1024) or byte260"
+        )
     for k, v in meta.get("claimed", {}).items():
         if not isinstance(v, int | float):
             raise ValueError(f"{where}: claimed.{k} must be a number")

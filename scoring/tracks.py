@@ -1,8 +1,13 @@
 """Tracks: the rules a result is held to (budgets, cap, data, hardware, significance).
 
 A track fixes the train and eval budgets, the byte cap, the data variant, the hardware it is
-meant for and the significance rule for new records. A run may use less time than its track
-allows, never more. Tracks change only with a version bump and a line in docs (change history).
+meant for and the significance rule for new records; and every rule that decides how strictly an
+entry is judged: the grace before a late run is killed, the startup and warm-up allowances, the
+scored validation subset and the sandbox requirement. A run may use less training time than its
+track allows, never more. On a record track none of these can be changed by a submission's config
+or an official's `--set` (harness/config.py applies them); an unranked track's rules may be
+loosened, and what was loosened is recorded with the run. Tracks change only with a version bump
+and a line in docs (change history).
 """
 
 from __future__ import annotations
@@ -28,8 +33,28 @@ class Track:
     margin_nats: float = 0.005
     p_value: float = 0.01
     eval_max_tokens: int | None = None
-    """Validation subset scored on this track (None: the full split)."""
+    """Validation subset scored on this track (None: the full split). The config key eval.max_tokens."""
+    grace_s: float = 30.0
+    """Seconds past the training budget before the training processes are killed (budget.grace_s)."""
+    startup_s: float = 300.0
+    """Allowance before the clock starts: imports, process-group setup (budget.startup_s)."""
+    warmup_max_s: float = 180.0
+    """Most seconds of off-clock compile warm-up accepted (budget.warmup_max_s)."""
+    sandbox: str = "auto"
+    """launch.sandbox: "required" (refuse to train unless the Landlock sandbox holds) or "auto"
+    (every isolation layer the machine offers, each missing one recorded)."""
+    network: str = "auto"
+    """launch.network: "auto" (one node, as root: loopback only) or "host"."""
     version: int = 1
+
+    def __post_init__(self) -> None:
+        if self.sandbox not in ("auto", "required") or self.network not in ("auto", "host"):
+            raise ValueError(
+                f"track {self.name}: sandbox must be 'auto' or 'required' and network 'auto' or 'host', "
+                f"got {self.sandbox!r}, {self.network!r}"
+            )
+        if self.eval_max_tokens is not None and self.eval_max_tokens <= 0:
+            raise ValueError(f"track {self.name}: eval_max_tokens must be None or positive")
 
 
 TRACKS: dict[str, Track] = {
@@ -43,6 +68,7 @@ TRACKS: dict[str, Track] = {
             data_variant="sp1024",
             hardware="8xH100 SXM",
             record=True,
+            sandbox="required",
         ),
         Track(
             name="non_record_16mb",
@@ -64,6 +90,8 @@ TRACKS: dict[str, Track] = {
             hardware="CPU",
             record=True,
             eval_max_tokens=2_097_152,
+            grace_s=60.0,  # a CPU step is slow: a rank may need longer to reach its next tick and return
+            sandbox="required",
         ),
         Track(
             name="smoke",

@@ -28,11 +28,10 @@ from typing import Any
 from data.embedded import ensure_embedded_dataset
 from data.io import read_json, write_json_atomic
 from data.manifest import load_manifest, make_split_view
-from harness.config import ResolvedConfig, load_config
+from harness.config import validate_run
 from harness.records.result import build_result, print_card, write_result
 from harness.run.launch import LaunchConfig
 from harness.run.train_phase import run_sealed_pack, run_train_phase
-from harness.submission import check_submission
 from harness.train.rank import STATE_FILE
 from scoring.codecheck import lint_scored_code
 from scoring.score.loading import stage_model_code
@@ -83,28 +82,19 @@ def run_pipeline(
 ) -> dict[str, Any]:
     t_pipeline = time.perf_counter()
     submission_dir = Path(submission_dir).resolve()
-    meta = check_submission(submission_dir)
-    cfg: ResolvedConfig = load_config(submission_dir, preset, overrides)
-    if seed is not None:
-        cfg.tables["run"]["seed"] = seed
+    # the folder, submission.json, every config value and the track's rules: checked before anything runs
+    meta, cfg = validate_run(submission_dir, preset, overrides, seed=seed)
     run_cfg = cfg.section("run")
     budget = cfg.section("budget")
     launch: LaunchConfig = cfg.section("launch")
     track = get_track(run_cfg.track)
-    if budget.train_s > track.train_budget_s:
-        raise ValueError(
-            f"budget.train_s = {budget.train_s} exceeds track {track.name}'s training budget of {track.train_budget_s} s"
-        )
     device = launch.resolved_device()
     run_dir = Path(out_dir) if out_dir else default_run_dir(submission_dir, preset)
     if run_dir.exists() and any(run_dir.iterdir()):
         raise FileExistsError(f"run folder {run_dir} already exists and is not empty; pass a new --out")
     run_dir.mkdir(parents=True, exist_ok=True)
     run_dir = run_dir.resolve()
-    write_json_atomic(
-        run_dir / "config.json",
-        {"format": "pg-config", "format_version": 1, "preset": preset, "tables": cfg.tables},
-    )
+    write_json_atomic(run_dir / "config.json", cfg.record())  # with the track rules it loosened
     phases: dict[str, Any] = {}
 
     # ---- 1. data ----
