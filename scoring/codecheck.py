@@ -5,8 +5,12 @@ The scorer imports `model.py` (and `codec.py` for a custom codec, `eval.py` for 
 adaptation) into the process that holds the validation tokens and computes the loss. Python has
 no in-process sandbox, so two layers make the rules mechanical:
 
-1. Static check (`lint_scored_code`), before anything is imported: model.py, eval.py, codec.py and
-   every module of the folder they import are read with `ast` and refused if they
+1. Static check (`lint_scored_code`), before anything is imported: every `.py` file of the folder but
+   the top-level train.py (sub-packages included, imported by an entry file or not: the simplest
+   honest rule, since the scorer gets them all; training-only helpers belong in train.py) is read
+   as the folder rules of scoring/artifact/cap.py allow (no link followed; uncounted folders such as
+   __pycache__ skipped), must be strict UTF-8 with no coding declaration but utf-8 (a `# coding: utf-7`
+   line would make Python read other code than the check reads), and is refused if it
    - import anything but an allow-list (DESIGN: "model.py: torch only"; plus harmless standard
      modules, numpy and einops; a codec also the compressors and byte packers it needs),
    - use a name that reaches outside the objects handed to them (frames, gc, files, builtins
@@ -15,7 +19,9 @@ no in-process sandbox, so two layers make the rules mechanical:
      access, the functions that read files (`torch.load`, `numpy.fromfile`, `memmap`, ...), and
      any private attribute (`_x`) but a class's own (`self._x`): torch's internals are back doors,
    - assign to an attribute of an imported module or class (`torch.gather = ...`,
-     `F.log_softmax = ...`): monkeypatching what the scorer calls.
+     `F.log_softmax = ...`): monkeypatching what the scorer calls,
+   - import train.py, which the scorer never gets.
+   codec.py and the modules only it imports get the codec's allowances; every other file the model's rules.
 2. Tool guard (`ToolGuard`), at run time: before the submission's code is imported, the scorer
    records the identity of every attribute of the modules and classes it computes with (builtins,
    math, numpy, torch, torch.Tensor, torch.nn.functional, the aten op it uses, and its own scoring
@@ -33,13 +39,23 @@ This raises the bar and gives a clear verdict; it is not a proof against a deter
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.api import CODEC_FILE, CODEC_IMPORTS, EVAL_HOOK_FILE, MODEL_FILE, SCORED_FILES, SCORED_IMPORTS
+from harness.api import (
+    CODEC_FILE,
+    CODEC_IMPORTS,
+    EVAL_HOOK_FILE,
+    MODEL_FILE,
+    SCORED_FILES,
+    SCORED_IMPORTS,
+    TRAIN_FILE,
+)
+from scoring.artifact.cap import FolderRefused, read_counted, scan_folder
 
 ENTRY_FILES = SCORED_FILES
-"""Where the static check starts: the files the scorer imports."""
+"""The files the scorer imports (the static check reads every .py file but train.py; these decide the codec's rules)."""
 
 ALLOWED_IMPORTS = SCORED_IMPORTS
 CODEC_EXTRA_IMPORTS = CODEC_IMPORTS
@@ -157,12 +173,40 @@ MODEL_RULES = _Rules(ALLOWED_IMPORTS, BANNED_ATTRS)
 CODEC_RULES = _Rules(ALLOWED_IMPORTS | CODEC_EXTRA_IMPORTS, BANNED_ATTRS - CODEC_ALLOWED_ATTRS)
 
 
-def _local_module(folder: Path, name: str) -> Path | None:
-    top = name.split(".")[0]
-    for p in (folder / f"{top}.py", folder / top / "__init__.py"):
-        if p.is_file():
-            return p
+CODING_COOKIE = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
+"""PEP 263: a coding declaration in the first two lines changes how Python decodes the file."""
+UTF8_NAMES = frozenset({"utf-8", "utf8"})
+
+
+def source_encoding_problem(data: bytes) -> tuple[int, str] | None:
+    """(line, message) when a Python source is not strict UTF-8 or declares another coding; else None."""
+    for lineno, line in enumerate(data.split(b"\n")[:2], start=1):
+        m = CODING_COOKIE.match(line)
+        if m and m.group(1).decode("ascii", "replace").lower().replace("_", "-") not in UTF8_NAMES:
+            name = m.group(1).decode("ascii", "replace")
+            return lineno, (
+                f"declares the source coding {name!r}, so Python would decode other code than the check reads; "
+                "remove the coding line and save the file as UTF-8"
+            )
+    try:
+        data.decode("utf-8", errors="strict")
+    except UnicodeDecodeError as e:
+        lineno = data.count(b"\n", 0, e.start) + 1
+        return lineno, (
+            f"is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); save the file as UTF-8"
+        )
     return None
+
+
+def _module_files(name: str, names: tuple[str, ...], sources: dict[str, object]) -> list[str]:
+    """The folder's files an import of `name` (and, for `from name import a, b`, of name.a, name.b) loads."""
+    found: list[str] = []
+    parts = name.split(".") if name else []
+    dotted = [parts[:i] for i in range(1, len(parts) + 1)] + [[*parts, n] for n in names if parts]
+    for mod in dotted:
+        base = "/".join(mod)
+        found += [rel for rel in (f"{base}.py", f"{base}/__init__.py") if rel in sources]
+    return found
 
 
 def _bad_attr(a: str, rules: _Rules) -> bool:
@@ -190,17 +234,12 @@ def _root_name(node: ast.expr) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
-def lint_source(path: Path, rules: _Rules = MODEL_RULES) -> tuple[list[str], list[Path]]:
-    """(problems as 'file:line: message', local modules imported) of one file."""
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    except SyntaxError as e:
-        return [f"{path.name}:{e.lineno}: does not parse ({e.msg})"], []
+def lint_tree(rel: str, tree: ast.Module, rules: _Rules, local_tops: frozenset[str]) -> list[str]:
+    """Problems of one parsed file as 'path:line: message'; `local_tops`: the folder's top-level module names."""
     problems: list[str] = []
-    local: list[Path] = []
     imported: set[str] = set()  # names bound by imports: their attributes must not be assigned
     for node in ast.walk(tree):
-        where = f"{path.name}:{getattr(node, 'lineno', '?')}"
+        where = f"{rel}:{getattr(node, 'lineno', '?')}"
         if isinstance(node, ast.Import | ast.ImportFrom):
             if isinstance(node, ast.ImportFrom) and node.level:
                 problems.append(f"{where}: relative imports are not allowed in scored code")
@@ -208,9 +247,13 @@ def lint_source(path: Path, rules: _Rules = MODEL_RULES) -> tuple[list[str], lis
             imported |= {(a.asname or a.name).split(".")[0] for a in node.names}
             mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             for name in mods:
-                mod = _local_module(path.parent, name)
-                if mod is not None:
-                    local.append(mod)
+                if name.split(".")[0] == TRAIN_FILE.removesuffix(".py"):
+                    problems.append(
+                        f"{where}: imports {name!r}; the scorer never gets {TRAIN_FILE}: move what scored code "
+                        "needs into a module of its own"
+                    )
+                elif name.split(".")[0] in local_tops:
+                    pass  # the folder's own module: linted in its turn
                 elif name.split(".")[0] not in rules.imports:
                     problems.append(
                         f"{where}: imports {name!r}; scored code may import only {sorted(rules.imports)} and its own folder"
@@ -261,33 +304,68 @@ def lint_source(path: Path, rules: _Rules = MODEL_RULES) -> tuple[list[str], lis
             for sub in ast.walk(t):
                 if isinstance(sub, ast.Attribute) and _root_name(sub) in imported:
                     problems.append(
-                        f"{path.name}:{sub.lineno}: assigns to {ast.unparse(sub)!r}, an attribute of an imported "
+                        f"{rel}:{sub.lineno}: assigns to {ast.unparse(sub)!r}, an attribute of an imported "
                         "module or class (monkeypatching what the scorer uses)"
                     )
-    return problems, local
+    return problems
 
 
 def lint_scored_code(submission_dir: str | Path) -> list[str]:
-    """Lint model.py, eval.py and codec.py, and every local module they import (transitively).
+    """Lint every .py file of the folder but the top-level train.py (module docstring: the rules).
 
-    A module reached from codec.py alone gets the codec's rules; one reached from model.py or
-    eval.py the stricter ones.
+    codec.py, and a module that only codec.py imports (transitively), get the codec's rules; every
+    other file the model's. A folder the folder rules refuse gives that refusal as its one problem.
     """
     folder = Path(submission_dir)
-    todo = [(folder / f, CODEC_RULES if f == CODEC_FILE else MODEL_RULES) for f in ENTRY_FILES]
-    todo = [(p, r) for p, r in todo if p.is_file()][::-1]  # pop() takes model.py first
-    seen: dict[Path, _Rules] = {}
+    try:
+        scan = scan_folder(folder)
+    except FolderRefused as e:
+        return [str(e)]
+    py = [f for f in scan.files if f.rel.endswith(".py")]
+    local_tops = frozenset(f.rel.split("/")[0].removesuffix(".py") for f in py)
     problems: list[str] = []
-    while todo:
-        p, rules = todo.pop()
-        p = p.resolve()
-        if p in seen and (seen[p] is MODEL_RULES or rules is CODEC_RULES):
+    trees: dict[str, ast.Module] = {}
+    for f in py:
+        if f.rel == TRAIN_FILE:
             continue
-        seen[p] = rules
-        found, local = lint_source(p, rules)
-        problems += [f for f in found if f not in problems]
-        todo += [(m, rules) for m in local]
+        try:
+            data = read_counted(folder, f)
+        except FolderRefused as e:
+            problems.append(str(e))
+            continue
+        bad = source_encoding_problem(data)
+        if bad is not None:
+            problems.append(f"{f.rel}:{bad[0]}: {bad[1]}")
+            continue
+        try:
+            trees[f.rel] = ast.parse(data, filename=f.rel)  # bytes: decoded exactly as an import would
+        except (SyntaxError, ValueError) as e:
+            problems.append(
+                f"{f.rel}:{getattr(e, 'lineno', None) or '?'}: does not parse ({getattr(e, 'msg', e)})"
+            )
+    codec_only = _reached(trees, [CODEC_FILE]) - _reached(trees, [MODEL_FILE, EVAL_HOOK_FILE])
+    for rel, tree in trees.items():
+        rules = CODEC_RULES if rel in codec_only else MODEL_RULES
+        problems += [p for p in lint_tree(rel, tree, rules, local_tops) if p not in problems]
     return problems
+
+
+def _reached(trees: dict[str, ast.Module], entries: list[str]) -> set[str]:
+    """The folder's files the entries import, transitively (themselves included)."""
+    seen: set[str] = set()
+    todo = [e for e in entries if e in trees]
+    while todo:
+        rel = todo.pop()
+        if rel in seen:
+            continue
+        seen.add(rel)
+        for node in ast.walk(trees[rel]):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    todo += _module_files(a.name, (), trees)
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                todo += _module_files(node.module or "", tuple(a.name for a in node.names), trees)
+    return seen
 
 
 def require_clean_code(submission_dir: str | Path) -> None:
@@ -297,8 +375,8 @@ def require_clean_code(submission_dir: str | Path) -> None:
         shown = "\n  ".join(problems[:12])
         more = f"\n  ... and {len(problems) - 12} more" if len(problems) > 12 else ""
         raise CodeCheckFailure(
-            f"code check failed: {Path(submission_dir)}'s scored code ({MODEL_FILE}, {EVAL_HOOK_FILE}, {CODEC_FILE} and what "
-            f"they import) broke {len(problems)} rule(s):\n  {shown}{more}\n"
+            f"code check failed: {Path(submission_dir)}'s scored code (every .py file but {TRAIN_FILE}: {MODEL_FILE}, "
+            f"{EVAL_HOOK_FILE}, {CODEC_FILE} and their modules) broke {len(problems)} rule(s):\n  {shown}{more}\n"
             "HINT: code that runs in the scorer may use only the tensors it is given and the allowed imports "
             "(see scoring/codecheck.py and submissions/README.md)"
         )

@@ -1,23 +1,59 @@
-"""The byte cap: which files of a submission count, and the check bytes_code + bytes_model <= cap.
+"""The byte cap and the folder rules: which files of a submission count, what a folder may hold, and
+the check bytes_code + bytes_model <= cap.
 
 Counted code bytes (DESIGN.md): every file in the submission folder except README.md,
 submission.json, logs and results. Concretely excluded: those two names; any path with a part
 that is hidden (starts with "."), `__pycache__`, `logs`, `results` or `runs`; files ending in
 `.log`, `.pyc`. Everything else counts, byte for byte, including config files and tokenizers.
+
+The folder rules (`scan_folder`): judged with lstat alone, before any file is opened, so a folder's own
+files cannot loosen them. Nothing is ever followed.
+- Every entry the walk meets is a regular file or a folder: a symbolic link, FIFO, socket or device is
+  refused (`illegal`), wherever it points.
+- A regular file has one link (st_nlink == 1): a hard link is the same file as another path, maybe a
+  validation shard outside the folder (`illegal`).
+- No native extension module (`.so`): it would be imported in place of a checked source (`illegal`).
+- No file is larger than the cap, and the counted files together are not either (`over_cap`), judged
+  from st_size before a byte is read (a sparse 16 GB file is refused in milliseconds).
+- At most MAX_DEPTH folders deep and MAX_ENTRIES entries (`illegal`).
+- Uncounted folders (hidden, `__pycache__`, logs, results, runs) are skipped whole, never entered;
+  uncounted files (README.md, submission.json, logs, bytecode) are skipped. The scan's `files` are the
+  counted files, and only they are ever staged, hashed or read: so no `.pyc` is staged or imported.
+`read_counted` reads one of those files without following a link at any level, checks with fstat that
+it is still the regular file of the size the scan saw, and reads at most that many bytes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.machinery
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
-
-from data.io import sha256_file
 
 ARTIFACT_CAP_BYTES = 16_000_000
 UNCOUNTED_NAMES = frozenset({"README.md", "submission.json"})
 UNCOUNTED_DIRS = frozenset({"__pycache__", "logs", "results", "runs"})
 UNCOUNTED_SUFFIXES = (".log", ".pyc")
+EXTENSION_SUFFIXES = tuple(sorted({*importlib.machinery.EXTENSION_SUFFIXES, ".so", ".pyd"}))
+"""Native extension modules: refused (Python would import one in place of a checked source)."""
+MAX_DEPTH = 8
+"""Most folders deep a file may sit (model.py is at depth 0, pkg/sub.py at depth 1)."""
+MAX_ENTRIES = 10_000
+"""Most entries (files and folders, skipped folders' contents not included) a folder may hold."""
+MAX_FOLDER_BYTES = 1 << 30
+"""The size bound of a scan given no cap: no count ever reads unbounded input."""
+READ_CHUNK_BYTES = 1 << 20
+
+
+class FolderRefused(ValueError):
+    """A submission folder breaks a folder rule. `.status` is the run's verdict ("illegal" or
+    "over_cap"), `.path` the offending path; the message is one line naming the path and the fix."""
+
+    def __init__(self, status: str, path: str | os.PathLike[str], message: str):
+        self.status, self.path = status, str(path)
+        super().__init__(f"{status}: {message}")
 
 
 class ArtifactTooLarge(ValueError):
@@ -38,23 +74,234 @@ def is_counted(rel: Path) -> bool:
     return not any(part.startswith(".") or part in UNCOUNTED_DIRS for part in rel.parts)
 
 
-def counted_files(submission_dir: str | os.PathLike[str]) -> dict[str, str]:
-    """{relative posix path: sha256} of every counted file, sorted by path."""
-    root = Path(submission_dir)
+def _skipped_dir(name: str) -> bool:
+    return name.startswith(".") or name in UNCOUNTED_DIRS
+
+
+def _why_skipped(name: str) -> str:
+    if name == "__pycache__" or name.endswith(".pyc"):
+        return "bytecode: never staged or imported (the checked source is)"
+    if name.startswith("."):
+        return "hidden: not counted, never staged"
+    return "not counted, never staged"
+
+
+@dataclass(frozen=True)
+class FolderFile:
+    rel: str
+    """Posix path relative to the folder."""
+    size_bytes: int
+    """st_size as lstat saw it: exactly this many bytes are read."""
+
+
+@dataclass(frozen=True)
+class FolderScan:
+    root: Path
+    files: tuple[FolderFile, ...]
+    """The counted files, sorted by path: what is staged, hashed and counted."""
+    skipped: tuple[tuple[str, str], ...]
+    """(path, why) of what is never staged: uncounted files and folders, bytecode."""
+    cap_bytes: int
+
+    @property
+    def bytes_code(self) -> int:
+        return sum(f.size_bytes for f in self.files)
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device file"
+    return "special file"
+
+
+def _refuse_entry(path: Path, st: os.stat_result) -> FolderRefused:
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        return FolderRefused(
+            "illegal",
+            path,
+            f"{path} is a symbolic link (to {target!r}); a submission folder holds regular files and folders "
+            "only and never follows a link: replace it with a copy of what it points to",
+        )
+    return FolderRefused(
+        "illegal",
+        path,
+        f"{path} is a {_kind(st.st_mode)}; a submission folder holds regular files and folders only: remove it",
+    )
+
+
+def scan_folder(root: str | os.PathLike[str], *, cap_bytes: int | None = None) -> FolderScan:
+    """Walk `root` with lstat alone and apply the folder rules (module docstring); raises FolderRefused.
+
+    `cap_bytes`: no file, and not the counted files together, may exceed it (default MAX_FOLDER_BYTES).
+    """
+    root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"submission folder not found: {root}")
-    out = {}
-    for p in sorted(root.rglob("*")):
-        rel = p.relative_to(root)
-        if p.is_file() and is_counted(rel):
-            out[rel.as_posix()] = sha256_file(p)
-    return out
+    cap = MAX_FOLDER_BYTES if cap_bytes is None else int(cap_bytes)
+    files: list[FolderFile] = []
+    skipped: list[tuple[str, str]] = []
+    entries = 0
+    total = 0
+    todo: list[tuple[Path, str, int]] = [(root, "", 0)]
+    while todo:
+        folder, prefix, depth = todo.pop()
+        try:
+            with os.scandir(folder) as it:
+                listing = sorted(it, key=lambda e: e.name)
+        except OSError as e:
+            raise FolderRefused(
+                "error", folder, f"{folder} cannot be listed ({e.strerror}); make it a readable folder"
+            ) from e
+        for entry in listing:
+            entries += 1
+            if entries > MAX_ENTRIES:
+                raise FolderRefused(
+                    "illegal",
+                    root,
+                    f"{root} holds more than {MAX_ENTRIES:,} files and folders; remove what the submission "
+                    "does not need (logs/, runs/ and hidden folders are skipped, not counted)",
+                )
+            rel = prefix + entry.name
+            path = folder / entry.name
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError as e:
+                raise FolderRefused(
+                    "error", path, f"{path} vanished or cannot be read ({e.strerror}); run again"
+                ) from e
+            if stat.S_ISDIR(st.st_mode):
+                if _skipped_dir(entry.name):
+                    skipped.append((rel + "/", _why_skipped(entry.name)))
+                elif depth + 1 > MAX_DEPTH:
+                    raise FolderRefused(
+                        "illegal",
+                        path,
+                        f"{path} is more than {MAX_DEPTH} folders deep; flatten the submission folder",
+                    )
+                else:
+                    todo.append((path, rel + "/", depth + 1))
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                raise _refuse_entry(path, st)
+            if st.st_nlink > 1:
+                raise FolderRefused(
+                    "illegal",
+                    path,
+                    f"{path} has {st.st_nlink} hard links: it is the same file as a path elsewhere (perhaps "
+                    "outside the folder); replace it with a copy of its own (cp FILE FILE.tmp && mv FILE.tmp FILE)",
+                )
+            if entry.name.endswith(EXTENSION_SUFFIXES):
+                raise FolderRefused(
+                    "illegal",
+                    path,
+                    f"{path} is a native extension module: it would be imported in place of checked Python "
+                    "source; remove it (submission code is Python source)",
+                )
+            if st.st_size > cap:
+                raise FolderRefused(
+                    "over_cap",
+                    path,
+                    f"{path} is {st.st_size:,} bytes (its size, judged before reading it), over the cap of "
+                    f"{cap:,} bytes; remove it or make it smaller",
+                )
+            if not is_counted(Path(rel)):
+                skipped.append((rel, _why_skipped(entry.name)))
+                continue
+            total += st.st_size
+            if total > cap:
+                raise FolderRefused(
+                    "over_cap",
+                    root,
+                    f"{root}: the counted files come to at least {total:,} bytes (at {rel}), over the cap of "
+                    f"{cap:,} bytes before any model bytes; remove files (README.md, submission.json and logs/ "
+                    "are not counted)",
+                )
+            files.append(FolderFile(rel, st.st_size))
+    return FolderScan(root, tuple(sorted(files, key=lambda f: f.rel)), tuple(sorted(skipped)), cap)
+
+
+def _open_no_follow(root: Path, rel: str) -> int:
+    """Open root/rel read-only without following a link at any level below root: a component swapped for
+    a link, or the file for a FIFO, since the scan fails to open or is seen by fstat."""
+    parts = rel.split("/")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def read_counted(root: str | os.PathLike[str], f: FolderFile) -> bytes:
+    """The bytes of a file the scan saw: never through a link, only a regular file of the size seen,
+    at most `f.size_bytes` bytes. Raises FolderRefused when the file changed since the scan."""
+    root = Path(root)
+    path = root / f.rel
+    changed = (
+        f"{path} changed while it was being staged (%s); leave the submission folder alone while a run "
+        "stages it, and run again"
+    )
+    try:
+        fd = _open_no_follow(root, f.rel)
+    except OSError as e:
+        raise FolderRefused(
+            "illegal", path, changed % f"cannot open it without following a link: {e.strerror}"
+        ) from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FolderRefused("illegal", path, changed % f"it is now a {_kind(st.st_mode)}")
+        if st.st_size != f.size_bytes or st.st_nlink > 1:
+            raise FolderRefused(
+                "illegal",
+                path,
+                changed
+                % f"{st.st_size:,} bytes and {st.st_nlink} link(s), was {f.size_bytes:,} bytes and 1 link",
+            )
+        chunks: list[bytes] = []
+        left = f.size_bytes
+        while left > 0:
+            chunk = os.read(fd, min(left, READ_CHUNK_BYTES))
+            if not chunk:
+                raise FolderRefused("illegal", path, changed % "it ended early")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def counted_files(submission_dir: str | os.PathLike[str], *, cap_bytes: int | None = None) -> dict[str, str]:
+    """{relative posix path: sha256} of every counted file, sorted by path (the folder rules apply)."""
+    scan = scan_folder(submission_dir, cap_bytes=cap_bytes)
+    return {f.rel: hashlib.sha256(read_counted(scan.root, f)).hexdigest() for f in scan.files}
 
 
 def code_bytes(submission_dir: str | os.PathLike[str], files: dict[str, str] | None = None) -> int:
+    """Sum of the counted files' sizes (lstat: a link is never followed, and refused)."""
     root = Path(submission_dir)
-    files = counted_files(root) if files is None else files
-    return sum((root / rel).stat().st_size for rel in files)
+    if files is None:
+        return scan_folder(root).bytes_code
+    total = 0
+    for rel in files:
+        st = os.lstat(root / rel)
+        if not stat.S_ISREG(st.st_mode):
+            raise _refuse_entry(root / rel, st)
+        total += st.st_size
+    return total
 
 
 @dataclass(frozen=True)

@@ -215,7 +215,10 @@ def test_scored_code_may_not_import_train_py(tmp_path):
     ("source", "why"),
     [
         (b"# coding: utf-7\nX = 1\n", "model.py:1: declares the source coding 'utf-7'"),
-        (b"#!/usr/bin/env python\n# -*- coding: latin-1 -*-\nX = 1\n", "model.py:2: declares the source coding 'latin-1'"),
+        (
+            b"#!/usr/bin/env python\n# -*- coding: latin-1 -*-\nX = 1\n",
+            "model.py:2: declares the source coding 'latin-1'",
+        ),
         (b"X = '\xff'\n", "model.py:1: is not valid UTF-8 (byte 0xff at offset 5)"),
     ],
 )
