@@ -39,9 +39,9 @@ from typing import Any
 
 from data.io import read_json, sha256_file, write_json_atomic
 from data.manifest import MANIFEST_NAME, load_manifest, make_split_view
+from harness.run.staging import stage_model_code
 from scoring.artifact.cap import counted_files
 from scoring.artifact.format import ArtifactError, read_artifact
-from scoring.score.loading import stage_model_code
 
 VERIFY_FORMAT = "pg-verification"
 VERIFY_FORMAT_VERSION = 1

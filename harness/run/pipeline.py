@@ -31,10 +31,10 @@ from data.manifest import load_manifest, make_split_view
 from harness.config import validate_run
 from harness.records.result import build_result, print_card, write_result
 from harness.run.launch import LaunchConfig
+from harness.run.staging import folder_verdict, stage_folder, stage_model_code
 from harness.run.train_phase import run_sealed_pack, run_train_phase
 from harness.train.rank import STATE_FILE
 from scoring.codecheck import lint_scored_code
-from scoring.score.loading import stage_model_code
 from scoring.tracks import get_track
 
 
@@ -88,6 +88,8 @@ def run_pipeline(
     budget = cfg.section("budget")
     launch: LaunchConfig = cfg.section("launch")
     track = get_track(run_cfg.track)
+    # the folder rules, by lstat before anything copies it: links, FIFOs, hard links, sizes, encodings
+    folder = folder_verdict(submission_dir, cap_bytes=track.cap_bytes)
     device = launch.resolved_device()
     run_dir = Path(out_dir) if out_dir else default_run_dir(submission_dir, preset)
     if run_dir.exists() and any(run_dir.iterdir()):
@@ -106,6 +108,12 @@ def run_pipeline(
         f"[data] {data_root} ({manifest.split_tokens('train'):,} train / {manifest.split_tokens('val'):,} val tokens)",
         flush=True,
     )
+    phases["folder"] = folder
+    if folder["status"] != "ok":  # a verdict on the entry (illegal, over_cap), never a traceback
+        print(f"folder refused: {folder['detail']}", file=sys.stderr)
+        return _finish(
+            run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=folder["status"]
+        )
     # the scorer would refuse this code after training: say so before spending the training budget
     problems = lint_scored_code(submission_dir)
     if problems:
@@ -169,7 +177,7 @@ def run_pipeline(
             "pack",
             str(run_dir / STATE_FILE),
             "--submission",
-            str(submission_dir),
+            stage_folder(submission_dir, views / "packed_code", cap_bytes=track.cap_bytes).dest,
             "--out",
             str(artifact),
             "--codec",
@@ -206,12 +214,12 @@ def run_pipeline(
             phases["pack"] = {"status": "error", "detail": _tail(run_dir / "pack.log")}
             return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="error")
         phases["pack"] = read_json(run_dir / "pack.json")
-        keep_packed_code(submission_dir, phases["pack"]["code_files"], run_dir / "code")
+        keep_packed_code(views / "packed_code", phases["pack"]["code_files"], run_dir / "code")
         if proc.returncode != 0 or not phases["pack"]["within_cap"]:
             return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="over_cap")
 
         # ---- 4. score ----
-        staged = stage_model_code(submission_dir, views / "model_code")
+        staged = stage_model_code(submission_dir, views / "model_code", cap_bytes=track.cap_bytes)
         val_view = make_split_view(data_root, views / "val", "val")
         ev = cfg.section("eval").to_eval_config(track.eval_max_tokens)
         score_out = views / "score_out" / "score.json"  # the one folder the confined scorer may write

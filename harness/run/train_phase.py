@@ -44,6 +44,7 @@ from harness.run.launch import (
     supervise,
     torchrun_command,
 )
+from harness.run.staging import stage_folder
 from harness.train.clock import CLOCK_MARKER, BudgetConfig
 from harness.train.rank import METRICS_FILE, SPEC_FORMAT, SPEC_FORMAT_VERSION, STATE_FILE, TRAIN_RECORD
 from isolation.monitor import parse_attempts
@@ -51,7 +52,8 @@ from isolation.sandbox import TOKEN_ENV, WARNING_PREFIX, SandboxPlan, plan_sandb
 
 PACK_STARTUP_S = 30.0
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-STAGE_IGNORE = ("__pycache__", "runs", ".git", "*.pgolf", "*.safetensors")
+STAGE_IGNORE = ("*.pgolf", "*.safetensors")
+"""Counted files training is not given (caches, .git, runs/ and bytecode are never staged: harness/run/staging.py)."""
 SCRUBBED_ENV = ("PG_DATA_DIR", "PGOLF_DATA", "HF_HOME", "HF_DATASETS_CACHE")
 OUTPUT_FILES = (STATE_FILE, TRAIN_RECORD, METRICS_FILE, CLOCK_MARKER)
 
@@ -175,7 +177,7 @@ def run_train_phase(
     out.mkdir(parents=True)
     train_view = make_split_view(data_root, stage / "data", "train")
     staged_sub = stage / "submission"
-    shutil.copytree(submission_dir, staged_sub, symlinks=True, ignore=shutil.ignore_patterns(*STAGE_IGNORE))
+    stage_folder(submission_dir, staged_sub, exclude=STAGE_IGNORE)  # the folder rules: harness/run/staging.py
     manifest = load_manifest(data_root)
     val_shards = manifest.shard_paths("val")
     (stage / "spec.json").touch()  # a rule needs the file to exist; written below, once the plan is known

@@ -9,7 +9,6 @@ recorded, so the scorer runs exactly the code that was packed.
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -19,15 +18,6 @@ from torch import nn
 
 from harness.api import BUILD_MODEL_FN, MODEL_FILE
 from scoring.artifact.format import Artifact, ArtifactError, check_code_hashes
-
-STAGED_EXCLUDE = ("train.py", "__pycache__", "runs")
-"""What the scorer never gets of a submission folder: its training code (and caches, run folders)."""
-
-
-def stage_model_code(submission_dir: Path, dest: Path) -> Path:
-    """Copy the submission folder without its training code: what the scorer may see."""
-    shutil.copytree(submission_dir, dest, ignore=shutil.ignore_patterns(*STAGED_EXCLUDE))
-    return dest
 
 
 def import_file(path: Path, module_name: str) -> ModuleType:
