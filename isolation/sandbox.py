@@ -63,6 +63,7 @@ from isolation.landlock import (
     private_tmpfs,
     python_roots,
 )
+from isolation.seccomp import apply_seccomp, seccomp_supported
 
 POLICY_FORMAT = "pg-sandbox-policy"
 POLICY_FORMAT_VERSION = 1
@@ -141,6 +142,8 @@ class SandboxPlan:
     warnings: tuple[str, ...] = ()
     protected: tuple[str, ...] = ()
     """Paths no rule reaches (the dataset folder, the validation shards)."""
+    seccomp: bool = False
+    """Install isolation/seccomp.py's filter (the model worker: no ptrace, no other process's memory)."""
 
     @property
     def landlock(self) -> bool:
@@ -170,6 +173,7 @@ class SandboxPlan:
             "loopback_up": "net" in self.namespaces,
             "private_shm": "mount" in self.namespaces and os.path.isdir("/dev/shm"),
             "required": self.mode == "required",
+            "seccomp": self.seccomp,
         }
 
     def describe(self) -> dict[str, Any]:
@@ -180,6 +184,7 @@ class SandboxPlan:
             "namespaces": list(self.namespaces),
             "capabilities_dropped": self.drop_caps,
             "signals_scoped": self.scope_signals,
+            "seccomp": self.seccomp,
             "separate_user": False,
             "read_roots": sorted(r.path for r in self.rules if r.access in ("ro", "dev")),
             "write_roots": sorted(r.path for r in self.rules if r.access == "rw"),
@@ -202,6 +207,7 @@ def plan_sandbox(
     import_path: Iterable[str] = (),
     extra_read: Iterable[str] = (),
     caps: MachineCaps | None = None,
+    seccomp: bool = False,
 ) -> SandboxPlan:
     """Decide the sandbox for one phase.
 
@@ -286,6 +292,7 @@ def plan_sandbox(
         unshare=caps.unshare,
         warnings=tuple(warnings),
         protected=tuple(prot),
+        seccomp=seccomp and seccomp_supported(),
     )
 
 
@@ -322,6 +329,7 @@ def enter(policy_path: str, argv: Sequence[str]) -> NoReturn:
                 [Rule(**r) for r in policy["rules"]], policy["landlock_abi"], policy["scope_signals"]
             ),
         ),
+        ("seccomp", policy.get("seccomp"), apply_seccomp),
     ]
     for name, wanted, apply in layers:
         if not wanted:

@@ -58,8 +58,17 @@ from data.shards import read_split
 from data.tokenizer import load_tokenizer
 from scoring.artifact.cap import ARTIFACT_CAP_BYTES
 from scoring.artifact.codecs import StateDict
-from scoring.score.evaluate import EVAL_DTYPES, EVAL_MODES, EvalConfig, evaluate, tune_cpu_allocator
-from scoring.score.probes import ProbeConfig, run_probes
+from scoring.score.evaluate import (
+    EVAL_DTYPES,
+    EVAL_MODES,
+    EvalConfig,
+    LocalModel,
+    batch_count,
+    eval_tokens,
+    evaluate,
+    tune_cpu_allocator,
+)
+from scoring.score.probes import ProbeConfig, plan_probes, run_probes
 
 LEGACY_QUANT_FORMAT = "int8_clean_per_row_v1"
 LEGACY_SCORE_FORMAT = "pg-legacy-score"
@@ -446,10 +455,19 @@ def score_legacy(
     tokenizer = load_tokenizer(manifest.tokenizer_path)
     table = tokenizer.byte_table()
     tokens = read_split(data_dir, "val")
+    pcfg = ProbeConfig()
+    plan = plan_probes(batch_count(tokens, cfg, tokenizer.bos_id), pcfg)
+    res = evaluate(model, tokens, table, cfg, dev, bos_id=tokenizer.bos_id, keep_batches=plan.batches)
+
+    def fresh_models() -> Iterator[LocalModel]:  # a new model from the artifact for each probe forward
+        while True:
+            m = gpt_cls(**kwargs)
+            m.load_state_dict(state, strict=True)
+            yield LocalModel(LogitsFromLoss(m.float().to(dev).eval(), ns), cfg.dtype)
+
     probes = run_probes(
-        model, tokens, table.vocab_size, ProbeConfig(seq_len=cfg.seq_len, dtype=cfg.dtype), dev
+        plan, res.kept, fresh_models(), eval_tokens(tokens, cfg), pcfg, total_batches=res.batches
     )
-    res = evaluate(model, tokens, table, cfg, dev, bos_id=tokenizer.bos_id)
     code_bytes = len(script_path.read_text(encoding="utf-8").encode("utf-8"))
     model_bytes = artifact.stat().st_size
     claimed = (

@@ -18,6 +18,7 @@ import datetime as dt
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,7 +36,11 @@ from harness.run.staging import folder_verdict, stage_folder, stage_model_code
 from harness.run.train_phase import run_sealed_pack, run_train_phase
 from harness.train.rank import STATE_FILE
 from scoring.codecheck import lint_scored_code
+from scoring.score.cli import EXIT_CODES, STATUS_OF_EXIT, ScoreRequest
 from scoring.tracks import get_track
+
+SCORER_STARTUP_S = 300.0
+"""The scorer process's own allowance beyond the eval deadline (imports, starting workers, reading data)."""
 
 
 def default_run_dir(submission_dir: Path, preset: str | None) -> Path:
@@ -50,10 +55,20 @@ def _subprocess_env() -> dict[str, str]:
     return env
 
 
-def _run_phase(name: str, cmd: list[str], log_path: Path) -> subprocess.CompletedProcess:
+def _run_phase(name: str, cmd: list[str], log_path: Path, timeout_s: float | None = None) -> int | None:
+    """Run one phase's process, its output into `log_path`; its exit status (None: killed at `timeout_s`)."""
     print(f"[{name}] {' '.join(cmd[1:4])} ...", flush=True)
     with open(log_path, "ab") as log:
-        return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=_subprocess_env(), check=False)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_subprocess_env(),
+            start_new_session=True,
+        )
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -207,15 +222,14 @@ def run_pipeline(
                 return _finish(
                     run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=sealed["status"]
                 )
-            proc = subprocess.CompletedProcess(cmd, returncode)
         else:
-            proc = _run_phase("pack", cmd, run_dir / "pack.log")
+            returncode = _run_phase("pack", cmd, run_dir / "pack.log")
         if not (run_dir / "pack.json").is_file():
             phases["pack"] = {"status": "error", "detail": _tail(run_dir / "pack.log")}
             return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="error")
         phases["pack"] = read_json(run_dir / "pack.json")
         keep_packed_code(views / "packed_code", phases["pack"]["code_files"], run_dir / "code")
-        if proc.returncode != 0 or not phases["pack"]["within_cap"]:
+        if returncode != 0 or not phases["pack"]["within_cap"]:
             return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="over_cap")
 
         # ---- 4. score ----
@@ -224,62 +238,35 @@ def run_pipeline(
         ev = cfg.section("eval").to_eval_config(track.eval_max_tokens)
         score_out = views / "score_out" / "score.json"  # the one folder the confined scorer may write
         score_out.parent.mkdir()
-        cmd = [
-            sys.executable,
-            "-m",
-            "scoring",
-            "score",
-            str(artifact),
-            "--submission",
-            str(staged),
-            "--data",
-            str(val_view),
-            "--mode",
-            ev.mode,
-            "--seq-len",
-            str(ev.seq_len),
-            "--batch-seqs",
-            str(ev.batch_seqs),
-            "--max-tokens",
-            str(ev.max_tokens or 0),
-            "--dtype",
-            ev.dtype,
-            "--device",
-            device,
-            "--threads",
-            str(os.cpu_count() or 1),
-            "--adapt-chunk-tokens",
-            str(ev.adapt_chunk_tokens),
-            "--json-out",
-            str(score_out),
-            "--protect",
-            str(data_root),
-        ]
-        if launch.sandbox == "off":  # the whole run is unsandboxed on purpose: so is the scorer (recorded)
-            cmd.append("--no-confine")
-        if ev.stride:
-            cmd += ["--stride", str(ev.stride)]
-        proc = _run_phase("score", cmd, run_dir / "score.log")
-        if proc.returncode != 0 or not score_out.is_file():
-            log = _tail(run_dir / "score.log")
-            # a failed legality probe or score-first check is a verdict on the entry, not a crash
-            illegal = any(k in log for k in ("probe failed", "score-first", "code check failed"))
-            phases["score"] = {"status": "illegal" if illegal else "error", "detail": log}
-            return _finish(
-                run_dir,
-                cfg,
-                meta,
-                track,
-                phases,
-                manifest,
-                ledger,
-                t_pipeline,
-                status=phases["score"]["status"],
-            )
-        phases["score"] = read_json(score_out)
+        eval_deadline_s = track.eval_budget_s + budget.grace_s
+        request = ScoreRequest(
+            artifact=artifact,
+            code_dir=staged,
+            data_dir=val_view,
+            eval=ev,
+            device=device,
+            threads=os.cpu_count() or 1,
+            sandbox=launch.sandbox,  # the model worker's: off only when the whole run is unsandboxed (recorded)
+            confine=launch.sandbox != "off",
+            protect=(data_root,),
+            eval_budget_s=eval_deadline_s,
+            json_out=score_out,
+        )
+        cmd = [sys.executable, "-m", "scoring", *request.to_argv()]
+        outer_s = eval_deadline_s + SCORER_STARTUP_S if math.isfinite(eval_deadline_s) else None
+        returncode = _run_phase("score", cmd, run_dir / "score.log", timeout_s=outer_s)
+        record = read_json(score_out) if score_out.is_file() else None
+        if returncode != 0 or record is None or record.get("status") != "ok":
+            # the verdict is the scorer's exit status and its record's status field, never a search of its log
+            status = STATUS_OF_EXIT.get(returncode, "error") if returncode is not None else "over_eval_budget"
+            if record is not None and record.get("status") in EXIT_CODES:
+                status = record["status"]
+            detail = (record or {}).get("detail") or _tail(run_dir / "score.log")
+            phases["score"] = {"status": status, "detail": detail, "returncode": returncode}
+            return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=status)
+        phases["score"] = record
         write_json_atomic(run_dir / "score.json", phases["score"])
-        over_eval = phases["score"]["eval_time_s"] > track.eval_budget_s
-        status = "over_eval_budget" if over_eval and math.isfinite(track.eval_budget_s) else "ok"
+        status = "ok"
         return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=status)
 
 

@@ -1,48 +1,171 @@
-"""The scorer's command line: `python -m scoring score|unpack` (what the run's score phase and `pgolf
-score` execute, in a fresh process). It imports the scorer (scoring/score/) and the artifact format,
-nothing of the harness's records, benches or training code (tests/unit/test_import_closure.py).
+"""The scorer's command line: `python -m scoring score|unpack` (what the run's score phase, `pgolf verify`
+and `pgolf score` execute, in a fresh process). It imports the scorer (scoring/score/) and the artifact
+format, nothing of the harness's records, benches or training code (tests/unit/test_import_closure.py).
 
     score    bits per byte of an artifact on a validation dataset (scoring/score/scorer.py)
     unpack   an artifact's tensors, dequantized, as safetensors
+
+`ScoreRequest` is the one definition of the scorer's command line: the harness builds it with
+`to_argv()` (the run's score phase and verify alike), and this module parses it back. The verdict
+travels as the exit status (EXIT_CODES) and the record's `status` field: a failed score still
+writes its record (status, detail) to --json-out, never a bare traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import traceback
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from data.io import write_json_atomic
+from scoring.artifact.format import ArtifactError
 from scoring.artifact.pack import unpack_artifact
-from scoring.score.evaluate import EVAL_DTYPES, EVAL_MODES, EvalConfig
-from scoring.score.scorer import score_artifact
+from scoring.codecheck import CodeCheckFailure
+from scoring.score.evaluate import EVAL_DTYPES, EVAL_MODES, EvalConfig, RuleViolation
+from scoring.score.probes import ProbeConfig
+from scoring.score.remote import EvalDeadline, WorkerFailure
+from scoring.score.scorer import SCORE_FORMAT, SCORE_FORMAT_VERSION, score_artifact
+
+EXIT_CODES = {"ok": 0, "error": 1, "illegal": 3, "over_eval_budget": 4, "out_of_memory": 5}
+"""The scorer's exit status per verdict (2 is a usage error: bad arguments or inputs)."""
+STATUS_OF_EXIT = {v: k for k, v in EXIT_CODES.items()}
+SANDBOX_MODES = ("auto", "required", "off")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScoreRequest:
+    """Everything the scorer process is told (its argv); see `to_argv` / `from_args`."""
+
+    artifact: Path
+    code_dir: Path
+    """The staged scored code (the submission folder without train.py)."""
+    data_dir: Path
+    """A dataset folder holding the validation split (a view made after training)."""
+    eval: EvalConfig
+    device: str = "cpu"
+    threads: int = 0
+    sandbox: str = "auto"
+    """The model workers' sandbox: auto, required (refuse without Landlock), off."""
+    confine: bool = True
+    """Also confine the scorer itself once it has read the data."""
+    protect: tuple[Path, ...] = ()
+    """More folders no worker and (once confined) not the scorer may read: the dataset a view was made from."""
+    eval_budget_s: float = math.inf
+    """Past this (the track's eval budget + grace) the worker is killed: over_eval_budget."""
+    probes: int = ProbeConfig().probes
+    memory_limit_bytes: int = -1
+    """The worker's address-space limit on CPU; -1: three quarters of the machine's memory; 0: none."""
+    json_out: Path | None = None
+
+    def to_argv(self) -> list[str]:
+        e = self.eval
+        argv = [
+            "score", str(self.artifact), "--submission", str(self.code_dir), "--data", str(self.data_dir),
+            "--mode", e.mode, "--seq-len", str(e.seq_len), "--batch-seqs", str(e.batch_seqs),
+            "--max-tokens", str(e.max_tokens or 0), "--dtype", e.dtype, "--stride", str(e.stride or 0),
+            "--adapt-chunk-tokens", str(e.adapt_chunk_tokens), "--device", self.device,
+            "--threads", str(self.threads), "--sandbox", self.sandbox, "--eval-budget-s", repr(self.eval_budget_s),
+            "--probes", str(self.probes), "--memory-limit-bytes", str(self.memory_limit_bytes),
+        ]  # fmt: skip
+        if not self.confine:
+            argv.append("--no-confine")
+        for p in self.protect:
+            argv += ["--protect", str(p)]
+        if self.json_out is not None:
+            argv += ["--json-out", str(self.json_out)]
+        return argv
+
+    @staticmethod
+    def from_args(args: argparse.Namespace) -> ScoreRequest:
+        cfg = EvalConfig(
+            mode=args.mode,
+            seq_len=args.seq_len,
+            batch_seqs=args.batch_seqs,
+            max_tokens=args.max_tokens or None,
+            dtype=args.dtype,
+            stride=args.stride or None,
+            adapt_chunk_tokens=args.adapt_chunk_tokens,
+        )
+        return ScoreRequest(
+            artifact=Path(args.artifact),
+            code_dir=Path(args.submission),
+            data_dir=Path(args.data),
+            eval=cfg,
+            device=args.device,
+            threads=args.threads,
+            sandbox="off" if args.no_confine else args.sandbox,
+            confine=not args.no_confine,
+            protect=tuple(Path(p) for p in args.protect),
+            eval_budget_s=float(args.eval_budget_s),
+            probes=args.probes,
+            memory_limit_bytes=args.memory_limit_bytes,
+            json_out=Path(args.json_out) if args.json_out else None,
+        )
+
+
+def verdict_of(exc: BaseException) -> str:
+    """The status a failed score gets: illegal (a broken rule), over_eval_budget, out_of_memory, or error."""
+    if isinstance(exc, RuleViolation | CodeCheckFailure):
+        return "illegal"
+    if isinstance(exc, EvalDeadline):
+        return "over_eval_budget"
+    if isinstance(exc, WorkerFailure):
+        return exc.kind
+    if isinstance(exc, MemoryError):
+        return "out_of_memory"
+    return "error"
+
+
+def failure_record(status: str, exc: BaseException) -> dict[str, Any]:
+    detail = (
+        str(exc)
+        if status != "error" or isinstance(exc, WorkerFailure | ArtifactError)
+        else ("".join(traceback.format_exception(exc))[-4000:])
+    )
+    return {
+        "format": SCORE_FORMAT,
+        "format_version": SCORE_FORMAT_VERSION,
+        "status": status,
+        "detail": detail,
+    }
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    cfg = EvalConfig(
-        mode=args.mode,
-        seq_len=args.seq_len,
-        batch_seqs=args.batch_seqs,
-        max_tokens=args.max_tokens or None,
-        dtype=args.dtype,
-        stride=args.stride or None,
-        adapt_chunk_tokens=args.adapt_chunk_tokens,
-    )
-    write_dirs = [Path(args.json_out).resolve().parent] if args.json_out else []
-    record = score_artifact(
-        args.artifact,
-        args.submission,
-        args.data,
-        cfg,
-        device=args.device,
-        threads=args.threads,
-        confine=not args.no_confine,
-        write_dirs=write_dirs,
-        protect=args.protect,
-    )
-    if args.json_out:
-        write_json_atomic(args.json_out, record)
+    req = ScoreRequest.from_args(args)
+    write_dirs = [req.json_out.resolve().parent] if req.json_out else []
+    try:
+        record = score_artifact(
+            req.artifact,
+            req.code_dir,
+            req.data_dir,
+            req.eval,
+            device=req.device,
+            threads=req.threads,
+            sandbox=req.sandbox,
+            confine=req.confine,
+            write_dirs=write_dirs,
+            protect=req.protect,
+            eval_budget_s=req.eval_budget_s,
+            probe_cfg=ProbeConfig(probes=req.probes),
+            memory_limit_bytes=None if req.memory_limit_bytes < 0 else req.memory_limit_bytes,
+        )
+    except (FileNotFoundError, ArtifactError) as e:  # bad input: one line, exit 2 (and a record)
+        if req.json_out:
+            write_json_atomic(req.json_out, failure_record("error", e))
+        raise ValueError(str(e)) from e
+    except Exception as e:  # noqa: BLE001 - the verdict boundary: every failure ends in a record and a status
+        status = verdict_of(e)
+        if req.json_out:
+            write_json_atomic(req.json_out, failure_record(status, e))
+        print(f"score {status}: {e}", file=sys.stderr)
+        return EXIT_CODES[status]
+    if req.json_out:
+        write_json_atomic(req.json_out, record)
     if args.json:
         print(json.dumps(record, sort_keys=True))
     else:
@@ -61,19 +184,20 @@ def cmd_unpack(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    d = EvalConfig()
     p = sub.add_parser("score", help="score an artifact: bits per byte on the validation split")
     p.add_argument("artifact")
     p.add_argument(
-        "--submission", required=True, help="the submission folder (its model.py builds the model)"
+        "--submission", required=True, help="the submission's scored code (model.py builds the model)"
     )
     p.add_argument("--data", required=True, help="dataset folder with the validation shards")
-    p.add_argument("--mode", default="standard", choices=EVAL_MODES)
-    p.add_argument("--seq-len", type=int, default=1024)
-    p.add_argument("--batch-seqs", type=int, default=32)
+    p.add_argument("--mode", default=d.mode, choices=EVAL_MODES)
+    p.add_argument("--seq-len", type=int, default=d.seq_len)
+    p.add_argument("--batch-seqs", type=int, default=d.batch_seqs)
     p.add_argument(
         "--max-tokens", type=int, default=0, help="score only the first N validation tokens (0: all)"
     )
-    p.add_argument("--dtype", default="float32", choices=EVAL_DTYPES)
+    p.add_argument("--dtype", default=d.dtype, choices=EVAL_DTYPES)
     p.add_argument(
         "--stride",
         type=int,
@@ -83,15 +207,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--adapt-chunk-tokens",
         type=int,
-        default=EvalConfig().adapt_chunk_tokens,
+        default=d.adapt_chunk_tokens,
         help="score-first adaptation (eval.py): targets scored before the hook sees them",
     )
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument(
+        "--sandbox",
+        default="auto",
+        choices=SANDBOX_MODES,
+        help="the model worker's sandbox: every layer the machine offers, required (refuse without Landlock), or off",
+    )
+    p.add_argument(
         "--no-confine",
         action="store_true",
-        help="do not restrict the scorer with Landlock before the model runs (recorded; see scoring/score/confine.py)",
+        help="run the model worker unsandboxed and do not confine the scorer (recorded; for debugging)",
     )
     p.add_argument(
         "--protect",
@@ -100,8 +230,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="PATH",
         help="another folder the model must not read (the dataset a view was made from); repeatable",
     )
+    p.add_argument(
+        "--eval-budget-s",
+        type=float,
+        default=math.inf,
+        help="kill the model worker past this (over_eval_budget)",
+    )
+    p.add_argument("--probes", type=int, default=ProbeConfig().probes, help="probe batches (fresh workers)")
+    p.add_argument(
+        "--memory-limit-bytes",
+        type=int,
+        default=-1,
+        help="the model worker's memory limit on CPU (-1: 3/4 of the machine, 0: none)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--json-out", help="also write the record to this file")
+    p.add_argument(
+        "--json-out", help="also write the record to this file (a failed score writes its verdict)"
+    )
     p.set_defaults(func=cmd_score)
 
     p = sub.add_parser("unpack", help="decode an artifact to a safetensors file of the dequantized tensors")
@@ -129,7 +274,3 @@ def main(argv: list[str] | None = None) -> int:
     register(sub)
     args = parser.parse_args(argv)
     return run_command(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -41,9 +41,9 @@ from __future__ import annotations
 import ctypes
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -61,8 +61,48 @@ PAD_TOKEN = 0
 
 ScoredCallback = Callable[[np.ndarray, torch.Tensor, np.ndarray], None]
 """on_scored(target_positions, nats, bytes): one call per batch, for tests and audits."""
-Guard = Callable[[str], None]
-"""guard(when): raises when submission code changed the scorer's tools (scoring/codecheck.py's ToolGuard)."""
+NORM_ATOL_NATS = 1e-4
+"""Largest |logsumexp| of returned log-probabilities at any position, in nats (the normalization check)."""
+
+
+class RuleViolation(ValueError):
+    """The model broke a scoring rule (peeking, unnormalized output, adapting before scoring): the entry is illegal."""
+
+
+class NormalizationFailure(RuleViolation):
+    """Log-probabilities that do not sum to one at some position."""
+
+
+class Scorable(Protocol):
+    """What the evaluator and the probes call: a model in a worker process (scoring/score/remote.py's
+    WorkerModel) or in this one (LocalModel, for tests and in-process tools)."""
+
+    output_kind: str
+    """"logits" or "log_probs" (harness.api.MODEL_OUTPUTS)."""
+
+    def logits(self, x_BL: torch.Tensor) -> torch.Tensor:
+        """[B, L, V] output for the token ids x_BL (possibly a view valid until the next call)."""
+        ...
+
+
+class LocalModel:
+    """An nn.Module in this process, behind the Scorable interface (tests, benches, in-process tools).
+
+    The scorer never uses it: submitted code runs only in the model worker."""
+
+    def __init__(self, module: nn.Module, dtype: str = "float32"):
+        self.module = module
+        self.dtype = dtype
+        self.output_kind = output_kind(module)
+
+    def logits(self, x_BL: torch.Tensor) -> torch.Tensor:
+        on = self.dtype == "bfloat16"
+        with torch.autocast(device_type=x_BL.device.type, dtype=torch.bfloat16, enabled=on):
+            return self.module(x_BL)
+
+
+def as_scorable(model: nn.Module | Scorable, dtype: str) -> Scorable:
+    return LocalModel(model, dtype) if isinstance(model, nn.Module) else model
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -123,6 +163,10 @@ class EvalResult:
     adapt_time_s: float = 0.0
     """Seconds spent inside the adaptation hook (included in eval_time_s)."""
     chunks: int = 1
+    batches: int = 0
+    """Forward passes made."""
+    kept: dict[int, tuple[np.ndarray, np.ndarray, torch.Tensor]] = field(default_factory=dict)
+    """Batch index -> (x_BL, valid_BL, float32 logits copy) for the batches asked for in keep_batches."""
 
 
 class ChunkAdapter(Protocol):
@@ -240,22 +284,20 @@ def plan_windows(tokens: np.ndarray, cfg: EvalConfig, bos_id: int = BOS_ID) -> W
 # ---- The loss ----
 
 
-def output_kind(model: nn.Module) -> str:
+def output_kind(model: nn.Module | Scorable) -> str:
     """ "logits" (the default) or "log_probs", from the model's `pgolf_output` attribute."""
-    kind = getattr(model, MODEL_OUTPUT_ATTR, "logits")
+    kind = getattr(model, "output_kind", None) if not isinstance(model, nn.Module) else None
+    kind = kind or getattr(model, MODEL_OUTPUT_ATTR, "logits")
     if kind not in MODEL_OUTPUTS:
         raise ValueError(f"model.pgolf_output must be one of {MODEL_OUTPUTS}, got {kind!r}")
     return kind
 
 
 def model_logits(
-    model: nn.Module, x_BL: torch.Tensor, vocab_size: int, dtype: str, guard: Guard | None = None
+    model: nn.Module | Scorable, x_BL: torch.Tensor, vocab_size: int, dtype: str
 ) -> torch.Tensor:
-    """The model's output for x_BL, checked to be a [B, L, V >= vocab_size] tensor (and the tools by `guard`)."""
-    with torch.autocast(device_type=x_BL.device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
-        logits_BLV = model(x_BL)
-    if guard is not None:
-        guard("during a forward pass")
+    """The model's output for x_BL, checked to be a [B, L, V >= vocab_size] tensor."""
+    logits_BLV = as_scorable(model, dtype).logits(x_BL)
     if not isinstance(logits_BLV, torch.Tensor):
         raise ValueError(
             f"model forward returned {type(logits_BLV).__name__}; it must return logits [batch, seq, vocab]"
@@ -329,6 +371,7 @@ def nats_of(
         logp_NV = out_NV.double()
         if bool(torch.isnan(logp_NV).any()) or bool((logp_NV == math.inf).any()):
             raise ValueError("model returned non-finite log-probabilities (nan or +inf)")
+        check_normalized(logp_NV)
         nats = -logp_NV.gather(-1, y_N.unsqueeze(-1)).squeeze(-1)
     if not bool(torch.isfinite(nats).all()):
         bad = nats[~torch.isfinite(nats)][0]
@@ -339,6 +382,19 @@ def nats_of(
         )
         raise ValueError(f"model returned {what}")
     return nats
+
+
+def check_normalized(logp_NV: torch.Tensor) -> None:
+    """Every row of returned log-probabilities must sum to one (|logsumexp| <= NORM_ATOL_NATS), at every position."""
+    lse_N = torch.logsumexp(logp_NV, dim=-1)
+    bad = lse_N.abs() > NORM_ATOL_NATS
+    if bool(bad.any()):
+        i = int(torch.nonzero(bad)[0])
+        raise NormalizationFailure(
+            f"normalization check failed: the log_probs returned at a scored position sum to "
+            f"exp({float(lse_N[i]):.6g}) = {float(torch.exp(lse_N[i])):.6g}, not 1 (tolerance {NORM_ATOL_NATS:g} nats); "
+            "a model returning log-probabilities must return a normalized distribution at every position"
+        )
 
 
 def token_nats(
@@ -417,7 +473,8 @@ def _score_batch(
     sums: BpbSums,
     on_scored: ScoredCallback | None,
     ws: LossWorkspace,
-    guard: Guard | None,
+    keep: dict[int, tuple[np.ndarray, np.ndarray, torch.Tensor]] | None,
+    batch_index: int,
 ) -> None:
     starts, lengths, score_from = plan.starts[w], plan.lengths[w], plan.score_from[w]
     n = int(lengths.max())
@@ -427,8 +484,10 @@ def _score_batch(
     x_BL = np.where(valid_BL, toks[np.where(valid_BL, pos_BL, 0)], PAD_TOKEN).astype(np.int64)
     y_BL = np.where(valid_BL, toks[np.where(valid_BL, pos_BL + 1, 0)], PAD_TOKEN).astype(np.int64)
     scored_BL = valid_BL & (offs[None, :] >= score_from[:, None])
-    logits_BLV = model_logits(model, torch.from_numpy(x_BL).to(device), table.vocab_size, cfg.dtype, guard)
+    logits_BLV = model_logits(model, torch.from_numpy(x_BL).to(device), table.vocab_size, cfg.dtype)
     V = logits_BLV.shape[-1]
+    if keep is not None and batch_index in keep:  # a probe batch: the scorer's own copy of what it scored
+        keep[batch_index] = (x_BL, valid_BL, logits_BLV.detach().float().cpu().clone())
     if scored_BL.all():
         out_NV, y_N, x_N = logits_BLV.reshape(-1, V), y_BL.reshape(-1), x_BL.reshape(-1)
         pos_N = pos_BL.reshape(-1) + 1
@@ -454,7 +513,7 @@ def _chunks(plan: WindowPlan, chunk_tokens: int | None) -> list[np.ndarray]:
 
 
 def evaluate(
-    model: nn.Module,
+    model: nn.Module | Scorable,
     tokens: np.ndarray,
     table: ByteTable,
     cfg: EvalConfig,
@@ -463,14 +522,15 @@ def evaluate(
     bos_id: int = BOS_ID,
     adapter: ChunkAdapter | None = None,
     on_scored: ScoredCallback | None = None,
-    guard: Guard | None = None,
+    keep_batches: Iterable[int] = (),
 ) -> EvalResult:
     """Score `model` on validation `tokens` in `cfg.mode`, optionally adapting score-first.
 
     With `adapter`, windows are scored chunk by chunk in target order, and after a chunk is scored
     completely the adapter receives a fresh copy of exactly the target tokens scored in it. The
     forward passes run under no_grad then (tensors made in inference mode cannot be used to adapt).
-    With `guard`, the scorer's tools are checked after every forward pass and every adaptation step.
+    `keep_batches`: indices (in scoring order) of batches whose inputs and logits the result keeps
+    (`EvalResult.kept`: the probes compare fresh workers against them).
     """
     t0 = time.perf_counter()
     toks = np.ascontiguousarray(eval_tokens(tokens, cfg))
@@ -482,6 +542,8 @@ def evaluate(
     chunks = _chunks(plan, cfg.adapt_chunk_tokens if adapter is not None else None)
     grad_off = torch.no_grad if adapter is not None else torch.inference_mode
     ws = LossWorkspace()
+    keep: dict[int, Any] = dict.fromkeys(keep_batches)
+    b = 0
     scored_upto = 0  # every target at a position <= scored_upto has been scored
     with tqdm(total=plan.num_windows, desc="score", unit="win", disable=None, leave=False) as bar:
         for c, idx in enumerate(chunks):
@@ -489,7 +551,10 @@ def evaluate(
                 adapter.before_chunk(model, c)
             with grad_off():
                 for w in _batches(plan, idx, cfg):
-                    _score_batch(model, toks, plan, w, table, cfg, device, output, sums, on_scored, ws, guard)
+                    _score_batch(
+                        model, toks, plan, w, table, cfg, device, output, sums, on_scored, ws, keep, b
+                    )
+                    b += 1
                     bar.update(int(w.size))
             first = int(plan.starts[idx[0]] + plan.score_from[idx[0]] + 1)
             last = int(plan.starts[idx[-1]] + plan.lengths[idx[-1]])
@@ -498,22 +563,20 @@ def evaluate(
                 # Positions scored_upto+1 .. last: this chunk's targets, plus (documents mode) the BOS
                 # tokens between documents, which are boundaries and never targets.
                 adapter.after_chunk(model, c, toks[scored_upto + 1 : last + 1].copy(), scored_upto + 1)
-                if guard is not None:
-                    guard(f"during adaptation on chunk {c}")
             scored_upto = last
     if device.type == "cuda":
         torch.cuda.synchronize()
     adapt_s = adapter.adapt_time_s if adapter is not None else 0.0
-    return EvalResult(sums, plan.num_windows, time.perf_counter() - t0, adapt_s, len(chunks))
+    kept = {k: v for k, v in keep.items() if v is not None}
+    return EvalResult(sums, plan.num_windows, time.perf_counter() - t0, adapt_s, len(chunks), b, kept)
 
 
-def evaluate_standard(
-    model: nn.Module, tokens: np.ndarray, table: ByteTable, cfg: EvalConfig, device: torch.device
-) -> EvalResult:
-    """Standard mode (kept for callers of the spine's name)."""
-    if cfg.mode != "standard":
-        raise ValueError(f"evaluate_standard needs mode 'standard', got {cfg.mode!r}")
-    return evaluate(model, tokens, table, cfg, device)
+def batch_count(tokens: np.ndarray, cfg: EvalConfig, bos_id: int = BOS_ID, adapting: bool = False) -> int:
+    """How many forward passes evaluate() will make (the probes choose among them in advance)."""
+    toks = eval_tokens(tokens, cfg)
+    plan = plan_windows(toks, cfg, bos_id)
+    chunks = _chunks(plan, cfg.adapt_chunk_tokens if adapting else None)
+    return sum(len(_batches(plan, idx, cfg)) for idx in chunks)
 
 
 def unigram_bpb(

@@ -1,184 +1,186 @@
-"""Legality probes, run with every score: causality and normalization. A failed probe fails the score.
+"""Legality probes that look like scoring: a peeking model cannot tell a probe from a scored batch.
 
-    run_probes(model, tokens, vocab_size, cfg, device) -> record (raises ProbeFailure)
+    plan_probes(num_batches, cfg) -> ProbePlan       which scored batches get probed (a secret seed)
+    run_probes(plan, kept, fresh, tokens, cfg)       -> record (raises ProbeFailure)
 
-- causality: a window of L tokens is scored once as it is (base), then in one batch of variants,
-  each with every token after a sampled position t replaced by a different random token. No
-  logit at or before t may change (beyond `atol`). Row 0 of the variant batch is the unchanged
-  window, so a model that mixes batch rows (in standard mode the next row *is* the future) fails
-  too. Windows: the first validation window and one random validation window; positions: 0,
-  L - 2 and random ones in between (seeded, recorded).
-- normalization: for a model that returns log-probabilities itself (`pgolf_output =
-  "log_probs"`), logsumexp over the vocabulary must be 0 (|.| <= `norm_atol_nats`) at every
-  sampled position. For logits, the scorer normalizes them itself (float64 log-softmax); the probe
-  checks that path the same way, so the record always says what was checked.
+Causality, the way the scorer checks it:
+- The batches probed are real scoring batches of the real shape, chosen in advance among all the
+  forward passes of the evaluation with a seed drawn per run from the operating system (recorded
+  only after the run). The scorer keeps its own copy of the logits it scored for them (`kept`).
+- For each, a cut (row r, position t) is drawn among the batch's real positions, and a variant of
+  the batch replaces everything after it in stream order (the rest of row r and every later row)
+  with real validation tokens from elsewhere: the variant is as ordinary as any other batch.
+- The variant goes to a fresh model worker, a new process from the same artifact that has seen no
+  data (`fresh`): its first forward pass, like the main worker's first. Its logits at every
+  position up to the cut (every earlier row whole, row r up to t) must equal those the main worker
+  returned when the batch was scored, bit for bit in float32 (`atol`, default 0). A model that
+  peeks at a later token, mixes rows, or behaves differently in the run that is scored than in a
+  fresh process, fails. With score-first adaptation the main worker's weights have moved, so a
+  second fresh worker scores the unchanged batch as the base (recorded).
+- Normalization is not sampled: returned log-probabilities are checked at every position of every
+  batch (scoring/score/evaluate.py, check_normalized); logits are normalized by the scorer itself.
 
-A ProbeFailure names the probe, the window, the position t whose future was changed and the first
-position p <= t whose logits moved, with the size of the change.
+The comparison runs on plain tensors the scorer copied out of the shared buffers itself. A
+ProbeFailure names the batch, the cut and the first position whose logits differ, with the size.
 """
 
 from __future__ import annotations
 
+import secrets
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from scoring.score.evaluate import Guard, model_logits, output_kind
+from scoring.score.evaluate import RuleViolation, Scorable
 
-PROBE_VERSION = 1
+PROBE_VERSION = 2
 
 
-class ProbeFailure(ValueError):
+class ProbeFailure(RuleViolation):
     """A legality probe failed; the message names the probe and the position."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ProbeConfig:
-    seq_len: int = 1024
-    """Probe window length (the eval's L)."""
-    positions: int = 6
-    """Positions t sampled per window (0 and L - 2 always among them)."""
-    seed: int = 0
-    """Seed of the sampled positions, windows and replacement tokens (recorded)."""
-    dtype: str = "float32"
-    """Forward dtype, as in the eval."""
-    atol: float | None = None
-    """Largest allowed |Δlogit| before t; None: 1e-4 in float32, 5e-2 under bfloat16 autocast."""
-    norm_atol_nats: float = 1e-4
-    """Largest allowed |logsumexp| of returned log-probabilities, in nats."""
+    probes: int = 2
+    """Batches probed, each with one variant in a fresh worker (0: none, recorded as not run)."""
+    seed: int | None = None
+    """Seed of the batches, cuts and replacement tokens; None: drawn from the OS per run (secret until the end)."""
+    atol: float = 0.0
+    """Largest allowed |Δlogit| at unchanged positions; 0: bit for bit (same kernels, same shapes, same threads)."""
 
     def __post_init__(self) -> None:
-        if self.seq_len < 2:
-            raise ValueError(f"probe seq_len must be at least 2, got {self.seq_len}")
-        if self.positions < 1:
-            raise ValueError(f"probe positions must be at least 1, got {self.positions}")
-        if self.norm_atol_nats <= 0 or (self.atol is not None and self.atol < 0):
-            raise ValueError(
-                f"probe tolerances must be positive, got atol={self.atol}, norm_atol_nats={self.norm_atol_nats}"
-            )
-
-    @property
-    def resolved_atol(self) -> float:
-        if self.atol is not None:
-            return self.atol
-        return 5e-2 if self.dtype == "bfloat16" else 1e-4
+        if self.probes < 0:
+            raise ValueError(f"probes must be >= 0, got {self.probes}")
+        if self.atol < 0:
+            raise ValueError(f"probe atol must be >= 0, got {self.atol}")
 
 
-def _positions(L: int, k: int, g: torch.Generator) -> list[int]:
-    """0, L - 2 and k - 2 more distinct positions in between (t < L - 1: something must follow t)."""
-    perm = torch.randperm(L - 1, generator=g).tolist()
-    return sorted({0, L - 2} | set(perm[: max(0, k - 2)]))
+@dataclass(frozen=True)
+class ProbePlan:
+    seed: int
+    batches: tuple[int, ...]
+    """Indices (in scoring order) of the batches to keep and probe."""
 
 
-def causality_probe(
-    model: nn.Module,
-    window: torch.Tensor,
-    vocab_size: int,
-    cfg: ProbeConfig,
-    g: torch.Generator,
-    name: str,
-    guard: Guard | None = None,
-) -> dict[str, Any]:
-    """Check one window (1-D, L tokens, on the model's device). Raises ProbeFailure."""
-    L = int(window.numel())
-    positions = _positions(L, cfg.positions, g)
-    base = model_logits(model, window[None], vocab_size, cfg.dtype, guard).float()[0]  # (L, V)
-    variants = [window.clone()]
-    for t in positions:
-        v = window.clone()
-        shift = torch.randint(1, vocab_size, (L - t - 1,), generator=g).to(window.device)
-        v[t + 1 :] = (window[t + 1 :] + shift) % vocab_size  # every later token differs
-        variants.append(v)
-    out = model_logits(model, torch.stack(variants), vocab_size, cfg.dtype, guard).float()  # (K+1, L, V)
-    atol = cfg.resolved_atol
-    worst = 0.0
-    row0 = (out[0] - base).abs().amax(-1)  # (L,)
-    if torch.isnan(row0).any() or bool((row0 > atol).any()):
-        p = int(torch.nonzero(torch.isnan(row0) | (row0 > atol))[0])
+def plan_probes(num_batches: int, cfg: ProbeConfig) -> ProbePlan:
+    seed = cfg.seed if cfg.seed is not None else secrets.randbits(63)
+    rng = np.random.default_rng(seed)
+    k = min(cfg.probes, num_batches)
+    batches = tuple(sorted(int(b) for b in rng.choice(num_batches, size=k, replace=False))) if k else ()
+    return ProbePlan(seed, batches)
+
+
+def make_variant(
+    x_BL: np.ndarray, valid_BL: np.ndarray, tokens: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, int, int, int]:
+    """(variant, r, t, cut): every real position after (r, t) in stream order replaced by real tokens from elsewhere.
+
+    `cut` is the flat index of (r, t) among the batch's real positions (row-major order).
+    """
+    flat = np.flatnonzero(valid_BL.reshape(-1))  # real positions, stream order
+    # A cut at the last real position of a row would leave that row's own future unchanged: cut inside a
+    # row, so that the next token of the same row changes (every later row changes as well: row mixing).
+    last_of_row = np.zeros(valid_BL.shape, dtype=bool)
+    lengths = valid_BL.sum(axis=1)
+    rows = np.flatnonzero(lengths)
+    last_of_row[rows, lengths[rows] - 1] = True
+    candidates = np.flatnonzero(~last_of_row.reshape(-1)[flat])  # indices into flat
+    if candidates.size == 0:
+        raise ValueError("a probe batch needs a row of at least two real positions")
+    cut = int(rng.choice(candidates))
+    after = flat[cut + 1 :]
+    x2 = x_BL.copy().reshape(-1)
+    m = after.size
+    for _ in range(16):  # real text from elsewhere, whose first token differs from the original's
+        s = int(rng.integers(0, max(1, tokens.size - m)))
+        fill = np.asarray(tokens[s : s + m], dtype=np.int64)
+        if fill.size == m and fill[0] != x2[after[0]]:
+            break
+    else:
+        fill = np.roll(np.asarray(x2[after]), 1)
+        fill[0] = (fill[0] + 1) % max(int(x_BL.max()) + 1, 2)
+    x2[after] = fill
+    r, t = divmod(int(flat[cut]), x_BL.shape[1])
+    return x2.reshape(x_BL.shape), r, t, cut
+
+
+def _compare(
+    base_BLV: torch.Tensor, other_BLV: torch.Tensor, valid_BL: np.ndarray, cut: int, atol: float, what: str
+) -> tuple[float, int]:
+    """Max |Δlogit| over the real positions up to `cut` (stream order); ProbeFailure beyond `atol`."""
+    flat = np.flatnonzero(valid_BL.reshape(-1))[: cut + 1]
+    B, L, V = base_BLV.shape
+    if tuple(other_BLV.shape) != (B, L, V):
         raise ProbeFailure(
-            f"causality probe failed ({name}): the logits of an unchanged row changed at position {p} "
-            f"(max |Δlogit| = {float(row0[p]):.3g} > {atol:g}) when other rows of the batch changed: "
-            "rows of a batch must not see each other (in standard mode the next row is the future)"
+            f"causality probe failed ({what}): logits of shape {tuple(other_BLV.shape)}, not {(B, L, V)}"
         )
-    worst = max(worst, float(row0.max()))
-    for k, t in enumerate(positions, start=1):
-        d = (out[k, : t + 1] - base[: t + 1]).abs().amax(-1)  # (t+1,)
-        bad = torch.isnan(d) | (d > atol)
-        if bool(bad.any()):
-            p = int(torch.nonzero(bad)[0])
-            raise ProbeFailure(
-                f"causality probe failed ({name}): changing the tokens after position {t} changed the logits at "
-                f"position {p} (max |Δlogit| = {float(d[p]):.3g} > {atol:g}); a model may use only tokens at or "
-                "before the position it predicts from"
-            )
-        worst = max(worst, float(d.max()))
-    return {"window": name, "positions": positions, "max_abs_diff": worst}
-
-
-def normalization_probe(
-    model: nn.Module,
-    window: torch.Tensor,
-    vocab_size: int,
-    cfg: ProbeConfig,
-    positions: list[int],
-    guard: Guard | None = None,
-) -> dict[str, Any]:
-    """logsumexp of the distribution the scorer uses must be 0 at each sampled position."""
-    kind = output_kind(model)
-    out = model_logits(model, window[None], vocab_size, cfg.dtype, guard)[0].double()  # (L, V)
-    logp = F.log_softmax(out, dim=-1) if kind == "logits" else out
-    lse = torch.logsumexp(logp[positions], dim=-1)  # (P,)
-    err = lse.abs()
-    bad = torch.isnan(err) | (err > cfg.norm_atol_nats)
+    idx = torch.from_numpy(flat)
+    a, b = base_BLV.reshape(B * L, V)[idx], other_BLV.reshape(B * L, V)[idx]
+    same_nan = torch.isnan(a) & torch.isnan(b)
+    d = torch.where(same_nan, torch.zeros_like(a), (a - b).abs()).amax(-1)  # (P,)
+    bad = torch.isnan(d) | (d > atol)
     if bool(bad.any()):
         i = int(torch.nonzero(bad)[0])
+        r, t = divmod(int(flat[i]), L)
+        cr, ct = divmod(int(flat[-1]), L)
         raise ProbeFailure(
-            f"normalization probe failed: the {kind} returned at position {positions[i]} sum to "
-            f"exp({float(lse[i]):.6g}) = {float(torch.exp(lse[i])):.6g}, not 1 (tolerance {cfg.norm_atol_nats:g} nats); "
-            "a model returning log-probabilities must return a normalized distribution"
+            f"causality probe failed ({what}): changing the tokens after row {cr} position {ct} changed the logits "
+            f"at row {r} position {t} (max |Δlogit| = {float(d[i]):.3g} > {atol:g}); a model may use only the tokens "
+            "at or before the position it predicts, in its own row"
         )
-    return {"applies_to": kind, "positions": positions, "max_abs_logsumexp_nats": float(err.max())}
+    return float(d.max()) if d.numel() else 0.0, int(flat.size)
 
 
 @torch.inference_mode()
 def run_probes(
-    model: nn.Module,
+    plan: ProbePlan,
+    kept: dict[int, tuple[np.ndarray, np.ndarray, torch.Tensor]],
+    fresh: Iterator[Scorable],
     tokens: np.ndarray,
-    vocab_size: int,
     cfg: ProbeConfig,
-    device: torch.device,
-    guard: Guard | None = None,
+    *,
+    fresh_base: bool = False,
+    total_batches: int = 0,
 ) -> dict[str, Any]:
-    """Causality on two validation windows, normalization on the first; returns the probe record."""
-    if tokens.size < cfg.seq_len:
-        raise ValueError(
-            f"probes need a window of {cfg.seq_len} tokens; the validation split has {tokens.size}"
+    """Probe each planned batch (see the module docstring); `fresh` yields one fresh model per forward pass."""
+    t0 = time.perf_counter()
+    if not plan.batches:
+        return {
+            "version": PROBE_VERSION,
+            "passed": True,
+            "ran": False,
+            "reason": "no probes asked (probes = 0)",
+        }
+    rng = np.random.default_rng([plan.seed, 1])
+    results = []
+    for b in plan.batches:
+        if b not in kept:
+            raise RuntimeError(f"probe batch {b} was not kept by the evaluation")
+        x_BL, valid_BL, scored_BLV = kept[b]
+        x2_BL, r, t, cut = make_variant(x_BL, valid_BL, tokens, rng)
+        base_BLV = scored_BLV
+        if fresh_base:  # the main worker adapted: score the unchanged batch in a fresh worker too
+            base_BLV = next(fresh).logits(torch.from_numpy(x_BL)).detach().float().cpu().clone()
+        var_BLV = next(fresh).logits(torch.from_numpy(x2_BL)).detach().float().cpu().clone()
+        diff, compared = _compare(base_BLV, var_BLV, valid_BL, cut, cfg.atol, f"batch {b}")
+        results.append(
+            {"batch": b, "row": r, "position": t, "positions_compared": compared, "max_abs_diff": diff}
         )
-    g = torch.Generator().manual_seed(cfg.seed)
-    L = cfg.seq_len
-    r = int(torch.randint(0, max(1, tokens.size - L + 1), (1,), generator=g))
-    windows = {"first window": 0, f"window at token {r}": r}
-    was_training = model.training
-    model.eval()
-    try:
-        causal = []
-        for name, s in windows.items():
-            w = torch.from_numpy(np.asarray(tokens[s : s + L]).astype(np.int64)).to(device)
-            causal.append(causality_probe(model, w, vocab_size, cfg, g, name, guard))
-        first = torch.from_numpy(np.asarray(tokens[:L]).astype(np.int64)).to(device)
-        norm = normalization_probe(model, first, vocab_size, cfg, causal[0]["positions"], guard)
-    finally:
-        model.train(was_training)
     return {
         "version": PROBE_VERSION,
         "passed": True,
-        "seed": cfg.seed,
-        "seq_len": L,
-        "atol": cfg.resolved_atol,
-        "causality": causal,
-        "normalization": norm,
+        "ran": True,
+        "seed": plan.seed,
+        "atol": cfg.atol,
+        "base": "a fresh worker (the main worker adapted)"
+        if fresh_base
+        else "the main worker's scored logits",
+        "probes": results,
+        "coverage": {"batches_probed": len(results), "batches_total": total_batches},
+        "probe_time_s": time.perf_counter() - t0,
     }

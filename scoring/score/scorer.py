@@ -1,26 +1,39 @@
-"""Score an artifact: the fresh-process scorer behind `pgolf score` and the run's score phase.
+"""The scorer: bits per byte of an artifact, in a process that runs no submitted code.
 
-It is given only the artifact, the submission's model code and a validation dataset folder.
-Before any submission code is imported, it records its own tools for the guard and statically
-checks the scored code (scoring/codecheck.py); it checks the code against the artifact's recorded
-hashes (before importing a custom codec.py or model.py), decodes the artifact with its codec, builds
-and loads the model (strict), and only then
-reads the validation tokens; it runs the legality probes (scoring/score/probes.py; a
-failure fails the score), audits the tokenizer's byte table on the scored documents when the
-dataset's tokenizer is not a known official one (scoring/score/audit.py), and evaluates it
-(scoring/score/evaluate.py), score-first with the folder's eval.py hook when there is one
-(scoring/score/adapt.py; the probes run again after the last adaptation). The record (format
-"pg-score", version 1) has val_loss, val_bpb, val_tokens, val_bytes, the mode, stride, dtype,
-device and thread count, the probe, audit, adaptation and code-check records, and the hashes of
-what was scored.
+    score_artifact(artifact, code_dir, data_dir, cfg, ...) -> the pg-score record (raises on a failed score)
+
+It holds the validation tokens and byte tables, builds the windows in plan order, computes the
+float64 loss and bpb itself, runs the probes and writes the record. The submission's scored code
+(model.py, eval.py, codec.py: decoding included, since a custom codec is submitted code) runs only
+in model workers (scoring/worker/, started through scoring/score/remote.py), confined before they
+import anything of the submission. In order:
+
+1. read the artifact's header and check that the staged code is exactly what was packed (every file
+   of `code_dir` recorded, with its sha256); lint the scored code (a friendly early verdict);
+2. start the main worker and the probe workers (fresh processes that will see one batch each), before
+   this process reads any validation data and before it confines itself (a confined process cannot
+   create the namespaces a worker gets);
+3. read the validation tokens, the tokenizer and the manifest; confine this process (Landlock:
+   scoring/score/confine.py) when asked;
+4. audit the tokenizer's byte table when it is not a known official one (scoring/score/audit.py);
+5. evaluate (scoring/score/evaluate.py): windows to the worker, logits back through shared memory,
+   the loss here; score-first adaptation in the worker, a chunk handed over only after its scores
+   are recorded; every wait has the evaluation deadline (budget + grace), past which the worker is
+   killed;
+6. probe (scoring/score/probes.py): real batches chosen with a secret seed, variants in fresh workers.
+
+The record (format "pg-score", version 2) carries the numbers, the mode, dtype, device, the probe,
+audit and adaptation records, how each worker was confined, and which layer enforced which rule.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -31,152 +44,57 @@ from data.io import sha256_file
 from data.manifest import MANIFEST_NAME, load_manifest
 from data.shards import read_split
 from data.tokenizer import Tokenizer, load_tokenizer
-from scoring.artifact.format import artifact_codec, decode_state, read_artifact
+from harness.api import API_VERSION, EVAL_HOOK_FILE, UNCOUNTED_FILES
+from scoring.artifact.format import ArtifactError, read_artifact
 from scoring.codecheck import require_clean_code, scored_files
-from scoring.score.adapt import ScoreFirstAdapter, load_hook
 from scoring.score.audit import KNOWN_TOKENIZER_SHA256, audit_token_stream
 from scoring.score.bpb import METRIC_VERSION, metric_table
 from scoring.score.confine import confine_scorer, private_workdir
-from scoring.score.evaluate import EvalConfig, eval_tokens, evaluate, tune_cpu_allocator
-from scoring.score.guard import ToolGuard, Watched
-from scoring.score.loading import load_model
-from scoring.score.probes import ProbeConfig, ProbeFailure, run_probes
+from scoring.score.evaluate import EvalConfig, batch_count, eval_tokens, evaluate, tune_cpu_allocator
+from scoring.score.probes import ProbeConfig, ProbeFailure, plan_probes, run_probes
+from scoring.score.remote import WorkerConfig, WorkerModel, default_memory_limit_bytes, start_worker
 
 SCORE_FORMAT = "pg-score"
-SCORE_FORMAT_VERSION = 1
+SCORE_FORMAT_VERSION = 2
+
+ENFORCEMENT = {
+    "submitted code never shares a process with validation data": "process: the model worker (scoring/worker/)",
+    "the worker reads only its code, the artifact and the Python installation": "kernel: Landlock (+ mount namespace)",
+    "the worker reaches no network and no other process": "kernel: network and PID namespaces, seccomp, Landlock ptrace scope",
+    "windows only in plan order; eval.py sees a chunk only after it is scored": "scorer process (it builds and sends every window)",
+    "the loss and bpb are computed from the returned logits, in float64": "scorer process",
+    "no peeking, no row mixing, same behaviour when probed": "probes in fresh workers (scoring/score/probes.py)",
+    "log-probabilities sum to one at every position": "scorer process (check_normalized)",
+    "evaluation deadline and memory limit": "scorer process (kills the worker) + RLIMIT_AS in the worker (CPU)",
+    "allowed imports, no files or monkeypatching in scored code": "static lint (scoring/codecheck.py): early, friendly, not a boundary",
+}
+"""Which layer enforces which rule (recorded in every score)."""
 
 
-def scorer_tools() -> Watched:
-    """The modules and classes the scorer computes with: the tool guard's watch list."""
-    import builtins
-    import math
+def check_staged_code(artifact_header: dict[str, Any], code_dir: Path) -> list[str]:
+    """Every file of the staged code must be one the artifact recorded, with the recorded sha256.
 
-    import torch.nn.functional as F
-
-    from data import tokenizer
-    from scoring.score import adapt, bpb, evaluate, probes
-
-    torch.ops.aten._log_softmax  # noqa: B018 (materialize the lazily created op the loss uses)
-    return [
-        ("builtins", builtins),
-        ("math", math),
-        ("numpy", np),
-        ("torch", torch),
-        ("torch.Tensor", torch.Tensor),
-        ("torch.nn.functional", F),
-        ("torch.ops.aten", torch.ops.aten),
-        ("scoring.score.evaluate", evaluate),
-        ("scoring.score.bpb", bpb),
-        ("scoring.score.probes", probes),
-        ("scoring.score.adapt", adapt),
-        ("data.tokenizer", tokenizer),
-        ("BpbSums", bpb.BpbSums),
-        ("ByteTable", tokenizer.ByteTable),
-        ("LossWorkspace", evaluate.LossWorkspace),
-        ("ScoreFirstAdapter", adapt.ScoreFirstAdapter),
-    ]
-
-
-def score_artifact(
-    artifact_path: str | os.PathLike[str],
-    submission_dir: str | os.PathLike[str],
-    data_dir: str | os.PathLike[str],
-    cfg: EvalConfig,
-    device: str = "cpu",
-    threads: int = 0,
-    *,
-    confine: bool = False,
-    write_dirs: Iterable[str | os.PathLike[str]] = (),
-    protect: Iterable[str | os.PathLike[str]] = (),
-) -> dict[str, Any]:
-    """Score one artifact (see the module docstring). With `confine`, the process restricts itself with
-    Landlock before the first forward pass (scoring/score/confine.py: irreversible, so only for a process
-    that scores once, as `pgolf score` does): reads outside the dataset (`data_dir` and `protect`),
-    writes beneath `write_dirs` and a private temp folder only."""
-    t_start = time.perf_counter()
-    if threads:
-        torch.set_num_threads(threads)
-    dev = torch.device(device)
-    allocator = tune_cpu_allocator() if dev.type == "cpu" else "torch caching allocator"
-    guard = ToolGuard(scorer_tools())  # before any submission code is imported
-    require_clean_code(submission_dir)
-    workdir = private_workdir() if confine else None  # before the model is built: TMPDIR and compile caches
-    artifact = read_artifact(artifact_path)
-    state = decode_state(artifact, artifact_codec(artifact, submission_dir))
-    model = load_model(artifact, state, submission_dir, dev)
-    hook = load_hook(submission_dir)
-    guard("while the model was built", full=True)
-    manifest = load_manifest(data_dir)
-    tokenizer = load_tokenizer(manifest.tokenizer_path)
-    table = tokenizer.byte_table()
-    tokens = read_split(data_dir, "val")
-    tokenizer_sha256 = sha256_file(manifest.tokenizer_path)
-    artifact_sha256, manifest_sha256 = sha256_file(artifact_path), sha256_file(Path(data_dir) / MANIFEST_NAME)
-    confinement: dict[str, Any] = {
-        "applied": False,
-        "reason": "not asked (--no-confine, or scored in-process)",
-    }
-    if workdir is not None:  # everything is read: from here on, the dataset is out of reach
-        confinement = confine_scorer(
-            code_dir=Path(submission_dir),
-            protected=[Path(data_dir), manifest.root, *map(Path, protect)],
-            write_dirs=list(map(Path, write_dirs)),
-            device=dev.type,
-            workdir=workdir,
-        )
-    audit = tokenizer_audit(tokenizer, tokenizer_sha256, eval_tokens(tokens, cfg))
-    probe_cfg = ProbeConfig(seq_len=cfg.seq_len, dtype=cfg.dtype)
-    probes = run_probes(model, tokens, table.vocab_size, probe_cfg, dev, guard)
-    guard(
-        "during the probes", full=True
-    )  # their own arithmetic (differences, maxima) runs between forward passes
-    adapter = ScoreFirstAdapter(hook[0], hook[1]) if hook else None
-    result = evaluate(model, tokens, table, cfg, dev, bos_id=tokenizer.bos_id, adapter=adapter, guard=guard)
-    if adapter is not None:
-        probes["after_adaptation"] = run_probes(model, tokens, table.vocab_size, probe_cfg, dev, guard)
-    guard("by the end of scoring", full=True)
-    sums = result.sums
-    return {
-        "format": SCORE_FORMAT,
-        "format_version": SCORE_FORMAT_VERSION,
-        "metric_version": METRIC_VERSION,
-        "metrics": metric_table(),
-        "val_loss": sums.val_loss,
-        "val_bpb": sums.val_bpb,
-        "byte_perplexity": sums.byte_perplexity,
-        "val_loss_sum_nats": sums.loss_nats,
-        "val_tokens": sums.tokens,
-        "val_bytes": sums.bytes,
-        "val_tokens_available": int(tokens.size),
-        "eval_subset_max_tokens": cfg.max_tokens,
-        "eval_mode": cfg.mode,
-        "eval_dtype": cfg.dtype,
-        "eval_seq_len": cfg.seq_len,
-        "eval_stride": cfg.resolved_stride,
-        "eval_batch_seqs": cfg.batch_seqs,
-        "eval_windows": result.windows,
-        "eval_time_s": result.eval_time_s,
-        "probes": probes,
-        "tokenizer_audit": audit,
-        "adaptation": adapter.record(cfg.adapt_chunk_tokens) if adapter is not None else None,
-        "code_check": {"static": "passed", "files": scored_files(submission_dir), **guard.record()},
-        "confinement": confinement,
-        "score_wall_s": time.perf_counter() - t_start,
-        "device": dev.type,
-        "device_name": torch.cuda.get_device_name(dev)
-        if dev.type == "cuda"
-        else platform.processor() or platform.machine(),
-        "threads": torch.get_num_threads(),
-        "allocator": allocator,
-        "submission_files_seen": sorted(
-            p.relative_to(submission_dir).as_posix() for p in Path(submission_dir).rglob("*") if p.is_file()
-        ),
-        "artifact_sha256": artifact_sha256,
-        "codec": artifact.header["codec"],
-        "data_manifest_sha256": manifest_sha256,
-        "tokenizer_sha256": tokenizer_sha256,
-        "torch": torch.__version__,
-    }
+    Returns the checked names. Recorded files may be missing (train.py is never staged for scoring).
+    """
+    recorded = artifact_header.get("code_files", {})
+    checked = []
+    for p in sorted(code_dir.rglob("*")):
+        if not p.is_file() or p.name in UNCOUNTED_FILES:
+            continue
+        rel = p.relative_to(code_dir).as_posix()
+        if rel not in recorded:
+            raise ArtifactError(
+                f"{p} is not among the code files packed into the artifact; stage the packed code only"
+            )
+        if sha256_file(p) != recorded[rel]:
+            raise ArtifactError(
+                f"{p} differs from the code packed into the artifact (sha256 {recorded[rel][:12]}…); "
+                "score with the submission folder the artifact was packed from"
+            )
+        checked.append(rel)
+    if "model.py" not in checked:
+        raise ArtifactError(f"{code_dir} has no model.py matching the artifact")
+    return checked
 
 
 def tokenizer_audit(tokenizer: Tokenizer, tokenizer_sha256: str, tokens: np.ndarray) -> dict[str, Any]:
@@ -194,3 +112,167 @@ def tokenizer_audit(tokenizer: Tokenizer, tokenizer_sha256: str, tokens: np.ndar
     if not report.passed:
         raise ProbeFailure(f"the dataset's tokenizer failed the byte-table audit:\n{report.summary()}")
     return {"ran": True, "reason": "tokenizer brought by the dataset/submission", **report.as_dict()}
+
+
+def _ready(workers: Iterable[WorkerModel]) -> Iterator[WorkerModel]:
+    for w in workers:
+        w.wait_ready()
+        yield w
+
+
+def score_artifact(
+    artifact_path: str | os.PathLike[str],
+    code_dir: str | os.PathLike[str],
+    data_dir: str | os.PathLike[str],
+    cfg: EvalConfig,
+    device: str = "cpu",
+    threads: int = 0,
+    *,
+    sandbox: str = "auto",
+    confine: bool = False,
+    write_dirs: Iterable[str | os.PathLike[str]] = (),
+    protect: Iterable[str | os.PathLike[str]] = (),
+    eval_budget_s: float = math.inf,
+    probe_cfg: ProbeConfig | None = None,
+    memory_limit_bytes: int | None = None,
+) -> dict[str, Any]:
+    """Score one artifact (see the module docstring). `sandbox` is the workers' (auto, required, off);
+    `confine` restricts this process too once it has read the data (irreversible: one score per process)."""
+    t_start = time.perf_counter()
+    code_dir, data_dir = Path(code_dir), Path(data_dir)
+    if threads:
+        torch.set_num_threads(threads)
+    dev = torch.device(device)
+    allocator = tune_cpu_allocator() if dev.type == "cpu" else "torch caching allocator"
+    probe_cfg = probe_cfg or ProbeConfig()
+    artifact = read_artifact(artifact_path)
+    checked = check_staged_code(artifact.header, code_dir)
+    require_clean_code(code_dir)
+    adapting = (code_dir / EVAL_HOOK_FILE).is_file()
+    protected = tuple(Path(p) for p in [data_dir, *protect])
+    workdir = private_workdir() if confine else None
+    worker_cfg = WorkerConfig(
+        code_dir=code_dir,
+        artifact=Path(artifact_path),
+        device=dev.type if dev.type == "cpu" else str(dev),
+        dtype=cfg.dtype,
+        threads=torch.get_num_threads(),
+        vocab_size=1,  # set below, once the tokenizer is read; only the buffers' size depends on it
+        max_tokens_per_batch=cfg.batch_seqs * cfg.seq_len,
+        adapt=adapting,
+        sandbox=sandbox,
+        protected=protected,
+        memory_limit_bytes=default_memory_limit_bytes() if memory_limit_bytes is None else memory_limit_bytes,
+        workdir=workdir[0] if workdir else None,
+    )
+    manifest = load_manifest(data_dir)
+    tokenizer = load_tokenizer(manifest.tokenizer_path)
+    table = tokenizer.byte_table()
+    worker_cfg = _with(worker_cfg, vocab_size=table.vocab_size)
+    n_probe_workers = probe_cfg.probes * (2 if adapting else 1)
+    with ExitStack() as stack:
+        main = start_worker(worker_cfg)
+        stack.callback(main.close)
+        main.start()  # decodes and builds while this process reads the data; probe workers wait idle
+        probe_workers = [
+            start_worker(_with(worker_cfg, role="probe", adapt=False)) for _ in range(n_probe_workers)
+        ]
+        for w in probe_workers:
+            stack.callback(w.close)
+        tokens = read_split(data_dir, "val")
+        tokenizer_sha256 = sha256_file(manifest.tokenizer_path)
+        artifact_sha256, manifest_sha256 = sha256_file(artifact_path), sha256_file(data_dir / MANIFEST_NAME)
+        confinement: dict[str, Any] = {
+            "applied": False,
+            "reason": "not asked (--no-confine, or scored in-process)",
+        }
+        if workdir is not None:  # everything is read: from here on, the dataset is out of reach
+            confinement = confine_scorer(
+                code_dir=code_dir,
+                protected=[data_dir, manifest.root, *map(Path, protect)],
+                write_dirs=list(map(Path, write_dirs)),
+                device=dev.type,
+                workdir=workdir,
+            )
+        audit = tokenizer_audit(tokenizer, tokenizer_sha256, eval_tokens(tokens, cfg))
+        main.wait_ready()
+        plan = plan_probes(batch_count(tokens, cfg, tokenizer.bos_id, adapting), probe_cfg)
+        main.deadline = time.monotonic() + eval_budget_s if math.isfinite(eval_budget_s) else None
+        result = evaluate(
+            main,
+            tokens,
+            table,
+            cfg,
+            dev,
+            bos_id=tokenizer.bos_id,
+            adapter=main if adapting else None,
+            keep_batches=plan.batches,
+        )
+        for w in probe_workers:  # all at once: they import and build in parallel
+            w.start()
+        fresh = _ready(probe_workers)
+        probes = run_probes(
+            plan,
+            result.kept,
+            fresh,
+            eval_tokens(tokens, cfg),
+            probe_cfg,
+            fresh_base=adapting,
+            total_batches=result.batches,
+        )
+        workers = [main.describe(), *(w.describe() for w in probe_workers[:1])]
+    sums = result.sums
+    return {
+        "format": SCORE_FORMAT,
+        "format_version": SCORE_FORMAT_VERSION,
+        "api_version": API_VERSION,
+        "status": "ok",
+        "metric_version": METRIC_VERSION,
+        "metrics": metric_table(),
+        "val_loss": sums.val_loss,
+        "val_bpb": sums.val_bpb,
+        "byte_perplexity": sums.byte_perplexity,
+        "val_loss_sum_nats": sums.loss_nats,
+        "val_tokens": sums.tokens,
+        "val_bytes": sums.bytes,
+        "val_tokens_available": int(tokens.size),
+        "eval_subset_max_tokens": cfg.max_tokens,
+        "eval_mode": cfg.mode,
+        "eval_dtype": cfg.dtype,
+        "eval_seq_len": cfg.seq_len,
+        "eval_stride": cfg.resolved_stride,
+        "eval_batch_seqs": cfg.batch_seqs,
+        "eval_windows": result.windows,
+        "eval_batches": result.batches,
+        "eval_time_s": result.eval_time_s,
+        "eval_budget_s": eval_budget_s if math.isfinite(eval_budget_s) else None,
+        "probes": probes,
+        "tokenizer_audit": audit,
+        "adaptation": main.adaptation_record(cfg.adapt_chunk_tokens, sha256_file(code_dir / EVAL_HOOK_FILE))
+        if adapting
+        else None,
+        "code_check": {"static": "passed", "files": scored_files(code_dir), "code_files_checked": checked},
+        "workers": workers,
+        "worker_forwards": main.forwards,
+        "enforcement": ENFORCEMENT,
+        "confinement": confinement,
+        "score_wall_s": time.perf_counter() - t_start,
+        "device": dev.type,
+        "device_name": torch.cuda.get_device_name(dev)
+        if dev.type == "cuda"
+        else platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "allocator": allocator,
+        "submission_files_seen": checked,
+        "artifact_sha256": artifact_sha256,
+        "codec": artifact.header["codec"],
+        "data_manifest_sha256": manifest_sha256,
+        "tokenizer_sha256": tokenizer_sha256,
+        "torch": torch.__version__,
+    }
+
+
+def _with(cfg: WorkerConfig, **changes: Any) -> WorkerConfig:
+    import dataclasses
+
+    return dataclasses.replace(cfg, **changes)

@@ -203,4 +203,5 @@ def test_score_artifact_runs_the_submission_hook(tmp_path, tiny_dataset):
     ad = rec["adaptation"]
     assert ad["protocol"] == "score-first" and ad["chunks"] == 4 and ad["tokens_delivered"] == 1024
     assert rec["eval_time_s"] >= ad["adapt_time_s"] > 0
-    assert rec["probes"]["after_adaptation"]["passed"] is True
+    assert ad["where"] == "model worker"
+    assert rec["probes"]["passed"] and rec["probes"]["base"].startswith("a fresh worker")

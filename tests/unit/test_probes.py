@@ -1,8 +1,12 @@
-"""Legality probes: a model that peeks at future tokens, or mixes batch rows, fails causality with the
-position named; log-probabilities that do not sum to one fail normalization; honest models pass;
-and a failed probe fails the score."""
+"""Legality probes that look like scoring (scoring/score/probes.py): real batches of the real shape at a
+secret cut, the variant in a fresh model, compared bit for bit with what was scored. Models that peek,
+mix rows, peek only in large batches, only where the old fixed probes did not look, or only once they
+are no longer fresh, all fail with the batch and position named; honest models pass; log-probabilities
+are checked at every position of every batch; and a failed probe fails the score."""
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import pytest
@@ -11,9 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from data.tokenizer import ByteTokenizer
-from scoring.score.evaluate import EvalConfig, evaluate
+from scoring.score.evaluate import EvalConfig, LocalModel, NormalizationFailure, batch_count, evaluate
 from scoring.score.loading import import_file
-from scoring.score.probes import ProbeConfig, ProbeFailure, run_probes
+from scoring.score.probes import ProbeConfig, ProbeFailure, make_variant, plan_probes, run_probes
 from scoring.score.scorer import score_artifact
 from tests.conftest import BASELINE
 from tests.unit.test_eval_support import TINY_MODEL, _one_thread, pack_tiny, write_submission  # noqa: F401 (fixture)
@@ -72,45 +76,141 @@ class LogProbs(Bigram):
         return F.log_softmax(self.table[ids], dim=-1) + self.offset
 
 
-TOKENS = (np.arange(600) * 7 % 256 + 4).astype(np.int64)
+TOKENS = (np.arange(4000) * 7 % 256 + 4).astype(np.int64)
 TOKENS[::50] = 1  # BOS every 50 tokens
 
 
-def test_honest_models_pass():
+class PeekWhenLarge(Bigram):
+    """Peeks only in batches of 8 rows or more (the old probes sent at most 7)."""
+
+    def forward(self, ids):
+        out = self.table[ids]
+        if ids.shape[0] >= 8:
+            nxt = torch.cat([ids[:, 1:], ids[:, -1:]], dim=1)
+            out = out + 5.0 * F.one_hot(nxt, V).float()
+        return out
+
+
+class PeekAwayFromOldProbes(Bigram):
+    """Peeks everywhere but at positions 0 and L - 2 (the old probes' fixed positions)."""
+
+    def forward(self, ids):
+        nxt = torch.cat([ids[:, 1:], ids[:, -1:]], dim=1)
+        bonus = 5.0 * F.one_hot(nxt, V).float()
+        bonus[:, 0] = 0
+        bonus[:, -2] = 0
+        return self.table[ids] + bonus
+
+
+class PeekOnceWarm(Bigram):
+    """Honest in its first forward pass (a fresh process), peeks from the second on."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, ids):
+        self.calls += 1
+        out = self.table[ids]
+        if self.calls > 1:
+            nxt = torch.cat([ids[:, 1:], ids[:, -1:]], dim=1)
+            out = out + 5.0 * F.one_hot(nxt, V).float()
+        return out
+
+
+class LogProbsWhenLarge(Bigram):
+    pgolf_output = "log_probs"
+
+    def forward(self, ids):
+        return F.log_softmax(self.table[ids], dim=-1) + (0.5 if ids.shape[0] >= 8 else 0.0)
+
+
+def probe(model: nn.Module, cfg: EvalConfig, probes: int = 4, seed: int = 1) -> dict:
+    """Score in-process, then probe as the scorer does, each variant in a fresh copy of the untouched model."""
+    pristine = copy.deepcopy(model)
+    pcfg = ProbeConfig(probes=probes, seed=seed)
+    plan = plan_probes(batch_count(TOKENS, cfg), pcfg)
+    table = ByteTokenizer().byte_table()
+    result = evaluate(model, TOKENS, table, cfg, CPU, keep_batches=plan.batches)
+    fresh = (LocalModel(copy.deepcopy(pristine)) for _ in iter(int, 1))
+    return run_probes(plan, result.kept, fresh, TOKENS, pcfg, total_batches=result.batches)
+
+
+STANDARD = EvalConfig(seq_len=64, batch_seqs=8)
+SLIDING = EvalConfig(mode="sliding", seq_len=64, batch_seqs=8, stride=16)
+DOCUMENTS = EvalConfig(mode="documents", seq_len=64, batch_seqs=8)
+
+
+@pytest.mark.parametrize("cfg", [STANDARD, SLIDING, DOCUMENTS], ids=["standard", "sliding", "documents"])
+def test_honest_models_pass(cfg):
     torch.manual_seed(0)
     gpt = import_file(BASELINE / "model.py", "baseline_model_for_probes").build_model(
         {"vocab_size": V, "num_layers": 2, "model_dim": 32, "num_heads": 2, "num_kv_heads": 1}
     )
     for model in (Bigram(), gpt.eval(), LogProbs()):
-        rec = run_probes(model, TOKENS, V, ProbeConfig(seq_len=64), CPU)
-        assert rec["passed"] and rec["causality"][0]["max_abs_diff"] <= rec["atol"]
-        assert 0 in rec["causality"][0]["positions"] and 62 in rec["causality"][0]["positions"]
-    assert rec["normalization"]["applies_to"] == "log_probs"
+        rec = probe(model, cfg)
+        assert rec["passed"] and rec["ran"] and all(p["max_abs_diff"] == 0.0 for p in rec["probes"])
+        assert rec["coverage"]["batches_probed"] == min(4, rec["coverage"]["batches_total"])
 
 
-def test_peeking_model_fails_causality_with_the_position():
+def test_the_seed_is_secret_unless_given_and_the_cuts_vary():
+    a, b = plan_probes(100, ProbeConfig(probes=3)), plan_probes(100, ProbeConfig(probes=3))
+    assert a.seed != b.seed  # drawn from the OS per run
+    x = np.arange(64 * 4).reshape(4, 64) % 200 + 4
+    valid = np.ones_like(x, dtype=bool)
+    cuts = {make_variant(x, valid, TOKENS, np.random.default_rng(s))[3] for s in range(20)}
+    assert len(cuts) > 10  # anywhere in the batch, not a fixed position
+
+
+def test_a_variant_replaces_everything_after_the_cut_in_stream_order_with_real_tokens():
+    x = (np.arange(64 * 4).reshape(4, 64) % 200 + 4).astype(np.int64)
+    valid = np.ones_like(x, dtype=bool)
+    x2, r, t, cut = make_variant(x, valid, TOKENS, np.random.default_rng(3))
+    flat, flat2 = x.reshape(-1), x2.reshape(-1)
+    assert np.array_equal(flat[: cut + 1], flat2[: cut + 1]) and flat2[cut + 1] != flat[cut + 1]
+    assert cut == r * 64 + t
+    tail = flat2[cut + 1 :]
+    starts = [
+        s for s in range(TOKENS.size - tail.size + 1) if np.array_equal(TOKENS[s : s + tail.size], tail)
+    ]
+    assert starts  # real validation text, copied whole
+
+
+@pytest.mark.parametrize(
+    "model",
+    [PeekNext(), RowMixer(), PeekWhenLarge(), PeekAwayFromOldProbes(), PeekOnceWarm()],
+    ids=[
+        "peek-next",
+        "row-mixer",
+        "peek-in-large-batches",
+        "peek-off-old-positions",
+        "peek-once-warm",
+    ],
+)
+def test_cheaters_fail_causality_with_the_batch_and_position(model):
     with pytest.raises(
-        ProbeFailure, match=r"changing the tokens after position 0 changed the logits at position 0"
+        ProbeFailure, match=r"causality probe failed \(batch \d+\): changing the tokens after row"
     ):
-        run_probes(PeekNext(), TOKENS, V, ProbeConfig(seq_len=64), CPU)
+        probe(model, STANDARD, probes=6)
 
 
-def test_a_local_leak_is_named_where_it_happens():
-    """With every position sampled, a leak at position 37 only is reported at 37."""
-    with pytest.raises(ProbeFailure, match=r"after position 37 changed the logits at position 37"):
-        run_probes(PeekAt(37, 3), TOKENS, V, ProbeConfig(seq_len=64, positions=63), CPU)
+def test_a_local_leak_is_named_where_it_happens_when_a_cut_lands_on_it():
+    """A leak at one position (37, three tokens ahead) is caught only by a cut within its reach: about 3/64 of
+    cuts. The message then names position 37. (A sparse leak gains little; a systematic one is caught at once.)"""
+    for seed in range(200):
+        try:
+            probe(PeekAt(37, 3), STANDARD, probes=6, seed=seed)
+        except ProbeFailure as e:
+            assert "changed the logits at row" in str(e) and "position 37 " in str(e), str(e)
+            return
+    pytest.fail("200 seeds of 6 probes never cut within reach of the leak")
 
 
-def test_batch_row_mixing_fails():
-    with pytest.raises(ProbeFailure, match="rows of a batch must not see each other"):
-        run_probes(RowMixer(), TOKENS, V, ProbeConfig(seq_len=64), CPU)
-
-
-def test_unnormalized_log_probs_fail_with_the_position():
-    with pytest.raises(
-        ProbeFailure, match=r"normalization probe failed: the log_probs returned at position 0 sum to"
-    ):
-        run_probes(LogProbs(offset=0.01), TOKENS, V, ProbeConfig(seq_len=64), CPU)
+def test_unnormalized_log_probs_fail_at_any_batch():
+    with pytest.raises(NormalizationFailure, match=r"normalization check failed: the log_probs .* sum to"):
+        evaluate(LogProbs(offset=0.01), TOKENS, ByteTokenizer().byte_table(), STANDARD, CPU)
+    with pytest.raises(NormalizationFailure):  # unnormalized only in full-size batches: still every batch
+        evaluate(LogProbsWhenLarge(), TOKENS, ByteTokenizer().byte_table(), STANDARD, CPU)
 
 
 def test_log_probs_are_scored_as_given_and_match_logits():
@@ -129,7 +229,7 @@ def test_a_failed_probe_fails_the_score(tmp_path, tiny_dataset):
     )
     folder = write_submission(tmp_path / "peek", model_src=peek)
     pack_tiny(folder, tmp_path / "a.pgolf")
-    with pytest.raises(ProbeFailure, match="causality probe failed .* at position"):
+    with pytest.raises(ProbeFailure, match="causality probe failed .* at row"):
         score_artifact(
             tmp_path / "a.pgolf", folder, tiny_dataset, EvalConfig(seq_len=32, max_tokens=512), threads=1
         )

@@ -1,0 +1,139 @@
+"""A seccomp filter for confined processes: the system calls that reach other processes or the kernel fail.
+
+The model worker (scoring/worker/) applies it, through `isolation.sandbox enter`, before it imports
+any submitted code. Denied with EPERM: ptrace, reading or writing another process's memory
+(process_vm_readv/writev), kcmp, perf_event_open, bpf, userfaultfd, mounting, namespaces (unshare,
+setns), open_by_handle_at, kernel modules, kexec, keyrings, reboot, swap and process accounting.
+On x86-64 the x32 system-call range is denied whole. Everything else is allowed: this is a
+deny-list of the calls a model never needs, a layer on top of Landlock (which already refuses
+ptrace of processes outside the domain) and the PID namespace (which hides them), not a
+replacement for them. Architectures other than x86-64 and aarch64: not applied (recorded).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import platform
+import struct
+
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+SECCOMP_RET_ALLOW = 0x7FFF_0000
+SECCOMP_RET_ERRNO = 0x0005_0000
+BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x06
+X32_SYSCALL_BIT = 0x4000_0000
+
+DENIED = (
+    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "perf_event_open", "bpf", "userfaultfd",
+    "mount", "umount2", "pivot_root", "unshare", "setns", "open_by_handle_at", "init_module",
+    "finit_module", "delete_module", "kexec_load", "keyctl", "add_key", "request_key", "reboot",
+    "swapon", "swapoff", "acct",
+)  # fmt: skip
+
+ARCHES: dict[str, tuple[int, dict[str, int]]] = {
+    "x86_64": (
+        0xC000_003E,
+        {
+            "ptrace": 101,
+            "process_vm_readv": 310,
+            "process_vm_writev": 311,
+            "kcmp": 312,
+            "perf_event_open": 298,
+            "bpf": 321,
+            "userfaultfd": 323,
+            "mount": 165,
+            "umount2": 166,
+            "pivot_root": 155,
+            "unshare": 272,
+            "setns": 308,
+            "open_by_handle_at": 304,
+            "init_module": 175,
+            "finit_module": 313,
+            "delete_module": 176,
+            "kexec_load": 246,
+            "keyctl": 250,
+            "add_key": 248,
+            "request_key": 249,
+            "reboot": 169,
+            "swapon": 167,
+            "swapoff": 168,
+            "acct": 163,
+        },  # fmt: skip
+    ),
+    "aarch64": (
+        0xC000_00B7,
+        {
+            "ptrace": 117,
+            "process_vm_readv": 270,
+            "process_vm_writev": 271,
+            "kcmp": 272,
+            "perf_event_open": 241,
+            "bpf": 280,
+            "userfaultfd": 282,
+            "mount": 40,
+            "umount2": 39,
+            "pivot_root": 41,
+            "unshare": 97,
+            "setns": 268,
+            "open_by_handle_at": 265,
+            "init_module": 105,
+            "finit_module": 273,
+            "delete_module": 106,
+            "kexec_load": 104,
+            "keyctl": 219,
+            "add_key": 217,
+            "request_key": 218,
+            "reboot": 142,
+            "swapon": 224,
+            "swapoff": 225,
+            "acct": 89,
+        },  # fmt: skip
+    ),
+}
+"""Machine -> (AUDIT_ARCH value, system-call numbers of DENIED)."""
+
+
+def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
+    return struct.pack("=HBBI", code, jt, jf, k)
+
+
+def build_filter(machine: str) -> bytes:
+    """The BPF program for `machine` (platform.machine()): the calls of DENIED get EPERM."""
+    arch, numbers = ARCHES[machine]
+    deny = SECCOMP_RET_ERRNO | errno.EPERM
+    body = [_insn(BPF_LD_W_ABS, 0, 0, 0)]  # seccomp_data.nr
+    if machine == "x86_64":
+        body.append(_insn(BPF_JGE_K, 0, 1, X32_SYSCALL_BIT))
+        body.append(_insn(BPF_RET_K, 0, 0, deny))
+    for name in DENIED:
+        body.append(_insn(BPF_JEQ_K, 0, 1, numbers[name]))
+        body.append(_insn(BPF_RET_K, 0, 0, deny))
+    body.append(_insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW))
+    # a foreign architecture (a 32-bit call through int 0x80, say) is refused outright
+    head = [_insn(BPF_LD_W_ABS, 0, 0, 4), _insn(BPF_JEQ_K, 1, 0, arch), _insn(BPF_RET_K, 0, 0, deny)]
+    return b"".join(head + body)
+
+
+def seccomp_supported() -> bool:
+    return platform.system() == "Linux" and platform.machine() in ARCHES
+
+
+def apply_seccomp() -> None:
+    """Install the filter on this process (and all it starts). Irreversible; sets no_new_privs first."""
+    if not seccomp_supported():
+        raise OSError(errno.ENOSYS, f"no seccomp filter for {platform.system()} {platform.machine()}")
+    prog = build_filter(platform.machine())
+    n = len(prog) // 8
+    buf = ctypes.create_string_buffer(prog, len(prog))
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = SockFprog(n, ctypes.cast(buf, ctypes.c_void_p))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")

@@ -1,0 +1,339 @@
+"""The scorer's side of a model worker: start it confined, send it windows, read its logits.
+
+`start_worker(cfg)` plans the worker's sandbox (isolation/sandbox.py: Landlock reads of the staged
+code, the artifact and the Python installation only, one private writable temp folder; PID, mount
+and network namespaces where the machine allows; no capabilities; the seccomp filter), creates the
+socket pair and the two shared buffers (scoring/worker/wire.py) and starts `python -m
+scoring.worker` inside it. Its output goes through a pipe the scorer owns (kept, bounded, for the
+record), never to a file the worker could truncate.
+
+`WorkerModel` is what the evaluator and the probes call (scoring/score/evaluate.py's Scorable):
+`logits(x_BL)` writes the batch into the input buffer, asks for a forward pass, checks the reply's
+shape and returns a view of the output buffer, valid until the next call (the loss copies it into
+its own float64 buffer at once). It is also the score-first adapter: `after_chunk` hands the worker
+a chunk's tokens only after the scorer has recorded the chunk's scores. Every wait has a deadline:
+past it the worker is killed (EvalDeadline). A worker error reply, a crash, a broken message or a
+death by signal becomes a WorkerFailure with a verdict kind.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from isolation.sandbox import SandboxPlan, plan_sandbox
+from scoring.worker.process import WORKER_SPEC_FORMAT, WORKER_SPEC_VERSION
+from scoring.worker.wire import Reply, SharedBuffer, WireError, WorkerGone, recv, send, socket_pair
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+SCRUBBED_ENV = ("PG_DATA_DIR", "PGOLF_DATA", "HF_HOME", "HF_DATASETS_CACHE")
+OUTPUT_KEEP_BYTES = 64 << 10
+READY_TIMEOUT_S = 300.0
+
+
+class WorkerFailure(RuntimeError):
+    """The worker failed; `kind` is the verdict: error, illegal, out_of_memory."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+class EvalDeadline(RuntimeError):
+    """The evaluation ran past its budget (+ grace): the worker was killed."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerConfig:
+    code_dir: Path
+    """The staged scored code (no train.py), checked against the artifact's hashes by the worker."""
+    artifact: Path
+    device: str = "cpu"
+    dtype: str = "float32"
+    threads: int = 0
+    vocab_size: int
+    max_tokens_per_batch: int
+    """Rows x length of the largest batch: sizes the buffers."""
+    adapt: bool = False
+    """Load eval.py's hook and accept chunk_begin/adapt messages."""
+    sandbox: str = "auto"
+    """auto (every layer the machine offers), required (refuse without Landlock), off (recorded)."""
+    protected: tuple[Path, ...] = ()
+    """Folders no rule may reach (the dataset the validation view was made from)."""
+    memory_limit_bytes: int = 0
+    """CPU: the worker's address-space limit (0: none)."""
+    workdir: Path | None = None
+    """Parent of the worker's private temp folder (default: the system temp folder)."""
+    role: str = "main"
+    """"main" (scores every window) or "probe" (a fresh worker for one probe batch)."""
+
+
+def default_memory_limit_bytes() -> int:
+    """Three quarters of the machine's memory: a runaway allocation fails fast instead of taking the machine."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4)
+    except (ValueError, OSError):
+        return 0
+
+
+def _env(tmp: Path, threads: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
+    env.update(
+        PYTHONPATH=str(PROJECT_ROOT),
+        PYTHONDONTWRITEBYTECODE="1",
+        HOME=str(tmp / "home"),
+        TMPDIR=str(tmp),
+        XDG_CACHE_HOME=str(tmp / "cache"),
+        TORCHINDUCTOR_CACHE_DIR=str(tmp / "cache" / "inductor"),
+        TRITON_CACHE_DIR=str(tmp / "cache" / "triton"),
+        CUDA_CACHE_PATH=str(tmp / "cache" / "nv"),
+    )
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+@dataclass
+class _OutputTail:
+    """Drains a worker's stdout+stderr; keeps the last OUTPUT_KEEP_BYTES."""
+
+    chunks: collections.deque[bytes] = field(default_factory=collections.deque)
+    size: int = 0
+
+    def drain(self, pipe: Any) -> None:
+        for chunk in iter(lambda: pipe.read1(65536), b""):
+            self.chunks.append(chunk)
+            self.size += len(chunk)
+            while self.size > OUTPUT_KEEP_BYTES and len(self.chunks) > 1:
+                self.size -= len(self.chunks.popleft())
+
+    def text(self) -> str:
+        return b"".join(self.chunks).decode("utf-8", "replace")[-OUTPUT_KEEP_BYTES:]
+
+
+class WorkerModel:
+    """A model that lives in a confined worker process (see the module docstring)."""
+
+    def __init__(self, cfg: WorkerConfig):
+        self.cfg = cfg
+        self.max_vocab = max(2 * cfg.vocab_size, cfg.vocab_size + 1024)
+        self._tmp = Path(tempfile.mkdtemp(prefix=f"pgolf-worker-{cfg.role}-", dir=cfg.workdir))
+        for d in ("home", "cache/inductor", "cache/triton", "cache/nv"):
+            (self._tmp / d).mkdir(parents=True)
+        self.inbuf = SharedBuffer.create("in", cfg.max_tokens_per_batch * 8)
+        self.outbuf = SharedBuffer.create("out", cfg.max_tokens_per_batch * self.max_vocab * 4)
+        self.sock, child = socket_pair()
+        self.plan: SandboxPlan = plan_sandbox(
+            mode=cfg.sandbox,
+            network="auto",
+            device=cfg.device,
+            multi_node=False,
+            project_root=PROJECT_ROOT,
+            read_paths=[cfg.code_dir, cfg.artifact],
+            write_paths=[self._tmp],
+            protected=cfg.protected,
+            import_path=[p for p in sys.path[1:] if p],
+            seccomp=True,
+        )
+        spec = {
+            "format": WORKER_SPEC_FORMAT,
+            "format_version": WORKER_SPEC_VERSION,
+            "sock_fd": child.fileno(),
+            "in_fd": self.inbuf.fd,
+            "in_bytes": self.inbuf.nbytes,
+            "out_fd": self.outbuf.fd,
+            "out_bytes": self.outbuf.nbytes,
+            "code_dir": str(cfg.code_dir),
+            "artifact": str(cfg.artifact),
+            "device": cfg.device,
+            "dtype": cfg.dtype,
+            "threads": cfg.threads,
+            "adapt": cfg.adapt,
+            "memory_limit_bytes": cfg.memory_limit_bytes,
+        }
+        # -P: no working folder on sys.path (what the worker writes cannot shadow an import); -B: no bytecode
+        cmd = [sys.executable, "-P", "-B", "-m", "scoring.worker", json.dumps(spec)]
+        policy = self._tmp.with_name(self._tmp.name + "-policy.json")  # outside the worker's own folder
+        self.proc = subprocess.Popen(
+            self.plan.wrap(cmd, policy),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            pass_fds=(child.fileno(), self.inbuf.fd, self.outbuf.fd),
+            env=_env(self._tmp, cfg.threads),
+            cwd=self._tmp / "home",
+            start_new_session=True,
+        )
+        child.close()
+        self.output = _OutputTail()
+        self._drain = threading.Thread(target=self.output.drain, args=(self.proc.stdout,), daemon=True)
+        self._drain.start()
+        self.output_kind = ""
+        self.facts: dict[str, Any] = {}
+        self.deadline: float | None = None
+        """time.monotonic() past which a wait kills the worker (EvalDeadline); None: READY_TIMEOUT_S per wait."""
+        self.forwards = 0
+        self._started = False
+        self._adapt_s = 0.0
+        self.delivered: list[tuple[int, int]] = []
+
+    # ---- talking to it ----
+
+    def _timeout(self) -> float:
+        if self.deadline is None:
+            return READY_TIMEOUT_S
+        return max(self.deadline - time.monotonic(), 0.001)
+
+    def _ask(self, msg: dict[str, Any] | None) -> Reply:
+        try:
+            if msg is not None:
+                send(self.sock, {**msg, "in_bytes": self.inbuf.nbytes})
+            reply = Reply.parse(recv(self.sock, self._timeout()))
+        except TimeoutError:
+            self.kill()
+            if self.deadline is not None:
+                raise EvalDeadline(
+                    "the evaluation ran past its budget: the model worker was killed"
+                ) from None
+            raise WorkerFailure(
+                "error", f"the model worker did not answer within {READY_TIMEOUT_S:.0f} s"
+            ) from None
+        except (WorkerGone, ConnectionError, OSError):
+            raise self._died() from None
+        except WireError as e:
+            self.kill()
+            raise WorkerFailure("error", f"the model worker broke the protocol: {e}") from None
+        if reply.kind == "error":
+            self.kill()
+            raise WorkerFailure(reply.fields["kind"], reply.fields["message"])
+        return reply
+
+    def _died(self) -> WorkerFailure:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = self.proc.returncode
+        self._drain.join(timeout=2)
+        tail = self.output.text()[-2000:]
+        if code is not None and code < 0 and -code == signal.SIGKILL:
+            # the kernel's OOM killer ends a process with SIGKILL; so does nobody else here
+            return WorkerFailure(
+                "out_of_memory", f"the model worker was killed (SIGKILL, out of memory?):\n{tail}"
+            )
+        return WorkerFailure("error", f"the model worker exited with status {code}:\n{tail}")
+
+    def start(self) -> None:
+        """Let it import torch and build the model (it waits for this; see scoring/worker/__main__.py)."""
+        if not self._started:
+            self._started = True
+            try:
+                send(self.sock, {"op": "start"})
+            except OSError:
+                raise self._died() from None
+
+    def wait_ready(self) -> None:
+        self.start()
+        reply = self._ask(None)
+        if reply.kind != "ready" or reply.fields.get("output") not in ("logits", "log_probs"):
+            self.kill()
+            raise WorkerFailure(
+                "error", f"the model worker's first message was not a valid ready: {reply.fields}"
+            )
+        self.output_kind = reply.fields["output"]
+        self.facts = {k: v for k, v in reply.fields.items() if k not in ("reply", "output")}
+
+    # ---- Scorable: what evaluate() and the probes call ----
+
+    def logits(self, x_BL: torch.Tensor) -> torch.Tensor:
+        """[B, L, V] float32 logits of the worker's model, a view of the shared buffer (valid until the next call)."""
+        B, L = x_BL.shape
+        n = B * L
+        if n * 8 > self.inbuf.nbytes:
+            self.inbuf.grow(n * 8)
+        self.inbuf.array(np.int64, n)[:] = x_BL.reshape(-1).cpu().numpy()
+        reply = self._ask({"op": "forward", "rows": B, "length": L})
+        _, _, V = reply.shape(B, L, self.cfg.vocab_size, self.max_vocab)
+        self.forwards += 1
+        out = self.outbuf.tensor(torch.float32, n * V).view(B, L, V)
+        return out if x_BL.device.type == "cpu" else out.to(x_BL.device)
+
+    # ---- ChunkAdapter: score-first adaptation in the worker ----
+
+    @property
+    def adapt_time_s(self) -> float:
+        return self._adapt_s
+
+    def before_chunk(self, model: Any, chunk: int) -> None:
+        self._ask({"op": "chunk_begin", "chunk": chunk})
+
+    def after_chunk(self, model: Any, chunk: int, scored_tokens: np.ndarray, first_position: int) -> None:
+        n = int(scored_tokens.size)
+        if n * 8 > self.inbuf.nbytes:
+            self.inbuf.grow(n * 8)
+        self.inbuf.array(np.int64, n)[:] = scored_tokens
+        t0 = time.perf_counter()
+        self._ask({"op": "adapt", "chunk": chunk, "n": n, "first_position": first_position})
+        self._adapt_s += time.perf_counter() - t0
+        self.delivered.append((first_position, first_position + n))
+
+    def adaptation_record(self, chunk_tokens: int, hook_sha256: str) -> dict[str, Any]:
+        return {
+            "hook": "eval.py",
+            "hook_sha256": hook_sha256,
+            "protocol": "score-first",
+            "where": "model worker",
+            "chunk_tokens": chunk_tokens,
+            "chunks": len(self.delivered),
+            "tokens_delivered": sum(b - a for a, b in self.delivered),
+            "adapt_time_s": self._adapt_s,
+        }
+
+    # ---- ending ----
+
+    def close(self) -> None:
+        """Ask it to quit; kill it if it does not; free the buffers and its temp folder."""
+        if self.proc.poll() is None:
+            try:
+                send(self.sock, {"op": "quit"})
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        self.sock.close()
+        self.inbuf.close()
+        self.outbuf.close()
+        import shutil
+
+        shutil.rmtree(self._tmp, ignore_errors=True)
+        self._tmp.with_name(self._tmp.name + "-policy.json").unlink(missing_ok=True)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+
+    def describe(self) -> dict[str, Any]:
+        """For the score record: how the worker was confined and what it said of itself (not believed)."""
+        return {"role": self.cfg.role, "isolation": self.plan.describe(), "reported": self.facts}
+
+
+def start_worker(cfg: WorkerConfig) -> WorkerModel:
+    """Start a worker (it decodes and builds in the background); call wait_ready() before using it."""
+    return WorkerModel(cfg)

@@ -1,0 +1,190 @@
+"""The model worker: the only process where submitted scored code (model.py, eval.py, codec.py) runs.
+
+    python -m scoring.worker SPEC_JSON     (started by the scorer, scoring/score/remote.py; not by hand)
+
+It is confined before it starts (the scorer wraps it in `isolation.sandbox enter`: Landlock allows
+reading its staged code, the artifact and the Python installation, writing a private temp folder,
+nothing else; its own PID, mount and network namespaces where the machine allows; no capabilities,
+no_new_privs; the seccomp filter of isolation/seccomp.py; on CPU an address-space limit). It has
+never held validation data, and it gets only what the scorer sends: windows in plan order, and, for
+score-first adaptation, the tokens of a chunk after the scorer has recorded that chunk's scores.
+
+It decodes the artifact with its codec, checks the staged code against the artifact's hashes,
+builds the model (strict load), then answers messages (scoring/worker/wire.py): a `forward` writes
+the model's logits into the shared output buffer, `chunk_begin`/`adapt` run the eval.py hook
+score-first (scoring/score/adapt.py's ScoreFirstAdapter, in this process), `quit` ends it. Any
+failure is answered with an error reply naming its kind (error, illegal, out_of_memory) before the
+process exits; the scorer believes none of what it says beyond the bytes it reads itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scoring.worker.wire import WIRE_VERSION, SharedBuffer, recv, send
+
+WORKER_SPEC_FORMAT = "pg-worker-spec"
+WORKER_SPEC_VERSION = 1
+OOM_MARKERS = ("can't allocate memory", "out of memory", "CUDA out of memory", "Cannot allocate memory")
+
+
+def error_kind(exc: BaseException) -> str:
+    """ "out_of_memory", "illegal" (a broken scoring rule) or "error"."""
+    from scoring.codecheck import CodeCheckFailure
+    from scoring.score.adapt import AdaptationViolation
+
+    if isinstance(exc, MemoryError) or any(m in str(exc) for m in OOM_MARKERS):
+        return "out_of_memory"
+    if isinstance(exc, AdaptationViolation | CodeCheckFailure):
+        return "illegal"
+    return "error"
+
+
+def limit_memory(limit_bytes: int) -> str:
+    """Cap this process's address space (CPU only: CUDA reserves more virtual memory than any cap)."""
+    if limit_bytes <= 0:
+        return "none"
+    resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+    return f"RLIMIT_AS {limit_bytes:,} bytes"
+
+
+def _facts(memory: str) -> dict[str, Any]:
+    facts: dict[str, Any] = {"pid": os.getpid(), "memory_limit": memory}
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("CapEff", "NoNewPrivs", "Seccomp"):
+                facts[key] = value.strip()
+    except OSError:
+        pass
+    return facts
+
+
+class Worker:
+    def __init__(self, spec: dict[str, Any]):
+        self.spec = spec
+        self.sock = socket.socket(fileno=int(spec["sock_fd"]))
+        self.inbuf = SharedBuffer(int(spec["in_fd"]), int(spec["in_bytes"]))
+        self.outbuf = SharedBuffer(int(spec["out_fd"]), int(spec["out_bytes"]))
+        self.device = torch.device(spec["device"])
+        self.dtype = spec["dtype"]
+        self.model: torch.nn.Module | None = None
+        self.adapter: Any = None
+
+    def build(self) -> str:
+        """Decode the artifact, build and load the model, load the eval.py hook; returns the output kind."""
+        from scoring.artifact.format import artifact_codec, decode_state, read_artifact
+        from scoring.score.adapt import ScoreFirstAdapter, load_hook
+        from scoring.score.evaluate import output_kind
+        from scoring.score.loading import load_model
+
+        code = Path(self.spec["code_dir"])
+        artifact = read_artifact(self.spec["artifact"])
+        state = decode_state(artifact, artifact_codec(artifact, code))  # checks the code hashes first
+        self.model = load_model(artifact, state, code, self.device)
+        hook = load_hook(code) if self.spec.get("adapt") else None
+        if hook is not None:
+            self.adapter = ScoreFirstAdapter(hook[0], hook[1])
+        return output_kind(self.model)
+
+    def forward(self, rows: int, length: int) -> list[int]:
+        assert self.model is not None
+        n = rows * length
+        x_BL = self.inbuf.tensor(torch.int64, n).view(rows, length).to(self.device, copy=True)
+        grad = torch.no_grad if self.adapter is not None else torch.inference_mode
+        with grad(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.dtype == "bfloat16"):
+            out = self.model(x_BL)
+        if not isinstance(out, torch.Tensor):
+            raise ValueError(
+                f"model forward returned {type(out).__name__}; it must return logits [batch, seq, vocab]"
+            )
+        if out.ndim != 3 or tuple(out.shape[:2]) != (rows, length):
+            raise ValueError(
+                f"model returned logits of shape {tuple(out.shape)}; expected ({rows}, {length}, V)"
+            )
+        V = int(out.shape[2])
+        if n * V * 4 > self.outbuf.nbytes:
+            raise ValueError(
+                f"model returned V = {V} logits per position: more than the scorer's buffer holds"
+            )
+        self.outbuf.tensor(torch.float32, n * V).view(rows, length, V).copy_(out)
+        return [rows, length, V]
+
+    def handle(self, msg: dict[str, Any]) -> dict[str, Any] | None:
+        op = msg.get("op")
+        self.inbuf.remap(int(msg.get("in_bytes", self.inbuf.nbytes)))
+        if op == "forward":
+            return {"reply": "ok", "shape": self.forward(int(msg["rows"]), int(msg["length"]))}
+        if op == "chunk_begin":
+            assert self.model is not None and self.adapter is not None
+            self.adapter.before_chunk(self.model, int(msg["chunk"]))
+            return {"reply": "ok"}
+        if op == "adapt":
+            assert self.model is not None and self.adapter is not None
+            n = int(msg["n"])
+            tokens = self.inbuf.array("int64", n).copy()  # a fresh array: exactly the scored tokens
+            self.adapter.after_chunk(self.model, int(msg["chunk"]), tokens, int(msg["first_position"]))
+            return {"reply": "ok", "adapt_time_s": self.adapter.adapt_time_s}
+        if op == "quit":
+            return None
+        raise ValueError(f"unknown message {op!r}")
+
+    def serve(self) -> int:
+        try:
+            output = self.build()
+        except BaseException as e:  # noqa: BLE001 - the boundary: every failure becomes a reply
+            return self._fail(e)
+        send(
+            self.sock,
+            {"reply": "ready", "wire_version": WIRE_VERSION, "output": output, **_facts(self.memory)},
+        )
+        while True:
+            msg = recv(self.sock)
+            try:
+                reply = self.handle(msg)
+            except BaseException as e:  # noqa: BLE001
+                return self._fail(e)
+            if reply is None:
+                return 0
+            send(self.sock, reply)
+
+    memory = "none"
+
+    def _fail(self, e: BaseException) -> int:
+        message = "".join(traceback.format_exception(e))[-4000:]
+        try:
+            send(self.sock, {"reply": "error", "kind": error_kind(e), "message": message})
+        except OSError:
+            pass
+        print(message, file=sys.stderr, flush=True)
+        return 1
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m scoring.worker SPEC_JSON  (started by the scorer)", file=sys.stderr)
+        return 2
+    spec = json.loads(argv[0])
+    if spec.get("format") != WORKER_SPEC_FORMAT or spec.get("format_version") != WORKER_SPEC_VERSION:
+        print(f"not a {WORKER_SPEC_FORMAT} v{WORKER_SPEC_VERSION} spec", file=sys.stderr)
+        return 2
+    sys.dont_write_bytecode = True
+    torch.set_num_threads(int(spec["threads"]) or torch.get_num_threads())
+    if spec["device"] == "cpu":
+        from scoring.score.evaluate import tune_cpu_allocator
+
+        tune_cpu_allocator()
+    worker = Worker(spec)
+    worker.memory = (
+        limit_memory(int(spec.get("memory_limit_bytes", 0))) if spec["device"] == "cpu" else "none (CUDA)"
+    )
+    return worker.serve()

@@ -1,0 +1,159 @@
+"""What crosses between the scorer and a model worker: small JSON messages and two shared buffers.
+
+- Messages travel over a SOCK_SEQPACKET socket pair (message boundaries kept by the kernel), each a
+  JSON object of at most MAX_MESSAGE_BYTES. The scorer treats every reply as hostile input: it is
+  size-bounded, parsed, and every field it uses is type- and range-checked (`Reply`).
+- Tensors travel through two anonymous shared-memory files (memfd) that the scorer creates and
+  passes to the worker at start: `inbuf` (int64 token ids the scorer writes: a batch of windows, or
+  the tokens of a scored chunk for adaptation) and `outbuf` (float32 logits the worker writes, row
+  major [B, L, V]). Neither has a path, so no file rule is needed and nothing else can open them.
+  After a `forward` reply, the scorer reads the logits out of `outbuf` into its own memory (the
+  float64 loss buffer) before it sends the next message: the worker is idle then, and whatever it
+  wrote later could only change values the scorer has already copied.
+
+Messages, scorer -> worker (`op`): forward {rows, length}; chunk_begin {chunk}; adapt {chunk, n,
+first_position}; quit. Worker -> scorer: ready {output, pid, facts}; ok {shape} (forward) or ok {}
+(the others); error {kind, message} with kind one of ERROR_KINDS.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+WIRE_VERSION = 1
+MAX_MESSAGE_BYTES = 1 << 16
+ERROR_KINDS = ("error", "illegal", "out_of_memory")
+"""How a worker says it failed: its code raised, it broke a rule (score-first), or it ran out of memory."""
+
+
+class WorkerGone(RuntimeError):
+    """The worker closed its end (it exited or was killed)."""
+
+
+class WireError(ValueError):
+    """A message that breaks the protocol (too big, not JSON, wrong fields): the worker is not believed."""
+
+
+def socket_pair() -> tuple[socket.socket, socket.socket]:
+    """(scorer end, worker end); the worker end is inheritable so it survives exec."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    b.set_inheritable(True)
+    return a, b
+
+
+def send(sock: socket.socket, msg: dict[str, Any]) -> None:
+    data = json.dumps(msg, allow_nan=False).encode()
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise WireError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    sock.sendall(data)
+
+
+def recv(sock: socket.socket, timeout_s: float | None = None) -> dict[str, Any]:
+    """One message; TimeoutError past `timeout_s`, WorkerGone at end of stream, WireError if malformed."""
+    sock.settimeout(timeout_s)
+    data = sock.recv(MAX_MESSAGE_BYTES + 1)
+    if not data:
+        raise WorkerGone("the worker closed the connection")
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise WireError(f"a message over {MAX_MESSAGE_BYTES} bytes")
+    try:
+        msg = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise WireError(f"a message that is not JSON: {data[:80]!r}") from e
+    if not isinstance(msg, dict):
+        raise WireError(f"a message that is not an object: {data[:80]!r}")
+    return msg
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A worker's reply, checked field by field."""
+
+    kind: str
+    """"ready", "ok" or "error"."""
+    fields: dict[str, Any]
+
+    @staticmethod
+    def parse(msg: dict[str, Any]) -> Reply:
+        kind = msg.get("reply")
+        if kind not in ("ready", "ok", "error"):
+            raise WireError(f"a reply of unknown kind {kind!r}")
+        if kind == "error":
+            if msg.get("kind") not in ERROR_KINDS or not isinstance(msg.get("message"), str):
+                raise WireError("an error reply without a known kind and a message")
+        return Reply(kind, msg)
+
+    def shape(self, rows: int, length: int, vocab_size: int, max_vocab: int) -> tuple[int, int, int]:
+        """The [B, L, V] of a forward reply, checked against the batch sent and the buffer's room."""
+        s = self.fields.get("shape")
+        if not (isinstance(s, list) and len(s) == 3 and all(type(v) is int for v in s)):
+            raise WireError(f"a forward reply without a [B, L, V] shape: {s!r}")
+        if s[0] != rows or s[1] != length or not vocab_size <= s[2] <= max_vocab:
+            raise ValueError(
+                f"model returned logits of shape {tuple(s)}; expected ({rows}, {length}, V) with "
+                f"{vocab_size} <= V <= {max_vocab}"
+            )
+        return s[0], s[1], s[2]
+
+
+class SharedBuffer:
+    """A memfd-backed buffer mapped in both processes; grown by its creator, re-mapped by the other side."""
+
+    def __init__(self, fd: int, nbytes: int):
+        self.fd = fd
+        self.nbytes = 0
+        self._map: mmap.mmap | None = None
+        self.remap(nbytes)
+
+    @staticmethod
+    def create(name: str, nbytes: int) -> SharedBuffer:
+        fd = os.memfd_create(f"pgolf-{name}", os.MFD_CLOEXEC)
+        os.ftruncate(fd, max(nbytes, 8))
+        os.set_inheritable(fd, True)
+        return SharedBuffer(fd, max(nbytes, 8))
+
+    def grow(self, nbytes: int) -> None:
+        """Creator side: make room for `nbytes` (the other side re-maps when told the new size)."""
+        if nbytes > self.nbytes:
+            os.ftruncate(self.fd, nbytes)
+            self.remap(nbytes)
+
+    def remap(self, nbytes: int) -> None:
+        if self._map is not None and nbytes == self.nbytes:
+            return
+        if os.fstat(self.fd).st_size < nbytes:
+            raise WireError(f"shared buffer holds {os.fstat(self.fd).st_size} bytes, {nbytes} announced")
+        if self._map is not None:
+            self._map.close()
+        self._map = mmap.mmap(self.fd, nbytes)
+        self.nbytes = nbytes
+
+    def array(self, dtype: np.dtype[Any] | type, count: int) -> np.ndarray:
+        """A numpy view of the first `count` items (no copy)."""
+        assert self._map is not None
+        return np.frombuffer(self._map, dtype=dtype, count=count)
+
+    def tensor(self, dtype: torch.dtype, count: int) -> torch.Tensor:
+        """A torch view of the first `count` items (no copy): valid until the buffer is re-mapped."""
+        np_dtype = {torch.int64: np.int64, torch.float32: np.float32}[dtype]
+        return torch.from_numpy(self.array(np_dtype, count))
+
+    def close(self) -> None:
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a view still exported: the mapping goes with the process
+                pass
+            self._map = None
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
