@@ -18,6 +18,7 @@ from data.io import sha256_file, write_json_atomic
 from data.manifest import MANIFEST_NAME, Manifest
 from data.shards import read_split
 from data.tokenizer import load_tokenizer
+from harness.api import API_VERSION
 from harness.config import ResolvedConfig
 from harness.records.provenance import git_commit, hardware, library_versions
 from scoring.score.evaluate import unigram_bpb
@@ -52,6 +53,7 @@ def build_result(
     result: dict[str, Any] = {
         "format": RESULT_FORMAT,
         "format_version": RESULT_FORMAT_VERSION,
+        "api_version": API_VERSION,
         "status": status,
         "verification": "unverified",
         "submission": {

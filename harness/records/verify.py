@@ -42,6 +42,8 @@ from data.manifest import MANIFEST_NAME, load_manifest, make_split_view
 from harness.run.staging import stage_model_code
 from scoring.artifact.cap import counted_files
 from scoring.artifact.format import ArtifactError, read_artifact
+from scoring.score.cli import ScoreRequest
+from scoring.score.evaluate import EvalConfig
 
 VERIFY_FORMAT = "pg-verification"
 VERIFY_FORMAT_VERSION = 1
@@ -186,41 +188,37 @@ def receipt_checks(
     return checks
 
 
-def rescore_command(
-    result: dict[str, Any], artifact: Path, staged: Path, val_view: Path, out: Path, cfg: VerifyConfig
-) -> list[str]:
+def rescore_request(
+    result: dict[str, Any],
+    artifact: Path,
+    staged: Path,
+    val_view: Path,
+    out: Path,
+    data_dir: Path,
+    cfg: VerifyConfig,
+) -> ScoreRequest:
+    """The run's own score request again (scoring/score/cli.py's ScoreRequest: one builder for run and verify)."""
     score = result["phases"]["score"]
     ev = (result.get("config") or {}).get("eval") or {}
-    cmd = [
-        sys.executable,
-        "-m",
-        "scoring",
-        "score",
-        str(artifact),
-        "--submission",
-        str(staged),
-        "--data",
-        str(val_view),
-        "--mode",
-        str(score["eval_mode"]),
-        "--seq-len",
-        str(score["eval_seq_len"]),
-        "--batch-seqs",
-        str(score.get("eval_batch_seqs") or ev.get("batch_seqs") or 32),
-        "--max-tokens",
-        str(score.get("eval_subset_max_tokens") or 0),
-        "--dtype",
-        str(score["eval_dtype"]),
-        "--device",
-        cfg.device or str(score.get("device") or "cpu"),
-        "--threads",
-        str(cfg.threads or score.get("threads") or 0),
-        "--json-out",
-        str(out),
-    ]
-    if score.get("eval_stride") and score["eval_mode"] != "standard":
-        cmd += ["--stride", str(score["eval_stride"])]
-    return cmd
+    eval_cfg = EvalConfig(
+        mode=str(score["eval_mode"]),
+        seq_len=int(score["eval_seq_len"]),
+        batch_seqs=int(score.get("eval_batch_seqs") or ev.get("batch_seqs") or 32),
+        max_tokens=score.get("eval_subset_max_tokens") or None,
+        dtype=str(score["eval_dtype"]),
+        stride=score.get("eval_stride") if score["eval_mode"] != "standard" else None,
+        adapt_chunk_tokens=int(ev.get("adapt_chunk_tokens") or EvalConfig().adapt_chunk_tokens),
+    )
+    return ScoreRequest(
+        artifact=artifact,
+        code_dir=staged,
+        data_dir=val_view,
+        eval=eval_cfg,
+        device=cfg.device or str(score.get("device") or "cpu"),
+        threads=cfg.threads or int(score.get("threads") or 0),
+        protect=(data_dir,),
+        json_out=out,
+    )
 
 
 def rescore(
@@ -239,12 +237,9 @@ def rescore(
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        request = rescore_request(result, run_dir / ARTIFACT_FILE, staged, view, out, data_dir, cfg)
         proc = subprocess.run(
-            [
-                *rescore_command(result, run_dir / ARTIFACT_FILE, staged, view, out, cfg),
-                "--protect",
-                str(data_dir),
-            ],
+            [sys.executable, "-m", "scoring", *request.to_argv()],
             capture_output=True,
             text=True,
             env=env,
@@ -252,7 +247,7 @@ def rescore(
             check=False,
         )
         tail = (proc.stdout + proc.stderr)[-3000:]
-        if proc.returncode != 0 or not out.is_file():
+        if proc.returncode != 0 or not out.is_file() or read_json(out).get("status", "ok") != "ok":
             return None, tail
         return read_json(out, what="re-score record"), tail
 

@@ -21,6 +21,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from data.io import sha256_file
+from harness.api import API_VERSION
 from scoring.artifact.cap import CapCheck, code_bytes, counted_files
 from scoring.artifact.codecs import StateDict, get_codec
 from scoring.artifact.format import artifact_codec, build_header, decode_state, read_artifact, write_artifact
@@ -72,6 +73,7 @@ def pack_state(
     record = {
         "format": PACK_FORMAT,
         "format_version": PACK_FORMAT_VERSION,
+        "api_version": API_VERSION,
         "codec": {"name": codec.name, "version": codec.version},
         "artifact": str(Path(out)),
         "artifact_sha256": sha256_file(out),

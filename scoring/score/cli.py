@@ -137,6 +137,8 @@ def failure_record(status: str, exc: BaseException) -> dict[str, Any]:
 
 def cmd_score(args: argparse.Namespace) -> int:
     req = ScoreRequest.from_args(args)
+    if req.json_out is not None:  # a new folder is made now, before the scorer confines itself to it
+        req.json_out.resolve().parent.mkdir(parents=True, exist_ok=True)
     write_dirs = [req.json_out.resolve().parent] if req.json_out else []
     try:
         record = score_artifact(
