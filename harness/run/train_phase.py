@@ -9,10 +9,14 @@ trying to read a validation shard from inside it, then runs
     python -m isolation.sandbox enter POLICY --                               (Landlock, capabilities)
     torchrun ... -m harness.train.rank SPEC                                      (harness/run/launch.py)
 
-under `supervise` (harness/run/launch.py). Outputs are moved to the run folder only as regular files;
-the log, the policy and the run folder itself stay out of the sandbox's reach. A phase that ends
-on time can still be `over_budget`: when a rank took a batch or ticked after the stop reading.
-The returned record is what result.json keeps as phases.train.
+under `supervise` (harness/run/launch.py), whose ClockServer keeps the clock that counts and is the
+only way to the training shards: they are outside the sandbox's rules (of the view, only its manifest
+is readable), and a rank gets them as read-only descriptors over the wire when it asks for its first
+batch. The state is handed over the same way and moved out of the ranks' reach. Other outputs are
+moved to the run folder only as regular files; the log, the policy and the run folder itself stay
+out of the sandbox's reach. A phase that ends on time can still be `over_budget`: when a rank took a
+batch or ticked after the stop reading. The returned record is what result.json keeps as
+phases.train: its times are the supervisor's; what train.json (the rank) says never replaces them.
 
 `run_sealed_pack` runs `pgolf pack` for a submission's own codec.py the same way: its encode() is
 training-side code, so it gets the sandbox and what is left of train_s + grace_s on the clock.
@@ -35,9 +39,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from data.manifest import load_manifest, make_split_view
+from data.loader import train_shard_paths
+from data.manifest import MANIFEST_NAME, load_manifest, make_split_view
 from harness.run.launch import (
     LEFTOVER_WAIT_S,
+    ClockServer,
     LaunchConfig,
     kill_session,
     reap_token_processes,
@@ -45,7 +51,7 @@ from harness.run.launch import (
     torchrun_command,
 )
 from harness.run.staging import stage_folder
-from harness.train.clock import CLOCK_MARKER, BudgetConfig
+from harness.train.clock import BudgetConfig
 from harness.train.rank import METRICS_FILE, SPEC_FORMAT, SPEC_FORMAT_VERSION, STATE_FILE, TRAIN_RECORD
 from isolation.monitor import parse_attempts
 from isolation.sandbox import TOKEN_ENV, WARNING_PREFIX, SandboxPlan, plan_sandbox
@@ -55,7 +61,8 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 STAGE_IGNORE = ("*.pgolf", "*.safetensors")
 """Counted files training is not given (caches, .git, runs/ and bytecode are never staged: harness/run/staging.py)."""
 SCRUBBED_ENV = ("PG_DATA_DIR", "PGOLF_DATA", "HF_HOME", "HF_DATASETS_CACHE")
-OUTPUT_FILES = (STATE_FILE, TRAIN_RECORD, METRICS_FILE, CLOCK_MARKER)
+OUTPUT_FILES = (TRAIN_RECORD, METRICS_FILE)
+"""What the ranks leave in their output folder; the state is not among them: the supervisor takes it at the handover."""
 
 
 def compile_cache_dir(out: Path) -> Path:
@@ -180,6 +187,15 @@ def run_train_phase(
     stage_folder(submission_dir, staged_sub, exclude=STAGE_IGNORE)  # the folder rules: harness/run/staging.py
     manifest = load_manifest(data_root)
     val_shards = manifest.shard_paths("val")
+    # the supervisor's end of the wire; at the handover it moves the state here, out of the ranks' reach
+    handed_state = stage / f"handed-{STATE_FILE}"
+    wire = ClockServer(
+        shards=train_shard_paths(train_view, train_shards or None),
+        local_ranks=launch.nproc_per_node,
+        warmup_max_s=budget.warmup_max_s,
+        state_src=out / STATE_FILE,
+        state_dest=handed_state,
+    )
     (stage / "spec.json").touch()  # a rule needs the file to exist; written below, once the plan is known
     token = secrets.token_hex(8)
     env = phase_env(
@@ -191,7 +207,7 @@ def run_train_phase(
         device=device,
         multi_node=launch.nnodes > 1,
         project_root=PROJECT_ROOT,
-        read_paths=[train_view, staged_sub, stage / "spec.json"],
+        read_paths=[train_view / MANIFEST_NAME, staged_sub, stage / "spec.json"],  # shards: over the wire
         write_paths=[out, compile_cache_dir(out)],
         protected=[data_root, *val_shards],
         private=[stage_root],
@@ -205,7 +221,8 @@ def run_train_phase(
         "format": SPEC_FORMAT,
         "format_version": SPEC_FORMAT_VERSION,
         "submission_dir": str(staged_sub),
-        "data_dir": str(train_view),
+        "wire": wire.address(),
+        "vocab_size": manifest.vocab_size,
         "out_dir": str(out),
         "model_config": model_config,
         "hparams": hparams,
@@ -214,7 +231,6 @@ def run_train_phase(
         "warmup_max_s": budget.warmup_max_s,
         "device": device,
         "threads": launch.threads_per_rank(),
-        "train_shards": train_shards,
         "save_state": save_state,
         "monitor_rules": [{"path": r.path, "access": r.access} for r in plan.rules]
         if plan.mode != "off"
@@ -267,8 +283,11 @@ def run_train_phase(
         env,
         token,
         leftover_wait_s=LEFTOVER_WAIT_S if "pid" in plan.namespaces else 0.0,
+        wire=wire,
     )
     _collect(out, run_dir)
+    if handed_state.is_file():
+        shutil.move(str(handed_state), str(run_dir / STATE_FILE))
     shutil.rmtree(stage, ignore_errors=True)
     log_text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
     attempts = parse_attempts(log_text)
@@ -280,8 +299,13 @@ def run_train_phase(
         "detail": outcome.detail,
         "returncode": outcome.returncode,
         "startup_s": outcome.startup_s,
+        "train_time_s": outcome.train_time_s,  # the supervisor's clock; the rank's is rank_reported_train_s
+        "off_clock_s": outcome.off_clock_s,
         "clock_to_exit_s": outcome.clock_to_exit_s,
         "off_clock_accepted_s": outcome.off_clock_s,
+        "clock": outcome.clock,
+        **wire.data_record(),
+        "world_size": launch.nnodes * launch.nproc_per_node,
         "leftover_processes_killed": len(outcome.leftover_pids),
         "process_token": token,
         "launch": {
@@ -299,8 +323,8 @@ def run_train_phase(
             record.update(status="error", detail="training exited 0 but wrote no train.json")
         else:
             worker = json.loads(train_json.read_text(encoding="utf-8"))
-            record.update(
-                {k: v for k, v in worker.items() if k not in ("status", "format", "format_version")}
+            record.update(  # what the rank says never replaces what the supervisor measured
+                {k: v for k, v in worker.items() if k not in record and k not in ("format", "format_version")}
             )
             if worker.get("ticks_after_stop") or worker.get("batches_after_stop"):
                 record.update(

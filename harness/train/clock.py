@@ -1,31 +1,37 @@
-"""The budget clock. It is the harness's: a submission reads it, never sets it.
+"""The budget clock as a rank sees it: readings, the stop step, the off-clock warm-up. Not the record.
+
+The clock that counts is the supervisor's (harness/run/launch.py, `ClockServer`): it timestamps the
+wire messages (harness/train/wire.py) this clock sends, on receipt, with its own clock, and the
+result's train_time_s is its figure. This side gives the submission its readings, from the same
+origin, so an honest rank's readings agree with the supervisor's to within a message's latency:
 
 - The clock starts, on every rank at once (after a barrier), just before the submission's train.py
-  is imported; process-group setup and the harness's own imports come before it, under the separate
-  `startup_s` allowance.
+  is imported: each rank sends `clock_start` and sets its origin from the reply (seconds since the
+  node's clock started). Process-group setup and the harness's own imports come before it, under the
+  separate `startup_s` allowance.
 - `tick()` is one collective per step: each rank reads its own elapsed time (after synchronising its
   device), the ranks all-reduce (elapsed, over-budget flag) with MAX into a preallocated buffer, and
   all get the same reading. So every rank stops at the same step, and LR schedules driven by elapsed
-  time agree. There is no other per-step work.
-- `warmup(...)` is the only time off the clock: once, before the first tick, on synthetic tokens,
-  with the training data closed; the named modules, optimizers and RNGs are snapshotted before and
-  restored after, then verified bit-identical. At most `warmup_max_s` of it is off the clock.
-- Local rank 0 of each node writes a marker file when the clock starts (and again after a warm-up);
-  the supervising process (harness/run/launch.py) kills the whole phase at clock start + off-clock time
-  + train_s + grace_s, trusting the marker's off-clock time only up to `warmup_max_s`.
+  time agree. There is no other per-step work, and no message.
+- `warmup(...)` is the only time off the clock: once, before the first tick and the first batch, on
+  synthetic tokens; the named modules, optimizers and RNGs are snapshotted before and restored after,
+  then verified bit-identical. Its bounds are sent as `warmup_begin`/`warmup_end`; the supervisor
+  says how much is off the clock (at most `warmup_max_s`, nothing if data reached a rank first), and
+  the ranks take the least of their answers. While it runs the supervisor hands out no data.
+- `DataGate` wraps the token stream: closed during warm-up (the friendly refusal; the supervisor's
+  is the one that holds), and counts batches taken after the stop reading.
+
+Without a wire (unit tests, `pgolf bench runner`'s in-process timing) the clock times itself.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import math
-import os
 import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,8 +40,7 @@ import torch.distributed as dist
 from torch import nn
 
 from harness.api import ClockReading, DistInfo, WarmupReport
-
-CLOCK_MARKER = "clock_start.json"
+from harness.train.wire import WireClient
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,39 +67,41 @@ class DataGate:
     """Wraps the token stream: closed during warm-up, and counts batches taken after the stop reading."""
 
     def __init__(self, stream: Any, clock: HarnessClock):
-        self._stream, self._clock = stream, clock
+        self._loader, self._clock = stream, clock
         self.batches_after_stop = 0
 
     def next_batch(self, batch_tokens: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._clock.in_warmup:
+        clock = self._clock
+        if clock.in_warmup:
             raise RuntimeError(
                 "ctx.data is closed during ctx.clock.warmup(): train on the synthetic batch it passes"
             )
-        if self._clock.last.stop:
+        clock.data_taken = True
+        if clock.last.stop:
             self.batches_after_stop += 1
-        return self._stream.next_batch(batch_tokens, seq_len)
+        return self._loader.next_batch(batch_tokens, seq_len)
 
     @property
     def tokens_consumed(self) -> int:
-        return self._stream.tokens_consumed
+        return self._loader.tokens_consumed
 
 
 class HarnessClock:
-    """Implements harness.api.BudgetClock."""
+    """Implements harness.api.BudgetClock. `wire`: the rank's connection to its supervisor (None: self-timed)."""
 
     def __init__(
-        self, budget_s: float, dist_info: DistInfo, marker_dir: Path | None = None, warmup_max_s: float = 0.0
+        self, budget_s: float, dist_info: DistInfo, wire: WireClient | None = None, warmup_max_s: float = 0.0
     ):
         self.budget_s = float(budget_s)
         self.warmup_max_s = float(warmup_max_s)
         self._dist = dist_info
-        self._marker_dir = marker_dir
+        self._wire = wire
         self._t0: float | None = None
-        self._t0_unix = 0.0
         self.off_clock_s = 0.0
         self.steps = 0
         self.ticks_after_stop = 0
         self.in_warmup = False
+        self.data_taken = False
         self.warmup_report: WarmupReport | None = None
         self.last = ClockReading(0.0, self.budget_s, False)
         self._cuda = dist_info.device.type == "cuda"
@@ -108,24 +115,8 @@ class HarnessClock:
         if self._dist.distributed:
             dist.barrier()
         self.sync()
-        self._t0 = time.perf_counter()
-        self._t0_unix = time.time()
-        self._write_marker()
-
-    def _write_marker(self) -> None:
-        if self._marker_dir is None:
-            return
-        tmp = self._marker_dir / f".{CLOCK_MARKER}.tmp"
-        tmp.write_text(
-            json.dumps(
-                {
-                    "clock_start_unix_s": self._t0_unix,
-                    "off_clock_s": self.off_clock_s,
-                    "budget_s": self.budget_s,
-                }
-            )
-        )
-        os.replace(tmp, self._marker_dir / CLOCK_MARKER)
+        since = self._wire.clock_start() if self._wire is not None else 0.0
+        self._t0 = time.monotonic() - since
 
     def sync(self) -> None:
         if self._cuda:
@@ -134,7 +125,7 @@ class HarnessClock:
     def elapsed_s(self) -> float:
         if self._t0 is None:
             return 0.0
-        return time.perf_counter() - self._t0 - self.off_clock_s
+        return time.monotonic() - self._t0 - self.off_clock_s
 
     def tick(self) -> ClockReading:
         self.sync()
@@ -173,14 +164,23 @@ class HarnessClock:
     ) -> WarmupReport:
         if self._t0 is None or self.steps or self.last.stop or self.ticks_after_stop:
             raise RuntimeError("ctx.clock.warmup() must come before the first ctx.clock.tick()")
+        if self.data_taken:
+            raise RuntimeError(
+                "ctx.clock.warmup() must come before the first ctx.data.next_batch(): "
+                "once a rank holds training data nothing is off the clock"
+            )
         if self.warmup_report is not None:
             raise RuntimeError("ctx.clock.warmup() may be called once per run")
         if steps < 0 or batch_tokens <= 0 or batch_tokens % seq_len:
             raise ValueError(
                 f"warmup: steps >= 0 and batch_tokens a multiple of seq_len, got {steps}, {batch_tokens}, {seq_len}"
             )
+        if self._dist.distributed:  # begin together: the supervisor credits only time all ranks spend in it
+            dist.barrier()
         self.sync()
-        t0 = time.perf_counter()
+        t0 = time.monotonic()
+        if self._wire is not None:
+            self._wire.warmup_begin()
         snap = Snapshot(modules, optimizers, self._cuda)
         gen = torch.Generator().manual_seed(0)
         self.in_warmup = True
@@ -192,20 +192,23 @@ class HarnessClock:
         finally:
             self.in_warmup = False
             snap.restore()
-        verified = snap.verify()
+            verified = snap.verify()
+            credit = (
+                self._wire.warmup_end()
+                if self._wire is not None
+                else min(time.monotonic() - t0, self.warmup_max_s)
+            )
         if not verified:
             raise RuntimeError(
                 "warm-up left the weights or optimizer state changed after restoring them; refusing to continue"
             )
-        dur = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-        if self._dist.distributed:  # the least generous rank's duration: all ranks agree
-            dev = dur.to(self._dist.device) if self._dist.backend == "nccl" else dur
+        off = torch.tensor([credit], dtype=torch.float64)
+        if self._dist.distributed:  # the least generous rank's credit: all ranks agree
+            dev = off.to(self._dist.device) if self._dist.backend == "nccl" else off
             dist.all_reduce(dev, op=dist.ReduceOp.MIN)
-            dur = dev.cpu()
-        off = min(float(dur[0]), self.warmup_max_s)
-        self.off_clock_s += off
-        self._write_marker()
-        self.warmup_report = WarmupReport(steps=steps, off_clock_s=off, verified=verified)
+            off = dev.cpu()
+        self.off_clock_s += float(off[0])
+        self.warmup_report = WarmupReport(steps=steps, off_clock_s=float(off[0]), verified=verified)
         return self.warmup_report
 
 

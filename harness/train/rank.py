@@ -1,11 +1,17 @@
 """One training rank, started by torchrun: `python -m harness.train.rank SPEC.json` (inside the sandbox).
 
 It sets up the process (threads, seeds, TF32, device, process group: NCCL with one GPU per rank,
-gloo on CPU), installs the access monitor (isolation/sandbox.py), builds the TrainContext from the spec
-the supervisor wrote, starts the clock on every rank at once, then imports the submission's train.py
-and calls train(ctx). Local rank 0 of each node writes train.json (global rank 0 also saves the
-returned state as safetensors: no pickle) into the phase's output folder, the only folder it may
-write; the supervisor moves them into the run folder after the phase.
+gloo on CPU), connects to its node's supervisor over the wire (harness/train/wire.py: the spec names
+the socket and the phase's secret), installs the access monitor (isolation/sandbox.py), builds the
+TrainContext from the spec the supervisor wrote, starts the clock on every rank at once (the
+supervisor timestamps it), then imports the submission's train.py and calls train(ctx). The training
+shards are outside the sandbox: ctx.data asks the supervisor for their descriptors on the first batch.
+
+When train(ctx) returns, global rank 0 saves the returned state as safetensors (no pickle) in the
+phase's output folder, the only folder it may write, and hands it over (`done` with state: the
+supervisor moves it out of reach and stops the clock there); the other ranks say `done`. Then local
+rank 0 of each node writes train.json: what the rank saw (steps, tokens, its own clock readings as
+`rank_reported_*`), informational only; the figures that count are the supervisor's.
 
 Exceptions from the submission are caught here, at the boundary: the traceback goes to
 OUT/train_error_rank{R}.txt and the rank exits non-zero (without a barrier, which would hang on the
@@ -33,19 +39,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from data.loader import DistributedTokenLoader, train_shard_paths
-from data.manifest import load_manifest
+from data.loader import OnDemandTokenStream
 from harness.api import DistInfo, TrainContext, TrainingComplete, TrainResult
 from harness.train.clock import DataGate, HarnessClock
+from harness.train.wire import WireClient
 from isolation.monitor import monitor_from_rules
 
 STATE_FILE = "state.safetensors"
 TRAIN_RECORD = "train.json"
 METRICS_FILE = "metrics.jsonl"
 TRAIN_FORMAT = "pg-train"
-TRAIN_FORMAT_VERSION = 2
+TRAIN_FORMAT_VERSION = 3
 SPEC_FORMAT = "pg-train-spec"
-SPEC_FORMAT_VERSION = 1
+SPEC_FORMAT_VERSION = 2
 
 
 class RankLogger:
@@ -165,15 +171,12 @@ def main(spec_path: str) -> int:
         raise ValueError(f"{spec_path} is not a {SPEC_FORMAT} v{SPEC_FORMAT_VERSION} spec")
     out_dir = Path(spec["out_dir"])
     info = setup_process(spec["device"], spec["threads"], spec["seed"])
+    wire = WireClient.connect(spec["wire"], rank=info.rank, local_rank=info.local_rank)
     if spec.get("monitor_rules") is not None:
         sys.addaudithook(monitor_from_rules(spec["monitor_rules"], info.rank, spec["submission_dir"]))
-    manifest = load_manifest(spec["data_dir"])
-    paths = train_shard_paths(spec["data_dir"], spec["train_shards"] or None)
-    loader = DistributedTokenLoader(paths, info.rank, info.world_size, info.device, pin_memory=True)
-    clock = HarnessClock(
-        spec["budget_s"], info, out_dir if info.local_rank == 0 else None, spec["warmup_max_s"]
-    )
-    gate = DataGate(loader, clock)
+    stream = OnDemandTokenStream(wire.data, info.rank, info.world_size, info.device, pin_memory=True)
+    clock = HarnessClock(spec["budget_s"], info, wire, spec["warmup_max_s"])
+    gate = DataGate(stream, clock)
     log = RankLogger(info.is_main, out_dir)
     scratch = out_dir / "scratch" / f"rank{info.rank}"
     scratch.mkdir(parents=True, exist_ok=True)
@@ -185,7 +188,7 @@ def main(spec_path: str) -> int:
         clock=clock,
         log=log,
         seed=spec["seed"],
-        vocab_size=manifest.vocab_size,
+        vocab_size=spec["vocab_size"],
         submission_dir=Path(spec["submission_dir"]),
         scratch_dir=scratch,
     )
@@ -201,7 +204,7 @@ def main(spec_path: str) -> int:
         except TrainingComplete as done:
             result = done.result
         clock.sync()
-        train_time_s = clock.elapsed_s()
+        rank_train_s = clock.elapsed_s()
         state = state_of(result) if info.is_main else {}
     except Exception:  # noqa: BLE001 - the boundary: any submission failure is recorded, not raised
         (out_dir / f"train_error_rank{info.rank}.txt").write_text(traceback.format_exc(), encoding="utf-8")
@@ -209,11 +212,12 @@ def main(spec_path: str) -> int:
         if info.distributed:
             os._exit(1)  # a barrier would hang on the other ranks; torchrun stops them
         return 1
-    train_time_s, after_stop, ticks_after = _agree(
-        info, [train_time_s, gate.batches_after_stop, clock.ticks_after_stop]
+    rank_train_s, after_stop, ticks_after = _agree(
+        info, [rank_train_s, gate.batches_after_stop, clock.ticks_after_stop]
     )
     save_s = 0.0
-    if info.is_main and spec.get("save_state", True):
+    hand_over = info.is_main and spec.get("save_state", True)
+    if hand_over:
         from safetensors.torch import save_file
 
         t0 = time.perf_counter()
@@ -223,6 +227,7 @@ def main(spec_path: str) -> int:
         )
         os.replace(tmp, out_dir / STATE_FILE)
         save_s = time.perf_counter() - t0
+    wire.done(state=hand_over)  # with the state: the supervisor takes it, and its clock stops here
     if info.local_rank == 0:
         warm = clock.warmup_report
         _write_json(
@@ -232,30 +237,27 @@ def main(spec_path: str) -> int:
                 "format_version": TRAIN_FORMAT_VERSION,
                 "role": "main" if info.is_main else "secondary_node",
                 "status": "ok",
-                "train_time_s": train_time_s,
-                "off_clock_s": clock.off_clock_s,
-                "warmup": warm._asdict() if warm else None,
+                "rank_reported_train_s": rank_train_s,
+                "rank_reported_off_clock_s": clock.off_clock_s,
+                "rank_reported_warmup": warm._asdict() if warm else None,
+                "rank_setup_s": setup_s,
+                "rank_save_s": save_s,
                 "steps": clock.steps,
                 "stopped_by_clock": clock.last.stop,
                 "ticks_after_stop": int(ticks_after),
                 "batches_after_stop": int(after_stop),
-                "tokens_seen": loader.tokens_consumed,
-                **loader.describe(),
+                "tokens_seen": stream.tokens_consumed,
+                "world_size": info.world_size,
                 "backend": info.backend,
                 "device": str(info.device.type),
                 "threads_per_rank": torch.get_num_threads(),
-                "phase_times_s": {
-                    "setup": setup_s,
-                    "train": train_time_s,
-                    "off_clock": clock.off_clock_s,
-                    "save": save_s,
-                },
                 "process": _process_facts(),
             },
         )
     if info.distributed:
         dist.barrier()  # without it, gloo ranks tearing down at once can crash at exit
         dist.destroy_process_group()
+    wire.close()
     return 0
 
 

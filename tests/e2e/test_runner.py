@@ -12,6 +12,7 @@ Fixture submissions (tests/fixtures/submissions/) on a tiny byte260 dataset:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import threading
@@ -69,18 +70,28 @@ def test_one_rank_run_records_the_phase(one_rank):
     rec, run_dir = one_rank
     assert rec["status"] == "ok", rec
     assert rec["steps"] == 12 and rec["tokens_seen"] == 12 * 2 * 256 and rec["world_size"] == 1
-    assert (
-        rec["warmup"]["verified"]
-        and rec["off_clock_s"] > 0
-        and rec["off_clock_accepted_s"] == pytest.approx(rec["off_clock_s"])
-    )
+    assert rec["rank_reported_warmup"]["verified"] and rec["off_clock_s"] > 0
+    assert rec["off_clock_accepted_s"] == rec["off_clock_s"]
     assert (
         rec["ticks_after_stop"] == 0
         and rec["batches_after_stop"] == 0
         and rec["leftover_processes_killed"] == 0
     )
-    assert set(rec["phase_times_s"]) == {"setup", "train", "off_clock", "save"} and rec["startup_s"] > 0
-    assert (run_dir / "state.safetensors").is_file() and (run_dir / "train.json").is_file()
+    assert (
+        rec["startup_s"] > 0
+        and (run_dir / "state.safetensors").is_file()
+        and (run_dir / "train.json").is_file()
+    )
+    # the supervisor's clock: its train_time_s ends at the state's handover; the rank's own readings
+    # (same origin, same credit up to a message's latency) are kept, clearly named, and never larger
+    clock = rec["clock"]
+    assert clock["measured_by"] == "supervisor" and clock["ended_by"] == "state_handover"
+    assert clock["state_sha256"] == hashlib.sha256((run_dir / "state.safetensors").read_bytes()).hexdigest()
+    assert rec["rank_reported_train_s"] <= rec["train_time_s"] < rec["rank_reported_train_s"] + 1.0
+    assert abs(rec["rank_reported_off_clock_s"] - rec["off_clock_s"]) < 0.05
+    assert (
+        rec["train_shards_used"] == len(rec["train_shard_names"]) >= 1 and rec["train_tokens_available"] > 0
+    )
 
 
 def test_two_gloo_ranks_give_the_one_rank_loss_curve(one_rank, tiny_dataset, tmp_path):

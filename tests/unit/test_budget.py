@@ -1,12 +1,13 @@
 """The budget clock (harness/train/clock.py) on one rank: readings, stop bookkeeping, the off-clock warm-up.
 
-The collective side (every rank stopping at the same step) is covered end to end in
-tests/e2e/test_runner.py, where 2-rank gloo runs reproduce the 1-rank loss curve step for step.
+With a stand-in for the wire: the rank's readings take their origin and warm-up credit from the
+supervisor's answers. The supervisor's side is tested in tests/unit/test_launch.py; the collective
+side (every rank stopping at the same step) end to end in tests/e2e/test_runner.py, where 2-rank gloo
+runs reproduce the 1-rank loss curve step for step.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.api import DistInfo
-from harness.train.clock import CLOCK_MARKER, BudgetConfig, DataGate, HarnessClock, Snapshot
+from harness.train.clock import BudgetConfig, DataGate, HarnessClock, Snapshot
 
 ONE = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="none")
 
@@ -40,11 +41,28 @@ def test_budget_config_validates():
         BudgetConfig(warmup_max_s=math.inf)
 
 
-def test_clock_reads_stops_and_counts(tmp_path):
-    clock = HarnessClock(0.05, ONE, tmp_path)
+class StubWire:
+    """The supervisor's answers, as harness/train/wire.py's WireClient gives them."""
+
+    def __init__(self, since_start_s: float = 0.0, credit_s: float = 0.0):
+        self.since_start_s, self.credit_s = since_start_s, credit_s
+        self.calls: list[str] = []
+
+    def clock_start(self) -> float:
+        self.calls.append("clock_start")
+        return self.since_start_s
+
+    def warmup_begin(self) -> None:
+        self.calls.append("warmup_begin")
+
+    def warmup_end(self) -> float:
+        self.calls.append("warmup_end")
+        return self.credit_s
+
+
+def test_clock_reads_stops_and_counts():
+    clock = HarnessClock(0.05, ONE)
     clock.start()
-    marker = json.loads((tmp_path / CLOCK_MARKER).read_text())
-    assert marker["off_clock_s"] == 0.0 and marker["budget_s"] == 0.05
     r = clock.tick()
     assert not r.stop and r.remaining_s > 0 and clock.steps == 1
     time.sleep(0.06)
@@ -74,10 +92,10 @@ def _model_and_opt():
     return model, opt
 
 
-def test_warmup_trains_nothing_and_is_off_the_clock(tmp_path):
+def test_warmup_trains_nothing_and_is_off_the_clock():
     model, opt = _model_and_opt()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    clock = HarnessClock(100.0, ONE, tmp_path, warmup_max_s=60.0)
+    clock = HarnessClock(100.0, ONE, warmup_max_s=60.0)
     gate = DataGate(FakeStream(), clock)
     clock.start()
     rng = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
@@ -107,7 +125,6 @@ def test_warmup_trains_nothing_and_is_off_the_clock(tmp_path):
     assert np.array_equal(np.random.get_state()[1], rng[2])
     assert report.off_clock_s >= 0.3 and clock.off_clock_s == report.off_clock_s
     assert clock.elapsed_s() < 0.2  # the warm-up's time is not on the clock
-    assert json.loads((tmp_path / CLOCK_MARKER).read_text())["off_clock_s"] == report.off_clock_s
     with pytest.raises(RuntimeError, match="once"):
         clock.warmup(step, modules=[model], steps=1, batch_tokens=8, seq_len=4, vocab_size=16)
 
@@ -145,3 +162,30 @@ def test_snapshot_restores_optimizer_state_in_place_and_detects_changes():
     with torch.no_grad():
         next(model.parameters()).add_(1e-3)
     assert not snap.verify()
+
+
+def test_the_readings_take_the_supervisors_origin_and_credit():
+    wire = StubWire(since_start_s=5.0)  # the node's clock started 5 s before this rank's
+    clock = HarnessClock(100.0, ONE, wire, warmup_max_s=60.0)  # type: ignore[arg-type]
+    clock.start()
+    assert 5.0 <= clock.tick().elapsed_s < 5.2
+    late = HarnessClock(100.0, ONE, StubWire(credit_s=0.01), warmup_max_s=60.0)  # type: ignore[arg-type]
+    late.start()
+    model, _ = _model_and_opt()
+    report = late.warmup(
+        lambda x, y: time.sleep(0.05), modules=[model], steps=2, batch_tokens=8, seq_len=4, vocab_size=16
+    )
+    assert report.off_clock_s == 0.01 and late.off_clock_s == 0.01  # the supervisor's say, not 0.1 s
+    assert late.elapsed_s() >= 0.08
+
+
+def test_warmup_after_a_batch_is_refused():
+    wire = StubWire()
+    clock = HarnessClock(100.0, ONE, wire)  # type: ignore[arg-type]
+    gate = DataGate(FakeStream(), clock)
+    clock.start()
+    gate.next_batch(8, 4)
+    model, _ = _model_and_opt()
+    with pytest.raises(RuntimeError, match="before the first ctx.data.next_batch"):
+        clock.warmup(lambda x, y: None, modules=[model], steps=1, batch_tokens=8, seq_len=4, vocab_size=16)
+    assert wire.calls == ["clock_start"]  # the supervisor was not even asked

@@ -1,7 +1,10 @@
-"""The launcher's pieces without torch ranks: config, torchrun command, supervisor deadlines, sandbox plans.
+"""The launcher's pieces without torch ranks: config, torchrun command, the supervisor's clock and wire, sandbox plans.
 
-Supervisor tests run small Python scripts in place of torchrun (each a second or two); sandbox plan
-tests run against fake machine capabilities, so they hold on any machine, with or without Landlock.
+Supervisor tests run small Python scripts in place of torchrun, speaking the wire as ranks do (each
+under a second or two): the clock's start, end and off-clock credit are the supervisor's own; data
+is refused during a warm-up and comes as descriptors; strangers, forged fields, a planted link, a
+state changed after its handover and a rank that floods the wire are all handled. Sandbox plan tests
+run against fake machine capabilities, so they hold on any machine, with or without Landlock.
 """
 
 from __future__ import annotations
@@ -14,18 +17,18 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from harness.run.launch import (
-    POLL_S,
+    ClockServer,
     LaunchConfig,
-    _read_marker,
     processes_with_token,
     supervise,
     torchrun_command,
 )
 from harness.run.train_phase import rank_failures
-from harness.train.clock import CLOCK_MARKER, BudgetConfig
+from harness.train.clock import BudgetConfig
 from isolation.landlock import carve
 from isolation.monitor import AccessMonitor, parse_attempts
 from isolation.sandbox import TOKEN_ENV, MachineCaps, plan_sandbox
@@ -66,78 +69,185 @@ def test_torchrun_command_standalone_and_multi_node(tmp_path):
     assert "--standalone" not in cmd
 
 
-# ---- supervise, with scripts standing in for torchrun ----
+# ---- supervise and its clock, with scripts standing in for torchrun ----
+# Each script speaks the wire as a rank does (harness/train/wire.py, no torch import: ~50 ms to start).
+
+SCRIPT_HEAD = """\
+import json, os, socket, sys, time
+from harness.train.wire import WireClient, WireError
+ADDR = json.loads(sys.argv[1])
+OUT = sys.argv[2]
+def connect(local_rank=0):
+    return WireClient.connect(ADDR, rank=local_rank, local_rank=local_rank)
+"""
 
 
-def _script(tmp_path: Path, body: str) -> list[str]:
-    path = tmp_path / "fake_torchrun.py"
-    path.write_text("import json, os, sys, time\nMARKER = sys.argv[1]\n" + body)
-    return [sys.executable, str(path), str(tmp_path / CLOCK_MARKER)]
+def _shards(tmp_path: Path) -> list[Path]:
+    from data.shards import write_shard
+
+    (tmp_path / "ds").mkdir(exist_ok=True)
+    paths = [tmp_path / "ds" / f"fineweb_train_00000{i}.bin" for i in range(2)]
+    for i, p in enumerate(paths):
+        write_shard(p, np.arange(100 * i, 100 * i + 50, dtype=np.uint16))
+    return paths
 
 
-def _marker(start: str = "time.time()", off: str = "0.0") -> str:
-    return f"open(MARKER + '.t', 'w').write(json.dumps({{'clock_start_unix_s': {start}, 'off_clock_s': {off}}})); os.replace(MARKER + '.t', MARKER)\n"
+def _server(tmp_path: Path, budget: BudgetConfig, local_ranks: int = 1) -> ClockServer:
+    (tmp_path / "out").mkdir(parents=True, exist_ok=True)
+    return ClockServer(
+        shards=_shards(tmp_path),
+        local_ranks=local_ranks,
+        warmup_max_s=budget.warmup_max_s,
+        state_src=tmp_path / "out" / "state.safetensors",
+        state_dest=tmp_path / "handed-state.safetensors",
+    )
 
 
-def _supervise(tmp_path, cmd, budget, token="t0"):
-    env = dict(os.environ, **{TOKEN_ENV: token})
-    return supervise(cmd, tmp_path, budget, tmp_path / "log.txt", env, token)
+def _supervise(tmp_path: Path, body: str, budget: BudgetConfig, token: str = "t0", local_ranks: int = 1):
+    wire = _server(tmp_path, budget, local_ranks)
+    script = tmp_path / "fake_torchrun.py"
+    script.write_text(SCRIPT_HEAD + body)
+    cmd = [sys.executable, str(script), json.dumps(wire.address()), str(tmp_path / "out")]
+    env = dict(os.environ, PYTHONPATH=str(REPO), **{TOKEN_ENV: token})
+    out = supervise(cmd, tmp_path / "out", budget, tmp_path / "log.txt", env, token, wire=wire)
+    return out, (tmp_path / "log.txt").read_text()
+
+
+START = "w = connect()\nw.clock_start()\n"
 
 
 def test_supervisor_kills_at_budget_plus_grace(tmp_path):
     budget = BudgetConfig(train_s=0.6, grace_s=0.4, startup_s=10)
-    out = _supervise(tmp_path, _script(tmp_path, _marker() + "time.sleep(30)\n"), budget)
+    out, _ = _supervise(tmp_path, START + "time.sleep(30)\n", budget)
     assert out.status == "over_budget" and "train_s + budget.grace_s" in out.detail
-    assert (
-        1.0 <= out.clock_to_exit_s < 1.0 + POLL_S + 1.5
-    )  # checked every POLL_S, then SIGKILL (slack for a loaded machine)
-
-
-def test_supervisor_trusts_a_rewritten_marker_only_up_to_warmup_max(tmp_path):
-    budget = BudgetConfig(train_s=0.5, grace_s=0.3, startup_s=10, warmup_max_s=0.5)
-    body = _marker() + "time.sleep(0.3)\n" + _marker("time.time() + 1000", "1e6") + "time.sleep(30)\n"
-    out = _supervise(tmp_path, _script(tmp_path, body), budget)
-    assert out.status == "over_budget" and out.off_clock_s == 0.5
-    assert out.clock_to_exit_s < 0.8 + POLL_S + 1.0  # the forged later start (+1000 s) was ignored
+    assert 1.0 <= out.clock_to_exit_s < 1.0 + 1.5  # then SIGKILL (slack for a loaded machine)
+    assert out.train_time_s == out.clock_to_exit_s and out.clock["ended_by"] == "exit"
 
 
 def test_supervisor_kills_when_the_clock_never_starts(tmp_path):
-    out = _supervise(tmp_path, _script(tmp_path, "time.sleep(30)\n"), BudgetConfig(train_s=5, startup_s=0.5))
-    assert out.status == "over_budget" and "never started" in out.detail and out.wall_s < 0.5 + POLL_S + 1.0
+    out, _ = _supervise(tmp_path, "time.sleep(30)\n", BudgetConfig(train_s=5, startup_s=0.5))
+    assert out.status == "over_budget" and "never started" in out.detail and out.wall_s < 0.5 + 1.5
+    assert out.train_time_s is None and out.startup_s is None
 
 
 def test_supervisor_reports_exit_codes(tmp_path):
     budget = BudgetConfig(train_s=5, startup_s=5)
-    assert _supervise(tmp_path, _script(tmp_path, _marker() + "sys.exit(0)\n"), budget).status == "ok"
-    bad = _supervise(tmp_path, _script(tmp_path, _marker() + "sys.exit(3)\n"), budget)
+    assert _supervise(tmp_path / "a", START + "sys.exit(0)\n", budget)[0].status == "ok"
+    bad, _ = _supervise(tmp_path / "b", START + "sys.exit(3)\n", budget)
     assert bad.status == "error" and bad.returncode == 3
 
 
 def test_supervisor_kills_detached_leftovers_by_token(tmp_path):
     token = f"test{os.getpid()}"
-    body = _marker() + (
+    body = START + (
         "import subprocess\n"
         "subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'],"
         " start_new_session=True)\n"
         "time.sleep(0.5)\n"
     )
-    out = _supervise(tmp_path, _script(tmp_path, body), BudgetConfig(train_s=5, startup_s=5), token)
+    out, _ = _supervise(tmp_path, body, BudgetConfig(train_s=5, startup_s=5), token)
     assert out.status == "ok" and len(out.leftover_pids) == 1
     time.sleep(0.1)
     assert processes_with_token(token) == []
 
 
-def test_marker_must_be_a_small_regular_file(tmp_path):
-    m = tmp_path / CLOCK_MARKER
-    os.mkfifo(m)
-    assert _read_marker(m) is None  # a FIFO would hang a naive reader
-    m.unlink()
-    (tmp_path / "real").write_text(json.dumps({"clock_start_unix_s": 1.0}))
-    m.symlink_to(tmp_path / "real")
-    assert _read_marker(m) is None
-    m.unlink()
-    m.write_text(json.dumps({"clock_start_unix_s": 1.0, "off_clock_s": 2}))
-    assert _read_marker(m) == {"start": 1.0, "off": 2.0}
+def test_the_clock_is_the_supervisors_own(tmp_path):
+    # startup before clock_start is not on the clock; the rank's fields claiming times are ignored; the
+    # clock stops at the state's handover, not at the exit
+    body = (
+        "w = connect()\ntime.sleep(0.4)\n"
+        "w.call('clock_start', since_start_s=-1000.0, t=0.0)\n"
+        "time.sleep(0.5)\n"
+        "open(os.path.join(OUT, 'state.safetensors'), 'wb').write(b'state')\n"
+        "print('SHA', w.done(state=True))\n"
+        "time.sleep(0.6)\n"
+    )
+    out, log = _supervise(tmp_path, body, BudgetConfig(train_s=5, startup_s=5))
+    assert out.status == "ok", log
+    assert out.startup_s >= 0.4 and 0.5 <= out.train_time_s < 0.5 + 0.4 and out.clock_to_exit_s >= 1.1
+    assert out.clock["ended_by"] == "state_handover" and out.clock["state_sha256"] in log
+    assert (tmp_path / "handed-state.safetensors").read_bytes() == b"state"
+    assert not (tmp_path / "out" / "state.safetensors").exists()
+
+
+def test_warmup_credit_is_capped_and_no_data_flows_during_it(tmp_path):
+    budget = BudgetConfig(train_s=5, startup_s=5, warmup_max_s=0.3)
+    body = START + (
+        "w.warmup_begin()\n"
+        "try:\n    w.data()\nexcept WireError as e:\n    print('REFUSED', e)\n"
+        "time.sleep(0.5)\n"
+        "print('CREDIT', w.warmup_end())\n"
+        "from data.loader import ShardStream\n"
+        "stream = ShardStream.from_descriptors(w.data())\n"
+        "print('TOKENS', json.dumps([stream.names, stream.take(60).tolist()], separators=(',', ':')))\n"
+    )
+    out, log = _supervise(tmp_path, body, budget)
+    assert out.status == "ok", log
+    assert "REFUSED" in log and "closed during ctx.clock.warmup()" in log and "CREDIT 0.3" in log
+    assert out.off_clock_s == 0.3 and "capped" in out.clock["off_clock_detail"]
+    assert out.clock["requests_refused"] == {"training data is closed during ctx.clock.warmup()": 1}
+    names, tokens = json.loads(next(line[7:] for line in log.splitlines() if line.startswith("TOKENS ")))
+    assert names == ["fineweb_train_000000.bin", "fineweb_train_000001.bin"]
+    assert tokens == [*range(50), *range(100, 110)]  # the shards, through the supervisor's descriptors
+
+
+def test_data_before_the_warmup_leaves_none_of_it_off_the_clock(tmp_path):
+    budget = BudgetConfig(train_s=5, startup_s=5, warmup_max_s=10)
+    body = START + "fds = w.data()\nw.warmup_begin()\ntime.sleep(0.3)\nprint('CREDIT', w.warmup_end())\n"
+    out, log = _supervise(tmp_path, body, budget)
+    assert out.status == "ok" and "CREDIT 0.0" in log, log
+    assert out.off_clock_s == 0.0 and "received training data" in out.clock["off_clock_detail"]
+    assert out.train_time_s >= 0.3
+
+
+def test_warmup_counts_only_while_every_rank_of_the_node_is_in_it(tmp_path):
+    # two "ranks" on two connections; rank 1 begins its warm-up 0.3 s after rank 0
+    body = (
+        "a, b = connect(0), connect(1)\na.clock_start(); b.clock_start()\n"
+        "a.warmup_begin()\ntime.sleep(0.3)\nb.warmup_begin()\ntime.sleep(0.3)\n"
+        "a.warmup_end(); b.warmup_end()\n"
+    )
+    out, log = _supervise(tmp_path, body, BudgetConfig(train_s=5, startup_s=5), local_ranks=2)
+    assert out.status == "ok", log
+    assert 0.3 <= out.off_clock_s < 0.45  # the overlap, not rank 0's 0.6 s
+
+
+def test_wire_refuses_strangers_and_lies(tmp_path):
+    body = (
+        "try:\n    WireClient.connect(dict(ADDR, secret='0' * 32), rank=0, local_rank=0)\n"
+        "except WireError as e:\n    print('STRANGER', e)\n"
+        "w = connect()\n"
+        "try:\n    connect(0)\nexcept WireError as e:\n    print('TWICE', e)\n"
+        "try:\n    w.warmup_begin()\nexcept WireError as e:\n    print('EARLY', e)\n"
+        "w.clock_start()\n"
+        "os.symlink('/etc/hostname', os.path.join(OUT, 'state.safetensors'))\n"
+        "try:\n    w.done(state=True)\nexcept WireError as e:\n    print('LINK', e)\n"
+    )
+    out, log = _supervise(tmp_path, body, BudgetConfig(train_s=5, startup_s=5))
+    assert "STRANGER" in log and "wrong secret" in log and "TWICE" in log and "already connected" in log
+    assert "EARLY" in log and "before clock_start" in log and "LINK" in log and "not a regular file" in log
+    assert out.clock["state_sha256"] is None and out.clock["ended_by"] == "exit"
+
+
+def test_a_state_changed_after_the_handover_is_an_error(tmp_path):
+    body = START + (
+        "f = open(os.path.join(OUT, 'state.safetensors'), 'wb')\nf.write(b'honest'); f.flush()\n"
+        "w.done(state=True)\n"
+        "f.seek(0); f.write(b'forged'); f.close()\n"  # a descriptor kept across the move
+    )
+    out, _ = _supervise(tmp_path, body, BudgetConfig(train_s=5, startup_s=5))
+    assert out.status == "error" and "changed after it was handed over" in out.detail
+
+
+def test_a_rank_that_never_reads_its_replies_cannot_stall_the_supervisor(tmp_path):
+    body = START + (
+        "raw = json.dumps({'kind': 'clock_start'}).encode()\n"
+        "try:\n    for _ in range(1_000_000):\n        w._sock.send(raw)\nexcept OSError as e:\n    print('CUT', e)\n"
+        "time.sleep(30)\n"
+    )
+    out, log = _supervise(tmp_path, body, BudgetConfig(train_s=0.5, grace_s=0.3, startup_s=5))
+    assert out.status == "over_budget" and out.clock_to_exit_s < 0.8 + 1.5, log
+    assert "CUT" in log
 
 
 def test_rank_failures_parses_torchrun_summary():
