@@ -1,12 +1,16 @@
 """`python -m scoring.worker SPEC_JSON`: the model worker (started by the scorer, confined).
 
-It waits for the scorer's `start` before importing torch or anything of the submission, so a probe
-worker started early (before the scorer confines itself) costs nothing until it is needed.
+It imports torch and the worker's own code at once (nothing of the submission), then waits for the
+scorer's `start` before it reads the artifact or imports any submitted code: a probe worker started
+early, before the scorer confines itself, does its slow imports while the main worker scores, and
+has seen no data when it is used.
 """
 
 import json
 import socket
 import sys
+
+from scoring.worker.process import main
 
 if len(sys.argv) != 2:
     sys.exit("usage: python -m scoring.worker SPEC_JSON  (started by the scorer)")
@@ -15,7 +19,4 @@ _first = _sock.recv(1 << 16)
 _sock.detach()
 if not _first or json.loads(_first).get("op") != "start":
     sys.exit(0)  # closed, or told to quit, before it was needed
-
-from scoring.worker.process import main  # noqa: E402 (only once started)
-
 sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,246 @@
+"""The model worker is the boundary: hostile scored code, run through the real scorer and its confined worker.
+
+Each model here gets past the static lint (scoring/codecheck.py) on purpose, by routes a deny-list over
+Python source cannot see (a string annotation that typing evaluates), so what stops it is the process and
+the kernel: the worker cannot read the validation data or anything else outside its code and artifact,
+cannot write outside its temp folder, reach the network, signal or trace the scorer, or change the
+scorer's tools; a runaway allocation, a forward that never returns, or a codec that decodes garbage each
+end in a specific verdict with a record, never a traceback. A leak, if it worked, would show: the leaking
+models predict the next validation token perfectly once they have read it (val_bpb near 0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scoring.artifact.cap import ARTIFACT_CAP_BYTES
+from scoring.artifact.pack import pack_state
+from scoring.codecheck import lint_scored_code
+from scoring.score.cli import EXIT_CODES
+from scoring.score.evaluate import EvalConfig
+from scoring.score.scorer import score_artifact
+from tests.conftest import REPO
+from tests.unit.test_eval_support import TINY_CONFIG, TINY_MODEL, _one_thread, pack_tiny, write_submission  # noqa: F401
+
+EVAL = EvalConfig(seq_len=32, batch_seqs=8, max_tokens=512)
+
+# Runs `code` (a Python expression) at import time, past the static lint: typing evaluates the annotation.
+SMUGGLE = '''
+import typing
+
+
+def _smuggled(x: "{code}"):
+    pass
+
+
+try:
+    SMUGGLED = typing.get_type_hints(_smuggled)["x"]
+except Exception as e:  # noqa: BLE001
+    SMUGGLED = repr(e)
+'''
+
+# A model that predicts the next validation token perfectly if SMUGGLED holds the validation tokens.
+LEAKY_FORWARD = TINY_MODEL.replace(
+    "        return self.head(torch.tanh(e + self.mix * prev))",
+    "        out = self.head(torch.tanh(e + self.mix * prev))\n"
+    "        if isinstance(SMUGGLED, bytes) and len(SMUGGLED) > 1024:\n"
+    "            out = out + 100.0  # a leak would show as a perfect score\n"
+    "        return out",
+)
+
+
+def smuggling_model(code: str) -> str:
+    return LEAKY_FORWARD + SMUGGLE.format(code=code.replace('"', '\\"'))
+
+
+def pack_clean(folder: Path, out: Path) -> None:
+    """Pack `folder` with the honest tiny model's weights, without importing the folder's model.py here."""
+    import torch
+
+    clean = write_submission(out.parent / "clean_for_weights")
+    torch.manual_seed(0)
+    from scoring.score.loading import build_model
+
+    state = build_model(clean, TINY_CONFIG).state_dict()
+    pack_state(state, folder, out, codec_name="int8_zlib", model_config=TINY_CONFIG, cap_bytes=ARTIFACT_CAP_BYTES)
+
+
+def score(tmp_path: Path, data: Path, model_src: str, **kw) -> dict:
+    folder = write_submission(tmp_path / "sub", model_src=model_src)
+    assert lint_scored_code(folder) == [], "the test model should get past the lint: the worker is what is tested"
+    pack_clean(folder, tmp_path / "a.pgolf")
+    return score_artifact(tmp_path / "a.pgolf", folder, data, EVAL, threads=1, **kw)
+
+
+def score_cli(tmp_path: Path, data: Path, folder: Path, artifact: Path, *extra: str) -> tuple[int, dict]:
+    out = tmp_path / "new_folder" / "score.json"  # --json-out into a folder that does not exist yet
+    r = subprocess.run(
+        [sys.executable, "-m", "scoring", "score", str(artifact), "--submission", str(folder), "--data", str(data),
+         "--seq-len", "32", "--batch-seqs", "8", "--max-tokens", "512", "--threads", "1", "--json-out", str(out),
+         *extra],
+        capture_output=True, text=True, cwd=REPO, timeout=300, check=False,
+    )  # fmt: skip
+    assert "Traceback" not in r.stderr.splitlines()[-1:] and out.is_file(), r.stderr[-2000:]
+    return r.returncode, json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def honest_bpb(tiny_dataset, tmp_path_factory) -> float:
+    return score(tmp_path_factory.mktemp("honest"), tiny_dataset, TINY_MODEL)["val_bpb"]
+
+
+def _val_shard(data: Path) -> str:
+    return str(sorted(data.glob("fineweb_val_*.bin"))[0].resolve())
+
+
+@pytest.mark.parametrize(
+    "route",
+    [
+        "__import__('builtins').open('{path}', 'rb').read()",
+        "__import__('torch').sys.modules['builtins'].open('{path}', 'rb').read()",
+        "__import__('pathlib').Path('{path}').read_bytes()",
+        "__import__('numpy').fromfile('{path}', dtype='uint8').tobytes()",
+    ],
+    ids=["open", "torch.sys.modules", "pathlib", "numpy.fromfile"],
+)
+def test_scored_code_cannot_read_the_validation_data(tmp_path, tiny_dataset, honest_bpb, route):
+    rec = score(tmp_path, tiny_dataset, smuggling_model(route.format(path=_val_shard(tiny_dataset))))
+    assert rec["status"] == "ok" and rec["val_bpb"] == honest_bpb  # it ran, and learned nothing
+
+
+def test_scored_code_cannot_write_outside_its_temp_folder(tmp_path, tiny_dataset, honest_bpb):
+    target = tmp_path / "pwned.txt"
+    rec = score(tmp_path, tiny_dataset, smuggling_model(f"__import__('builtins').open('{target}', 'w').write('x')"))
+    assert rec["val_bpb"] == honest_bpb and not target.exists()
+
+
+def test_scored_code_reaches_no_network(tmp_path, tiny_dataset):
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    srv.settimeout(0.5)
+    port = srv.getsockname()[1]
+    code = f"__import__('socket').create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'leak')"
+    rec = score(tmp_path, tiny_dataset, smuggling_model(code))
+    with pytest.raises(TimeoutError):
+        srv.accept()  # the worker's loopback is its own network namespace's
+    srv.close()
+    assert rec["status"] == "ok"
+
+
+def test_scored_code_cannot_signal_or_trace_the_scorer(tmp_path, tiny_dataset):
+    me = os.getpid()  # this test process is the scorer
+    code = (
+        f"[__import__('os').kill({me}, 19), "
+        f"__import__('ctypes').CDLL(None).ptrace(16, {me}, 0, 0)]"  # SIGSTOP; PTRACE_ATTACH
+    )
+    rec = score(tmp_path, tiny_dataset, smuggling_model(code))
+    assert rec["status"] == "ok"  # still running, never stopped
+    worker = rec["workers"][0]
+    assert worker["isolation"]["seccomp"] and worker["reported"]["NoNewPrivs"] == "1"
+    assert worker["reported"]["CapEff"] == "0000000000000000"
+
+
+def test_a_monkeypatch_or_kernel_swap_in_the_worker_does_not_reach_the_scorer(tmp_path, tiny_dataset, honest_bpb):
+    code = (
+        "[setattr(__import__('torch'), 'isfinite', lambda x: x == x), "
+        "__import__('torch').library.Library('aten', 'IMPL').impl('neg', lambda *a, **k: None, 'CPU')]"
+    )
+    rec = score(tmp_path, tiny_dataset, smuggling_model(code))
+    assert rec["status"] == "ok" and rec["val_bpb"] == honest_bpb
+
+
+SUBCLASS_OUTPUT = TINY_MODEL.replace(
+    "        return self.head(torch.tanh(e + self.mix * prev))",
+    "        return self.head(torch.tanh(e + self.mix * prev)).as_subclass(Liar)",
+) + '''
+
+class Liar(torch.Tensor):
+    """A tensor subclass that lies about arithmetic: the scorer must never call its methods."""
+
+    def abs(self):
+        return self * 0
+
+    def logsumexp(self, *args, **kwargs):
+        return self.sum() * 0
+
+    def double(self):
+        return self * 0
+'''
+
+
+def test_a_tensor_subclass_output_changes_nothing(tmp_path, tiny_dataset, honest_bpb):
+    rec = score(tmp_path, tiny_dataset, SUBCLASS_OUTPUT)
+    assert rec["status"] == "ok" and rec["val_bpb"] == honest_bpb
+
+
+def test_a_runaway_allocation_is_out_of_memory(tmp_path, tiny_dataset):
+    model = TINY_MODEL.replace("        e = self.emb(ids)\n", "        e = self.emb(ids)\n        torch.empty(1 << 42)\n")
+    folder = write_submission(tmp_path / "sub", model_src=model)
+    pack_clean(folder, tmp_path / "a.pgolf")
+    code, rec = score_cli(tmp_path, tiny_dataset, folder, tmp_path / "a.pgolf")
+    assert code == EXIT_CODES["out_of_memory"] and rec["status"] == "out_of_memory", rec
+
+
+def test_a_forward_that_never_returns_is_killed_at_the_eval_deadline(tmp_path, tiny_dataset):
+    model = TINY_MODEL.replace("        e = self.emb(ids)\n", "        e = self.emb(ids)\n        while True:\n            pass\n")
+    folder = write_submission(tmp_path / "sub", model_src=model)
+    pack_clean(folder, tmp_path / "a.pgolf")
+    code, rec = score_cli(tmp_path, tiny_dataset, folder, tmp_path / "a.pgolf", "--eval-budget-s", "3")
+    assert code == EXIT_CODES["over_eval_budget"] and rec["status"] == "over_eval_budget", rec
+
+
+def test_nan_logits_are_an_error_with_a_record(tmp_path, tiny_dataset):
+    model = TINY_MODEL.replace(
+        "        return self.head(torch.tanh(e + self.mix * prev))",
+        "        return self.head(torch.tanh(e + self.mix * prev)) * float('nan')",
+    )
+    folder = write_submission(tmp_path / "sub", model_src=model)
+    pack_clean(folder, tmp_path / "a.pgolf")
+    code, rec = score_cli(tmp_path, tiny_dataset, folder, tmp_path / "a.pgolf")
+    assert code == EXIT_CODES["error"] and rec["status"] == "error" and "non-finite" in rec["detail"], rec
+
+
+BAD_CODEC = '''"""decode() returns a string: the worker's failure, reported as an error verdict."""
+import json
+
+NAME = "bad"
+VERSION = 1
+
+
+def encode(state):
+    return json.dumps(sorted(state)).encode()
+
+
+def decode(payload):
+    return "not a state dict"
+'''
+
+
+def test_a_codec_that_decodes_garbage_is_an_error_with_a_record(tmp_path, tiny_dataset):
+    folder = write_submission(tmp_path / "sub")
+    (folder / "codec.py").write_text(BAD_CODEC)
+    import torch
+
+    from scoring.score.loading import build_model
+
+    torch.manual_seed(0)
+    state = build_model(folder, TINY_CONFIG).state_dict()
+    pack_state(state, folder, tmp_path / "a.pgolf", codec_name="submission", model_config=TINY_CONFIG,
+               cap_bytes=ARTIFACT_CAP_BYTES)  # fmt: skip
+    code, rec = score_cli(tmp_path, tiny_dataset, folder, tmp_path / "a.pgolf")
+    assert code == EXIT_CODES["error"] and rec["status"] == "error" and rec["detail"], rec
+
+
+def test_the_scorer_process_imports_no_submitted_code(tmp_path, tiny_dataset):
+    rec = score(tmp_path, tiny_dataset, TINY_MODEL)
+    assert not [m for m in sys.modules if m.startswith("pgolf_submission")]
+    assert rec["workers"][0]["reported"]["pid"] != os.getpid()
+    assert "process: the model worker" in rec["enforcement"]["submitted code never shares a process with validation data"]
