@@ -47,6 +47,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -490,6 +491,39 @@ def kill_token_processes(token: str) -> list[int]:
     return pids
 
 
+LOG_LIMIT_BYTES = 64 << 20
+"""At most this much of a phase's output is kept in its log; the rest is counted and dropped."""
+
+
+def pump_output(
+    proc: subprocess.Popen, log_path: Path, limit_bytes: int = LOG_LIMIT_BYTES
+) -> threading.Thread:
+    """Copy `proc`'s stdout pipe into `log_path` from a thread of this (trusted) process.
+
+    The untrusted processes write into a pipe only: they cannot truncate, rewrite or fill the log
+    beyond `limit_bytes` (a rank holding the log file as its stdout could ftruncate it).
+    """
+
+    def run() -> None:
+        kept = dropped = 0
+        with open(log_path, "ab") as log:
+            for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
+                if kept + len(chunk) <= limit_bytes:
+                    log.write(chunk)
+                    log.flush()
+                    kept += len(chunk)
+                else:
+                    dropped += len(chunk)
+            if dropped:
+                log.write(
+                    f"\n[pgolf] {dropped:,} more bytes of output dropped (log limit {limit_bytes:,})\n".encode()
+                )
+
+    t = threading.Thread(target=run, name="phase-output", daemon=True)
+    t.start()
+    return t
+
+
 def kill_session(proc: subprocess.Popen, first: signal.Signals = signal.SIGTERM) -> None:
     for sig in dict.fromkeys((first, signal.SIGKILL)):
         try:
@@ -574,16 +608,17 @@ def supervise(
             if timed
             else None,
         )
-        with open(log_path, "ab") as log, bar:
+        with bar:
             proc = subprocess.Popen(
                 cmd,
-                stdout=log,
+                stdout=subprocess.PIPE,  # a pipe the supervisor owns: no rank holds the log file itself
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 env=env,
                 cwd=out_dir,
             )
+            pump = pump_output(proc, log_path)
             pidfd = _pidfd(proc.pid)
             if pidfd is not None:
                 wire.watch(pidfd)
@@ -611,6 +646,7 @@ def supervise(
                 wire.serve(min(POLL_S, deadline - now + 0.01))
         t_end = time.monotonic()
         kill_session(proc)  # the session's leftovers
+        pump.join(timeout=5)
         leftovers = reap_token_processes(token, leftover_wait_s)
         state_problem = wire.verify_state()  # every process of the phase is gone: no writer is left
     finally:

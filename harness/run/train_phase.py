@@ -46,6 +46,7 @@ from harness.run.launch import (
     ClockServer,
     LaunchConfig,
     kill_session,
+    pump_output,
     reap_token_processes,
     supervise,
     torchrun_command,
@@ -413,22 +414,23 @@ def run_sealed_pack(
         allowed_s = max(budget.train_s + budget.grace_s - train_time_s, 0.0)
         print(f"[pack] the submission's codec, sandboxed, {allowed_s:.1f} s left on the clock", flush=True)
         t0 = time.time()
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(
-                plan.wrap(cmd, run_dir / "pack_sandbox_policy.json"),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                env=env,
-                cwd=out,
-            )
-            try:
-                proc.wait(timeout=allowed_s + PACK_STARTUP_S)
-                killed = False
-            except subprocess.TimeoutExpired:
-                kill_session(proc, signal.SIGKILL)
-                killed = True
+        proc = subprocess.Popen(
+            plan.wrap(cmd, run_dir / "pack_sandbox_policy.json"),
+            stdout=subprocess.PIPE,  # the codec's output goes through a pipe this process owns
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+            cwd=out,
+        )
+        pump = pump_output(proc, log_path)
+        try:
+            proc.wait(timeout=allowed_s + PACK_STARTUP_S)
+            killed = False
+        except subprocess.TimeoutExpired:
+            kill_session(proc, signal.SIGKILL)
+            killed = True
+        pump.join(timeout=5)
         leftovers = reap_token_processes(token, LEFTOVER_WAIT_S if "pid" in plan.namespaces else 0.0)
         for name in ("artifact.pgolf", "pack.json"):
             if (out / name).is_file() and not (out / name).is_symlink():
