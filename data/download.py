@@ -123,7 +123,8 @@ def _entries(raw: dict[str, Any], key: str, where: str) -> list[dict[str, Any]]:
 
 
 def _int_field(entry: dict[str, Any], keys: Iterable[str]) -> int | None:
-    stats = entry.get("stats") if isinstance(entry.get("stats"), dict) else {}
+    raw_stats = entry.get("stats")
+    stats: dict[str, Any] = raw_stats if isinstance(raw_stats, dict) else {}
     for k in keys:
         for d in (stats, entry):
             if isinstance(d.get(k), int | str) and str(d[k]).isdigit():
@@ -141,7 +142,7 @@ def _file_index(*lists: Any) -> dict[str, dict[str, Any]]:
             key = f.get("path") or f.get("name")
             if not isinstance(key, str):
                 continue
-            info = {"size_bytes": _int_field(f, ("bytes", "size", "size_bytes"))}
+            info: dict[str, Any] = {"size_bytes": _int_field(f, ("bytes", "size", "size_bytes"))}
             sha = f.get("sha256")
             info["sha256"] = sha.lower() if isinstance(sha, str) and _HEX64.match(sha.lower()) else None
             index[key.lstrip("/")] = info
@@ -219,7 +220,8 @@ def parse_hub_manifest(
             rel = f"datasets/{name}/{shard_name(split, i)}"
             info = index.get(rel) or index.get(shard_name(split, i)) or {}
             files.append(RemoteFile(path=f"{prefix}/{rel}", name=shard_name(split, i), kind=split, **info))
-    docs_meta = raw.get("docs_meta") if isinstance(raw.get("docs_meta"), dict) else {}
+    raw_docs_meta = raw.get("docs_meta")
+    docs_meta: dict[str, Any] = raw_docs_meta if isinstance(raw_docs_meta, dict) else {}
     return VariantPlan(
         variant=variant,
         dataset_name=name,

@@ -24,7 +24,7 @@ from harness.api import SUBMISSION_JSON
 from scoring.tracks import TRACKS
 
 SCHEMA_VERSION = 1
-REQUIRED_FIELDS = {
+REQUIRED_FIELDS: dict[str, type] = {
     "name": str,
     "author": str,
     "github_id": str,
@@ -33,7 +33,7 @@ REQUIRED_FIELDS = {
     "data_variant": str,
     "blurb": str,
 }
-OPTIONAL_FIELDS = {"builds_on": str, "claimed": dict, "schema_version": int}
+OPTIONAL_FIELDS: dict[str, type] = {"builds_on": str, "claimed": dict, "schema_version": int}
 DATA_VARIANT_RE = re.compile(r"sp[1-9]\d*|byte260")
 """The dataset variants (data/download.py names them the same way: fineweb10B_<variant>)."""
 

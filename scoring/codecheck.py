@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -198,7 +199,7 @@ def source_encoding_problem(data: bytes) -> tuple[int, str] | None:
     return None
 
 
-def _module_files(name: str, names: tuple[str, ...], sources: dict[str, object]) -> list[str]:
+def _module_files(name: str, names: tuple[str, ...], sources: Mapping[str, object]) -> list[str]:
     """The folder's files an import of `name` (and, for `from name import a, b`, of name.a, name.b) loads."""
     found: list[str] = []
     parts = name.split(".") if name else []

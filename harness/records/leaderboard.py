@@ -257,7 +257,8 @@ def svg_plot(
     )
     if frontier:
         ranked = sorted((p for p in pts if p.get("ranked")), key=lambda p: float(p[xkey]))
-        best, path = math.inf, []
+        best = math.inf
+        path: list[str] = []
         for p in ranked:
             if float(p["val_bpb"]) < best:
                 if path:

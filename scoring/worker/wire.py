@@ -136,7 +136,7 @@ class SharedBuffer:
         self._map = mmap.mmap(self.fd, nbytes)
         self.nbytes = nbytes
 
-    def array(self, dtype: np.dtype[Any] | type, count: int) -> np.ndarray:
+    def array(self, dtype: np.dtype[Any] | type | str, count: int) -> np.ndarray:
         """A numpy view of the first `count` items (no copy)."""
         assert self._map is not None
         return np.frombuffer(self._map, dtype=dtype, count=count)

@@ -13,6 +13,7 @@ Built-in codecs are registered in `CODECS`. A submission may bring its own in `c
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 from typing import Protocol
 
@@ -37,7 +38,7 @@ CODECS: dict[str, Codec] = {"int8_zlib": Int8Zlib()}
 SUBMISSION_CODEC_FILE = CODEC_FILE
 
 
-def load_submission_codec(submission_dir: str | Path) -> Codec:
+def load_submission_codec(submission_dir: str | os.PathLike[str]) -> Codec:
     """The codec defined by `SUBMISSION_DIR/codec.py` (NAME, VERSION, encode, decode)."""
     path = Path(submission_dir) / SUBMISSION_CODEC_FILE
     spec = importlib.util.spec_from_file_location(f"pgolf_submission_codec_{abs(hash(str(path)))}", path)
@@ -60,7 +61,7 @@ def load_submission_codec(submission_dir: str | Path) -> Codec:
     return _SubmissionCodec()
 
 
-def get_codec(name: str, submission_dir: str | Path | None = None) -> Codec:
+def get_codec(name: str, submission_dir: str | os.PathLike[str] | None = None) -> Codec:
     """A built-in codec by name, or the submission's own when `name` is "submission"."""
     if name == "submission":
         if submission_dir is None:

@@ -72,11 +72,11 @@ def quantize_tensor(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(int8 q, scale): per-row float16 scales for 2-D tensors, one float32 scale otherwise."""
     t32 = t.float()
     if t32.ndim == 2:
-        clip = row_clip(t32)
-        clipped = torch.maximum(torch.minimum(t32, clip[:, None]), -clip[:, None])
-        scale = (clip / float(QMAX)).clamp_min(1.0 / QMAX)
-        q = torch.clamp(torch.round(clipped / scale[:, None]), -QMAX, QMAX).to(torch.int8)
-        return q.contiguous(), scale.to(PER_ROW_SCALE_DTYPE).contiguous()
+        clips = row_clip(t32)
+        clipped = torch.maximum(torch.minimum(t32, clips[:, None]), -clips[:, None])
+        row_scale = (clips / float(QMAX)).clamp_min(1.0 / QMAX)
+        q = torch.clamp(torch.round(clipped / row_scale[:, None]), -QMAX, QMAX).to(torch.int8)
+        return q.contiguous(), row_scale.to(PER_ROW_SCALE_DTYPE).contiguous()
     flat = t32.abs().flatten()
     if flat.numel() == 0:
         clip = 0.0
