@@ -55,8 +55,11 @@ SYS_CAPGET, SYS_CAPSET, LINUX_CAPABILITY_VERSION_3 = 125, 126, 0x20080522
 
 
 class PathRule(Protocol):
-    path: str
-    access: str
+    # Read-only members: `Rule` (below) is a frozen dataclass.
+    @property
+    def path(self) -> str: ...
+    @property
+    def access(self) -> str: ...
 
 
 def _fs_handled(abi: int) -> int:

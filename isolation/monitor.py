@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from types import FrameType
 from typing import Any
 
 from isolation.landlock import is_beneath
@@ -106,8 +107,10 @@ class AccessMonitor:
             self.attempts += 1
             if self.attempts > MONITOR_MAX_LINES:
                 return
-            frame, where = sys._getframe(1), None
-            inner = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+            caller = sys._getframe(1)
+            frame: FrameType | None = caller
+            where = None
+            inner = f"{caller.f_code.co_filename}:{caller.f_lineno}"
             while frame is not None:
                 if frame.f_code.co_filename.startswith(self.attribute_to):
                     where = f"{frame.f_code.co_filename[len(self.attribute_to) :]}:{frame.f_lineno}"

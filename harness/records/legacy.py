@@ -307,10 +307,11 @@ def _env_names(node: ast.expr) -> list[str]:
         and ast.unparse(c.func) == "os.environ.get"
         and c.args
         and isinstance(c.args[0], ast.Constant)
+        and isinstance(c.args[0].value, str)
     ]
 
 
-def gpt_kwargs(script: Path, gpt_cls: type, hp: dict[str, Any]) -> dict[str, Any]:
+def gpt_kwargs(script: Path, gpt_cls: type[nn.Module], hp: dict[str, Any]) -> dict[str, Any]:
     """GPT's keyword arguments: from the script's GPT(...) call, else GPT's parameter names."""
     tree = ast.parse(script.read_text(encoding="utf-8"))
     call = next(
