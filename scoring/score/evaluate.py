@@ -172,11 +172,11 @@ class EvalResult:
 class ChunkAdapter(Protocol):
     """What evaluate() needs from a score-first adapter (scoring/score/adapt.py implements it)."""
 
-    def before_chunk(self, model: nn.Module, chunk: int) -> None: ...
+    # `model` is the one evaluate() was given: an nn.Module for an in-process adapter
+    # (scoring/score/adapt.py), the WorkerModel itself for the worker's (scoring/score/remote.py).
+    def before_chunk(self, model: Any, chunk: int) -> None: ...
 
-    def after_chunk(
-        self, model: nn.Module, chunk: int, scored_tokens: np.ndarray, first_position: int
-    ) -> None: ...
+    def after_chunk(self, model: Any, chunk: int, scored_tokens: np.ndarray, first_position: int) -> None: ...
 
     @property
     def adapt_time_s(self) -> float: ...
@@ -462,7 +462,7 @@ def _batches(plan: WindowPlan, idx: np.ndarray, cfg: EvalConfig) -> list[np.ndar
 
 
 def _score_batch(
-    model: nn.Module,
+    model: nn.Module | Scorable,
     toks: np.ndarray,
     plan: WindowPlan,
     w: np.ndarray,
