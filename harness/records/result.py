@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -108,14 +109,57 @@ def build_result(
     return result
 
 
+def finite_json(value: Any) -> Any:
+    """`value` with every non-finite float replaced by its name ("inf", "-inf", "nan"): valid strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): finite_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_json(v) for v in value]
+    return value
+
+
 def write_result(run_dir: Path, result: dict[str, Any], ledger: Path) -> None:
+    """result.json, and one line appended to the ledger.
+
+    The line goes out in a single write(2) under an exclusive lock, so concurrent runs never interleave
+    and a process killed mid-append leaves either the whole line or none of it (a buffered text file
+    may split a long line into several writes). Non-finite numbers are written as strings.
+    """
+    result = finite_json(result)
     write_json_atomic(run_dir / "result.json", result)
     ledger.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(result, sort_keys=True, allow_nan=False) + "\n"
-    with open(ledger, "a", encoding="utf-8") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)  # one whole line per result, even with concurrent runs
-        f.write(line)
-        fcntl.flock(f, fcntl.LOCK_UN)
+    data = (json.dumps(result, sort_keys=True, allow_nan=False) + "\n").encode()
+    fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        view = memoryview(data)
+        while view:  # a regular file takes it whole; the loop only guards against a short write
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def minimal_result(
+    run_dir: Path, cfg: ResolvedConfig, meta: dict[str, Any], track: Track, *, status: str, detail: str
+) -> dict[str, Any]:
+    """A result when the full one cannot be built: the status, the detail, who and where."""
+    return {
+        "format": RESULT_FORMAT,
+        "format_version": RESULT_FORMAT_VERSION,
+        "api_version": API_VERSION,
+        "status": status,
+        "detail": detail,
+        "verification": "unverified",
+        "submission": {k: meta.get(k) for k in ("name", "author", "github_id", "date", "track")},
+        "track": track.name,
+        "preset": cfg.preset,
+        "created_unix_s": time.time(),
+        "run_dir": str(run_dir),
+        "val_bpb": None,
+        "val_loss": None,
+    }
 
 
 def _fmt(v: Any, spec: str) -> str:
@@ -151,4 +195,10 @@ def card(result: dict[str, Any]) -> str:
 
 
 def print_card(result: dict[str, Any]) -> None:
+    if "phases" not in result:  # a minimal result (harness/records/result.py minimal_result)
+        print(
+            f"\n── pgolf result: {result['status']}: {result.get('detail', '')}\n└─ {result['run_dir']}/result.json",
+            flush=True,
+        )
+        return
     print(card(result), flush=True)

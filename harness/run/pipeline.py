@@ -15,6 +15,7 @@ and the result records the status (error, over_budget, over_cap) instead of a sc
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import os
 import shutil
@@ -23,21 +24,23 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
 from data.embedded import ensure_embedded_dataset
 from data.io import read_json, write_json_atomic
-from data.manifest import load_manifest, make_split_view
-from harness.config import validate_run
-from harness.records.result import build_result, print_card, write_result
+from data.manifest import Manifest, load_manifest, make_split_view
+from harness.config import ResolvedConfig, validate_run
+from harness.records.result import build_result, minimal_result, print_card, write_result
 from harness.run.launch import LaunchConfig
 from harness.run.staging import folder_verdict, stage_folder, stage_model_code
 from harness.run.train_phase import run_sealed_pack, run_train_phase
 from harness.train.rank import STATE_FILE
 from scoring.codecheck import lint_scored_code
+from scoring.score.audit import KNOWN_TOKENIZER_SHA256
 from scoring.score.cli import EXIT_CODES, STATUS_OF_EXIT, ScoreRequest
-from scoring.tracks import get_track
+from scoring.tracks import Track, get_track
 
 SCORER_STARTUP_S = 300.0
 """The scorer process's own allowance beyond the eval deadline (imports, starting workers, reading data)."""
@@ -60,7 +63,11 @@ def _run_phase(name: str, cmd: list[str], log_path: Path, timeout_s: float | Non
     print(f"[{name}] {' '.join(cmd[1:4])} ...", flush=True)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_subprocess_env(),
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=_subprocess_env(),
             start_new_session=True,
         )
         try:
@@ -100,7 +107,6 @@ def run_pipeline(
     # the folder, submission.json, every config value and the track's rules: checked before anything runs
     meta, cfg = validate_run(submission_dir, preset, overrides, seed=seed)
     run_cfg = cfg.section("run")
-    budget = cfg.section("budget")
     launch: LaunchConfig = cfg.section("launch")
     track = get_track(run_cfg.track)
     # the folder rules, by lstat before anything copies it: links, FIFOs, hard links, sizes, encodings
@@ -118,7 +124,82 @@ def run_pipeline(
     t0 = time.perf_counter()
     data_root = Path(data_dir).resolve() if data_dir else ensure_embedded_dataset()
     manifest = load_manifest(data_root)
-    phases["data"] = {"dir": str(data_root), "time_s": time.perf_counter() - t0}
+    phases["data"] = {"dir": str(data_root), "time_s": time.perf_counter() - t0, **data_identity(manifest)}
+    try:
+        return _phases(
+            submission_dir,
+            run_dir,
+            cfg,
+            meta,
+            track,
+            phases,
+            manifest,
+            data_root,
+            folder,
+            device,
+            ledger,
+            t_pipeline,
+        )
+    except Exception as e:  # noqa: BLE001 - every run that started ends with a result record
+        phases.setdefault("harness", {})["traceback"] = "".join(traceback.format_exception(e))[-4000:]
+        print(f"error: the run failed: {e}", file=sys.stderr)
+        return _finish(
+            run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="error", hint=str(e)
+        )
+
+
+def data_identity(manifest: Manifest) -> dict[str, Any]:
+    """What the result records of the dataset: its tokenizer, its selection, whether it is the embedded corpus."""
+    tok = manifest.raw.get("tokenizer") or {}
+    source = manifest.raw.get("source") or {}
+    return {
+        "tokenizer_sha256": tok.get("sha256"),
+        "selection_sha256": manifest.raw.get("selection_sha256"),
+        "embedded_corpus": isinstance(source, dict) and "embedded" in json.dumps(source).lower(),
+    }
+
+
+def official_data_problem(track: Track, identity: dict[str, Any]) -> str | None:
+    """On a record track the dataset must be the official one: the official tokenizer, not the embedded
+    corpus (whose validation text any process can rebuild from the Python installation)."""
+    if not track.record:
+        return None
+    if identity["embedded_corpus"]:
+        return (
+            f"track {track.name} is a record track: the embedded corpus cannot be scored on it (its validation text "
+            "ships with Python). HINT: pgolf data download, then --data DIR; or run on the smoke track"
+        )
+    if identity["tokenizer_sha256"] not in KNOWN_TOKENIZER_SHA256:
+        return (
+            f"track {track.name} is a record track: the dataset's tokenizer (sha256 "
+            f"{str(identity['tokenizer_sha256'])[:12]}…) is not the official {track.data_variant} tokenizer. "
+            "HINT: pgolf data download, then --data DIR"
+        )
+    return None
+
+
+def _phases(
+    submission_dir: Path,
+    run_dir: Path,
+    cfg: ResolvedConfig,
+    meta: dict[str, Any],
+    track: Track,
+    phases: dict[str, Any],
+    manifest: Manifest,
+    data_root: Path,
+    folder: dict[str, Any],
+    device: str,
+    ledger: str | Path | None,
+    t_pipeline: float,
+) -> dict[str, Any]:
+    run_cfg = cfg.section("run")
+    budget = cfg.section("budget")
+    launch: LaunchConfig = cfg.section("launch")
+    problem = official_data_problem(track, phases["data"])
+    if problem:
+        phases["data"]["problem"] = problem
+        print(f"data refused: {problem}", file=sys.stderr)
+        return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="invalid_data")
     print(
         f"[data] {data_root} ({manifest.split_tokens('train'):,} train / {manifest.split_tokens('val'):,} val tokens)",
         flush=True,
@@ -273,17 +354,24 @@ def run_pipeline(
 def _finish(
     run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, *, status: str, hint: str = ""
 ) -> dict[str, Any]:
-    result = build_result(
-        run_dir,
-        cfg,
-        meta,
-        track,
-        phases,
-        manifest,
-        status=status,
-        pipeline_s=time.perf_counter() - t_pipeline,
-    )
-    write_result(run_dir, result, Path(ledger) if ledger else run_dir.parent / "ledger.jsonl")
+    ledger_path = Path(ledger) if ledger else run_dir.parent / "ledger.jsonl"
+    try:
+        result = build_result(
+            run_dir,
+            cfg,
+            meta,
+            track,
+            phases,
+            manifest,
+            status=status,
+            pipeline_s=time.perf_counter() - t_pipeline,
+        )
+        write_result(run_dir, result, ledger_path)
+    except Exception as e:  # noqa: BLE001 - a record whose parts cannot be written still ends the run with one
+        result = minimal_result(
+            run_dir, cfg, meta, track, status="error", detail=f"the result could not be built: {e}"
+        )
+        write_result(run_dir, result, ledger_path)
     print_card(result)
     if status != "ok" and hint:
         print(f"--- last lines of {run_dir / 'train.log'} ---\n{hint}", file=sys.stderr)

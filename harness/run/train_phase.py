@@ -25,6 +25,7 @@ training-side code, so it gets the sandbox and what is left of train_s + grace_s
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import secrets
@@ -53,7 +54,14 @@ from harness.run.launch import (
 )
 from harness.run.staging import stage_folder
 from harness.train.clock import BudgetConfig
-from harness.train.rank import METRICS_FILE, SPEC_FORMAT, SPEC_FORMAT_VERSION, STATE_FILE, TRAIN_RECORD
+from harness.train.rank import (
+    METRICS_FILE,
+    SPEC_FORMAT,
+    SPEC_FORMAT_VERSION,
+    STATE_FILE,
+    TRAIN_FORMAT,
+    TRAIN_RECORD,
+)
 from isolation.monitor import parse_attempts
 from isolation.sandbox import TOKEN_ENV, WARNING_PREFIX, SandboxPlan, plan_sandbox
 
@@ -161,6 +169,84 @@ def _probe(
     except (ValueError, IndexError):
         return {k: f"probe failed: {r.stderr.strip()[-300:]}" for k in paths}, warnings
     return {k: got.get(str(p), "?") for k, p in paths.items()}, warnings
+
+
+# ---- What a rank says (never believed, only recorded) ----
+
+RANK_RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "role": str,
+    "rank_reported_train_s": (int, float),
+    "rank_reported_off_clock_s": (int, float),
+    "rank_reported_warmup": (dict, type(None)),
+    "rank_setup_s": (int, float),
+    "rank_save_s": (int, float),
+    "steps": int,
+    "stopped_by_clock": bool,
+    "ticks_after_stop": int,
+    "batches_after_stop": int,
+    "tokens_seen": int,
+    "backend": str,
+    "device": str,
+    "threads_per_rank": int,
+    "process": dict,
+    "train_shards_used": int,
+    "train_shard_names": list,
+    "train_tokens_available": int,
+}
+"""The keys of a rank's train.json the harness keeps, with their types; anything else is dropped."""
+RANK_RECORD_MAX_BYTES = 1 << 20
+
+
+def read_rank_record(path: Path) -> dict[str, Any]:
+    """A rank's train.json, checked: known keys of the right type, finite numbers, a bounded size.
+
+    The file is written inside the sandbox by a process that ran submitted code, so it is hostile
+    input: what it says is recorded as the rank's report (steps, tokens), never used for time, and a
+    malformed file is the run's error, never the harness's crash.
+    """
+    try:
+        st = os.lstat(path)
+    except OSError:
+        raise ValueError("training exited 0 but wrote no train.json") from None
+    if not stat.S_ISREG(st.st_mode) or st.st_size > RANK_RECORD_MAX_BYTES:
+        raise ValueError(f"train.json is not a regular file of at most {RANK_RECORD_MAX_BYTES:,} bytes")
+    try:
+        raw = json.loads(path.read_bytes(), parse_constant=lambda c: math.nan)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"train.json is not valid JSON: {e}") from None
+    if not isinstance(raw, dict) or raw.get("format") != TRAIN_FORMAT:
+        raise ValueError("train.json is not a pg-train record")
+    out: dict[str, Any] = {}
+    for key, typ in RANK_RECORD_FIELDS.items():
+        if key not in raw:
+            continue
+        v = raw[key]
+        bad_type = not isinstance(v, typ) or (
+            isinstance(v, bool) and bool not in (typ if isinstance(typ, tuple) else (typ,))
+        )
+        if (
+            bad_type
+            or (isinstance(v, float) and not math.isfinite(v))
+            or (isinstance(v, int) and not isinstance(v, bool) and v < 0)
+        ):
+            raise ValueError(f"train.json field {key!r} = {str(v)[:80]} is not a finite, non-negative {typ}")
+        out[key] = v
+    if out.get("role", "main") not in ("main", "secondary_node"):
+        raise ValueError(f"train.json role {out['role']!r} is not main or secondary_node")
+    try:
+        json.dumps(out, allow_nan=False)
+    except ValueError as e:
+        raise ValueError(f"train.json holds a non-finite number: {e}") from None
+    return out
+
+
+def stop_tolerance_s(budget: BudgetConfig) -> float:
+    """Seconds past train_s a run may take to finish its last step and hand over its state: 2 % of the
+    budget, at least 5 s, at most the grace period. Beyond it the run trained on the grace: over_budget.
+
+    The supervisor cannot see a rank's steps (nothing a rank says is believed), so this bounds the last
+    step's overshoot: a step longer than this that straddles the budget counts as training past it."""
+    return min(max(5.0, 0.02 * budget.train_s), budget.grace_s) if math.isfinite(budget.train_s) else math.inf
 
 
 def run_train_phase(
@@ -320,23 +406,36 @@ def run_train_phase(
     }
     train_json = run_dir / TRAIN_RECORD
     if outcome.status == "ok":
-        if not train_json.is_file():
-            record.update(status="error", detail="training exited 0 but wrote no train.json")
-        else:
-            worker = json.loads(train_json.read_text(encoding="utf-8"))
-            record.update(  # what the rank says never replaces what the supervisor measured
-                {k: v for k, v in worker.items() if k not in record and k not in ("format", "format_version")}
+        try:
+            worker = read_rank_record(train_json)
+        except ValueError as e:
+            record.update(status="error", detail=str(e))
+            worker = {}
+        # the role is the launch's, never the rank's word: one node means this node packs and scores
+        worker["role"] = "main" if launch.nnodes == 1 else worker.get("role", "main")
+        record.update({k: v for k, v in worker.items() if k not in record})  # never replaces a measured field
+        tolerance_s = stop_tolerance_s(budget)
+        if record["status"] != "ok":
+            pass
+        elif outcome.train_time_s is not None and outcome.train_time_s > budget.train_s + tolerance_s:
+            record.update(
+                status="over_budget",
+                detail=(
+                    f"trained {outcome.train_time_s:.1f} s by the supervisor's clock: past budget.train_s = "
+                    f"{budget.train_s:g} s + {tolerance_s:.1f} s to finish the last step (the grace period is for "
+                    "stopping, not for training)"
+                ),
             )
-            if worker.get("ticks_after_stop") or worker.get("batches_after_stop"):
-                record.update(
-                    status="over_budget",
-                    detail=(
-                        f"kept training after the clock said stop ({worker.get('batches_after_stop')} batches, "
-                        f"{worker.get('ticks_after_stop')} ticks after the stop reading)"
-                    ),
-                )
-            elif worker.get("role") == "main" and save_state and not (run_dir / STATE_FILE).is_file():
-                record.update(status="error", detail="training wrote no state")
+        elif worker.get("ticks_after_stop") or worker.get("batches_after_stop"):
+            record.update(
+                status="over_budget",
+                detail=(
+                    f"kept training after the clock said stop ({worker.get('batches_after_stop')} batches, "
+                    f"{worker.get('ticks_after_stop')} ticks after the stop reading)"
+                ),
+            )
+        elif worker["role"] == "main" and save_state and not (run_dir / STATE_FILE).is_file():
+            record.update(status="error", detail="training wrote no state")
     if record["status"] != "ok":
         record["errors"] = {
             p.name: p.read_text(errors="replace")[-4000:]

@@ -475,7 +475,11 @@ def _score_batch(
     ws: LossWorkspace,
     keep: dict[int, tuple[np.ndarray, np.ndarray, torch.Tensor]] | None,
     batch_index: int,
+    shuffle: np.random.Generator | None = None,
 ) -> None:
+    perm = shuffle.permutation(w.size) if shuffle is not None else None
+    if perm is not None:  # rows in a secret order: the next window of the text is not the next row
+        w = w[perm]
     starts, lengths, score_from = plan.starts[w], plan.lengths[w], plan.score_from[w]
     n = int(lengths.max())
     offs = np.arange(n, dtype=np.int64)
@@ -495,6 +499,13 @@ def _score_batch(
         sel = torch.from_numpy(scored_BL).to(device)
         out_NV, y_N, x_N, pos_N = logits_BLV[sel], y_BL[scored_BL], x_BL[scored_BL], pos_BL[scored_BL] + 1
     nats_N = nats_of(out_NV, torch.from_numpy(y_N).to(device), output, ws)
+    if (
+        perm is not None
+    ):  # back to plan order before summing: the sums are bit-identical to an unshuffled batch
+        rows_BL = np.broadcast_to(perm[:, None] * n + offs[None, :], scored_BL.shape)
+        order = np.argsort(rows_BL[scored_BL], kind="stable")
+        nats_N = nats_N[torch.from_numpy(order).to(nats_N.device)]
+        y_N, x_N, pos_N = y_N[order], x_N[order], pos_N[order]
     nbytes_N = table.token_bytes(x_N, y_N)
     sums.add(nats_N, nbytes_N)
     if on_scored is not None:
@@ -523,6 +534,7 @@ def evaluate(
     adapter: ChunkAdapter | None = None,
     on_scored: ScoredCallback | None = None,
     keep_batches: Iterable[int] = (),
+    shuffle_seed: int | None = None,
 ) -> EvalResult:
     """Score `model` on validation `tokens` in `cfg.mode`, optionally adapting score-first.
 
@@ -530,7 +542,9 @@ def evaluate(
     completely the adapter receives a fresh copy of exactly the target tokens scored in it. The
     forward passes run under no_grad then (tensors made in inference mode cannot be used to adapt).
     `keep_batches`: indices (in scoring order) of batches whose inputs and logits the result keeps
-    (`EvalResult.kept`: the probes compare fresh workers against them).
+    (`EvalResult.kept`: the probes compare fresh workers against them). `shuffle_seed`: send each
+    batch's rows in an order drawn from this seed (the scorer's secret), so that a model cannot find the
+    continuation of a row in the next one; the sums are the same to the bit.
     """
     t0 = time.perf_counter()
     toks = np.ascontiguousarray(eval_tokens(tokens, cfg))
@@ -543,6 +557,7 @@ def evaluate(
     grad_off = torch.no_grad if adapter is not None else torch.inference_mode
     ws = LossWorkspace()
     keep: dict[int, Any] = dict.fromkeys(keep_batches)
+    shuffle = np.random.default_rng([shuffle_seed, 2]) if shuffle_seed is not None else None
     b = 0
     scored_upto = 0  # every target at a position <= scored_upto has been scored
     with tqdm(total=plan.num_windows, desc="score", unit="win", disable=None, leave=False) as bar:
@@ -552,7 +567,20 @@ def evaluate(
             with grad_off():
                 for w in _batches(plan, idx, cfg):
                     _score_batch(
-                        model, toks, plan, w, table, cfg, device, output, sums, on_scored, ws, keep, b
+                        model,
+                        toks,
+                        plan,
+                        w,
+                        table,
+                        cfg,
+                        device,
+                        output,
+                        sums,
+                        on_scored,
+                        ws,
+                        keep,
+                        b,
+                        shuffle,
                     )
                     b += 1
                     bar.update(int(w.size))

@@ -17,6 +17,9 @@ Causality, the way the scorer checks it:
   peeks at a later token, mixes rows, or behaves differently in the run that is scored than in a
   fresh process, fails. With score-first adaptation the main worker's weights have moved, so a
   second fresh worker scores the unchanged batch as the base (recorded).
+- In the same fresh worker, a second variant keeps row r whole and replaces every other row with real
+  tokens from elsewhere: row r's logits must not move (rows of a batch never see each other; the
+  scorer also sends rows in a secret order, so the next row is not the continuation of the text).
 - Normalization is not sampled: returned log-probabilities are checked at every position of every
   batch (scoring/score/evaluate.py, check_normalized); logits are normalized by the scorer itself.
 
@@ -47,7 +50,7 @@ class ProbeFailure(RuleViolation):
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ProbeConfig:
     probes: int = 2
-    """Batches probed, each with one variant in a fresh worker (0: none, recorded as not run)."""
+    """Probes, each a real batch and a cut with one variant in a fresh worker (0: none, recorded as not run)."""
     seed: int | None = None
     """Seed of the batches, cuts and replacement tokens; None: drawn from the OS per run (secret until the end)."""
     atol: float = 0.0
@@ -70,8 +73,10 @@ class ProbePlan:
 def plan_probes(num_batches: int, cfg: ProbeConfig) -> ProbePlan:
     seed = cfg.seed if cfg.seed is not None else secrets.randbits(63)
     rng = np.random.default_rng(seed)
-    k = min(cfg.probes, num_batches)
-    batches = tuple(sorted(int(b) for b in rng.choice(num_batches, size=k, replace=False))) if k else ()
+    k = cfg.probes if num_batches else 0  # a batch may be probed twice (two cuts) when there are few
+    batches = (
+        tuple(sorted(int(b) for b in rng.choice(num_batches, size=k, replace=num_batches < k))) if k else ()
+    )
     return ProbePlan(seed, batches)
 
 
@@ -83,16 +88,12 @@ def make_variant(
     `cut` is the flat index of (r, t) among the batch's real positions (row-major order).
     """
     flat = np.flatnonzero(valid_BL.reshape(-1))  # real positions, stream order
-    # A cut at the last real position of a row would leave that row's own future unchanged: cut inside a
-    # row, so that the next token of the same row changes (every later row changes as well: row mixing).
-    last_of_row = np.zeros(valid_BL.shape, dtype=bool)
-    lengths = valid_BL.sum(axis=1)
-    rows = np.flatnonzero(lengths)
-    last_of_row[rows, lengths[rows] - 1] = True
-    candidates = np.flatnonzero(~last_of_row.reshape(-1)[flat])  # indices into flat
-    if candidates.size == 0:
-        raise ValueError("a probe batch needs a row of at least two real positions")
-    cut = int(rng.choice(candidates))
+    if flat.size < 2:
+        raise ValueError("a probe batch needs at least two real positions")
+    # Anywhere but the batch's last real position: a cut inside a row changes the row's own future, a cut at
+    # a row's end changes every later row (the scorer sends rows in a secret order, so a row's text does not
+    # continue in the next row; a model that looks across rows is caught either way).
+    cut = int(rng.integers(0, flat.size - 1))
     after = flat[cut + 1 :]
     x2 = x_BL.copy().reshape(-1)
     m = after.size
@@ -107,6 +108,38 @@ def make_variant(
     x2[after] = fill
     r, t = divmod(int(flat[cut]), x_BL.shape[1])
     return x2.reshape(x_BL.shape), r, t, cut
+
+
+def isolate_row(
+    x_BL: np.ndarray, valid_BL: np.ndarray, r: int, tokens: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """Row r unchanged, every other row's real positions replaced by real tokens from elsewhere."""
+    x2 = x_BL.copy()
+    for i in range(x_BL.shape[0]):
+        if i == r:
+            continue
+        m = int(valid_BL[i].sum())
+        s = int(rng.integers(0, max(1, tokens.size - m)))
+        fill = np.asarray(tokens[s : s + m], dtype=np.int64)
+        x2[i, : fill.size] = fill
+    return x2
+
+
+def _compare_row(
+    base_BLV: torch.Tensor, other_BLV: torch.Tensor, valid_BL: np.ndarray, r: int, atol: float, what: str
+) -> float:
+    """Row r's logits must not depend on the other rows of its batch."""
+    n = int(valid_BL[r].sum())
+    a, b = base_BLV[r, :n], other_BLV[r, :n]
+    d = torch.where(torch.isnan(a) & torch.isnan(b), torch.zeros_like(a), (a - b).abs()).amax(-1)
+    bad = torch.isnan(d) | (d > atol)
+    if bool(bad.any()):
+        t = int(torch.nonzero(bad)[0])
+        raise ProbeFailure(
+            f"row-independence probe failed ({what}): changing the other rows of the batch changed the logits at "
+            f"row {r} position {t} (max |Δlogit| = {float(d[t]):.3g} > {atol:g}); rows of a batch must not see each other"
+        )
+    return float(d.max()) if d.numel() else 0.0
 
 
 def _compare(
@@ -166,10 +199,24 @@ def run_probes(
         base_BLV = scored_BLV
         if fresh_base:  # the main worker adapted: score the unchanged batch in a fresh worker too
             base_BLV = next(fresh).logits(torch.from_numpy(x_BL)).detach().float().cpu().clone()
-        var_BLV = next(fresh).logits(torch.from_numpy(x2_BL)).detach().float().cpu().clone()
+        worker = next(fresh)
+        var_BLV = worker.logits(torch.from_numpy(x2_BL)).detach().float().cpu().clone()
         diff, compared = _compare(base_BLV, var_BLV, valid_BL, cut, cfg.atol, f"batch {b}")
+        iso_BLV = (
+            worker.logits(torch.from_numpy(isolate_row(x_BL, valid_BL, r, tokens, rng)))
+            .detach()
+            .float()
+            .cpu()
+        )
+        row_diff = _compare_row(base_BLV, iso_BLV, valid_BL, r, cfg.atol, f"batch {b}")
         results.append(
-            {"batch": b, "row": r, "position": t, "positions_compared": compared, "max_abs_diff": diff}
+            {
+                "batch": b,
+                "row": r,
+                "position": t,
+                "positions_compared": compared,
+                "max_abs_diff": max(diff, row_diff),
+            }
         )
     return {
         "version": PROBE_VERSION,

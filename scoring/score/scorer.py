@@ -207,6 +207,7 @@ def score_artifact(
             bos_id=tokenizer.bos_id,
             adapter=main if adapting else None,
             keep_batches=plan.batches,
+            shuffle_seed=plan.seed,
         )
         for w in probe_workers:  # all at once: they import and build in parallel
             w.start()
@@ -247,6 +248,7 @@ def score_artifact(
         "eval_time_s": result.eval_time_s,
         "eval_budget_s": eval_budget_s if math.isfinite(eval_budget_s) else None,
         "probes": probes,
+        "rows_shuffled": True,
         "tokenizer_audit": audit,
         "adaptation": main.adaptation_record(cfg.adapt_chunk_tokens, sha256_file(code_dir / EVAL_HOOK_FILE))
         if adapting

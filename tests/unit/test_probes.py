@@ -118,6 +118,16 @@ class PeekOnceWarm(Bigram):
         return out
 
 
+class NextRowPeeker(Bigram):
+    """At the last position of each row, reads the next row's first token: in standard mode, its own target."""
+
+    def forward(self, ids):
+        out = self.table[ids].clone()
+        if ids.shape[0] > 1:
+            out[:-1, -1] += 80.0 * F.one_hot(ids[1:, 0], V).float()
+        return out
+
+
 class LogProbsWhenLarge(Bigram):
     pgolf_output = "log_probs"
 
@@ -178,18 +188,19 @@ def test_a_variant_replaces_everything_after_the_cut_in_stream_order_with_real_t
 
 @pytest.mark.parametrize(
     "model",
-    [PeekNext(), RowMixer(), PeekWhenLarge(), PeekAwayFromOldProbes(), PeekOnceWarm()],
+    [PeekNext(), RowMixer(), PeekWhenLarge(), PeekAwayFromOldProbes(), PeekOnceWarm(), NextRowPeeker()],
     ids=[
         "peek-next",
         "row-mixer",
         "peek-in-large-batches",
         "peek-off-old-positions",
         "peek-once-warm",
+        "next-row-at-row-end",
     ],
 )
 def test_cheaters_fail_causality_with_the_batch_and_position(model):
     with pytest.raises(
-        ProbeFailure, match=r"causality probe failed \(batch \d+\): changing the tokens after row"
+        ProbeFailure, match=r"probe failed \(batch \d+\): changing the (tokens after row|other rows)"
     ):
         probe(model, STANDARD, probes=6)
 
@@ -204,6 +215,26 @@ def test_a_local_leak_is_named_where_it_happens_when_a_cut_lands_on_it():
             assert "changed the logits at row" in str(e) and "position 37 " in str(e), str(e)
             return
     pytest.fail("200 seeds of 6 probes never cut within reach of the leak")
+
+
+def test_rows_go_out_in_a_secret_order_and_the_sums_do_not_change():
+    table = ByteTokenizer().byte_table()
+    seen: list[np.ndarray] = []
+
+    class Spy(Bigram):
+        def forward(self, ids):
+            seen.append(ids.clone().numpy())
+            return super().forward(ids)
+
+    for cfg in (STANDARD, SLIDING, DOCUMENTS):
+        m = Spy()
+        a = evaluate(m, TOKENS, table, cfg, CPU).sums
+        plain = list(seen)
+        seen.clear()
+        b = evaluate(m, TOKENS, table, cfg, CPU, shuffle_seed=7).sums
+        assert (a.loss_nats, a.bytes, a.tokens) == (b.loss_nats, b.bytes, b.tokens)  # bit for bit
+        assert any(not np.array_equal(x, y) for x, y in zip(plain, seen, strict=True))  # another order
+        seen.clear()
 
 
 def test_unnormalized_log_probs_fail_at_any_batch():
@@ -229,7 +260,12 @@ def test_a_failed_probe_fails_the_score(tmp_path, tiny_dataset):
     )
     folder = write_submission(tmp_path / "peek", model_src=peek)
     pack_tiny(folder, tmp_path / "a.pgolf")
-    with pytest.raises(ProbeFailure, match="causality probe failed .* at row"):
+    with pytest.raises(ProbeFailure, match="causality probe failed .* at row"):  # 4 cuts: a miss is (1/32)^4
         score_artifact(
-            tmp_path / "a.pgolf", folder, tiny_dataset, EvalConfig(seq_len=32, max_tokens=512), threads=1
+            tmp_path / "a.pgolf",
+            folder,
+            tiny_dataset,
+            EvalConfig(seq_len=32, max_tokens=512),
+            threads=1,
+            probe_cfg=ProbeConfig(probes=4),
         )
