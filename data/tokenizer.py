@@ -4,7 +4,7 @@ Two kinds, one small interface (`Tokenizer`):
 - `SentencePieceTokenizer`: a SentencePiece `.model` file (the official `sp1024` and friends).
 - `ByteTokenizer` (`byte260`): ids 0..3 are pad/bos/eos/unk, id 4 + b is the raw byte b.
 
-A token's bytes (DESIGN.md, "Exact byte accounting"): 0 for control/unknown/unused pieces, 1 for a
+A token's bytes (docs/RULES.md, "Exact byte accounting"): 0 for control/unknown/unused pieces, 1 for a
 byte-fallback piece, otherwise the UTF-8 length of the piece without its leading "▁", plus 1 when
 the piece starts with "▁" and the previous token is not a boundary (control/unknown). `ByteTable`
 holds the three lookup arrays that make this one vectorised expression.

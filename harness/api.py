@@ -102,7 +102,7 @@ SCORED_IMPORTS = frozenset(
         "enum",
     }
 )
-"""Top-level modules model.py, eval.py and their local modules may import (DESIGN: "model.py: torch only")."""
+"""Top-level modules model.py, eval.py and their local modules may import (docs/RULES.md, "Isolation": model.py is torch only)."""
 CODEC_IMPORTS = frozenset(
     {"json", "struct", "io", "zlib", "lzma", "bz2", "zstandard", "safetensors", "brotli"}
 )

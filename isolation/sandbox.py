@@ -27,10 +27,10 @@ Not covered: a separate unprivileged user (the interpreter may live under a fold
 can read, as /root here); namespaces on several nodes (ranks must reach each other, and torchrun's
 rendezvous tells nodes apart by hostname and pid); data that is public
 elsewhere (the embedded corpus's validation text ships with Python itself); opens made from C code
-or child processes are refused but not reported (see isolation/monitor.py). The scorer, which runs the
-submission's model.py next to the validation data, confines itself with the same Landlock rules
-once it has read that data (scoring/score/confine.py): it can write only its result folder and a private
-temp folder, so it leaves no channel to a later training run.
+or child processes are refused but not reported (see isolation/monitor.py). The model worker, where a submission's scored code runs (scoring/worker/), is planned with the same
+function and entered the same way, with a seccomp filter on top (isolation/seccomp.py); the
+scorer, which runs no submitted code, confines itself with Landlock once it has read the validation
+data (scoring/score/confine.py).
 
     python -m isolation.sandbox enter POLICY.json -- CMD...   apply, then exec CMD (used by launch.py)
     python -m isolation.sandbox probe PATH...                 try to read each PATH (run inside a sandbox)

@@ -1,17 +1,17 @@
-"""Checks on the submission code that runs inside the scorer: a static check before it is imported,
-and a guard on the scorer's own tools while it runs.
+"""The static lint of scored code: a fast, friendly early verdict, not the security boundary.
 
-The scorer imports `model.py` (and `codec.py` for a custom codec, `eval.py` for score-first
-adaptation) into the process that holds the validation tokens and computes the loss. Python has
-no in-process sandbox, so two layers make the rules mechanical:
+Scored code (`model.py`, `eval.py`, `codec.py`) runs only in the confined model worker
+(scoring/worker/): that process and the kernel are what keep it from the validation data
+(docs/ARCHITECTURE.md). This lint runs before training (`pgolf run`) and again in the scorer, so
+that code which breaks the contract's rules fails in seconds with every problem named:
 
-1. Static check (`lint_scored_code`), before anything is imported: every `.py` file of the folder but
+Static check (`lint_scored_code`), before anything is imported: every `.py` file of the folder but
    the top-level train.py (sub-packages included, imported by an entry file or not: the simplest
    honest rule, since the scorer gets them all; training-only helpers belong in train.py) is read
    as the folder rules of scoring/artifact/cap.py allow (no link followed; uncounted folders such as
    __pycache__ skipped), must be strict UTF-8 with no coding declaration but utf-8 (a `# coding: utf-7`
    line would make Python read other code than the check reads), and is refused if it
-   - import anything but an allow-list (DESIGN: "model.py: torch only"; plus harmless standard
+   - import anything but an allow-list (docs/RULES.md: model.py is torch only; plus harmless standard
      modules, numpy and einops; a codec also the compressors and byte packers it needs),
    - use a name that reaches outside the objects handed to them (frames, gc, files, builtins
      tricks, `getattr` and friends, `sys`, `os`, ...),
@@ -22,18 +22,9 @@ no in-process sandbox, so two layers make the rules mechanical:
      `F.log_softmax = ...`): monkeypatching what the scorer calls,
    - import train.py, which the scorer never gets.
    codec.py and the modules only it imports get the codec's allowances; every other file the model's rules.
-2. Tool guard (`ToolGuard`), at run time: before the submission's code is imported, the scorer
-   records the identity of every attribute of the modules and classes it computes with (builtins,
-   math, numpy, torch, torch.Tensor, torch.nn.functional, the aten op it uses, and its own scoring
-   modules; torch.compile in a model is fine: see SELF_PATCHED), the kernels registered for every
-   aten operator, and the depth of torch's mode stacks. It checks them again after every forward
-   pass and adaptation step (attributes, modes and the kernels it runs itself), and in full once the
-   model is built and at the end; anything replaced, removed or (on a class) added, or a mode left
-   active, fails the score, naming it.
-
-Either failure is a verdict on the entry ("code check failed"; the run is `illegal`), not a crash.
-This raises the bar and gives a clear verdict; it is not a proof against a determined attacker
-(DESIGN.md: officials still review counted code).
+A failure is a verdict on the entry ("code check failed"; the run is `illegal`), not a crash. A
+deny-list over Python cannot be complete (a string that a library evaluates, say): what it misses,
+the worker's confinement holds (tests/e2e/test_worker_boundary.py).
 """
 
 from __future__ import annotations

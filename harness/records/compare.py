@@ -1,6 +1,6 @@
 """`pgolf compare NEW... --against OLD...`: is the new entry a record? One-sided Welch test over seeds.
 
-The rule (DESIGN.md, the reference challenge's): a new record must beat the current one by at
+The rule (docs/RULES.md, "Significance"; the reference challenge's): a new record must beat the current one by at
 least the track's margin (0.005 nats) at the track's p-value (0.01), over seeds. With d the mean
 improvement (old - new, lower is better), the hypotheses are
 

@@ -1,7 +1,7 @@
 """The byte cap and the folder rules: which files of a submission count, what a folder may hold, and
 the check bytes_code + bytes_model <= cap.
 
-Counted code bytes (DESIGN.md): every file in the submission folder except README.md,
+Counted code bytes (docs/RULES.md): every file in the submission folder except README.md,
 submission.json, logs and results. Concretely excluded: those two names; any path with a part
 that is hidden (starts with "."), `__pycache__`, `logs`, `results` or `runs`; files ending in
 `.log`, `.pyc`. Everything else counts, byte for byte, including config files and tokenizers.

@@ -15,10 +15,11 @@ The scorer (scoring/score/evaluate.py) feeds the validation windows in order, in
    positions scored so far and not yet handed over (never a view into the validation array, so
    there is nothing beyond it to read). Its time counts on the eval clock.
 
-The hook runs in the scorer's process, where the validation tokens are: before it is imported,
-eval.py, model.py and what they import pass the static check of scoring/codecheck.py (only the
-objects handed over, no frames, files or monkeypatching), and the scorer's tools are checked
-after every adaptation step (codecheck.ToolGuard).
+The adapter runs in the model worker (scoring/worker/process.py), never in the scorer: the worker
+gets each chunk's tokens from the scorer only after the scorer has recorded the chunk's scores, so
+the protocol holds whatever the hook does. The weight check above is the worker's own early,
+friendly error for a model that trains inside forward; the probes are what catch a model whose
+scored logits depend on what it should not see.
 """
 
 from __future__ import annotations

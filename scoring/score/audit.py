@@ -2,7 +2,7 @@
 
     pgolf audit-tokenizer MODEL --docs FILE [--max-docs N] [--show K] [--json]
 
-bpb divides by the table's byte count (data/tokenizer.py, DESIGN.md "Exact byte accounting"); a
+bpb divides by the table's byte count (data/tokenizer.py, docs/RULES.md "Exact byte accounting"); a
 table that over-counts makes every score look better. The audit spells each document's tokens
 independently of the table, from the tokenizer's own pieces:
 

@@ -26,7 +26,7 @@ float64 (float64 sums); a model never reports its own loss. float64 makes the an
 exact: uniform logits over 256 byte pieces score 8.0 bpb. A model that sets
 `pgolf_output = "log_probs"` returns log-probabilities instead; they are used as they are, and
 the normalization probe checks that they sum to one. The byte count of target y_t is
-table.token_bytes(x_t, y_t) (DESIGN.md, exact byte accounting).
+table.token_bytes(x_t, y_t) (docs/RULES.md, "Exact byte accounting").
 
 Score-first adaptation (scoring/score/adapt.py): with an adapter, the plan is cut into chunks of about
 `adapt_chunk_tokens` targets, in order; a chunk is scored completely (the adapter checks that no

@@ -1,6 +1,6 @@
 """The canonical int8_zlib codec: hand-checked golden values, and round-trip properties.
 
-Golden values (worked by hand, DESIGN.md "Canonical int8 codec"):
+Golden values (worked by hand, docs/RULES.md "The canonical int8 codec"):
 - w: shape (2, 312501), so 2-D and above 65,536 elements: quantized per row. For 312,501 columns
   the clip quantile's rank is 0.9999984 * 312500 = 312499.5 (in float32), halfway between the two
   largest |w|. Row 0 holds 0.5, -0.25, 0.75, 1.0 and an outlier 3.0 (rest 0): the two largest are 1.0

@@ -1,6 +1,6 @@
 """`int8_zlib`: the canonical packing, numerically identical to the reference's `int8_clean_per_row_v1`.
 
-Per tensor (DESIGN.md, "Canonical int8 codec"):
+Per tensor (docs/RULES.md, "The canonical int8 codec"):
 - non-float tensors pass through exactly;
 - float tensors of at most 65,536 elements pass through: float32 when the name contains a control
   pattern (attn_scale, mlp_scale, resid_mix, q_gain, skip_weight, ...), else float32/bfloat16 are
