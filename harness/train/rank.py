@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch import nn
 
 from data.loader import OnDemandTokenStream
-from harness.api import DistInfo, TrainContext, TrainingComplete, TrainResult
+from harness.api import API_VERSION, DistInfo, TrainContext, TrainingComplete, TrainResult
 from harness.train.clock import DataGate, HarnessClock
 from harness.train.wire import WireClient
 from isolation.monitor import monitor_from_rules
@@ -235,6 +235,7 @@ def main(spec_path: str) -> int:
             {
                 "format": TRAIN_FORMAT,
                 "format_version": TRAIN_FORMAT_VERSION,
+                "api_version": API_VERSION,
                 "role": "main" if info.is_main else "secondary_node",
                 "status": "ok",
                 "rank_reported_train_s": rank_train_s,
