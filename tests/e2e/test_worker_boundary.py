@@ -32,7 +32,7 @@ from tests.unit.test_eval_support import TINY_CONFIG, TINY_MODEL, _one_thread, p
 EVAL = EvalConfig(seq_len=32, batch_seqs=8, max_tokens=512)
 
 # Runs `code` (a Python expression) at import time, past the static lint: typing evaluates the annotation.
-SMUGGLE = '''
+SMUGGLE = """
 import typing
 
 
@@ -44,7 +44,7 @@ try:
     SMUGGLED = typing.get_type_hints(_smuggled)["x"]
 except Exception as e:  # noqa: BLE001
     SMUGGLED = repr(e)
-'''
+"""
 
 # A model that predicts the next validation token perfectly if SMUGGLED holds the validation tokens.
 LEAKY_FORWARD = TINY_MODEL.replace(
@@ -69,12 +69,16 @@ def pack_clean(folder: Path, out: Path) -> None:
     from scoring.score.loading import build_model
 
     state = build_model(clean, TINY_CONFIG).state_dict()
-    pack_state(state, folder, out, codec_name="int8_zlib", model_config=TINY_CONFIG, cap_bytes=ARTIFACT_CAP_BYTES)
+    pack_state(
+        state, folder, out, codec_name="int8_zlib", model_config=TINY_CONFIG, cap_bytes=ARTIFACT_CAP_BYTES
+    )
 
 
 def score(tmp_path: Path, data: Path, model_src: str, **kw) -> dict:
     folder = write_submission(tmp_path / "sub", model_src=model_src)
-    assert lint_scored_code(folder) == [], "the test model should get past the lint: the worker is what is tested"
+    assert lint_scored_code(folder) == [], (
+        "the test model should get past the lint: the worker is what is tested"
+    )
     pack_clean(folder, tmp_path / "a.pgolf")
     return score_artifact(tmp_path / "a.pgolf", folder, data, EVAL, threads=1, **kw)
 
@@ -117,7 +121,9 @@ def test_scored_code_cannot_read_the_validation_data(tmp_path, tiny_dataset, hon
 
 def test_scored_code_cannot_write_outside_its_temp_folder(tmp_path, tiny_dataset, honest_bpb):
     target = tmp_path / "pwned.txt"
-    rec = score(tmp_path, tiny_dataset, smuggling_model(f"__import__('builtins').open('{target}', 'w').write('x')"))
+    rec = score(
+        tmp_path, tiny_dataset, smuggling_model(f"__import__('builtins').open('{target}', 'w').write('x')")
+    )
     assert rec["val_bpb"] == honest_bpb and not target.exists()
 
 
@@ -148,7 +154,9 @@ def test_scored_code_cannot_signal_or_trace_the_scorer(tmp_path, tiny_dataset):
     assert worker["reported"]["CapEff"] == "0000000000000000"
 
 
-def test_a_monkeypatch_or_kernel_swap_in_the_worker_does_not_reach_the_scorer(tmp_path, tiny_dataset, honest_bpb):
+def test_a_monkeypatch_or_kernel_swap_in_the_worker_does_not_reach_the_scorer(
+    tmp_path, tiny_dataset, honest_bpb
+):
     code = (
         "[setattr(__import__('torch'), 'isfinite', lambda x: x == x), "
         "__import__('torch').library.Library('aten', 'IMPL').impl('neg', lambda *a, **k: None, 'CPU')]"
@@ -157,10 +165,12 @@ def test_a_monkeypatch_or_kernel_swap_in_the_worker_does_not_reach_the_scorer(tm
     assert rec["status"] == "ok" and rec["val_bpb"] == honest_bpb
 
 
-SUBCLASS_OUTPUT = TINY_MODEL.replace(
-    "        return self.head(torch.tanh(e + self.mix * prev))",
-    "        return self.head(torch.tanh(e + self.mix * prev)).as_subclass(Liar)",
-) + '''
+SUBCLASS_OUTPUT = (
+    TINY_MODEL.replace(
+        "        return self.head(torch.tanh(e + self.mix * prev))",
+        "        return self.head(torch.tanh(e + self.mix * prev)).as_subclass(Liar)",
+    )
+    + '''
 
 class Liar(torch.Tensor):
     """A tensor subclass that lies about arithmetic: the scorer must never call its methods."""
@@ -174,6 +184,7 @@ class Liar(torch.Tensor):
     def double(self):
         return self * 0
 '''
+)
 
 
 def test_a_tensor_subclass_output_changes_nothing(tmp_path, tiny_dataset, honest_bpb):
@@ -182,7 +193,9 @@ def test_a_tensor_subclass_output_changes_nothing(tmp_path, tiny_dataset, honest
 
 
 def test_a_runaway_allocation_is_out_of_memory(tmp_path, tiny_dataset):
-    model = TINY_MODEL.replace("        e = self.emb(ids)\n", "        e = self.emb(ids)\n        torch.empty(1 << 42)\n")
+    model = TINY_MODEL.replace(
+        "        e = self.emb(ids)\n", "        e = self.emb(ids)\n        torch.empty(1 << 42)\n"
+    )
     folder = write_submission(tmp_path / "sub", model_src=model)
     pack_clean(folder, tmp_path / "a.pgolf")
     code, rec = score_cli(tmp_path, tiny_dataset, folder, tmp_path / "a.pgolf")
@@ -190,7 +203,9 @@ def test_a_runaway_allocation_is_out_of_memory(tmp_path, tiny_dataset):
 
 
 def test_a_forward_that_never_returns_is_killed_at_the_eval_deadline(tmp_path, tiny_dataset):
-    model = TINY_MODEL.replace("        e = self.emb(ids)\n", "        e = self.emb(ids)\n        while True:\n            pass\n")
+    model = TINY_MODEL.replace(
+        "        e = self.emb(ids)\n", "        e = self.emb(ids)\n        while True:\n            pass\n"
+    )
     folder = write_submission(tmp_path / "sub", model_src=model)
     pack_clean(folder, tmp_path / "a.pgolf")
     code, rec = score_cli(tmp_path, tiny_dataset, folder, tmp_path / "a.pgolf", "--eval-budget-s", "3")
@@ -243,4 +258,7 @@ def test_the_scorer_process_imports_no_submitted_code(tmp_path, tiny_dataset):
     rec = score(tmp_path, tiny_dataset, TINY_MODEL)
     assert not [m for m in sys.modules if m.startswith("pgolf_submission")]
     assert rec["workers"][0]["reported"]["pid"] != os.getpid()
-    assert "process: the model worker" in rec["enforcement"]["submitted code never shares a process with validation data"]
+    assert (
+        "process: the model worker"
+        in rec["enforcement"]["submitted code never shares a process with validation data"]
+    )
