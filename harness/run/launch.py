@@ -60,10 +60,13 @@ from tqdm import tqdm
 from data.shards import read_header
 from harness.train.clock import BudgetConfig
 from harness.train.wire import MAX_FDS_PER_MESSAGE, MAX_MESSAGE_BYTES, MAX_SOCKET_PATH_BYTES, decode, encode
-from isolation.sandbox import TOKEN_ENV
+from isolation.processes import (
+    die_with_parent,
+    kill_session,
+    reap_token_processes,
+)
 
 DEVICES = ("auto", "cpu", "cuda")
-KILL_WAIT_S = 3.0
 MONITOR_INTERVAL_S = 1.0
 LEFTOVER_WAIT_S = 2.0
 POLL_S = 0.5
@@ -464,33 +467,6 @@ class ClockServer:
             pass
 
 
-def processes_with_token(token: str) -> list[int]:
-    """PIDs whose initial environment holds TOKEN_ENV=token (readable for our own uid, or as root)."""
-    needle = f"{TOKEN_ENV}={token}".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
-def kill_token_processes(token: str) -> list[int]:
-    """SIGKILL every process carrying the token; returns their PIDs."""
-    pids = processes_with_token(token)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    return pids
-
-
 LOG_LIMIT_BYTES = 64 << 20
 """At most this much of a phase's output is kept in its log; the rest is counted and dropped."""
 
@@ -524,28 +500,12 @@ def pump_output(
     return t
 
 
-def kill_session(proc: subprocess.Popen, first: signal.Signals = signal.SIGTERM) -> None:
-    for sig in dict.fromkeys((first, signal.SIGKILL)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=KILL_WAIT_S)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def reap_token_processes(token: str, wait_s: float) -> list[int]:
-    """Processes of the phase still alive `wait_s` after it ended (a PID namespace's teardown is not instant): killed."""
-    t_end = time.monotonic() + wait_s
-    while processes_with_token(token) and time.monotonic() < t_end:
-        time.sleep(0.05)
-    return kill_token_processes(token)
-
-
-# ---- Supervising ----
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when `pid` exits (Linux >= 5.3), so the supervisor wakes at once."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -567,14 +527,6 @@ class PhaseOutcome:
     clock: dict[str, Any] = field(default_factory=dict)
     """How the supervisor's clock ran: why the credit, what ended the clock, refused requests, the state's sha256."""
     leftover_pids: list[int] = field(default_factory=list)
-
-
-def _pidfd(pid: int) -> int | None:
-    """A descriptor that becomes readable when `pid` exits (Linux >= 5.3), so the supervisor wakes at once."""
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
 
 
 def supervise(
@@ -612,6 +564,7 @@ def supervise(
             proc = subprocess.Popen(
                 cmd,
                 stdout=subprocess.PIPE,  # a pipe the supervisor owns: no rank holds the log file itself
+                preexec_fn=die_with_parent,  # the harness killed: the phase dies with it
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,

@@ -37,6 +37,7 @@ from harness.run.launch import LaunchConfig
 from harness.run.staging import folder_verdict, stage_folder, stage_model_code
 from harness.run.train_phase import run_sealed_pack, run_train_phase
 from harness.train.rank import STATE_FILE
+from isolation.processes import die_with_parent
 from scoring.codecheck import lint_scored_code
 from scoring.score.audit import KNOWN_TOKENIZER_SHA256
 from scoring.score.cli import EXIT_CODES, STATUS_OF_EXIT, ScoreRequest
@@ -69,6 +70,7 @@ def _run_phase(name: str, cmd: list[str], log_path: Path, timeout_s: float | Non
             stdin=subprocess.DEVNULL,
             env=_subprocess_env(),
             start_new_session=True,
+            preexec_fn=die_with_parent,  # the harness killed: the phase dies with it
         )
         try:
             return proc.wait(timeout=timeout_s)

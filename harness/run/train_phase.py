@@ -46,9 +46,7 @@ from harness.run.launch import (
     LEFTOVER_WAIT_S,
     ClockServer,
     LaunchConfig,
-    kill_session,
     pump_output,
-    reap_token_processes,
     supervise,
     torchrun_command,
 )
@@ -63,6 +61,7 @@ from harness.train.rank import (
     TRAIN_RECORD,
 )
 from isolation.monitor import parse_attempts
+from isolation.processes import die_with_parent, kill_session, reap_token_processes
 from isolation.sandbox import TOKEN_ENV, WARNING_PREFIX, SandboxPlan, plan_sandbox
 
 PACK_STARTUP_S = 30.0
@@ -516,6 +515,7 @@ def run_sealed_pack(
         proc = subprocess.Popen(
             plan.wrap(cmd, run_dir / "pack_sandbox_policy.json"),
             stdout=subprocess.PIPE,  # the codec's output goes through a pipe this process owns
+            preexec_fn=die_with_parent,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,

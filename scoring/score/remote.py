@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from isolation.processes import die_with_parent
 from isolation.sandbox import SandboxPlan, plan_sandbox
 from scoring.worker.process import WORKER_SPEC_FORMAT, WORKER_SPEC_VERSION
 from scoring.worker.wire import Reply, SharedBuffer, WireError, WorkerGone, recv, send, socket_pair
@@ -176,6 +177,7 @@ class WorkerModel:
             env=_env(self._tmp, cfg.threads),
             cwd=self._tmp / "home",
             start_new_session=True,
+            preexec_fn=die_with_parent,  # the scorer killed: its workers die with it
         )
         child.close()
         self.output = _OutputTail()

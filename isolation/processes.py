@@ -1,0 +1,77 @@
+"""A phase's processes: found by the token in their environment, killed, reaped; tied to their parent.
+
+A leaf of the isolation layer (it imports nothing of the project). Every process of a sandboxed
+phase carries `TOKEN_ENV=<token>` in its environment from the start, so the supervisor finds them
+all (a rank's grandchildren included, in a PID namespace or not) and kills what is left once the
+phase ends. `die_with_parent` is given to Popen as preexec_fn: when the harness itself dies (even by
+SIGKILL), the kernel kills the phase's first process, and with it the PID namespace it leads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import time
+
+from isolation.sandbox import TOKEN_ENV
+
+KILL_WAIT_S = 3.0
+PR_SET_PDEATHSIG = 1
+
+
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # bound before any fork: preexec_fn must not allocate
+
+
+def die_with_parent() -> None:
+    """preexec_fn: this child gets SIGKILL when the process that started it dies (prctl PR_SET_PDEATHSIG)."""
+    _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def processes_with_token(token: str) -> list[int]:
+    """PIDs whose initial environment holds TOKEN_ENV=token (readable for our own uid, or as root)."""
+    needle = f"{TOKEN_ENV}={token}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def kill_token_processes(token: str) -> list[int]:
+    """SIGKILL every process carrying the token; returns their PIDs."""
+    pids = processes_with_token(token)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return pids
+
+
+def reap_token_processes(token: str, wait_s: float) -> list[int]:
+    """Processes of the phase still alive `wait_s` after it ended (a PID namespace's teardown is not instant): killed."""
+    t_end = time.monotonic() + wait_s
+    while processes_with_token(token) and time.monotonic() < t_end:
+        time.sleep(0.05)
+    return kill_token_processes(token)
+
+
+def kill_session(proc: subprocess.Popen, first: signal.Signals = signal.SIGTERM) -> None:
+    for sig in dict.fromkeys((first, signal.SIGKILL)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=KILL_WAIT_S)
+            return
+        except subprocess.TimeoutExpired:
+            continue
