@@ -19,7 +19,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -162,7 +162,15 @@ def artifact_codec(artifact: Artifact, submission_dir: str | os.PathLike[str] | 
     return get_codec("submission", submission_dir)
 
 
-def decode_state(artifact: Artifact, codec: Codec) -> StateDict:
+class Decoder(Protocol):
+    """What decode_state needs of a codec: its name and decode (a Codec is one)."""
+
+    name: str
+
+    def decode(self, payload: bytes) -> StateDict: ...
+
+
+def decode_state(artifact: Artifact, codec: Decoder) -> StateDict:
     """Decode the payload and check the tensors against the header's names and shapes.
 
     Dtypes are not compared: a codec may hand back a wider dtype (int8_zlib keeps control tensors in
