@@ -3,29 +3,42 @@
     pgolf sample ARTIFACT --submission DIR (--data DIR | --tokenizer MODEL) [--prompt TEXT]
                  [--tokens N] [--temperature T] [--top-k K] [--seed S] [--context N]
 
-The model is built exactly as the scorer builds it (code checked against the artifact's hashes,
-tensors decoded by the artifact's codec, strict load), so what you sample is what was scored.
-Generation re-runs the model on the last `--context` tokens for each new token (no KV cache: the
-contract's forward takes token ids only), which is fine for the small models of this challenge.
+The model is built exactly as the scorer builds it, and where: in a confined model worker
+(scoring/score/remote.py's WorkerModel; scoring/worker/), the only process where submitted code
+(model.py, codec.py) runs. The worker checks the code against the artifact's hashes, decodes the
+tensors with the artifact's codec and loads them strictly, so what you sample is what was scored.
+This process holds the tokenizer, sends the worker the sequence so far, reads back its logits and
+samples. Generation re-runs the model on the last `--context` tokens for each new token (no KV
+cache: the contract's forward takes token ids only), which is fine for the small models of this
+challenge.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from data.manifest import load_manifest
 from data.tokenizer import Tokenizer, load_tokenizer
-from scoring.artifact.format import artifact_codec, decode_state, read_artifact
-from scoring.score.loading import load_model
+from scoring.artifact.format import check_code_hashes, read_artifact
+from scoring.score.remote import (
+    EvalDeadline,
+    WorkerConfig,
+    WorkerFailure,
+    default_memory_limit_bytes,
+    start_worker,
+)
+from scoring.worker.decode import one_line
 
 
 @torch.inference_mode()
 def generate(
-    model: torch.nn.Module,
+    model: Callable[[torch.Tensor], torch.Tensor],
     prompt_ids: list[int],
     n_tokens: int,
     *,
@@ -35,7 +48,10 @@ def generate(
     generator: torch.Generator,
     vocab_size: int,
 ) -> list[int]:
-    """Autoregressive sampling; temperature 0 is greedy. Returns only the new tokens."""
+    """Autoregressive sampling; temperature 0 is greedy. Returns only the new tokens.
+
+    `model` maps [1, L] token ids to [1, L, V] logits: a WorkerModel's `logits` (what `pgolf sample`
+    uses), or an nn.Module of this process (trusted code only)."""
     ids = list(prompt_ids)
     out: list[int] = []
     for _ in range(n_tokens):
@@ -70,27 +86,45 @@ def cmd_sample(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     tok = _tokenizer(args)
-    artifact = read_artifact(args.artifact)
-    model = load_model(
-        artifact,
-        decode_state(artifact, artifact_codec(artifact, args.submission)),
-        Path(args.submission),
-        torch.device("cpu"),
-    )
+    artifact_path, code_dir = Path(args.artifact).resolve(), Path(args.submission).resolve()
+    # a friendly early refusal, before anything starts (the worker checks again, and decodes)
+    check_code_hashes(read_artifact(artifact_path), code_dir)
     prompt = [tok.bos_id] + (tok.encode([args.prompt])[0] if args.prompt else [])
-    g = torch.Generator().manual_seed(args.seed)
-    t0 = time.perf_counter()
-    new = generate(
-        model,
-        prompt,
-        args.tokens,
-        context=args.context,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        generator=g,
-        vocab_size=tok.vocab_size,
+    longest = min(args.context, len(prompt) + args.tokens - 1)  # the longest sequence generate() sends
+    worker = start_worker(
+        WorkerConfig(
+            code_dir=code_dir,
+            artifact=artifact_path,
+            threads=torch.get_num_threads(),
+            vocab_size=tok.vocab_size,
+            max_tokens_per_batch=longest,
+            memory_limit_bytes=default_memory_limit_bytes(),
+            role="sample",
+        )
     )
-    dt = time.perf_counter() - t0
+    try:
+        for warning in worker.plan.warnings:
+            print(f"sandbox: {warning}", file=sys.stderr)
+        worker.wait_ready()
+        g = torch.Generator().manual_seed(args.seed)
+        t0 = time.perf_counter()
+        new = generate(
+            worker.logits,
+            prompt,
+            args.tokens,
+            context=args.context,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            generator=g,
+            vocab_size=tok.vocab_size,
+        )
+        dt = time.perf_counter() - t0
+    except (WorkerFailure, EvalDeadline, ValueError) as e:  # the model's failure, told in one printable line
+        kind = getattr(e, "kind", "error")
+        print(f"error: the model worker failed ({kind}): {one_line(str(e))}", file=sys.stderr)
+        return 1
+    finally:
+        worker.close()
     print(tok.decode(prompt[1:] + new))  # decoded together, so the join keeps its spaces
     print(
         f"\n[{len(new)} tokens in {dt:.2f} s: {len(new) / dt:.1f} tokens/s on {torch.get_num_threads()} CPU thread(s)]"

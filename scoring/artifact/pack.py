@@ -1,7 +1,7 @@
 """Pack a trained state into an artifact, enforce the cap; unpack an artifact back to tensors.
 
     pack_state(state, submission_dir, out, codec_name, model_config, cap_bytes) -> pack record
-    unpack_artifact(artifact_path, out_safetensors, submission_dir=None)
+    unpack_artifact(artifact_path, out_safetensors, submission_dir=None)   (a custom codec decodes confined)
 
 The pack record (format "pg-pack", version 1) carries bytes_code, bytes_model, bytes_total,
 cap_bytes, within_cap, the codec, the artifact's sha256 and the encode time. Over the cap, the
@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from data.io import sha256_file
 from harness.api import API_VERSION
 from scoring.artifact.cap import CapCheck, code_bytes, counted_files
-from scoring.artifact.codecs import StateDict, get_codec
+from scoring.artifact.codecs import CODECS, StateDict, get_codec
 from scoring.artifact.format import artifact_codec, build_header, decode_state, read_artifact, write_artifact
 
 PACK_FORMAT = "pg-pack"
@@ -91,9 +91,24 @@ def unpack_artifact(
     out: str | os.PathLike[str],
     submission_dir: str | os.PathLike[str] | None = None,
 ) -> StateDict:
-    """Decode an artifact and write the dequantized tensors as safetensors (a standard format)."""
+    """Decode an artifact and write the dequantized tensors as safetensors (a standard format).
+
+    A built-in codec decodes here. The submission's own codec.py is submitted code: it decodes only in a
+    confined process (scoring/worker/decode.py), and this process reads back plain tensors, checked
+    against the header, and writes `out` itself.
+    """
     artifact = read_artifact(artifact_path)
-    state = decode_state(artifact, artifact_codec(artifact, submission_dir))
+    if artifact.codec_name in CODECS:
+        state = decode_state(artifact, artifact_codec(artifact, None))
+    elif submission_dir is None:
+        raise ValueError(
+            f"{artifact_path} was packed with the submission's own codec ({artifact.codec_name!r}): "
+            "pass --submission, the folder it was packed from"
+        )
+    else:
+        from scoring.worker.decode import decode_confined
+
+        state = decode_confined(artifact_path, submission_dir)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(out).with_name(f".{Path(out).name}.tmp")
     save_file(

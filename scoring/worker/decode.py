@@ -1,0 +1,248 @@
+"""Decode an artifact packed with the submission's own codec.py, in a confined process.
+
+A custom codec is submitted code: `pgolf unpack` (scoring/artifact/pack.py's unpack_artifact) must
+not import it in the official's process. `decode_confined(artifact, code_dir)` runs
+
+    python -m scoring.worker.decode SPEC_JSON     (started by decode_confined; not by hand)
+
+inside the model worker's sandbox (isolation/sandbox.py with the seccomp filter, as
+scoring/score/remote.py's WorkerModel starts it: Landlock reads of the code folder, the artifact and
+the Python installation only, one private temp folder to write; PID, mount and network namespaces
+where the machine allows; no capabilities; an address-space limit). The process checks the code
+against the artifact's hashes, decodes with the submission's codec, checks the tensors against the
+header and writes them as a safetensors file (no pickle) into its temp folder.
+
+This side believes none of it: once the process has ended (killed past a deadline), it opens that
+file without following links, refuses anything but a regular file, checks every name and shape
+against the artifact's header before it loads a byte of a tensor, and loads plain tensors. A
+failing or hostile decode becomes a DecodeFailure (an ArtifactError: one line, printable).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from scoring.artifact.format import Artifact, ArtifactError, check_code_hashes, decode_state, read_artifact
+
+DECODE_SPEC_FORMAT = "pg-decode-spec"
+DECODE_SPEC_VERSION = 1
+DECODE_TIMEOUT_S = 600.0
+STATE_FILE = "state.safetensors"
+ERROR_PREFIX = "pgolf-decode-error: "
+
+
+def one_line(text: str, limit: int = 600) -> str:
+    """The last non-empty line of `text`, printable characters only (the text may be a hostile process's)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    last = lines[-1] if lines else ""
+    clean = "".join(c if c.isprintable() else "?" for c in last).strip()
+    return clean[:limit] + ("…" if len(clean) > limit else "")
+
+
+class DecodeFailure(ArtifactError):
+    """The confined decode failed, or gave back something other than the header's tensors."""
+
+
+# ---- the trusted side ----
+
+
+def decode_confined(
+    artifact_path: str | os.PathLike[str],
+    code_dir: str | os.PathLike[str],
+    *,
+    sandbox: str = "auto",
+    timeout_s: float = DECODE_TIMEOUT_S,
+    memory_limit_bytes: int | None = None,
+    workdir: Path | None = None,
+) -> dict[str, Any]:
+    """The artifact's tensors, decoded by the submission's codec.py in a confined process (see the module docstring)."""
+    from isolation.sandbox import plan_sandbox
+    from scoring.score.remote import PROJECT_ROOT, _env, _OutputTail, default_memory_limit_bytes
+
+    artifact_path = Path(artifact_path).resolve()
+    code_dir = Path(code_dir).resolve()
+    artifact = read_artifact(artifact_path)  # the header is parsed here, by this process (no code runs)
+    check_code_hashes(artifact, code_dir)  # a friendly early refusal; the confined process checks again
+    tmp = Path(tempfile.mkdtemp(prefix="pgolf-decode-", dir=workdir))
+    policy = tmp.with_name(tmp.name + "-policy.json")  # outside the process's own folder
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        for d in ("home", "cache/inductor", "cache/triton", "cache/nv"):
+            (tmp / d).mkdir(parents=True)
+        plan = plan_sandbox(
+            mode=sandbox,
+            network="auto",
+            device="cpu",
+            multi_node=False,
+            project_root=PROJECT_ROOT,
+            read_paths=[code_dir, artifact_path],
+            write_paths=[tmp],
+            protected=(),
+            import_path=[p for p in sys.path[1:] if p],
+            seccomp=True,
+        )
+        spec = {
+            "format": DECODE_SPEC_FORMAT,
+            "format_version": DECODE_SPEC_VERSION,
+            "code_dir": str(code_dir),
+            "artifact": str(artifact_path),
+            "out": str(tmp / STATE_FILE),
+            "memory_limit_bytes": default_memory_limit_bytes()
+            if memory_limit_bytes is None
+            else memory_limit_bytes,
+        }
+        cmd = [sys.executable, "-P", "-B", "-m", "scoring.worker.decode", json.dumps(spec)]
+        proc = subprocess.Popen(
+            plan.wrap(cmd, policy),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=_env(tmp, 0),
+            cwd=tmp / "home",
+            start_new_session=True,
+        )
+        output = _OutputTail()
+        drain = threading.Thread(target=output.drain, args=(proc.stdout,), daemon=True)
+        drain.start()
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise DecodeFailure(
+                f"the submission's codec did not decode {artifact_path.name} within {timeout_s:.0f} s"
+            ) from None
+        finally:
+            _kill(proc)  # whatever it started in its process group goes too
+            drain.join(timeout=2)
+        if code != 0:
+            said = one_line(output.text())
+            how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+            raise DecodeFailure(
+                f"the submission's codec failed to decode {artifact_path.name} ({how})"
+                + (f": {said.removeprefix(ERROR_PREFIX)}" if said else "")
+            )
+        return _read_checked(tmp / STATE_FILE, artifact)
+    finally:
+        if proc is not None:
+            if proc.poll() is None:
+                _kill(proc)
+            if proc.stdout is not None:
+                proc.stdout.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+        policy.unlink(missing_ok=True)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _read_checked(path: Path, artifact: Artifact) -> dict[str, Any]:
+    """Plain tensors from the file the confined process wrote: a regular file, no link, the header's names and
+    shapes (checked before any tensor is loaded, so a hostile file cannot make this process allocate more)."""
+    from safetensors import safe_open
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise DecodeFailure(f"the confined decode wrote no readable state file ({e.strerror})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DecodeFailure("the confined decode's state file is not a regular file")
+        want = artifact.header["tensors"]
+        try:
+            with safe_open(f"/proc/self/fd/{fd}", framework="pt") as f:
+                names = set(f.keys())
+                if names != set(want):
+                    missing, extra = sorted(set(want) - names), sorted(names - set(want))
+                    raise DecodeFailure(
+                        f"the submission's codec decoded the wrong tensors: missing {missing[:5]}, "
+                        f"unexpected {[one_line(n, 80) for n in extra[:5]]}"
+                    )
+                for name in want:
+                    shape = list(f.get_slice(name).get_shape())
+                    if shape != want[name]["shape"]:
+                        raise DecodeFailure(
+                            f"the submission's codec decoded {name} with shape {shape}, "
+                            f"header says {want[name]['shape']}"
+                        )
+                state = {name: f.get_tensor(name) for name in want}
+        except DecodeFailure:
+            raise
+        except Exception as e:  # noqa: BLE001 - SafetensorError, OSError, ...: a file this process did not write
+            raise DecodeFailure(f"the confined decode's state file is not valid safetensors ({e})") from None
+    finally:
+        os.close(fd)
+
+    class _Decoded:  # the header check of decode_state, once more, on what this process holds
+        name = artifact.codec_name
+        version = 0
+
+        @staticmethod
+        def encode(state: dict[str, Any]) -> bytes:
+            raise NotImplementedError
+
+        @staticmethod
+        def decode(payload: bytes) -> dict[str, Any]:
+            return state
+
+    return decode_state(artifact, _Decoded())
+
+
+# ---- the confined side ----
+
+
+def _decode(spec: dict[str, Any]) -> int:
+    import torch
+    from safetensors.torch import save_file
+
+    from scoring.artifact.format import artifact_codec
+
+    artifact = read_artifact(spec["artifact"])
+    state = decode_state(artifact, artifact_codec(artifact, spec["code_dir"]))  # checks the code hashes first
+    plain = {}
+    for name, t in state.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"the codec decoded {name} as {type(t).__name__}, not a tensor")
+        # a plain, dense, contiguous CPU copy of its own (safetensors refuses tensors that share memory)
+        plain[name] = t.detach().as_subclass(torch.Tensor).to("cpu").clone().contiguous()
+    save_file(plain, spec["out"])
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m scoring.worker.decode SPEC_JSON  (started by pgolf unpack)", file=sys.stderr)
+        return 2
+    spec = json.loads(argv[0])
+    if spec.get("format") != DECODE_SPEC_FORMAT or spec.get("format_version") != DECODE_SPEC_VERSION:
+        print(f"not a {DECODE_SPEC_FORMAT} v{DECODE_SPEC_VERSION} spec", file=sys.stderr)
+        return 2
+    sys.dont_write_bytecode = True
+    from scoring.worker.process import limit_memory
+
+    try:
+        limit_memory(int(spec.get("memory_limit_bytes", 0)))
+        return _decode(spec)
+    except BaseException as e:  # noqa: BLE001 - the boundary: every failure becomes one last line
+        import traceback
+
+        print("".join(traceback.format_exception(e))[-4000:], file=sys.stderr)
+        print(f"{ERROR_PREFIX}{type(e).__name__}: {one_line(str(e))}", file=sys.stderr, flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
