@@ -12,7 +12,7 @@
 
 Each command lives in the module named in COMMANDS and is imported only when it runs (a plain
 `pgolf score` loads the scorer and nothing of the records or training code); `--help` imports all.
-The flag set is closed: tests/unit/test_cli.py lists every command and flag, so adding one is a
+The flag set is closed: tests/unit/harness/test_cli.py lists every command and flag, so adding one is a
 deliberate change. User errors print one line naming the input and a fix, and exit with status 2.
 """
 

@@ -319,7 +319,7 @@ class LossWorkspace:
     stall on thread barriers (thousands of small blocks did: 3x slower under load), bounded memory
     for large vocabularies. The log-softmax runs in place in that buffer (ATen's row kernel reads a
     row before writing it): one buffer instead of two, less memory traffic. The numbers are
-    bit-identical to F.log_softmax(x.double()) (tests/unit/test_evaluate_loss.py).
+    bit-identical to F.log_softmax(x.double()) (tests/unit/scoring/test_evaluate_loss.py).
     """
 
     BLOCK_BYTES = 64 << 20

@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 
 from harness.config import load_config
-from harness.run.launch import POLL_S, processes_with_token
+from harness.run.launch import POLL_S
 from harness.run.train_phase import run_train_phase
 from isolation.landlock import landlock_abi
+from isolation.processes import processes_with_token
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "submissions"
 LOSS_RTOL = 1e-5

@@ -27,7 +27,13 @@ from scoring.score.cli import EXIT_CODES
 from scoring.score.evaluate import EvalConfig
 from scoring.score.scorer import score_artifact
 from tests.conftest import REPO
-from tests.unit.test_eval_support import TINY_CONFIG, TINY_MODEL, _one_thread, pack_tiny, write_submission  # noqa: F401
+from tests.unit.scoring.test_eval_support import (  # noqa: F401
+    TINY_CONFIG,
+    TINY_MODEL,
+    _one_thread,
+    pack_tiny,
+    write_submission,
+)
 
 EVAL = EvalConfig(seq_len=32, batch_seqs=8, max_tokens=512)
 

@@ -20,7 +20,7 @@ from scoring.score.loading import import_file
 from scoring.score.probes import ProbeConfig, ProbeFailure, make_variant, plan_probes, run_probes
 from scoring.score.scorer import score_artifact
 from tests.conftest import BASELINE
-from tests.unit.test_eval_support import TINY_MODEL, _one_thread, pack_tiny, write_submission  # noqa: F401 (fixture)
+from tests.unit.scoring.test_eval_support import TINY_MODEL, _one_thread, pack_tiny, write_submission  # noqa: F401 (fixture)
 
 V = 260
 CPU = torch.device("cpu")

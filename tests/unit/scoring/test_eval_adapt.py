@@ -18,7 +18,7 @@ from scoring.codecheck import CodeCheckFailure, lint_scored_code
 from scoring.score.adapt import AdaptationViolation, ScoreFirstAdapter, load_hook
 from scoring.score.evaluate import EvalConfig, evaluate
 from scoring.score.scorer import score_artifact
-from tests.unit.test_eval_support import _one_thread, pack_tiny, write_submission  # noqa: F401 (fixture)
+from tests.unit.scoring.test_eval_support import _one_thread, pack_tiny, write_submission  # noqa: F401 (fixture)
 
 V = 260
 CPU = torch.device("cpu")

@@ -162,7 +162,7 @@ def test_the_scorer_audits_a_tokenizer_brought_with_the_data(tmp_path, monkeypat
     import scoring.score.scorer as score_mod
     from data.build import build_dataset
     from scoring.score.evaluate import EvalConfig
-    from tests.unit.test_eval_support import pack_tiny, write_submission
+    from tests.unit.scoring.test_eval_support import pack_tiny, write_submission
 
     docs = read_jsonl_texts(SAMPLE_JSONL)[:6]
     ds = build_dataset(docs, tmp_path / "ds", val_docs=3, tokenizer=str(SP8192), workers=1)

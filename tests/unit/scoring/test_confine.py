@@ -15,7 +15,7 @@ import pytest
 from isolation.landlock import landlock_abi
 from scoring.score.confine import plan_rules
 from tests.conftest import REPO
-from tests.unit.test_eval_support import FAST_EVAL, _one_thread, pack_tiny, write_submission  # noqa: F401 (fixture)
+from tests.unit.scoring.test_eval_support import FAST_EVAL, _one_thread, pack_tiny, write_submission  # noqa: F401 (fixture)
 
 needs_landlock = pytest.mark.skipif(
     landlock_abi() == 0, reason="this kernel has no Landlock: the scorer runs unconfined here"

@@ -1,7 +1,7 @@
 """The budget clock (harness/train/clock.py) on one rank: readings, stop bookkeeping, the off-clock warm-up.
 
 With a stand-in for the wire: the rank's readings take their origin and warm-up credit from the
-supervisor's answers. The supervisor's side is tested in tests/unit/test_launch.py; the collective
+supervisor's answers. The supervisor's side is tested in tests/unit/harness/test_launch.py; the collective
 side (every rank stopping at the same step) end to end in tests/e2e/test_runner.py, where 2-rank gloo
 runs reproduce the 1-rank loss curve step for step.
 """

@@ -11,7 +11,7 @@ import pytest
 
 from harness.records.verify import VerifyConfig, result_digest, verify_result
 from tests.conftest import REPO
-from tests.unit.test_eval_support import _one_thread, make_run, write_submission  # noqa: F401 (fixture)
+from tests.unit.scoring.test_eval_support import _one_thread, make_run, write_submission  # noqa: F401 (fixture)
 
 
 @pytest.fixture()

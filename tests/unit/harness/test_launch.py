@@ -20,21 +20,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.run.launch import (
-    ClockServer,
-    LaunchConfig,
-    processes_with_token,
-    supervise,
-    torchrun_command,
-)
+from harness.run.launch import ClockServer, LaunchConfig, supervise, torchrun_command
 from harness.run.train_phase import rank_failures
 from harness.train.clock import BudgetConfig
 from isolation.landlock import carve
 from isolation.monitor import AccessMonitor, parse_attempts
+from isolation.processes import processes_with_token
 from isolation.sandbox import TOKEN_ENV, MachineCaps, plan_sandbox
 from tests.conftest import is_own_install
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_launch_config_validates():

@@ -28,7 +28,7 @@ from scoring.artifact.pack import pack_state, state_equal, unpack_artifact
 from scoring.codecheck import lint_scored_code
 from scoring.worker.decode import DecodeFailure, decode_confined
 from tests.conftest import BASELINE, REPO
-from tests.unit.test_eval_support import TINY_CONFIG, TINY_MODEL, _one_thread, write_submission  # noqa: F401
+from tests.unit.scoring.test_eval_support import TINY_CONFIG, TINY_MODEL, _one_thread, write_submission  # noqa: F401
 
 HONEST_CODEC = '''"""An honest custom codec: safetensors bytes."""
 from safetensors.torch import load, save

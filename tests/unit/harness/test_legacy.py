@@ -30,7 +30,7 @@ from harness.records.legacy import (
 from scoring.artifact.codecs.int8_zlib import Int8Zlib
 from scoring.score.evaluate import EvalConfig
 from tests.conftest import REPO
-from tests.unit.test_eval_support import _one_thread  # noqa: F401 (fixture)
+from tests.unit.scoring.test_eval_support import _one_thread  # noqa: F401 (fixture)
 
 RECORD = REPO / "tests" / "fixtures" / "legacy" / "tiny_record"
 SCRIPT = RECORD / "train_gpt.py"

@@ -13,7 +13,13 @@ import torch
 from scoring.codecheck import CodeCheckFailure, lint_scored_code
 from scoring.score.scorer import score_artifact
 from tests.conftest import REPO
-from tests.unit.test_eval_support import FAST_EVAL, TINY_MODEL, _one_thread, pack_tiny, write_submission  # noqa: F401 (fixture)
+from tests.unit.scoring.test_eval_support import (  # noqa: F401 (fixture)
+    FAST_EVAL,
+    TINY_MODEL,
+    _one_thread,
+    pack_tiny,
+    write_submission,
+)
 
 FIXTURES = REPO / "tests" / "fixtures" / "submissions"
 

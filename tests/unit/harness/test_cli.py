@@ -1,7 +1,7 @@
 """The closed CLI surface: every command and flag of `pgolf` is listed in tests/golden/cli.txt.
 
 Adding a command or flag is a deliberate change: regenerate the golden with
-    python -m tests.unit.test_cli > tests/golden/cli.txt
+    python -m tests.unit.harness.test_cli > tests/golden/cli.txt
 and say why in the commit.
 """
 
@@ -38,6 +38,6 @@ def test_cli_surface_is_the_golden_one():
 
 if __name__ == "__main__":
     print(
-        "# every command, positional and flag of pgolf; regenerate: python -m tests.unit.test_cli > tests/golden/cli.txt"
+        "# every command, positional and flag of pgolf; regenerate: python -m tests.unit.harness.test_cli > tests/golden/cli.txt"
     )
     print("\n".join(surface(build_parser())))
