@@ -223,15 +223,12 @@ def _decode(spec: dict[str, Any]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m scoring.worker.decode SPEC_JSON  (started by pgolf unpack)", file=sys.stderr)
+    from scoring.worker.process import limit_memory, load_spec
+
+    usage = "python -m scoring.worker.decode SPEC_JSON  (started by pgolf unpack)"
+    spec = load_spec(argv, DECODE_SPEC_FORMAT, DECODE_SPEC_VERSION, usage)
+    if spec is None:
         return 2
-    spec = json.loads(argv[0])
-    if spec.get("format") != DECODE_SPEC_FORMAT or spec.get("format_version") != DECODE_SPEC_VERSION:
-        print(f"not a {DECODE_SPEC_FORMAT} v{DECODE_SPEC_VERSION} spec", file=sys.stderr)
-        return 2
-    sys.dont_write_bytecode = True
-    from scoring.worker.process import limit_memory
 
     try:
         limit_memory(int(spec.get("memory_limit_bytes", 0)))

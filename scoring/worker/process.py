@@ -169,15 +169,29 @@ class Worker:
         return 1
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m scoring.worker SPEC_JSON  (started by the scorer)", file=sys.stderr)
-        return 2
-    spec = json.loads(argv[0])
-    if spec.get("format") != WORKER_SPEC_FORMAT or spec.get("format_version") != WORKER_SPEC_VERSION:
-        print(f"not a {WORKER_SPEC_FORMAT} v{WORKER_SPEC_VERSION} spec", file=sys.stderr)
-        return 2
+def load_spec(argv: list[str], fmt: str, version: int, usage: str) -> dict[str, Any] | None:
+    """The one JSON argument of a confined helper process, checked for its format; None (and a line on
+    stderr) when it is not one. Also turns bytecode writing off: submitted code leaves no .pyc behind."""
     sys.dont_write_bytecode = True
+    if len(argv) != 1:
+        print(f"usage: {usage}", file=sys.stderr)
+        return None
+    spec = json.loads(argv[0])
+    if not isinstance(spec, dict) or spec.get("format") != fmt or spec.get("format_version") != version:
+        print(f"not a {fmt} v{version} spec", file=sys.stderr)
+        return None
+    return spec
+
+
+def main(argv: list[str]) -> int:
+    spec = load_spec(
+        argv,
+        WORKER_SPEC_FORMAT,
+        WORKER_SPEC_VERSION,
+        "python -m scoring.worker SPEC_JSON  (started by the scorer)",
+    )
+    if spec is None:
+        return 2
     torch.set_num_threads(int(spec["threads"]) or torch.get_num_threads())
     if spec["device"] == "cpu":
         from scoring.score.evaluate import tune_cpu_allocator
