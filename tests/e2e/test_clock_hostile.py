@@ -48,8 +48,8 @@ def test_a_slowed_clock_in_the_rank_does_not_change_the_recorded_time(tiny_datas
     train = result["phases"]["train"]
     assert result["status"] == "ok", train.get("detail")
     # the rank believed its 0.8 s budget was spent; it really trained about three times as long
-    assert train["rank_reported_train_s"] < 1.2
-    assert result["train_time_s"] == train["train_time_s"] >= 2.0
+    # (a ratio, not an absolute figure: on a loaded machine both grow)
+    assert result["train_time_s"] == train["train_time_s"] >= 2.0 * train["rank_reported_train_s"]
     # the supervisor's figure is the wall time between the clock's start and the state's handover
     assert train["train_time_s"] <= train["wall_s"] - train["startup_s"]
     assert train["clock"]["ended_by"] == "state_handover" and train["off_clock_s"] == 0.0
