@@ -22,6 +22,7 @@ import argparse
 import importlib
 import json
 import sys
+from pathlib import Path
 
 COMMANDS: dict[str, str] = {
     "run": "harness.cli",
@@ -94,6 +95,16 @@ def cmd_pack(args: argparse.Namespace) -> int:
     if not record["within_cap"]:
         raise ArtifactTooLarge(record["bytes_code"], record["bytes_model"], record["cap_bytes"])
     return 0
+
+
+def pack_command(
+    state: Path, code_dir: Path, out: Path, *, codec: str, cap_bytes: int, json_out: Path
+) -> list[str]:
+    """The `pgolf pack` process's command line: the one builder, for the plain pack and the sealed one."""
+    return [
+        sys.executable, "-m", "harness.cli", "pack", str(state), "--submission", str(code_dir), "--out", str(out),
+        "--codec", codec, "--cap-bytes", str(cap_bytes), "--json-out", str(json_out),
+    ]  # fmt: skip
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 from data.embedded import ensure_embedded_dataset
 from data.io import read_json, write_json_atomic
 from data.manifest import Manifest, load_manifest, make_split_view
+from harness.cli import pack_command
 from harness.config import ResolvedConfig, validate_run
 from harness.records.result import build_result, minimal_result, print_card, write_result
 from harness.run.launch import LaunchConfig
@@ -268,29 +269,17 @@ def _phases(
 
         # ---- 3. pack ----
         artifact = run_dir / "artifact.pgolf"
-        cmd = [
-            sys.executable,
-            "-m",
-            "harness.cli",
-            "pack",
-            str(run_dir / STATE_FILE),
-            "--submission",
-            stage_folder(submission_dir, views / "packed_code", cap_bytes=track.cap_bytes).dest,
-            "--out",
-            str(artifact),
-            "--codec",
-            cfg.section("pack").codec,
-            "--cap-bytes",
-            str(track.cap_bytes),
-            "--json-out",
-            str(run_dir / "pack.json"),
-        ]
+        packed = stage_folder(submission_dir, views / "packed_code", cap_bytes=track.cap_bytes).dest
+        cmd = pack_command(
+            run_dir / STATE_FILE, Path(packed), artifact, codec=cfg.section("pack").codec,
+            cap_bytes=track.cap_bytes, json_out=run_dir / "pack.json",
+        )  # fmt: skip
         if (
             cfg.section("pack").codec == "submission"
         ):  # its encode is training-side code: on the clock, sandboxed
             returncode, sealed = run_sealed_pack(
                 run_dir=run_dir,
-                submission_dir=submission_dir,
+                submission_dir=Path(packed),  # the staged copy: what is counted is what runs
                 data_root=data_root,
                 budget=budget,
                 launch=launch,

@@ -42,6 +42,7 @@ from typing import Any
 
 from data.loader import train_shard_paths
 from data.manifest import MANIFEST_NAME, load_manifest, make_split_view
+from harness.cli import pack_command
 from harness.run.launch import (
     LEFTOVER_WAIT_S,
     ClockServer,
@@ -492,23 +493,10 @@ def run_sealed_pack(
             import_path=worker_import_path(env, out),
             extra_read=[p for p in launch.sandbox_read_paths.split(os.pathsep) if p],
         )
-        cmd = [
-            sys.executable,
-            "-m",
-            "harness.cli",
-            "pack",
-            str(stage / STATE_FILE),
-            "--submission",
-            str(submission_dir),
-            "--out",
-            str(out / "artifact.pgolf"),
-            "--codec",
-            "submission",
-            "--cap-bytes",
-            str(cap_bytes),
-            "--json-out",
-            str(out / "pack.json"),
-        ]
+        cmd = pack_command(
+            stage / STATE_FILE, submission_dir, out / "artifact.pgolf", codec="submission", cap_bytes=cap_bytes,
+            json_out=out / "pack.json",
+        )  # fmt: skip
         allowed_s = max(budget.train_s + budget.grace_s - train_time_s, 0.0)
         print(f"[pack] the submission's codec, sandboxed, {allowed_s:.1f} s left on the clock", flush=True)
         t0 = time.time()
