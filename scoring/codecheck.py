@@ -254,8 +254,8 @@ def lint_tree(rel: str, tree: ast.Module, rules: _Rules, local_tops: frozenset[s
                 problems += [
                     f"{where}: imports {a.name!r}, which reaches outside the tensors it is given"
                     for a in node.names
-                    if _bad_attr(a.name, rules) or a.name.startswith("_")
-                ]
+                    if _bad_attr(a.name, rules) or a.name.startswith("_") or a.name in BANNED_NAMES
+                ]  # `from torch.serialization import os as x`: a banned module under an alias
             problems += [
                 f"{where}: imports the private module {name!r}"
                 for name in mods

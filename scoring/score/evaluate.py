@@ -167,6 +167,8 @@ class EvalResult:
     """Forward passes made."""
     kept: dict[int, tuple[np.ndarray, np.ndarray, torch.Tensor]] = field(default_factory=dict)
     """Batch index -> (x_BL, valid_BL, float32 logits copy) for the batches asked for in keep_batches."""
+    kept_chunks: dict[int, int] = field(default_factory=dict)
+    """Batch index -> the adaptation chunk it was scored in (0 without adaptation)."""
 
 
 class ChunkAdapter(Protocol):
@@ -558,6 +560,7 @@ def evaluate(
     ws = LossWorkspace()
     keep: dict[int, Any] = dict.fromkeys(keep_batches)
     shuffle = np.random.default_rng([shuffle_seed, 2]) if shuffle_seed is not None else None
+    kept_chunks: dict[int, int] = {}
     b = 0
     scored_upto = 0  # every target at a position <= scored_upto has been scored
     with tqdm(total=plan.num_windows, desc="score", unit="win", disable=None, leave=False) as bar:
@@ -582,6 +585,8 @@ def evaluate(
                         b,
                         shuffle,
                     )
+                    if b in keep:
+                        kept_chunks[b] = c
                     b += 1
                     bar.update(int(w.size))
             first = int(plan.starts[idx[0]] + plan.score_from[idx[0]] + 1)
@@ -596,7 +601,7 @@ def evaluate(
         torch.cuda.synchronize()
     adapt_s = adapter.adapt_time_s if adapter is not None else 0.0
     kept = {k: v for k, v in keep.items() if v is not None}
-    return EvalResult(sums, plan.num_windows, time.perf_counter() - t0, adapt_s, len(chunks), b, kept)
+    return EvalResult(sums, plan.num_windows, time.perf_counter() - t0, adapt_s, len(chunks), b, kept, kept_chunks)
 
 
 def batch_count(tokens: np.ndarray, cfg: EvalConfig, bos_id: int = BOS_ID, adapting: bool = False) -> int:

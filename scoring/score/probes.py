@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,7 +143,13 @@ def _compare_row(
 
 
 def _compare(
-    base_BLV: torch.Tensor, other_BLV: torch.Tensor, valid_BL: np.ndarray, cut: int, atol: float, what: str
+    base_BLV: torch.Tensor,
+    other_BLV: torch.Tensor,
+    valid_BL: np.ndarray,
+    cut: int,
+    atol: float,
+    what: str,
+    kind: str = "variant",
 ) -> tuple[float, int]:
     """Max |Δlogit| over the real positions up to `cut` (stream order); ProbeFailure beyond `atol`."""
     flat = np.flatnonzero(valid_BL.reshape(-1))[: cut + 1]
@@ -161,12 +167,22 @@ def _compare(
         i = int(torch.nonzero(bad)[0])
         r, t = divmod(int(flat[i]), L)
         cr, ct = divmod(int(flat[-1]), L)
+        if kind == "fresh":
+            raise ProbeFailure(
+                f"consistency probe failed ({what}): a fresh worker given the same batch returned other logits at "
+                f"row {r} position {t} (max |Δlogit| = {float(d[i]):.3g} > {atol:g}); a model must compute the same "
+                "logits for the same input whether it is scored or probed"
+            )
         raise ProbeFailure(
             f"causality probe failed ({what}): changing the tokens after row {cr} position {ct} changed the logits "
             f"at row {r} position {t} (max |Δlogit| = {float(d[i]):.3g} > {atol:g}); a model may use only the tokens "
             "at or before the position it predicts, in its own row"
         )
     return float(d.max()) if d.numel() else 0.0, int(flat.size)
+
+
+Replay = Callable[[Scorable, int], None]
+"""replay(worker, c): hand a fresh worker the score-first adaptation of chunks 0 .. c-1, as the main one had it."""
 
 
 @torch.inference_mode()
@@ -177,18 +193,20 @@ def run_probes(
     tokens: np.ndarray,
     cfg: ProbeConfig,
     *,
-    fresh_base: bool = False,
+    replay: Replay | None = None,
+    kept_chunks: dict[int, int] | None = None,
     total_batches: int = 0,
 ) -> dict[str, Any]:
-    """Probe each planned batch (see the module docstring); `fresh` yields one fresh model per forward pass."""
+    """Probe each planned batch (see the module docstring); `fresh` yields one fresh model per probe.
+
+    In the fresh worker (after `replay` of the adaptation chunks before the batch's, when the entry
+    adapts): the unchanged batch must give the main worker's scored logits bit for bit (a model that
+    behaves one way when scored and another when probed fails here); then the variant must agree up to
+    the cut, and the row-isolation variant on its kept row.
+    """
     t0 = time.perf_counter()
     if not plan.batches:
-        return {
-            "version": PROBE_VERSION,
-            "passed": True,
-            "ran": False,
-            "reason": "no probes asked (probes = 0)",
-        }
+        return {"version": PROBE_VERSION, "passed": True, "ran": False, "reason": "no probes asked (probes = 0)"}
     rng = np.random.default_rng([plan.seed, 1])
     results = []
     for b in plan.batches:
@@ -196,26 +214,25 @@ def run_probes(
             raise RuntimeError(f"probe batch {b} was not kept by the evaluation")
         x_BL, valid_BL, scored_BLV = kept[b]
         x2_BL, r, t, cut = make_variant(x_BL, valid_BL, tokens, rng)
-        base_BLV = scored_BLV
-        if fresh_base:  # the main worker adapted: score the unchanged batch in a fresh worker too
-            base_BLV = next(fresh).logits(torch.from_numpy(x_BL)).detach().float().cpu().clone()
         worker = next(fresh)
+        chunk = (kept_chunks or {}).get(b, 0)
+        if replay is not None and chunk:
+            replay(worker, chunk)
+        again_BLV = worker.logits(torch.from_numpy(x_BL)).detach().float().cpu().clone()
+        last = int(np.flatnonzero(valid_BL.reshape(-1)).size) - 1
+        same, _ = _compare(scored_BLV, again_BLV, valid_BL, last, cfg.atol, f"batch {b}, scored vs fresh", "fresh")
         var_BLV = worker.logits(torch.from_numpy(x2_BL)).detach().float().cpu().clone()
-        diff, compared = _compare(base_BLV, var_BLV, valid_BL, cut, cfg.atol, f"batch {b}")
-        iso_BLV = (
-            worker.logits(torch.from_numpy(isolate_row(x_BL, valid_BL, r, tokens, rng)))
-            .detach()
-            .float()
-            .cpu()
-        )
-        row_diff = _compare_row(base_BLV, iso_BLV, valid_BL, r, cfg.atol, f"batch {b}")
+        diff, compared = _compare(scored_BLV, var_BLV, valid_BL, cut, cfg.atol, f"batch {b}")
+        iso_BLV = worker.logits(torch.from_numpy(isolate_row(x_BL, valid_BL, r, tokens, rng))).detach().float().cpu()
+        row_diff = _compare_row(scored_BLV, iso_BLV, valid_BL, r, cfg.atol, f"batch {b}")
         results.append(
             {
                 "batch": b,
                 "row": r,
                 "position": t,
+                "adaptation_chunks_replayed": chunk if replay is not None else 0,
                 "positions_compared": compared,
-                "max_abs_diff": max(diff, row_diff),
+                "max_abs_diff": max(same, diff, row_diff),
             }
         )
     return {
@@ -224,9 +241,8 @@ def run_probes(
         "ran": True,
         "seed": plan.seed,
         "atol": cfg.atol,
-        "base": "a fresh worker (the main worker adapted)"
-        if fresh_base
-        else "the main worker's scored logits",
+        "base": "the main worker's scored logits, reproduced first by each fresh worker"
+        + (" after replaying the adaptation" if replay is not None else ""),
         "probes": results,
         "coverage": {"batches_probed": len(results), "batches_total": total_batches},
         "probe_time_s": time.perf_counter() - t0,

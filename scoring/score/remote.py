@@ -131,7 +131,8 @@ class WorkerModel:
     def __init__(self, cfg: WorkerConfig):
         self.cfg = cfg
         self.max_vocab = max(2 * cfg.vocab_size, cfg.vocab_size + 1024)
-        self._tmp = Path(tempfile.mkdtemp(prefix=f"pgolf-worker-{cfg.role}-", dir=cfg.workdir))
+        # no role in any name the worker can see: a probe worker looks like the main one
+        self._tmp = Path(tempfile.mkdtemp(prefix="pgolf-worker-", dir=cfg.workdir))
         for d in ("home", "cache/inductor", "cache/triton", "cache/nv"):
             (self._tmp / d).mkdir(parents=True)
         self.inbuf = SharedBuffer.create("in", cfg.max_tokens_per_batch * 8)

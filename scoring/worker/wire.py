@@ -18,6 +18,7 @@ first_position}; quit. Worker -> scorer: ready {output, pid, facts}; ok {shape} 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import mmap
 import os
@@ -115,8 +116,10 @@ class SharedBuffer:
 
     @staticmethod
     def create(name: str, nbytes: int) -> SharedBuffer:
-        fd = os.memfd_create(f"pgolf-{name}", os.MFD_CLOEXEC)
+        fd = os.memfd_create(f"pgolf-{name}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(fd, max(nbytes, 8))
+        # the worker may not shrink it under the scorer's mapping (a read past the end would be SIGBUS)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
         os.set_inheritable(fd, True)
         return SharedBuffer(fd, max(nbytes, 8))
 

@@ -268,3 +268,32 @@ def test_the_scorer_process_imports_no_submitted_code(tmp_path, tiny_dataset):
         "process: the model worker"
         in rec["enforcement"]["submitted code never shares a process with validation data"]
     )
+
+
+PEEK_AFTER_ADAPTING = TINY_MODEL.replace(
+    "        return self.head(torch.tanh(e + self.mix * prev))",
+    "        out = self.head(torch.tanh(e + self.mix * prev))\n"
+    "        if self.peeking:\n"
+    "            nxt = torch.cat([ids[:, 1:], ids[:, -1:]], dim=1)\n"
+    "            out = out + 40.0 * torch.nn.functional.one_hot(nxt, out.shape[-1]).to(out.dtype)\n"
+    "        return out",
+).replace(
+    "        self.head = nn.Linear(dim, vocab_size, bias=False)\n",
+    "        self.head = nn.Linear(dim, vocab_size, bias=False)\n        self.peeking = False\n",
+)
+SWITCH_ON = """def adapt(model, tokens):
+    model.peeking = True  # honest in the first chunk, peeking once it has adapted
+"""
+
+
+def test_a_model_that_peeks_only_after_adapting_fails_the_probes(tmp_path, tiny_dataset):
+    """Probe workers replay the adaptation the main worker had, then must reproduce its scored logits."""
+    from scoring.score.probes import ProbeConfig, ProbeFailure
+
+    folder = write_submission(tmp_path / "sub", model_src=PEEK_AFTER_ADAPTING, eval_src=SWITCH_ON)
+    pack_clean(folder, tmp_path / "a.pgolf")
+    cfg = EvalConfig(seq_len=32, batch_seqs=2, max_tokens=512, adapt_chunk_tokens=64)
+    with pytest.raises(ProbeFailure, match="probe failed"):
+        score_artifact(
+            tmp_path / "a.pgolf", folder, tiny_dataset, cfg, threads=1, probe_cfg=ProbeConfig(probes=4)
+        )

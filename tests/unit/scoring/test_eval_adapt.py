@@ -204,4 +204,4 @@ def test_score_artifact_runs_the_submission_hook(tmp_path, tiny_dataset):
     assert ad["protocol"] == "score-first" and ad["chunks"] == 4 and ad["tokens_delivered"] == 1024
     assert rec["eval_time_s"] >= ad["adapt_time_s"] > 0
     assert ad["where"] == "model worker"
-    assert rec["probes"]["passed"] and rec["probes"]["base"].startswith("a fresh worker")
+    assert rec["probes"]["passed"] and rec["probes"]["base"].endswith("after replaying the adaptation")

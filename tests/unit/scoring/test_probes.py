@@ -200,7 +200,8 @@ def test_a_variant_replaces_everything_after_the_cut_in_stream_order_with_real_t
 )
 def test_cheaters_fail_causality_with_the_batch_and_position(model):
     with pytest.raises(
-        ProbeFailure, match=r"probe failed \(batch \d+\): changing the (tokens after row|other rows)"
+        ProbeFailure,
+        match=r"probe failed \(batch \d+(, scored vs fresh)?\): (changing the (tokens after row|other rows)|a fresh worker)",
     ):
         probe(model, STANDARD, probes=6)
 
