@@ -12,11 +12,13 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from data.io import sha256_file, write_json_atomic
 from data.manifest import MANIFEST_NAME, Manifest
+from data.records import Types, field, require_format
 from data.shards import read_split
 from data.tokenizer import load_tokenizer
 from harness.api import API_VERSION
@@ -27,6 +29,112 @@ from scoring.tracks import Track
 
 RESULT_FORMAT = "pg-result"
 RESULT_FORMAT_VERSION = 1
+
+_NUM_OR_NONE = (int, float, type(None))
+_INT_OR_NONE = (int, type(None))
+_STR_OR_NONE = (str, type(None))
+_DICT_OR_NONE = (dict, type(None))
+_MINIMAL_KEYS = frozenset(
+    {"format", "format_version", "api_version", "status", "verification", "submission", "track", "preset"}
+    | {"created_unix_s", "run_dir", "val_bpb", "val_loss"}
+)
+"""The keys of a minimal result (minimal_result), besides its detail."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ResultRecord:
+    """result.json ("pg-result"): built by build_result (a full result: `phases` set) or minimal_result
+    (the status, the detail, who and where: the other fields None and left out of the JSON)."""
+
+    format: str = RESULT_FORMAT
+    format_version: int = RESULT_FORMAT_VERSION
+    api_version: int = API_VERSION
+    status: str
+    detail: str | None = None
+    verification: str = "unverified"
+    submission: dict[str, Any]
+    track: str
+    preset: str | None
+    seed: int | None = None
+    created_unix_s: float
+    run_dir: str
+    val_loss: float | None = None
+    val_bpb: float | None = None
+    val_tokens: int | None = None
+    val_bytes: int | None = None
+    eval_mode: str | None = None
+    eval_dtype: str | None = None
+    eval_time_s: float | None = None
+    unigram_bpb: float | None = None
+    bytes_code: int | None = None
+    bytes_model: int | None = None
+    bytes_total: int | None = None
+    cap_bytes: int | None = None
+    within_cap: bool | None = None
+    train_time_s: float | None = None
+    steps: int | None = None
+    tokens_seen: int | None = None
+    train_shards_used: int | None = None
+    world_size: int | None = None
+    phase_times_s: dict[str, Any] | None = None
+    phases: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    provenance: dict[str, Any] | None = None
+    verification_record: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        full = self.phases is not None
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if getattr(self, f.name) is not None
+            or (f.name not in ("detail", "verification_record") and (full or f.name in _MINIMAL_KEYS))
+        }
+
+    @classmethod
+    def from_json(cls, d: object) -> Self:
+        """A result read back, checked; ValueError names the field that is wrong."""
+        what = "result record"
+        d = require_format(d, what, RESULT_FORMAT, RESULT_FORMAT_VERSION)
+        values = {
+            k: field(d, k, types, what, required=k in _RESULT_REQUIRED, finite=True)
+            for k, types in _RESULT_FIELDS.items()
+        }
+        sizes = [values[k] for k in ("bytes_code", "bytes_model", "bytes_total")]
+        if all(isinstance(v, int) for v in sizes) and sizes[2] != sizes[0] + sizes[1]:
+            raise ValueError(
+                f"{what} field 'bytes_total' = {sizes[2]} is not bytes_code + bytes_model = {sizes[0] + sizes[1]}"
+            )
+        return cls(**values)
+
+
+_RESULT_FIELDS: dict[str, Types] = {
+    "format": str,
+    "format_version": int,
+    "api_version": int,
+    "status": str,
+    "detail": _STR_OR_NONE,
+    "verification": str,
+    "submission": dict,
+    "track": str,
+    "preset": _STR_OR_NONE,
+    "seed": _INT_OR_NONE,
+    "created_unix_s": (int, float),
+    "run_dir": str,
+    **dict.fromkeys(("val_loss", "val_bpb", "eval_time_s", "unigram_bpb", "train_time_s"), _NUM_OR_NONE),
+    **dict.fromkeys(
+        ("val_tokens", "val_bytes", "bytes_code", "bytes_model", "bytes_total", "cap_bytes", "steps"),
+        _INT_OR_NONE,
+    ),
+    **dict.fromkeys(("tokens_seen", "train_shards_used", "world_size"), _INT_OR_NONE),
+    "eval_mode": _STR_OR_NONE,
+    "eval_dtype": _STR_OR_NONE,
+    "within_cap": (bool, type(None)),
+    **dict.fromkeys(
+        ("phase_times_s", "phases", "config", "provenance", "verification_record"), _DICT_OR_NONE
+    ),
+}
+_RESULT_REQUIRED = frozenset({"status", "verification", "submission", "track", "created_unix_s", "run_dir"})
 
 
 def _unigram(manifest: Manifest, score: dict[str, Any]) -> float | None:
@@ -51,51 +159,48 @@ def build_result(
 ) -> dict[str, Any]:
     train, pack, score = phases.get("train", {}), phases.get("pack", {}), phases.get("score", {})
     scored = status in ("ok", "over_eval_budget") and "val_bpb" in score
-    result: dict[str, Any] = {
-        "format": RESULT_FORMAT,
-        "format_version": RESULT_FORMAT_VERSION,
-        "api_version": API_VERSION,
-        "status": status,
-        "verification": "unverified",
-        "submission": {
+    return ResultRecord(
+        status=status,
+        verification="unverified",
+        submission={
             k: meta.get(k)
             for k in ("name", "author", "github_id", "date", "track", "data_variant", "builds_on")
         },
-        "track": track.name,
-        "preset": cfg.preset,
-        "seed": cfg.tables["run"]["seed"],
-        "created_unix_s": time.time(),
-        "run_dir": str(run_dir),
+        track=track.name,
+        preset=cfg.preset,
+        seed=cfg.tables["run"]["seed"],
+        created_unix_s=time.time(),
+        run_dir=str(run_dir),
         # ---- the numbers ----
-        "val_loss": score.get("val_loss") if scored else None,
-        "val_bpb": score.get("val_bpb") if scored else None,
-        "val_tokens": score.get("val_tokens"),
-        "val_bytes": score.get("val_bytes"),
-        "eval_mode": score.get("eval_mode"),
-        "eval_dtype": score.get("eval_dtype"),
-        "eval_time_s": score.get("eval_time_s"),
-        "unigram_bpb": _unigram(manifest, score) if scored else None,
-        "bytes_code": pack.get("bytes_code"),
-        "bytes_model": pack.get("bytes_model"),
-        "bytes_total": pack.get("bytes_total"),
-        "cap_bytes": track.cap_bytes,
-        "within_cap": pack.get("within_cap"),
-        "train_time_s": train.get("train_time_s"),
-        "steps": train.get("steps"),
-        "tokens_seen": train.get("tokens_seen"),
-        "train_shards_used": train.get("train_shards_used"),
-        "world_size": train.get("world_size"),
-        "phase_times_s": {
+        val_loss=score.get("val_loss") if scored else None,
+        val_bpb=score.get("val_bpb") if scored else None,
+        val_tokens=score.get("val_tokens"),
+        val_bytes=score.get("val_bytes"),
+        eval_mode=score.get("eval_mode"),
+        eval_dtype=score.get("eval_dtype"),
+        eval_time_s=score.get("eval_time_s"),
+        unigram_bpb=_unigram(manifest, score) if scored else None,
+        bytes_code=pack.get("bytes_code"),
+        bytes_model=pack.get("bytes_model"),
+        bytes_total=pack.get("bytes_total"),
+        cap_bytes=track.cap_bytes,
+        within_cap=pack.get("within_cap"),
+        train_time_s=train.get("train_time_s"),
+        steps=train.get("steps"),
+        tokens_seen=train.get("tokens_seen"),
+        train_shards_used=train.get("train_shards_used"),
+        world_size=train.get("world_size"),
+        phase_times_s={
             "data": phases.get("data", {}).get("time_s"),
             "train_wall": train.get("wall_s"),
             "pack_encode": pack.get("encode_time_s"),
             "score_wall": score.get("score_wall_s"),
             "pipeline": pipeline_s,
         },
-        "phases": phases,
-        "config": cfg.tables,
+        phases=phases,
+        config=cfg.tables,
         # ---- provenance receipt ----
-        "provenance": {
+        provenance={
             "code_files": pack.get("code_files"),
             "artifact_sha256": pack.get("artifact_sha256"),
             "data_manifest_sha256": sha256_file(manifest.root / MANIFEST_NAME),
@@ -105,8 +210,7 @@ def build_result(
             "hardware": hardware(),
             "harness_commit": git_commit(Path(__file__).resolve().parent),
         },
-    }
-    return result
+    ).to_json()
 
 
 def finite_json(value: Any) -> Any:
@@ -120,14 +224,14 @@ def finite_json(value: Any) -> Any:
     return value
 
 
-def write_result(run_dir: Path, result: dict[str, Any], ledger: Path) -> None:
+def write_result(run_dir: Path, result: ResultRecord | dict[str, Any], ledger: Path) -> None:
     """result.json, and one line appended to the ledger.
 
     The line goes out in a single write(2) under an exclusive lock, so concurrent runs never interleave
     and a process killed mid-append leaves either the whole line or none of it (a buffered text file
     may split a long line into several writes). Non-finite numbers are written as strings.
     """
-    result = finite_json(result)
+    result = finite_json(result.to_json() if isinstance(result, ResultRecord) else result)
     write_json_atomic(run_dir / "result.json", result)
     ledger.parent.mkdir(parents=True, exist_ok=True)
     data = (json.dumps(result, sort_keys=True, allow_nan=False) + "\n").encode()
@@ -145,21 +249,15 @@ def minimal_result(
     run_dir: Path, cfg: ResolvedConfig, meta: dict[str, Any], track: Track, *, status: str, detail: str
 ) -> dict[str, Any]:
     """A result when the full one cannot be built: the status, the detail, who and where."""
-    return {
-        "format": RESULT_FORMAT,
-        "format_version": RESULT_FORMAT_VERSION,
-        "api_version": API_VERSION,
-        "status": status,
-        "detail": detail,
-        "verification": "unverified",
-        "submission": {k: meta.get(k) for k in ("name", "author", "github_id", "date", "track")},
-        "track": track.name,
-        "preset": cfg.preset,
-        "created_unix_s": time.time(),
-        "run_dir": str(run_dir),
-        "val_bpb": None,
-        "val_loss": None,
-    }
+    return ResultRecord(
+        status=status,
+        detail=detail,
+        submission={k: meta.get(k) for k in ("name", "author", "github_id", "date", "track")},
+        track=track.name,
+        preset=cfg.preset,
+        created_unix_s=time.time(),
+        run_dir=str(run_dir),
+    ).to_json()
 
 
 def _fmt(v: Any, spec: str) -> str:

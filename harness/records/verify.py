@@ -44,6 +44,7 @@ from scoring.artifact.cap import counted_files
 from scoring.artifact.format import ArtifactError, read_artifact
 from scoring.score.cli import ScoreRequest
 from scoring.score.evaluate import EvalConfig
+from scoring.score.record import ScoreRecord, read_score_record
 
 VERIFY_FORMAT = "pg-verification"
 VERIFY_FORMAT_VERSION = 1
@@ -247,9 +248,15 @@ def rescore(
             check=False,
         )
         tail = (proc.stdout + proc.stderr)[-3000:]
-        if proc.returncode != 0 or not out.is_file() or read_json(out).get("status", "ok") != "ok":
+        if proc.returncode != 0 or not out.is_file():
             return None, tail
-        return read_json(out, what="re-score record"), tail
+        try:
+            record = read_score_record(read_json(out, what="re-score record"))
+        except ValueError as e:  # a malformed score.json: a failed check that says why, never a traceback
+            return None, f"{tail}\nthe re-score's score.json is malformed: {e}"
+        if not isinstance(record, ScoreRecord):
+            return None, f"{tail}\nre-score {record.status}: {record.detail}"
+        return record.to_json(), tail
 
 
 def score_checks(

@@ -39,9 +39,11 @@ from harness.run.staging import folder_verdict, stage_folder, stage_model_code
 from harness.run.train_phase import run_sealed_pack, run_train_phase
 from harness.train.rank import STATE_FILE
 from isolation.processes import die_with_parent
+from scoring.artifact.pack import PackRecord
 from scoring.codecheck import lint_scored_code
 from scoring.score.audit import KNOWN_TOKENIZER_SHA256
 from scoring.score.cli import EXIT_CODES, STATUS_OF_EXIT, ScoreRequest
+from scoring.score.record import ScoreFailure, ScoreRecord, read_score_record
 from scoring.tracks import Track, get_track
 
 SCORER_STARTUP_S = 300.0
@@ -299,7 +301,13 @@ def _phases(
         if not (run_dir / "pack.json").is_file():
             phases["pack"] = {"status": "error", "detail": _tail(run_dir / "pack.log")}
             return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="error")
-        phases["pack"] = read_json(run_dir / "pack.json")
+        try:
+            phases["pack"] = PackRecord.from_json(
+                read_json(run_dir / "pack.json", what="pack.json")
+            ).to_json()
+        except ValueError as e:  # written by the pack process (for a custom codec, beside submitted code)
+            phases["pack"] = {"status": "error", "detail": f"pack.json: {e}"}
+            return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="error")
         keep_packed_code(views / "packed_code", phases["pack"]["code_files"], run_dir / "code")
         if returncode != 0 or not phases["pack"]["within_cap"]:
             return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="over_cap")
@@ -327,16 +335,25 @@ def _phases(
         cmd = [sys.executable, "-m", "scoring", *request.to_argv()]
         outer_s = eval_deadline_s + SCORER_STARTUP_S if math.isfinite(eval_deadline_s) else None
         returncode = _run_phase("score", cmd, run_dir / "score.log", timeout_s=outer_s)
-        record = read_json(score_out) if score_out.is_file() else None
-        if returncode != 0 or record is None or record.get("status") != "ok":
+        record: ScoreRecord | ScoreFailure | None = None
+        malformed = ""
+        if score_out.is_file():
+            try:
+                record = read_score_record(read_json(score_out, what="score.json"))
+            except ValueError as e:
+                malformed = f"score.json: {e}"
+        if returncode != 0 or not isinstance(record, ScoreRecord):
             # the verdict is the scorer's exit status and its record's status field, never a search of its log
             status = STATUS_OF_EXIT.get(returncode, "error") if returncode is not None else "over_eval_budget"
-            if record is not None and record.get("status") in EXIT_CODES:
-                status = record["status"]
-            detail = (record or {}).get("detail") or _tail(run_dir / "score.log")
+            if isinstance(record, ScoreFailure) and record.status in EXIT_CODES:
+                status = record.status
+            elif status == "ok":  # exit 0 without a readable score
+                status = "error"
+            detail = (record.detail if isinstance(record, ScoreFailure) else "") or malformed
+            detail = detail or _tail(run_dir / "score.log")
             phases["score"] = {"status": status, "detail": detail, "returncode": returncode}
             return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=status)
-        phases["score"] = record
+        phases["score"] = record.to_json()
         write_json_atomic(run_dir / "score.json", phases["score"])
         status = "ok"
         return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=status)

@@ -58,8 +58,8 @@ from harness.train.rank import (
     SPEC_FORMAT,
     SPEC_FORMAT_VERSION,
     STATE_FILE,
-    TRAIN_FORMAT,
     TRAIN_RECORD,
+    RankReport,
 )
 from isolation.monitor import parse_attempts
 from isolation.processes import die_with_parent, kill_session, reap_token_processes
@@ -214,30 +214,8 @@ def read_rank_record(path: Path) -> dict[str, Any]:
         raw = json.loads(path.read_bytes(), parse_constant=lambda c: math.nan)
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"train.json is not valid JSON: {e}") from None
-    if not isinstance(raw, dict) or raw.get("format") != TRAIN_FORMAT:
-        raise ValueError("train.json is not a pg-train record")
-    out: dict[str, Any] = {}
-    for key, typ in RANK_RECORD_FIELDS.items():
-        if key not in raw:
-            continue
-        v = raw[key]
-        bad_type = not isinstance(v, typ) or (
-            isinstance(v, bool) and bool not in (typ if isinstance(typ, tuple) else (typ,))
-        )
-        if (
-            bad_type
-            or (isinstance(v, float) and not math.isfinite(v))
-            or (isinstance(v, int) and not isinstance(v, bool) and v < 0)
-        ):
-            raise ValueError(f"train.json field {key!r} = {str(v)[:80]} is not a finite, non-negative {typ}")
-        out[key] = v
-    if out.get("role", "main") not in ("main", "secondary_node"):
-        raise ValueError(f"train.json role {out['role']!r} is not main or secondary_node")
-    try:
-        json.dumps(out, allow_nan=False)
-    except ValueError as e:
-        raise ValueError(f"train.json holds a non-finite number: {e}") from None
-    return out
+    report = RankReport.from_json(raw)  # the types, finite numbers, the role; unknown keys dropped
+    return {k: v for k, v in report.to_json().items() if k in RANK_RECORD_FIELDS}
 
 
 def stop_tolerance_s(budget: BudgetConfig) -> float:

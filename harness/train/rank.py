@@ -30,9 +30,10 @@ import sys
 import time
 import traceback
 from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import torch
@@ -40,6 +41,7 @@ import torch.distributed as dist
 from torch import nn
 
 from data.loader import OnDemandTokenStream
+from data.records import Types, field, require_format
 from harness.api import API_VERSION, DistInfo, TrainContext, TrainingComplete, TrainResult
 from harness.train.clock import DataGate, HarnessClock
 from harness.train.wire import WireClient
@@ -52,6 +54,92 @@ TRAIN_FORMAT = "pg-train"
 TRAIN_FORMAT_VERSION = 3
 SPEC_FORMAT = "pg-train-spec"
 SPEC_FORMAT_VERSION = 2
+
+_NUM = (int, float)
+RANK_REPORT_FIELDS: dict[str, Types] = {
+    "api_version": int,
+    "role": str,
+    "status": str,
+    "rank_reported_train_s": _NUM,
+    "rank_reported_off_clock_s": _NUM,
+    "rank_reported_warmup": (dict, type(None)),
+    "rank_setup_s": _NUM,
+    "rank_save_s": _NUM,
+    "steps": int,
+    "stopped_by_clock": bool,
+    "ticks_after_stop": int,
+    "batches_after_stop": int,
+    "tokens_seen": int,
+    "world_size": int,
+    "backend": str,
+    "device": str,
+    "threads_per_rank": int,
+    "process": dict,
+    "train_shards_used": int,
+    "train_shard_names": list,
+    "train_tokens_available": int,
+}
+"""The fields of train.json with their JSON types (numbers finite and non-negative); any other key is dropped."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankReport:
+    """train.json ("pg-train"): what a rank says it saw. Written by local rank 0 of each node (main below);
+    read by the supervisor (harness/run/train_phase.py read_rank_record) as hostile input: every field is
+    optional (None when absent), checked when present, and only recorded, never believed for time."""
+
+    format: str = TRAIN_FORMAT
+    format_version: int = TRAIN_FORMAT_VERSION
+    api_version: int | None = None
+    role: str | None = None
+    status: str | None = None
+    rank_reported_train_s: float | None = None
+    rank_reported_off_clock_s: float | None = None
+    rank_reported_warmup: dict[str, Any] | None = None
+    rank_setup_s: float | None = None
+    rank_save_s: float | None = None
+    steps: int | None = None
+    stopped_by_clock: bool | None = None
+    ticks_after_stop: int | None = None
+    batches_after_stop: int | None = None
+    tokens_seen: int | None = None
+    world_size: int | None = None
+    backend: str | None = None
+    device: str | None = None
+    threads_per_rank: int | None = None
+    process: dict[str, Any] | None = None
+    train_shards_used: int | None = None
+    train_shard_names: list[str] | None = None
+    train_tokens_available: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields that are set (rank_reported_warmup always: null when the rank did no warm-up)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if getattr(self, f.name) is not None or f.name == "rank_reported_warmup"
+        }
+
+    @classmethod
+    def from_json(cls, d: object) -> Self:
+        """A rank's train.json, checked: known fields of the right type, finite and non-negative numbers,
+        role main or secondary_node; unknown keys are dropped. ValueError names the field."""
+        what = "train.json"
+        d = require_format(d, what, TRAIN_FORMAT, TRAIN_FORMAT_VERSION)
+        values = {
+            k: field(d, k, types, what, required=False, finite=True, non_negative=True)
+            for k, types in RANK_REPORT_FIELDS.items()
+        }
+        if values["role"] not in (None, "main", "secondary_node"):
+            raise ValueError(
+                f"{what} field 'role' = {str(values['role'])[:80]!r} is not main or secondary_node"
+            )
+        report = cls(**values)
+        try:
+            json.dumps(report.to_json(), allow_nan=False)
+        except ValueError as e:
+            raise ValueError(f"{what} holds a non-finite number: {e}") from None
+        return report
 
 
 class RankLogger:
@@ -230,31 +318,27 @@ def main(spec_path: str) -> int:
     wire.done(state=hand_over)  # with the state: the supervisor takes it, and its clock stops here
     if info.local_rank == 0:
         warm = clock.warmup_report
-        _write_json(
-            out_dir / TRAIN_RECORD,
-            {
-                "format": TRAIN_FORMAT,
-                "format_version": TRAIN_FORMAT_VERSION,
-                "api_version": API_VERSION,
-                "role": "main" if info.is_main else "secondary_node",
-                "status": "ok",
-                "rank_reported_train_s": rank_train_s,
-                "rank_reported_off_clock_s": clock.off_clock_s,
-                "rank_reported_warmup": warm._asdict() if warm else None,
-                "rank_setup_s": setup_s,
-                "rank_save_s": save_s,
-                "steps": clock.steps,
-                "stopped_by_clock": clock.last.stop,
-                "ticks_after_stop": int(ticks_after),
-                "batches_after_stop": int(after_stop),
-                "tokens_seen": stream.tokens_consumed,
-                "world_size": info.world_size,
-                "backend": info.backend,
-                "device": str(info.device.type),
-                "threads_per_rank": torch.get_num_threads(),
-                "process": _process_facts(),
-            },
+        report = RankReport(
+            api_version=API_VERSION,
+            role="main" if info.is_main else "secondary_node",
+            status="ok",
+            rank_reported_train_s=rank_train_s,
+            rank_reported_off_clock_s=clock.off_clock_s,
+            rank_reported_warmup=warm._asdict() if warm else None,
+            rank_setup_s=setup_s,
+            rank_save_s=save_s,
+            steps=clock.steps,
+            stopped_by_clock=clock.last.stop,
+            ticks_after_stop=int(ticks_after),
+            batches_after_stop=int(after_stop),
+            tokens_seen=stream.tokens_consumed,
+            world_size=info.world_size,
+            backend=info.backend,
+            device=str(info.device.type),
+            threads_per_rank=torch.get_num_threads(),
+            process=_process_facts(),
         )
+        _write_json(out_dir / TRAIN_RECORD, report.to_json())
     if info.distributed:
         dist.barrier()  # without it, gloo ranks tearing down at once can crash at exit
         dist.destroy_process_group()

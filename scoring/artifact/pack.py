@@ -13,14 +13,16 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from data.io import sha256_file
+from data.records import field, require_format
 from harness.api import API_VERSION
 from scoring.artifact.cap import CapCheck, code_bytes, counted_files
 from scoring.artifact.codecs import CODECS, StateDict, get_codec
@@ -28,6 +30,63 @@ from scoring.artifact.format import artifact_codec, build_header, decode_state, 
 
 PACK_FORMAT = "pg-pack"
 PACK_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PackRecord:
+    """The pack record ("pg-pack"): built by pack_state, written as pack.json, read by the pipeline."""
+
+    format: str = PACK_FORMAT
+    format_version: int = PACK_FORMAT_VERSION
+    api_version: int = API_VERSION
+    codec: dict[str, Any]
+    artifact: str
+    artifact_sha256: str
+    code_files: dict[str, str]
+    encode_time_s: float
+    num_tensors: int
+    num_params: int
+    bytes_code: int
+    bytes_model: int
+    bytes_total: int
+    cap_bytes: int
+    within_cap: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, d: object) -> Self:
+        """A pack record read back, checked; ValueError names the field that is wrong."""
+        what = "pack record"
+        d = require_format(d, what, PACK_FORMAT, PACK_FORMAT_VERSION)
+        codec = field(d, "codec", dict, what)
+        if not isinstance(codec.get("name"), str):
+            raise ValueError(f"{what} field 'codec' has no name")
+        files = field(d, "code_files", dict, what)
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+            raise ValueError(f"{what} field 'code_files' is not a map of paths to sha256")
+        n = {
+            k: field(d, k, int, what, non_negative=True)
+            for k in ("num_tensors", "num_params", "bytes_code", "bytes_model", "bytes_total", "cap_bytes")
+        }
+        if n["bytes_total"] != n["bytes_code"] + n["bytes_model"]:
+            raise ValueError(
+                f"{what} field 'bytes_total' = {n['bytes_total']} is not bytes_code + bytes_model "
+                f"= {n['bytes_code'] + n['bytes_model']}"
+            )
+        return cls(
+            format=d["format"],
+            format_version=d["format_version"],
+            api_version=field(d, "api_version", int, what),
+            codec=codec,
+            artifact=field(d, "artifact", str, what),
+            artifact_sha256=field(d, "artifact_sha256", str, what),
+            code_files=files,
+            encode_time_s=field(d, "encode_time_s", (int, float), what, finite=True, non_negative=True),
+            within_cap=field(d, "within_cap", bool, what),
+            **n,
+        )
 
 
 def read_state(path: str | os.PathLike[str]) -> tuple[StateDict, dict[str, str]]:
@@ -57,7 +116,7 @@ def pack_state(
     model_config: dict[str, Any],
     cap_bytes: int,
 ) -> dict[str, Any]:
-    """Encode, write the artifact, count bytes, enforce the cap. Returns the pack record."""
+    """Encode, write the artifact, count bytes, enforce the cap. Returns the pack record (PackRecord.to_json())."""
     submission_dir = Path(submission_dir)
     codec = get_codec(codec_name, submission_dir)
     files = counted_files(submission_dir)
@@ -70,20 +129,21 @@ def pack_state(
     )
     n_model = write_artifact(out, header, payload)
     check = CapCheck(n_code, n_model, cap_bytes)
-    record = {
-        "format": PACK_FORMAT,
-        "format_version": PACK_FORMAT_VERSION,
-        "api_version": API_VERSION,
-        "codec": {"name": codec.name, "version": codec.version},
-        "artifact": str(Path(out)),
-        "artifact_sha256": sha256_file(out),
-        "code_files": files,
-        "encode_time_s": encode_s,
-        "num_tensors": len(state),
-        "num_params": int(sum(v.numel() for v in state.values())),
-        **check.as_dict(),
-    }
-    return record
+    record = PackRecord(
+        codec={"name": codec.name, "version": codec.version},
+        artifact=str(Path(out)),
+        artifact_sha256=sha256_file(out),
+        code_files=files,
+        encode_time_s=encode_s,
+        num_tensors=len(state),
+        num_params=int(sum(v.numel() for v in state.values())),
+        bytes_code=check.bytes_code,
+        bytes_model=check.bytes_model,
+        bytes_total=check.bytes_total,
+        cap_bytes=check.cap_bytes,
+        within_cap=check.within_cap,
+    )
+    return record.to_json()
 
 
 def unpack_artifact(

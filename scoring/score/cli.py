@@ -28,8 +28,9 @@ from scoring.artifact.pack import unpack_artifact
 from scoring.codecheck import CodeCheckFailure
 from scoring.score.evaluate import EVAL_DTYPES, EVAL_MODES, EvalConfig, RuleViolation
 from scoring.score.probes import ProbeConfig
+from scoring.score.record import ScoreFailure
 from scoring.score.remote import EvalDeadline, WorkerFailure
-from scoring.score.scorer import SCORE_FORMAT, SCORE_FORMAT_VERSION, score_artifact
+from scoring.score.scorer import score_artifact
 
 EXIT_CODES = {"ok": 0, "error": 1, "illegal": 3, "over_eval_budget": 4, "out_of_memory": 5}
 """The scorer's exit status per verdict (2 is a usage error: bad arguments or inputs)."""
@@ -127,12 +128,7 @@ def failure_record(status: str, exc: BaseException) -> dict[str, Any]:
         if status != "error" or isinstance(exc, WorkerFailure | ArtifactError)
         else ("".join(traceback.format_exception(exc))[-4000:])
     )
-    return {
-        "format": SCORE_FORMAT,
-        "format_version": SCORE_FORMAT_VERSION,
-        "status": status,
-        "detail": detail,
-    }
+    return ScoreFailure(status=status, detail=detail).to_json()
 
 
 def cmd_score(args: argparse.Namespace) -> int:

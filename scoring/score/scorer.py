@@ -44,18 +44,23 @@ from data.io import sha256_file
 from data.manifest import MANIFEST_NAME, load_manifest
 from data.shards import read_split
 from data.tokenizer import Tokenizer, load_tokenizer
-from harness.api import API_VERSION, EVAL_HOOK_FILE, UNCOUNTED_FILES
+from harness.api import EVAL_HOOK_FILE, UNCOUNTED_FILES
 from scoring.artifact.format import ArtifactError, read_artifact
 from scoring.codecheck import require_clean_code, scored_files
 from scoring.score.audit import KNOWN_TOKENIZER_SHA256, audit_token_stream
 from scoring.score.bpb import METRIC_VERSION, metric_table
 from scoring.score.confine import confine_scorer, private_workdir
-from scoring.score.evaluate import EvalConfig, batch_count, eval_tokens, evaluate, tune_cpu_allocator
+from scoring.score.evaluate import (
+    EvalConfig,
+    Scorable,
+    batch_count,
+    eval_tokens,
+    evaluate,
+    tune_cpu_allocator,
+)
 from scoring.score.probes import ProbeConfig, ProbeFailure, plan_probes, run_probes
+from scoring.score.record import ScoreRecord
 from scoring.score.remote import WorkerConfig, WorkerModel, default_memory_limit_bytes, start_worker
-
-SCORE_FORMAT = "pg-score"
-SCORE_FORMAT_VERSION = 2
 
 ENFORCEMENT = {
     "submitted code never shares a process with validation data": "process: the model worker (scoring/worker/)",
@@ -169,14 +174,13 @@ def score_artifact(
     tokenizer = load_tokenizer(manifest.tokenizer_path)
     table = tokenizer.byte_table()
     worker_cfg = _with(worker_cfg, vocab_size=table.vocab_size)
-    n_probe_workers = probe_cfg.probes * (2 if adapting else 1)
+    n_probe_workers = probe_cfg.probes
     with ExitStack() as stack:
         main = start_worker(worker_cfg)
         stack.callback(main.close)
         main.start()  # decodes and builds while this process reads the data; probe workers wait idle
-        probe_workers = [
-            start_worker(_with(worker_cfg, role="probe", adapt=False)) for _ in range(n_probe_workers)
-        ]
+        # the probe workers get the main one's spec (adaptation included): nothing tells them apart
+        probe_workers = [start_worker(_with(worker_cfg, role="probe")) for _ in range(n_probe_workers)]
         for w in probe_workers:
             stack.callback(w.close)
         tokens = read_split(data_dir, "val")
@@ -212,66 +216,71 @@ def score_artifact(
         for w in probe_workers:  # all at once: they import and build in parallel
             w.start()
         fresh = _ready(probe_workers)
+        scored_toks = eval_tokens(tokens, cfg)
+
+        def replay(worker: Scorable, chunk: int) -> None:  # the main worker's adaptation, chunk by chunk
+            assert isinstance(worker, WorkerModel)
+            for k, (first, end) in enumerate(main.delivered[:chunk]):
+                worker.before_chunk(None, k)
+                worker.after_chunk(None, k, np.ascontiguousarray(scored_toks[first:end]), first)
+
         probes = run_probes(
             plan,
             result.kept,
             fresh,
-            eval_tokens(tokens, cfg),
+            scored_toks,
             probe_cfg,
-            fresh_base=adapting,
+            replay=replay if adapting else None,
+            kept_chunks=result.kept_chunks,
             total_batches=result.batches,
         )
         workers = [main.describe(), *(w.describe() for w in probe_workers[:1])]
     sums = result.sums
-    return {
-        "format": SCORE_FORMAT,
-        "format_version": SCORE_FORMAT_VERSION,
-        "api_version": API_VERSION,
-        "status": "ok",
-        "metric_version": METRIC_VERSION,
-        "metrics": metric_table(),
-        "val_loss": sums.val_loss,
-        "val_bpb": sums.val_bpb,
-        "byte_perplexity": sums.byte_perplexity,
-        "val_loss_sum_nats": sums.loss_nats,
-        "val_tokens": sums.tokens,
-        "val_bytes": sums.bytes,
-        "val_tokens_available": int(tokens.size),
-        "eval_subset_max_tokens": cfg.max_tokens,
-        "eval_mode": cfg.mode,
-        "eval_dtype": cfg.dtype,
-        "eval_seq_len": cfg.seq_len,
-        "eval_stride": cfg.resolved_stride,
-        "eval_batch_seqs": cfg.batch_seqs,
-        "eval_windows": result.windows,
-        "eval_batches": result.batches,
-        "eval_time_s": result.eval_time_s,
-        "eval_budget_s": eval_budget_s if math.isfinite(eval_budget_s) else None,
-        "probes": probes,
-        "rows_shuffled": True,
-        "tokenizer_audit": audit,
-        "adaptation": main.adaptation_record(cfg.adapt_chunk_tokens, sha256_file(code_dir / EVAL_HOOK_FILE))
+    return ScoreRecord(
+        metric_version=METRIC_VERSION,
+        metrics=metric_table(),
+        val_loss=sums.val_loss,
+        val_bpb=sums.val_bpb,
+        byte_perplexity=sums.byte_perplexity,
+        val_loss_sum_nats=sums.loss_nats,
+        val_tokens=sums.tokens,
+        val_bytes=sums.bytes,
+        val_tokens_available=int(tokens.size),
+        eval_subset_max_tokens=cfg.max_tokens,
+        eval_mode=cfg.mode,
+        eval_dtype=cfg.dtype,
+        eval_seq_len=cfg.seq_len,
+        eval_stride=cfg.resolved_stride,
+        eval_batch_seqs=cfg.batch_seqs,
+        eval_windows=result.windows,
+        eval_batches=result.batches,
+        eval_time_s=result.eval_time_s,
+        eval_budget_s=eval_budget_s if math.isfinite(eval_budget_s) else None,
+        probes=probes,
+        rows_shuffled=True,
+        tokenizer_audit=audit,
+        adaptation=main.adaptation_record(cfg.adapt_chunk_tokens, sha256_file(code_dir / EVAL_HOOK_FILE))
         if adapting
         else None,
-        "code_check": {"static": "passed", "files": scored_files(code_dir), "code_files_checked": checked},
-        "workers": workers,
-        "worker_forwards": main.forwards,
-        "enforcement": ENFORCEMENT,
-        "confinement": confinement,
-        "score_wall_s": time.perf_counter() - t_start,
-        "device": dev.type,
-        "device_name": torch.cuda.get_device_name(dev)
+        code_check={"static": "passed", "files": scored_files(code_dir), "code_files_checked": checked},
+        workers=workers,
+        worker_forwards=main.forwards,
+        enforcement=ENFORCEMENT,
+        confinement=confinement,
+        score_wall_s=time.perf_counter() - t_start,
+        device=dev.type,
+        device_name=torch.cuda.get_device_name(dev)
         if dev.type == "cuda"
         else platform.processor() or platform.machine(),
-        "threads": torch.get_num_threads(),
-        "allocator": allocator,
-        "submission_files_seen": checked,
-        "artifact_sha256": artifact_sha256,
-        "codec": artifact.header["codec"],
-        "data_manifest_sha256": manifest_sha256,
-        "tokenizer_sha256": tokenizer_sha256,
-        "torch": torch.__version__,
-    }
+        threads=torch.get_num_threads(),
+        allocator=allocator,
+        submission_files_seen=checked,
+        artifact_sha256=artifact_sha256,
+        codec=artifact.header["codec"],
+        data_manifest_sha256=manifest_sha256,
+        tokenizer_sha256=tokenizer_sha256,
+        torch=torch.__version__,
+    ).to_json()
 
 
 def _with(cfg: WorkerConfig, **changes: Any) -> WorkerConfig:

@@ -1,0 +1,169 @@
+"""The score record ("pg-score", version 2): what the scorer writes to --json-out as score.json.
+
+    ScoreRecord    a finished score (status "ok"), built by scoring/score/scorer.py score_artifact
+    ScoreFailure   a failed one (status, detail), built by scoring/score/cli.py failure_record
+    read_score_record(d) -> ScoreRecord | ScoreFailure   (the pipeline and `pgolf verify` read through it)
+
+`from_json` checks the format, the version, every field's type and that every measured number is
+finite; a bad record is a ValueError naming the field. The nested sub-records (probes, the tokenizer
+audit, adaptation, the code check, workers, enforcement, confinement, metrics) stay JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Self
+
+from data.records import Types, field, require_format, require_object
+from harness.api import API_VERSION
+
+SCORE_FORMAT = "pg-score"
+SCORE_FORMAT_VERSION = 2
+
+_NUM = (int, float)
+_INT_OR_NONE = (int, type(None))
+_DICT_OR_NONE = (dict, type(None))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScoreRecord:
+    format: str = SCORE_FORMAT
+    format_version: int = SCORE_FORMAT_VERSION
+    api_version: int = API_VERSION
+    status: str = "ok"
+    metric_version: int
+    metrics: dict[str, Any]
+    val_loss: float
+    val_bpb: float
+    byte_perplexity: float
+    val_loss_sum_nats: float
+    val_tokens: int
+    val_bytes: int
+    val_tokens_available: int
+    eval_subset_max_tokens: int | None
+    eval_mode: str
+    eval_dtype: str
+    eval_seq_len: int
+    eval_stride: int | None
+    eval_batch_seqs: int
+    eval_windows: int
+    eval_batches: int
+    eval_time_s: float
+    eval_budget_s: float | None
+    probes: dict[str, Any]
+    rows_shuffled: bool
+    tokenizer_audit: dict[str, Any]
+    adaptation: dict[str, Any] | None
+    code_check: dict[str, Any]
+    workers: list[dict[str, Any]]
+    worker_forwards: int
+    enforcement: dict[str, Any]
+    confinement: dict[str, Any]
+    score_wall_s: float
+    device: str
+    device_name: str
+    threads: int
+    allocator: str
+    submission_files_seen: list[str]
+    artifact_sha256: str
+    codec: dict[str, Any]
+    data_manifest_sha256: str
+    tokenizer_sha256: str
+    torch: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, d: object) -> Self:
+        """A score record read back, checked; ValueError names the field that is wrong."""
+        what = "score record"
+        d = require_format(d, what, SCORE_FORMAT, SCORE_FORMAT_VERSION)
+        if d.get("status") != "ok":
+            raise ValueError(f"{what} field 'status' = {str(d.get('status'))[:80]!r} is not 'ok'")
+        values = {
+            name: field(d, name, types, what, finite=True, non_negative=name in _NON_NEGATIVE)
+            for name, types in _SCORE_FIELDS.items()
+        }
+        if not all(isinstance(w, dict) for w in values["workers"]):
+            raise ValueError(f"{what} field 'workers' is not a list of objects")
+        if not all(isinstance(f, str) for f in values["submission_files_seen"]):
+            raise ValueError(f"{what} field 'submission_files_seen' is not a list of names")
+        return cls(**values)
+
+
+_SCORE_FIELDS: dict[str, Types] = {
+    "format": str,
+    "format_version": int,
+    "api_version": int,
+    "status": str,
+    "metric_version": int,
+    "metrics": dict,
+    "val_loss": _NUM,
+    "val_bpb": _NUM,
+    "byte_perplexity": _NUM,
+    "val_loss_sum_nats": _NUM,
+    "val_tokens": int,
+    "val_bytes": int,
+    "val_tokens_available": int,
+    "eval_subset_max_tokens": _INT_OR_NONE,
+    "eval_mode": str,
+    "eval_dtype": str,
+    "eval_seq_len": int,
+    "eval_stride": _INT_OR_NONE,
+    "eval_batch_seqs": int,
+    "eval_windows": int,
+    "eval_batches": int,
+    "eval_time_s": _NUM,
+    "eval_budget_s": (int, float, type(None)),
+    "probes": dict,
+    "rows_shuffled": bool,
+    "tokenizer_audit": dict,
+    "adaptation": _DICT_OR_NONE,
+    "code_check": dict,
+    "workers": list,
+    "worker_forwards": int,
+    "enforcement": dict,
+    "confinement": dict,
+    "score_wall_s": _NUM,
+    "device": str,
+    "device_name": str,
+    "threads": int,
+    "allocator": str,
+    "submission_files_seen": list,
+    "artifact_sha256": str,
+    "codec": dict,
+    "data_manifest_sha256": str,
+    "tokenizer_sha256": str,
+    "torch": str,
+}
+"""Each field of ScoreRecord with the JSON types it may hold (numbers must be finite)."""
+_NON_NEGATIVE = frozenset(
+    {"val_tokens", "val_bytes", "val_tokens_available", "val_loss_sum_nats", "eval_time_s", "score_wall_s"}
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScoreFailure:
+    """A failed score: its verdict (error, illegal, over_eval_budget, out_of_memory) and why."""
+
+    format: str = SCORE_FORMAT
+    format_version: int = SCORE_FORMAT_VERSION
+    status: str
+    detail: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, d: object) -> Self:
+        what = "score failure record"
+        d = require_format(d, what, SCORE_FORMAT, SCORE_FORMAT_VERSION)
+        return cls(status=field(d, "status", str, what), detail=field(d, "detail", str, what))
+
+
+def read_score_record(d: object) -> ScoreRecord | ScoreFailure:
+    """score.json read back: a ScoreRecord when its status is "ok", else a ScoreFailure (ValueError if malformed)."""
+    if require_object(d, "score record").get("status") == "ok":
+        return ScoreRecord.from_json(d)
+    return ScoreFailure.from_json(d)
