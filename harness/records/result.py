@@ -279,7 +279,8 @@ def card(result: dict[str, Any]) -> str:
         f"{r['eval_mode'] or '-'} mode, {r['eval_dtype'] or '-'}, {_fmt(r['eval_time_s'], '.1f')} s",
         f"│ bytes_total   {_fmt(r['bytes_total'], ',')} = code {_fmt(r['bytes_code'], ',')} + model {_fmt(r['bytes_model'], ',')}"
         f"  (cap {r['cap_bytes']:,}, within_cap {r['within_cap']})",
-        f"│ training      {_fmt(r['train_time_s'], '.1f')} s, {_fmt(r['steps'], ',')} steps, {_fmt(r['tokens_seen'], ',')} tokens,"
+        f"│ training      {_fmt(r['train_time_s'], '.1f')} s (the supervisor's clock); the rank reports "
+        f"{_fmt(r['steps'], ',')} steps, {_fmt(r['tokens_seen'], ',')} tokens,"
         f" {r['world_size'] or '-'} rank(s)",
         f"│ hardware      {r['provenance']['hardware']['cpu']}"
         + (
