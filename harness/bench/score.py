@@ -1,20 +1,42 @@
-"""`pgolf bench score` (or `python -m scoring bench score`): scorer tokens/s against a plain evaluation loop.
+"""`pgolf bench score`: scorer tokens/s against a plain evaluation loop, and the probes' share of a score.
 
     pgolf bench score [--submission DIR] [--model-config JSON] [--data DIR] [--seq-len 256] [--batch-seqs 32]
-                      [--max-tokens 65536] [--repeats 3] [--rounds 5]
+                      [--max-tokens 65536] [--repeats 3] [--rounds 5] [--probes 2] [--profile] [--sandbox auto]
 
-Both run the same model (built from the submission's model.py, random weights: speed does not
-depend on them; by default the CPU track baseline's shape, 4 x 192, seq_len 256, batch 32) over the same standard-mode windows of the same validation tokens, with the same
-batch and thread count. The plain loop is what anyone would write: `torch.no_grad()`, logits =
-model(x), `F.cross_entropy(logits.float(), y, reduction="sum")`, in a plain Python process. The
-scorer is scoring/score/evaluate.py (float64 log-softmax, shape and finiteness checks, exact byte counts,
-the tool guard after every forward pass)
-in a process set up as the scorer sets itself up (`tune_cpu_allocator`). Each measuring process
-warms up once and times `--repeats` passes (its best counts). `--rounds` pairs of fresh processes run
-one after the other, order alternating (the machine's load moves): each pair gives a ratio (scorer /
-plain tokens/s; >= 1.0: the scorer is no slower), and the median over the rounds is the headline.
-A last process runs both, alternating, with the allocator tuned for both: that ratio isolates the
-loop itself (the scorer's float64 loss is its only extra work). The probes' time is printed apart (once per score).
+One artifact is packed first (the submission's model code staged without train.py, random weights
+with seed 0: speed does not depend on them; the submission's codec; by default the CPU track
+baseline's shape, 4 x 192, seq_len 256, batch 32). Both sides then score it over the same
+standard-mode windows of the same validation tokens, with the same batch and thread count:
+
+- plain: what anyone would write, in a plain Python process: the model decoded from the artifact
+  and built in-process, `torch.no_grad()`, logits = model(x), `F.cross_entropy(logits.float(), y,
+  reduction="sum")`.
+- scorer: the real path, `score_artifact` (scoring/score/scorer.py) in a process of its own: the
+  model in a confined worker process, each batch sent through shared memory, the logits read back
+  into the scorer's float64 loss buffer, then the probes in fresh workers. Its `evaluate` is wrapped
+  so that it runs `--repeats` + 1 times on the same worker; the first (cold: the worker's first
+  batches) is the real score's evaluation and the plain loop's warm-up counterpart.
+
+Each side times its evaluation passes only (tokens/s over the scored tokens: process start-up, the
+worker's start-up and the model build are outside), one warm-up pass and `--repeats` timed ones,
+the best counting. A round is a fresh scorer process and a fresh plain process whose passes run in
+lock step (pass i of one, then pass i of the other; which leads alternates by pass and by round):
+this machine's load moves by more than 10 % within a minute, so both sides of a pair see the same
+spell. Each round gives a ratio (scorer / plain tokens/s; >= 1.0: the scorer is no slower), and the
+median over `--rounds` is the headline.
+
+Probes' share: the score record's `probes.probe_time_s` over the real score's evaluation time (the
+cold pass), per round, and projected to a `--project-tokens` evaluation (default: the CPU track's
+subset, 2,097,152 tokens) at the measured scorer speed: the probes cost a fixed time per score
+(fresh workers: importing torch, decoding the artifact, building the model, one cold forward each),
+while the evaluation grows with the tokens scored.
+
+`--profile` adds one process (allocator tuned as the scorer's) that times, per full batch of the
+same plan, one after the other: the forward pass in-process, the worker round trip
+(`WorkerModel.logits`: write the batch, forward in the worker, its copy into shared memory, the
+reply), a copy of the logits into a shared buffer, the scorer's float64 loss (`nats_of` with its
+workspace) and the plain loop's float32 cross-entropy; medians and minima in ms (a loaded machine
+only adds time), IPC = round trip - forward - copy; and a fresh worker's start-up and first round trip.
 """
 
 from __future__ import annotations
@@ -25,6 +47,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,21 +57,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from data.manifest import load_manifest
-from data.shards import read_split
-from data.tokenizer import load_tokenizer
-from scoring.score.evaluate import EvalConfig, evaluate, standard_targets, tune_cpu_allocator
-from scoring.score.guard import ToolGuard
-from scoring.score.loading import build_model
-from scoring.score.probes import ProbeConfig, run_probes
-from scoring.score.scorer import scorer_tools
-
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SUBMISSION = REPO / "baselines" / "naive_baseline"
 # The CPU track's baseline shape (preset `cpu` of baselines/naive_baseline/config.toml: model, eval.seq_len,
 # eval.batch_seqs; tests/unit/test_bench_score.py keeps them equal): the model that track scores.
 DEFAULT_MODEL_CONFIG = {"num_layers": 4, "model_dim": 192, "num_heads": 4, "num_kv_heads": 2}
 DEFAULT_SEQ_LEN, DEFAULT_BATCH_SEQS = 256, 32
+DEFAULT_PROJECT_TOKENS = 2_097_152
+"""The CPU track's documented eval subset: what a real score on that track evaluates."""
+DEFAULT_PROBES = 2
+"""The scorer's default (ProbeConfig.probes): each probe is a fresh worker and one forward pass."""
+PROBES_TARGET = 0.05
+RATIO_TARGET = 0.95
 
 
 def plain_loop(
@@ -60,6 +80,8 @@ def plain_loop(
     device: torch.device,
 ) -> tuple[float, int]:
     """(Σ nats, tokens) the way a plain evaluation loop computes it, over the standard windows."""
+    from scoring.score.evaluate import standard_targets
+
     toks, windows = standard_targets(tokens, seq_len, max_tokens)
     all_t = torch.from_numpy(toks.astype(np.int64))
     total, n = 0.0, 0
@@ -76,78 +98,327 @@ def plain_loop(
     return total, n
 
 
-def _setup(spec: dict[str, Any]) -> tuple[nn.Module, np.ndarray, Any, torch.device]:
+# ---- preparing the artifact (in the parent) ----
+
+
+def pack_random(
+    submission: Path, model_config: dict[str, Any], data_dir: Path, workdir: Path, codec: str | None
+) -> dict[str, Any]:
+    """Stage the submission's model code, pack a seed-0 random model: (code_dir, artifact, ...) for the spec."""
+    import tomllib
+
+    from data.manifest import load_manifest
+    from data.tokenizer import load_tokenizer
+    from harness.run.staging import stage_model_code
+    from scoring.artifact.cap import ARTIFACT_CAP_BYTES
+    from scoring.artifact.pack import pack_state
+    from scoring.score.loading import build_model
+
+    vocab = load_tokenizer(load_manifest(data_dir).tokenizer_path).byte_table().vocab_size
+    cfg_file = submission / "config.toml"
+    if codec is None:
+        conf = tomllib.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+        codec = conf.get("pack", {}).get("codec", "int8_zlib")
+    code = stage_model_code(submission, workdir / "code")
+    config = {**model_config, "vocab_size": vocab}
+    torch.manual_seed(0)
+    model = build_model(code, config)
+    rec = pack_state(
+        model.state_dict(),
+        code,
+        workdir / "bench.pgolf",
+        codec_name=codec,
+        model_config=config,
+        cap_bytes=ARTIFACT_CAP_BYTES,
+    )
+    return {
+        "code_dir": str(code),
+        "artifact": str(workdir / "bench.pgolf"),
+        "codec": codec,
+        "vocab_size": vocab,
+        "params": rec["num_params"],
+        "artifact_bytes": rec["bytes_total"],
+    }
+
+
+# ---- the measuring processes ----
+
+
+def _load_plain(spec: dict[str, Any]) -> tuple[nn.Module, np.ndarray, torch.device]:
+    """The model as the worker builds it (decoded from the artifact, strict load), here in-process."""
+    from data.shards import read_split
+    from scoring.artifact.format import artifact_codec, decode_state, read_artifact
+    from scoring.score.loading import load_model
+
+    dev = torch.device(spec["device"])
+    art = read_artifact(spec["artifact"])
+    model = load_model(art, decode_state(art, artifact_codec(art, spec["code_dir"])), spec["code_dir"], dev)
+    return model, read_split(spec["data"], "val"), dev
+
+
+def _eval_config(spec: dict[str, Any]) -> Any:
+    from scoring.score.evaluate import EvalConfig
+
+    return EvalConfig(seq_len=spec["seq_len"], batch_seqs=spec["batch_seqs"], max_tokens=spec["max_tokens"])
+
+
+MARK = "@@bench "
+"""Prefix of the lines a measuring process writes for the bench (anything else on its stdout is ignored)."""
+
+
+def _say(**obj: Any) -> None:
+    print(MARK + json.dumps(obj), flush=True)
+
+
+def _wait_turn() -> None:
+    """Block until the bench says "go" (it alternates the two processes pass by pass)."""
+    if sys.stdin.readline().strip() != "go":
+        raise SystemExit("bench: the parent is gone")
+
+
+def measure_plain(spec: dict[str, Any]) -> dict[str, Any]:
+    """A plain process: a warm-up pass, then `repeats` timed passes of plain_loop (the best counts)."""
     if spec["threads"]:
         torch.set_num_threads(spec["threads"])
-    dev = torch.device(spec["device"])
-    manifest = load_manifest(spec["data"])
-    table = load_tokenizer(manifest.tokenizer_path).byte_table()
-    tokens = read_split(spec["data"], "val")
-    torch.manual_seed(0)
-    model = (
-        build_model(spec["submission"], {"vocab_size": table.vocab_size, **spec["model_config"]})
-        .to(dev)
-        .eval()
-    )
-    return model, tokens, table, dev
-
-
-def worker(spec: dict[str, Any]) -> dict[str, Any]:
-    """One measuring process: "plain" (a plain process), "scorer" (the scorer's process setup), or
-    "both" (alternating in one process whose allocator is tuned as the scorer's is)."""
-    kind = spec["kind"]
-    if kind in ("scorer", "both"):
-        tune_cpu_allocator()
-    guard = ToolGuard(scorer_tools())  # as the scorer takes it: before the model code is imported
-    model, tokens, table, dev = _setup(spec)
-    L, B, max_tokens = spec["seq_len"], spec["batch_seqs"], spec["max_tokens"]
-    cfg = EvalConfig(seq_len=L, batch_seqs=B, max_tokens=max_tokens)
-    runs = {
-        "scorer": lambda: evaluate(model, tokens, table, cfg, dev, guard=guard),
-        "plain": lambda: plain_loop(model, tokens, L, B, max_tokens, dev),
-    }
-    kinds = ["scorer", "plain"] if kind == "both" else [kind]
-    out: dict[str, Any] = {
-        "threads": torch.get_num_threads(),
-        "params": sum(p.numel() for p in model.parameters()),
-    }
-    for k in kinds:
-        runs[k]()  # warm-up
-    times: dict[str, list[float]] = {k: [] for k in kinds}
-    for _ in range(spec["repeats"]):
-        for k in kinds:
-            t0 = time.perf_counter()
-            r = runs[k]()
-            times[k].append(time.perf_counter() - t0)
-            if k == "scorer":
-                out["tokens"], out["val_loss_scorer"] = r.sums.tokens, r.sums.val_loss
-            else:
-                out["val_loss_plain"] = r[0] / r[1]
-    out.update({f"{k}_s": min(v) for k, v in times.items()})
-    if (
-        kind == "both"
-    ):  # each repeat ran both back to back: the median of the paired ratios resists load swings
-        out["paired_ratio_median"] = statistics.median(
-            p / s for p, s in zip(times["plain"], times["scorer"], strict=True)
-        )
-    if kind == "scorer":
+    model, tokens, dev = _load_plain(spec)
+    L, B, mt = spec["seq_len"], spec["batch_seqs"], spec["max_tokens"]
+    _say(ready=True)
+    times, r = [], (0.0, 0)
+    for i in range(spec["repeats"] + 1):  # the first is the warm-up
+        _wait_turn()
         t0 = time.perf_counter()
-        run_probes(model, tokens, table.vocab_size, ProbeConfig(seq_len=L), dev)
-        out["probes_s"] = time.perf_counter() - t0
-    return out
+        r = plain_loop(model, tokens, L, B, mt, dev)
+        times.append(time.perf_counter() - t0)
+        _say(**{"pass": i, "s": times[-1]})
+    return {
+        "threads": torch.get_num_threads(),
+        "plain_s": min(times[1:]),
+        "passes_s": times,
+        "tokens": r[1],
+        "val_loss": r[0] / r[1],
+    }
 
 
-def _spawn(spec: dict[str, Any]) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.bench.score", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")},
+def measure_scorer(spec: dict[str, Any]) -> dict[str, Any]:
+    """The real score_artifact, its evaluate run repeats + 1 times on the same worker (the first is the cold one).
+
+    Each pass is timed as the scorer times its evaluation (`EvalResult.eval_time_s`: windows, the
+    round trips to the worker, the float64 loss, the byte counts); the last pass's result is the one
+    the score goes on with (the probes compare fresh workers against its kept batches).
+    """
+    import scoring.score.scorer as scorer_mod
+    from scoring.score.probes import ProbeConfig
+
+    real_evaluate = scorer_mod.evaluate
+    times: list[float] = []
+    entered: list[float] = []
+
+    def timed_evaluate(*args: Any, **kwargs: Any) -> Any:
+        entered.append(time.perf_counter())
+        _say(ready=True)
+        res = None
+        for i in range(spec["repeats"] + 1):
+            _wait_turn()
+            res = real_evaluate(*args, **kwargs)
+            times.append(res.eval_time_s)
+            _say(**{"pass": i, "s": times[-1]})
+        return res
+
+    scorer_mod.evaluate = timed_evaluate
+    t0 = time.perf_counter()
+    try:
+        rec = scorer_mod.score_artifact(
+            spec["artifact"],
+            spec["code_dir"],
+            spec["data"],
+            _eval_config(spec),
+            spec["device"],
+            spec["threads"],
+            sandbox=spec["sandbox"],
+            probe_cfg=ProbeConfig(probes=spec["probes"]),
+        )
+    finally:
+        scorer_mod.evaluate = real_evaluate
+    probes = rec["probes"]
+    return {
+        "threads": rec["threads"],
+        "scorer_s": min(times[1:]),
+        "cold_eval_s": times[0],
+        "passes_s": times,
+        "startup_s": entered[0] - t0,
+        "tokens": rec["val_tokens"],
+        "val_loss": rec["val_loss"],
+        "probes_s": probes.get("probe_time_s", 0.0),
+        "probes": len(probes.get("probes", [])),
+        "sandbox": _layers(rec["workers"][0]["isolation"]),
+    }
+
+
+def _layers(iso: dict[str, Any]) -> str:
+    on = [k for k in ("landlock", "seccomp", "capabilities_dropped") if iso.get(k)]
+    return f"{iso.get('mode')} ({', '.join(on + list(iso.get('namespaces', []))) or 'no layer'})"
+
+
+def measure_profile(spec: dict[str, Any]) -> dict[str, Any]:
+    """Per-batch parts of the scorer's path against the plain loop's, alternating, in one process (full batches)."""
+    from data.manifest import load_manifest
+    from data.tokenizer import load_tokenizer
+    from scoring.score.evaluate import LossWorkspace, eval_tokens, nats_of, plan_windows, tune_cpu_allocator
+    from scoring.score.remote import WorkerConfig, default_memory_limit_bytes, start_worker
+    from scoring.worker.wire import SharedBuffer
+
+    if spec["threads"]:
+        torch.set_num_threads(spec["threads"])
+    tune_cpu_allocator()  # as the scorer and the worker do
+    model, tokens, dev = _load_plain(spec)
+    cfg = _eval_config(spec)
+    bos = load_tokenizer(load_manifest(spec["data"]).tokenizer_path).bos_id
+    L, B = cfg.seq_len, cfg.batch_seqs
+    worker = start_worker(
+        WorkerConfig(
+            code_dir=Path(spec["code_dir"]),
+            artifact=Path(spec["artifact"]),
+            device=dev.type,
+            dtype=cfg.dtype,
+            threads=torch.get_num_threads(),
+            vocab_size=spec["vocab_size"],
+            max_tokens_per_batch=B * L,
+            sandbox=spec["sandbox"],
+            memory_limit_bytes=default_memory_limit_bytes(),
+        )
     )
-    if proc.returncode != 0:
-        raise ValueError(f"bench worker {spec['kind']} failed:\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    t0 = time.perf_counter()
+    worker.wait_ready()
+    startup = time.perf_counter() - t0
+    toks = eval_tokens(tokens, cfg)
+    plan = plan_windows(toks, cfg, bos)
+    batch_starts = list(range(0, plan.num_windows - B + 1, B)) or [0]  # full batches only (one shape)
+    ws = LossWorkspace()
+    parts: dict[str, list[float]] = {k: [] for k in ("forward", "round_trip", "copy", "loss_f64", "loss_f32")}
+    first: dict[str, float] = {}
+    try:
+        shm = SharedBuffer.create("bench", B * L * spec["vocab_size"] * 4)
+        with torch.inference_mode():
+            for rep in range(spec["repeats"] + 1):
+                for w0 in batch_starts:
+                    s = plan.starts[w0 : w0 + B]
+                    pos = s[:, None] + np.arange(L)[None, :]
+                    x = torch.from_numpy(toks[pos].astype(np.int64))
+                    y = torch.from_numpy(toks[pos + 1].astype(np.int64)).reshape(-1)
+                    t = [time.perf_counter()]
+                    logits = model(x)
+                    t.append(time.perf_counter())
+                    out = worker.logits(x)
+                    t.append(time.perf_counter())
+                    n, V = out.shape[0] * out.shape[1], out.shape[2]
+                    shm.tensor(torch.float32, n * V).view_as(logits).copy_(logits)
+                    t.append(time.perf_counter())
+                    nats_of(out.reshape(n, V), y, "logits", ws)
+                    t.append(time.perf_counter())
+                    float(F.cross_entropy(logits.reshape(n, V).float(), y, reduction="sum"))
+                    t.append(time.perf_counter())
+                    if rep:  # the first pass is the warm-up
+                        for k, a, b in zip(parts, t[:-1], t[1:], strict=True):
+                            parts[k].append(b - a)
+                    elif w0 == 0:  # the first batch of a fresh worker: what each probe's forward costs
+                        first = {"forward": t[1] - t[0], "round_trip": t[2] - t[1]}
+        shm.close()
+    finally:
+        worker.close()
+    med = {k: statistics.median(v) * 1e3 for k, v in parts.items()}
+    med["ipc"] = med["round_trip"] - med["forward"] - med["copy"]
+    best = {k: min(v) * 1e3 for k, v in parts.items()}  # a loaded machine only ever adds time
+    best["ipc"] = best["round_trip"] - best["forward"] - best["copy"]
+    return {
+        "batches": len(parts["forward"]),
+        "ms": med,
+        "best_ms": best,
+        "first_ms": {k: v * 1e3 for k, v in first.items()},
+        "worker_startup_s": startup,
+    }
+
+
+def worker(spec: dict[str, Any]) -> None:
+    fn = {"plain": measure_plain, "scorer": measure_scorer, "profile": measure_profile}[spec["kind"]]
+    _say(result=fn(spec))
+
+
+class _Child:
+    """A fresh measuring process (`python -m harness.bench.score SPEC`), spoken to line by line."""
+
+    def __init__(self, spec: dict[str, Any], log_dir: Path):
+        self.kind = spec["kind"]
+        self.log = (log_dir / f"{self.kind}.stderr").open("w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "harness.bench.score", json.dumps(spec)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")},
+        )
+
+    def expect(self, key: str) -> Any:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(MARK):
+                msg = json.loads(line[len(MARK) :])
+                if key in msg:
+                    return msg[key] if key == "result" else msg
+                raise ValueError(f"bench {self.kind} process: expected {key!r}, got {msg}")
+        self.proc.wait()
+        self.log.seek(0)
+        raise ValueError(
+            f"bench {self.kind} process exited ({self.proc.returncode}) before {key!r}:\n{self.log.read()[-3000:]}"
+        )
+
+    def turn(self) -> float:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        return float(self.expect("pass")["s"])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout, self.log):
+            if f is not None:
+                f.close()
+
+
+def _round(spec: dict[str, Any], first: str, log_dir: Path) -> dict[str, Any]:
+    """One round: a fresh scorer process and a fresh plain process, their passes in lock step.
+
+    The scorer starts first and alone (its start-up, the worker's included, is timed without the
+    plain process building next to it); the plain process starts once the scorer waits at its first
+    pass. Then pass i of one and pass i of the other run back to back, `first` leading on even
+    passes, the other on odd ones: a slow spell of the machine weighs on both sides of a pair.
+    """
+    children: dict[str, _Child] = {}
+    load = [os.getloadavg()[0]]
+    try:
+        for kind in ("scorer", "plain"):
+            children[kind] = _Child({**spec, "kind": kind}, log_dir)
+            children[kind].expect("ready")
+        second = "plain" if first == "scorer" else "scorer"
+        for i in range(spec["repeats"] + 1):
+            for kind in (first, second) if i % 2 == 0 else (second, first):
+                children[kind].turn()
+        out = {kind: children[kind].expect("result") for kind in ("plain", "scorer")}
+    finally:
+        for c in children.values():
+            c.close()
+    load.append(os.getloadavg()[0])
+    return {**out, "first": first, "load": load}
+
+
+def _profile(spec: dict[str, Any], log_dir: Path) -> dict[str, Any]:
+    child = _Child({**spec, "kind": "profile"}, log_dir)
+    try:
+        return child.expect("result")
+    finally:
+        child.close()
 
 
 def run_bench(
@@ -160,63 +431,138 @@ def run_bench(
     max_tokens: int | None,
     repeats: int,
     rounds: int,
-    device: str,
-    threads: int,
+    device: str = "cpu",
+    threads: int = 0,
+    sandbox: str = "auto",
+    probes: int = DEFAULT_PROBES,
+    codec: str | None = None,
+    profile: bool = False,
+    project_tokens: int = DEFAULT_PROJECT_TOKENS,
 ) -> dict[str, Any]:
-    """`rounds` pairs of fresh plain and scorer processes (order alternating), then one process running both.
+    """`rounds` rounds of a fresh plain and a fresh scorer process (which leads alternating), then the profile if asked.
 
-    Each round's ratio compares two processes started one after the other, so a slow spell of the
-    machine (this one's load moves by more than 10 % within a minute) weighs on both; the headline
+    Each round's ratio is the plain process's best pass over the scorer's best pass, their passes
+    having alternated (this machine's load moves by more than 10 % within a minute); the headline
     is the median of the rounds' ratios. The best time of each kind over all rounds is kept too.
     """
-    spec = {
-        "submission": str(submission),
-        "model_config": model_config,
-        "data": str(data_dir),
-        "seq_len": seq_len,
-        "batch_seqs": batch_seqs,
-        "max_tokens": max_tokens,
-        "repeats": repeats,
-        "device": device,
-        "threads": threads,
-    }
-    plain, scorer = [], []
-    for r in range(rounds):
-        for kind in ("plain", "scorer") if r % 2 == 0 else ("scorer", "plain"):
-            (plain if kind == "plain" else scorer).append(_spawn({**spec, "kind": kind}))
-    both = _spawn({**spec, "kind": "both"})
+    if repeats < 1 or rounds < 1:
+        raise ValueError(f"repeats and rounds must be >= 1, got {repeats}, {rounds}")
+    with tempfile.TemporaryDirectory(prefix="pgolf-bench-score-") as tmp:
+        packed = pack_random(submission, model_config, data_dir, Path(tmp), codec)
+        spec = {
+            **packed,
+            "data": str(data_dir),
+            "seq_len": seq_len,
+            "batch_seqs": batch_seqs,
+            "max_tokens": max_tokens,
+            "repeats": repeats,
+            "device": device,
+            "threads": threads,
+            "sandbox": sandbox,
+            "probes": probes,
+        }
+        done = [_round(spec, "plain" if r % 2 == 0 else "scorer", Path(tmp)) for r in range(rounds)]
+        prof = _profile(spec, Path(tmp)) if profile else None
+    plain, scorer = [d["plain"] for d in done], [d["scorer"] for d in done]
     round_ratios = [p["plain_s"] / s["scorer_s"] for p, s in zip(plain, scorer, strict=True)]
+    pass_ratios = [
+        a / b
+        for p, s in zip(plain, scorer, strict=True)
+        for a, b in zip(p["passes_s"][1:], s["passes_s"][1:], strict=True)
+    ]
+    probe_shares = [s["probes_s"] / s["cold_eval_s"] for s in scorer]
     p, s = min(plain, key=lambda o: o["plain_s"]), min(scorer, key=lambda o: o["scorer_s"])
     n = s["tokens"]
+    if p["tokens"] != n:
+        raise ValueError(f"the plain loop scored {p['tokens']} tokens, the scorer {n}")
+    probes_s = statistics.median(o["probes_s"] for o in scorer)
+    projected_eval_s = project_tokens * statistics.median(o["scorer_s"] for o in scorer) / n
+    loads = [x for d in done for x in d["load"]]
     return {
         "format": "pg-bench-score",
-        "format_version": 2,
+        "format_version": 3,
         "device": device,
         "threads": s["threads"],
+        "sandbox": s["sandbox"],
         "submission": str(submission),
         "model_config": model_config,
-        "params": s["params"],
+        "vocab_size": packed["vocab_size"],
+        "codec": packed["codec"],
+        "params": packed["params"],
         "seq_len": seq_len,
         "batch_seqs": batch_seqs,
         "tokens": n,
         "repeats": repeats,
         "rounds": rounds,
-        "allocator": "the scorer's process: " + tune_cpu_allocator.__doc__.split(".")[0],
+        "load_average": [min(loads), max(loads)],
         "plain_s": p["plain_s"],
         "scorer_s": s["scorer_s"],
         "plain_tokens_per_s": n / p["plain_s"],
         "scorer_tokens_per_s": n / s["scorer_s"],
         "ratio": statistics.median(round_ratios),
         "round_ratios": round_ratios,
+        "round_leads": [d["first"] for d in done],
+        "pass_ratio_median": statistics.median(pass_ratios),
         "best_ratio": p["plain_s"] / s["scorer_s"],
-        "same_process_plain_s": both["plain_s"],
-        "same_process_scorer_s": both["scorer_s"],
-        "same_process_ratio": both["plain_s"] / both["scorer_s"],
-        "same_process_paired_ratio_median": both["paired_ratio_median"],
-        "probes_s": s["probes_s"],
-        "val_loss_scorer": s["val_loss_scorer"],
-        "val_loss_plain": p["val_loss_plain"],
+        "ratio_target": RATIO_TARGET,
+        "plain_passes_s": [o["passes_s"] for o in plain],
+        "scorer_passes_s": [o["passes_s"] for o in scorer],
+        "cold_eval_s": [o["cold_eval_s"] for o in scorer],
+        "startup_s": [o["startup_s"] for o in scorer],
+        "probes": s["probes"],
+        "probes_s": [o["probes_s"] for o in scorer],
+        "probe_shares": probe_shares,
+        "probe_share": statistics.median(probe_shares),
+        "probe_share_target": PROBES_TARGET,
+        "project_tokens": project_tokens,
+        "projected_eval_s": projected_eval_s,
+        "projected_probe_share": probes_s / projected_eval_s,
+        "projected_probe_share_best": min(o["probes_s"] for o in scorer)
+        / (project_tokens * s["scorer_s"] / n),
+        "val_loss_scorer": s["val_loss"],
+        "val_loss_plain": p["val_loss"],
+        "profile": prof,
     }
+
+
+def format_report(rec: dict[str, Any]) -> list[str]:
+    def seq(xs: list[float], f: str = ".3f") -> str:
+        return ", ".join(format(x, f) for x in xs)
+
+    ok = "meets" if rec["ratio"] >= rec["ratio_target"] else "BELOW"
+    pok = "meets" if rec["probe_share"] <= rec["probe_share_target"] else "ABOVE"
+    lines = [
+        f"bench score: {rec['params']:,} params (vocab {rec['vocab_size']}, {rec['codec']}), {rec['tokens']:,} tokens, "
+        f"seq_len {rec['seq_len']}, batch {rec['batch_seqs']}, {rec['threads']} thread(s) on {rec['device']}, "
+        f"worker sandbox {rec['sandbox']}, best of {rec['repeats']}",
+        f"  plain loop  {rec['plain_tokens_per_s']:>12,.0f} tokens/s  ({rec['plain_s']:.3f} s)  val_loss {rec['val_loss_plain']:.6f}",
+        f"  scorer      {rec['scorer_tokens_per_s']:>12,.0f} tokens/s  ({rec['scorer_s']:.3f} s)  val_loss {rec['val_loss_scorer']:.6f}",
+        f"  ratio scorer/plain = {rec['ratio']:.3f}  (median of {rec['rounds']} rounds: {seq(rec['round_ratios'])}; "
+        f"target >= {rec['ratio_target']}: {ok}); best against best {rec['best_ratio']:.3f}, median of paired passes "
+        f"{rec['pass_ratio_median']:.3f}; load average {rec['load_average'][0]:.1f}-{rec['load_average'][1]:.1f} "
+        f"on {os.cpu_count()} cores",
+        f"  probes ({rec['probes']} fresh worker(s)): {seq(rec['probes_s'])} s against the score's evaluation "
+        f"{seq(rec['cold_eval_s'])} s: share {rec['probe_share']:.1%} (median; rounds {seq(rec['probe_shares'], '.1%')}; "
+        f"target <= {rec['probe_share_target']:.0%}: {pok})",
+        f"  probes at a {rec['project_tokens']:,}-token evaluation ({rec['projected_eval_s']:.1f} s at the scorer's "
+        f"speed): share {rec['projected_probe_share']:.1%} (medians; best probes against the best speed "
+        f"{rec['projected_probe_share_best']:.1%}); score start-up before evaluation {seq(rec['startup_s'], '.2f')} s",
+    ]
+    prof = rec.get("profile")
+    if prof:
+        for what in ("median", "best"):
+            ms = prof["ms" if what == "median" else "best_ms"]
+            lines.append(
+                f"  per batch ({what} of {prof['batches']}, ms): forward in-process {ms['forward']:.2f}, worker round "
+                f"trip {ms['round_trip']:.2f} (IPC {ms['ipc']:.2f} after the forward and a {ms['copy']:.2f} copy into "
+                f"shared memory), loss float64 {ms['loss_f64']:.2f} vs plain float32 {ms['loss_f32']:.2f}"
+            )
+        lines.append(
+            "  a fresh worker: start-up "
+            f"{prof['worker_startup_s']:.2f} s, first round trip {prof['first_ms']['round_trip']:.0f} ms "
+            f"(in-process first forward {prof['first_ms']['forward']:.0f} ms)"
+        )
+    return lines
 
 
 def cmd_bench_score(args: argparse.Namespace) -> int:
@@ -235,30 +581,16 @@ def cmd_bench_score(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         device=args.device,
         threads=args.threads,
+        sandbox=args.sandbox,
+        probes=args.probes,
+        codec=args.codec,
+        profile=args.profile,
+        project_tokens=args.project_tokens,
     )
     if args.json:
         print(json.dumps(rec, sort_keys=True))
-        return 0
-    print(
-        f"bench score: {rec['params']:,} params, {rec['tokens']:,} tokens, seq_len {rec['seq_len']}, batch {rec['batch_seqs']}, "
-        f"{rec['threads']} thread(s) on {rec['device']}, best of {rec['repeats']}"
-    )
-    print(
-        f"  plain loop  {rec['plain_tokens_per_s']:>12,.0f} tokens/s  ({rec['plain_s']:.3f} s)  val_loss {rec['val_loss_plain']:.6f}"
-    )
-    print(
-        f"  scorer      {rec['scorer_tokens_per_s']:>12,.0f} tokens/s  ({rec['scorer_s']:.3f} s)  val_loss {rec['val_loss_scorer']:.6f}"
-    )
-    rounds = ", ".join(f"{r:.3f}" for r in rec["round_ratios"])
-    print(
-        f"  ratio scorer/plain = {rec['ratio']:.3f}  (median of {rec['rounds']} rounds: {rounds}; best against best "
-        f"{rec['best_ratio']:.3f}; probes, once per score: {rec['probes_s']:.3f} s)"
-    )
-    print(
-        f"  same process, allocator tuned for both: plain {rec['same_process_plain_s']:.3f} s, scorer "
-        f"{rec['same_process_scorer_s']:.3f} s, ratio {rec['same_process_ratio']:.3f} "
-        f"(median of paired runs {rec['same_process_paired_ratio_median']:.3f})"
-    )
+    else:
+        print("\n".join(format_report(rec)))
     return 0
 
 
@@ -283,9 +615,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument(
+        "--sandbox", default="auto", choices=("auto", "required", "off"), help="the workers' sandbox"
+    )
+    p.add_argument(
+        "--probes", type=int, default=DEFAULT_PROBES, help="probes per score (the scorer's default)"
+    )
+    p.add_argument("--codec", help="artifact codec (default: the submission's config.toml [pack] codec)")
+    p.add_argument(
+        "--project-tokens",
+        type=int,
+        default=DEFAULT_PROJECT_TOKENS,
+        help="evaluation size the probes' share is projected to (default: the CPU track's subset)",
+    )
+    p.add_argument(
+        "--profile", action="store_true", help="per-batch parts of the scorer's path (one more process)"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench_score)
 
 
 if __name__ == "__main__":
-    print(json.dumps(worker(json.loads(sys.argv[1]))))
+    worker(json.loads(sys.argv[1]))
