@@ -222,6 +222,7 @@ def measure_scorer(spec: dict[str, Any]) -> dict[str, Any]:
             res = real_evaluate(*args, **kwargs)
             times.append(res.eval_time_s)
             _say(**{"pass": i, "s": times[-1]})
+        _wait_turn()  # the probes run once the plain process is gone
         return res
 
     scorer_mod.evaluate = timed_evaluate
@@ -372,18 +373,21 @@ class _Child:
             f"bench {self.kind} process exited ({self.proc.returncode}) before {key!r}:\n{self.log.read()[-3000:]}"
         )
 
-    def turn(self) -> float:
+    def go(self) -> _Child:
         assert self.proc.stdin is not None
         self.proc.stdin.write("go\n")
         self.proc.stdin.flush()
-        return float(self.expect("pass")["s"])
+        return self
+
+    def turn(self) -> float:
+        return float(self.go().expect("pass")["s"])
 
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
         for f in (self.proc.stdin, self.proc.stdout, self.log):
-            if f is not None:
+            if f is not None and not f.closed:
                 f.close()
 
 
@@ -393,7 +397,8 @@ def _round(spec: dict[str, Any], first: str, log_dir: Path) -> dict[str, Any]:
     The scorer starts first and alone (its start-up, the worker's included, is timed without the
     plain process building next to it); the plain process starts once the scorer waits at its first
     pass. Then pass i of one and pass i of the other run back to back, `first` leading on even
-    passes, the other on odd ones: a slow spell of the machine weighs on both sides of a pair.
+    passes, the other on odd ones: a slow spell of the machine weighs on both sides of a pair. The
+    scorer goes on to its probes only once the plain process has exited.
     """
     children: dict[str, _Child] = {}
     load = [os.getloadavg()[0]]
@@ -405,7 +410,11 @@ def _round(spec: dict[str, Any], first: str, log_dir: Path) -> dict[str, Any]:
         for i in range(spec["repeats"] + 1):
             for kind in (first, second) if i % 2 == 0 else (second, first):
                 children[kind].turn()
-        out = {kind: children[kind].expect("result") for kind in ("plain", "scorer")}
+        out = {"plain": children["plain"].expect("result")}
+        children["plain"].proc.wait(
+            timeout=60
+        )  # gone before the scorer goes on to its probes: they run alone
+        out["scorer"] = children["scorer"].go().expect("result")
     finally:
         for c in children.values():
             c.close()
