@@ -60,7 +60,7 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SUBMISSION = REPO / "baselines" / "naive_baseline"
 # The CPU track's baseline shape (preset `cpu` of baselines/naive_baseline/config.toml: model, eval.seq_len,
-# eval.batch_seqs; tests/unit/test_bench_score.py keeps them equal): the model that track scores.
+# eval.batch_seqs; tests/unit/harness/test_bench_score.py keeps them equal): the model that track scores.
 DEFAULT_MODEL_CONFIG = {"num_layers": 4, "model_dim": 192, "num_heads": 4, "num_kv_heads": 2}
 DEFAULT_SEQ_LEN, DEFAULT_BATCH_SEQS = 256, 32
 DEFAULT_PROJECT_TOKENS = 2_097_152
