@@ -601,7 +601,9 @@ def evaluate(
         torch.cuda.synchronize()
     adapt_s = adapter.adapt_time_s if adapter is not None else 0.0
     kept = {k: v for k, v in keep.items() if v is not None}
-    return EvalResult(sums, plan.num_windows, time.perf_counter() - t0, adapt_s, len(chunks), b, kept, kept_chunks)
+    return EvalResult(
+        sums, plan.num_windows, time.perf_counter() - t0, adapt_s, len(chunks), b, kept, kept_chunks
+    )
 
 
 def batch_count(tokens: np.ndarray, cfg: EvalConfig, bos_id: int = BOS_ID, adapting: bool = False) -> int:

@@ -206,7 +206,12 @@ def run_probes(
     """
     t0 = time.perf_counter()
     if not plan.batches:
-        return {"version": PROBE_VERSION, "passed": True, "ran": False, "reason": "no probes asked (probes = 0)"}
+        return {
+            "version": PROBE_VERSION,
+            "passed": True,
+            "ran": False,
+            "reason": "no probes asked (probes = 0)",
+        }
     rng = np.random.default_rng([plan.seed, 1])
     results = []
     for b in plan.batches:
@@ -220,10 +225,17 @@ def run_probes(
             replay(worker, chunk)
         again_BLV = worker.logits(torch.from_numpy(x_BL)).detach().float().cpu().clone()
         last = int(np.flatnonzero(valid_BL.reshape(-1)).size) - 1
-        same, _ = _compare(scored_BLV, again_BLV, valid_BL, last, cfg.atol, f"batch {b}, scored vs fresh", "fresh")
+        same, _ = _compare(
+            scored_BLV, again_BLV, valid_BL, last, cfg.atol, f"batch {b}, scored vs fresh", "fresh"
+        )
         var_BLV = worker.logits(torch.from_numpy(x2_BL)).detach().float().cpu().clone()
         diff, compared = _compare(scored_BLV, var_BLV, valid_BL, cut, cfg.atol, f"batch {b}")
-        iso_BLV = worker.logits(torch.from_numpy(isolate_row(x_BL, valid_BL, r, tokens, rng))).detach().float().cpu()
+        iso_BLV = (
+            worker.logits(torch.from_numpy(isolate_row(x_BL, valid_BL, r, tokens, rng)))
+            .detach()
+            .float()
+            .cpu()
+        )
         row_diff = _compare_row(scored_BLV, iso_BLV, valid_BL, r, cfg.atol, f"batch {b}")
         results.append(
             {
