@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -319,8 +320,6 @@ class WorkerModel:
         self.sock.close()
         self.inbuf.close()
         self.outbuf.close()
-        import shutil
-
         shutil.rmtree(self._tmp, ignore_errors=True)
         self._tmp.with_name(self._tmp.name + "-policy.json").unlink(missing_ok=True)
 

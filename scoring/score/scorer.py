@@ -28,6 +28,7 @@ audit and adaptation records, how each worker was confined, and which layer enfo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import platform
@@ -156,13 +157,16 @@ def score_artifact(
     adapting = (code_dir / EVAL_HOOK_FILE).is_file()
     protected = tuple(Path(p) for p in [data_dir, *protect])
     workdir = private_workdir() if confine else None
+    manifest = load_manifest(data_dir)
+    tokenizer = load_tokenizer(manifest.tokenizer_path)
+    table = tokenizer.byte_table()
     worker_cfg = WorkerConfig(
         code_dir=code_dir,
         artifact=Path(artifact_path),
         device=dev.type if dev.type == "cpu" else str(dev),
         dtype=cfg.dtype,
         threads=torch.get_num_threads(),
-        vocab_size=1,  # set below, once the tokenizer is read; only the buffers' size depends on it
+        vocab_size=table.vocab_size,
         max_tokens_per_batch=cfg.batch_seqs * cfg.seq_len,
         adapt=adapting,
         sandbox=sandbox,
@@ -170,17 +174,15 @@ def score_artifact(
         memory_limit_bytes=default_memory_limit_bytes() if memory_limit_bytes is None else memory_limit_bytes,
         workdir=workdir[0] if workdir else None,
     )
-    manifest = load_manifest(data_dir)
-    tokenizer = load_tokenizer(manifest.tokenizer_path)
-    table = tokenizer.byte_table()
-    worker_cfg = _with(worker_cfg, vocab_size=table.vocab_size)
     n_probe_workers = probe_cfg.probes
     with ExitStack() as stack:
         main = start_worker(worker_cfg)
         stack.callback(main.close)
         main.start()  # decodes and builds while this process reads the data; probe workers wait idle
         # the probe workers get the main one's spec (adaptation included): nothing tells them apart
-        probe_workers = [start_worker(_with(worker_cfg, role="probe")) for _ in range(n_probe_workers)]
+        probe_workers = [
+            start_worker(dataclasses.replace(worker_cfg, role="probe")) for _ in range(n_probe_workers)
+        ]
         for w in probe_workers:
             stack.callback(w.close)
         tokens = read_split(data_dir, "val")
@@ -281,9 +283,3 @@ def score_artifact(
         tokenizer_sha256=tokenizer_sha256,
         torch=torch.__version__,
     ).to_json()
-
-
-def _with(cfg: WorkerConfig, **changes: Any) -> WorkerConfig:
-    import dataclasses
-
-    return dataclasses.replace(cfg, **changes)
