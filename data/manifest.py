@@ -21,6 +21,9 @@ from typing import Any
 from data.io import read_json, sha256_file, write_json_atomic
 from data.shards import read_header
 
+DATA_LOCATION_ENV = ("PG_DATA_DIR", "PGOLF_DATA", "HF_HOME", "HF_DATASETS_CACHE")
+"""Environment variables that say where datasets live: removed from every sandboxed process's environment."""
+
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "pg-dataset"
 MANIFEST_VERSION = 1

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from data.loader import train_shard_paths
-from data.manifest import MANIFEST_NAME, load_manifest, make_split_view
+from data.manifest import DATA_LOCATION_ENV, MANIFEST_NAME, load_manifest, make_split_view
 from harness.cli import pack_command
 from harness.run.launch import (
     LEFTOVER_WAIT_S,
@@ -69,7 +69,6 @@ PACK_STARTUP_S = 30.0
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 STAGE_IGNORE = ("*.pgolf", "*.safetensors")
 """Counted files training is not given (caches, .git, runs/ and bytecode are never staged: harness/run/staging.py)."""
-SCRUBBED_ENV = ("PG_DATA_DIR", "PGOLF_DATA", "HF_HOME", "HF_DATASETS_CACHE")
 OUTPUT_FILES = (TRAIN_RECORD, METRICS_FILE)
 """What the ranks leave in their output folder; the state is not among them: the supervisor takes it at the handover."""
 
@@ -102,7 +101,7 @@ def worker_import_path(env: dict[str, str], cwd: Path) -> list[str]:
 
 def phase_env(base: dict[str, str], out: Path, token: str, threads: int) -> dict[str, str]:
     """The training processes' environment: no hint of where the data lives; caches and temp files in OUT."""
-    env = {k: v for k, v in base.items() if k not in SCRUBBED_ENV}
+    env = {k: v for k, v in base.items() if k not in DATA_LOCATION_ENV}
     cache = compile_cache_dir(out)
     extra = [
         p

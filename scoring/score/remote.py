@@ -35,13 +35,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from data.manifest import DATA_LOCATION_ENV
 from isolation.processes import die_with_parent
 from isolation.sandbox import SandboxPlan, plan_sandbox
 from scoring.worker.process import WORKER_SPEC_FORMAT, WORKER_SPEC_VERSION
 from scoring.worker.wire import Reply, SharedBuffer, WireError, WorkerGone, recv, send, socket_pair
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-SCRUBBED_ENV = ("PG_DATA_DIR", "PGOLF_DATA", "HF_HOME", "HF_DATASETS_CACHE")
 OUTPUT_KEEP_BYTES = 64 << 10
 READY_TIMEOUT_S = 300.0
 
@@ -92,7 +92,7 @@ def default_memory_limit_bytes() -> int:
 
 
 def _env(tmp: Path, threads: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in DATA_LOCATION_ENV}
     env.update(
         PYTHONPATH=str(PROJECT_ROOT),
         PYTHONDONTWRITEBYTECODE="1",
