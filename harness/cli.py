@@ -35,6 +35,8 @@ COMMANDS: dict[str, str] = {
     "compare": "harness.records.compare",
     "leaderboard": "harness.records.leaderboard",
     "sample": "harness.sample",
+    "new": "harness.scaffold",
+    "check": "harness.preflight",
     "data": "data.cli",
     "bench": "harness.bench",
 }
@@ -52,6 +54,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             ("nproc_per_node", args.nproc),
             ("nnodes", args.nnodes),
             ("rdzv_endpoint", args.rdzv_endpoint),
+            ("allow_missing_layers", ",".join(args.allow_missing_layer) or None),
         )
         if value is not None
     ]
@@ -127,6 +130,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one config key"
+    )
+    p.add_argument(
+        "--allow-missing-layer",
+        action="append",
+        default=[],
+        metavar="LAYER",
+        help="an official's decision: on a track that requires every isolation layer, accept that this machine "
+        "lacks LAYER (landlock, namespaces, network_namespace, signal_scoping, seccomp); recorded; repeatable",
     )
     p.add_argument("--ledger", help="results ledger to append to (default: RUN_DIR/../ledger.jsonl)")
     p.set_defaults(func=cmd_run)

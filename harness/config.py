@@ -8,7 +8,7 @@ table per preset holding dotted overrides:
     [train]                 # given to train(ctx) as ctx.hparams (owned by the submission)
     matrix_lr = 0.04
     [budget]                # harness tables, each validated by its component's dataclass:
-    train_s = 600.0         #   run, budget, launch, data, eval, pack
+    train_s = 600.0         #   run, budget, launch, data, eval, pack, log
     [presets.cpu-smoke]
     model.num_layers = 2
     run.track = "smoke"
@@ -42,10 +42,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.api import CODEC_FILE, CONFIG_FILE, SUBMISSION_JSON
+from harness.records.tracking import LogConfig
 from harness.run.launch import LaunchConfig
 from harness.submission import check_submission
 from harness.train.clock import BudgetConfig
-from scoring.artifact.codecs import CODECS
+from scoring.artifact.codecs import CODEC_GRAMMAR, CODECS, check_codec_spec
 from scoring.score.evaluate import EVAL_DTYPES, EVAL_MODES, EvalConfig
 from scoring.tracks import TRACKS, Track
 
@@ -83,12 +84,22 @@ class DataConfig:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PackConfig:
     codec: str = "int8_zlib"
-    """Built-in codec name (scoring/artifact/codecs CODECS), or "submission" for the folder's codec.py."""
+    """A built-in codec spec (scoring/artifact/codecs: int8_zlib, QUANT_COMPRESSOR[_shuffle], or a mixed_*
+    codec with its role table, e.g. "mixed_brotli11_shuffle:mlp=int5,attention=int6"), or "submission"
+    for the folder's codec.py. The role table is checked here: an unknown role or scheme is refused."""
 
     def __post_init__(self) -> None:
-        if self.codec not in CODECS and self.codec != SUBMISSION_CODEC:
-            allowed = ", ".join([*CODECS, SUBMISSION_CODEC])
-            raise ValueError(f"pack.codec = {self.codec!r} is not a codec; allowed: {allowed}")
+        if self.codec == SUBMISSION_CODEC or self.codec in CODECS:
+            return
+        if ":" in self.codec and self.codec.partition(":")[0] in CODECS:
+            try:
+                check_codec_spec(self.codec)
+            except ValueError as e:
+                raise ValueError(f"pack.codec = {self.codec!r}: {e}") from e
+            return
+        raise ValueError(
+            f"pack.codec = {self.codec!r} is not a codec; allowed: int8_zlib, {SUBMISSION_CODEC}, or {CODEC_GRAMMAR}"
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -149,6 +160,7 @@ HARNESS_SECTIONS: dict[str, type] = {
     "data": DataConfig,
     "eval": EvalSection,
     "pack": PackConfig,
+    "log": LogConfig,
 }
 
 # The harness keys a submission's config.toml (its defaults and presets) may set, besides [model] and
@@ -173,6 +185,8 @@ SUBMISSION_KEYS: frozenset[str] = frozenset(
         "eval.stride",
         "eval.adapt_chunk_tokens",
         "pack.codec",
+        "log.project",  # how the run is named in tracking; never how it is judged
+        "log.run_name",
     }
 )
 
@@ -189,7 +203,15 @@ TRACK_KEYS: dict[str, Callable[[Track], Any]] = {
 }
 
 # Facts of the machines a run is launched on: the official's (`--set`, --nnodes, --rdzv-endpoint).
-OFFICIAL_KEYS: frozenset[str] = frozenset({"launch.rdzv_endpoint", "launch.rdzv_id"})
+OFFICIAL_KEYS: frozenset[str] = frozenset(
+    {"launch.rdzv_endpoint", "launch.rdzv_id", "launch.allow_missing_layers"}
+)
+"""Command line only (a submission's files cannot set them): rendezvous facts, and the isolation layers an
+official accepts as missing on this machine (`--allow-missing-layer`, recorded in config.json and the result)."""
+
+TRACKING_KEYS: frozenset[str] = frozenset({"log.wandb", "log.entity", "log.init_timeout_s"})
+"""The runner's too, command line only (`--wandb`, `--set`): whether a run is tracked, and in whose account."""
+OFFICIAL_KEYS = OFFICIAL_KEYS | TRACKING_KEYS
 
 SET_ORIGIN = "--set"
 UNTIMED_TRACK = "non_record_16mb"
@@ -476,7 +498,7 @@ def load_config(
         origin = layers.last_origin("pack.codec", str(path))
         raise ValueError(
             f"{origin}: pack.codec = {SUBMISSION_CODEC!r} needs {Path(submission_dir) / CODEC_FILE}, which is missing; "
-            f"allowed: {', '.join(CODECS)}, or add {CODEC_FILE}"
+            f"allowed: int8_zlib, {CODEC_GRAMMAR}, or add {CODEC_FILE}"
         )
     recorded = {
         name: {k: _to_record(v) for k, v in table.items()} if name in HARNESS_SECTIONS else table

@@ -35,6 +35,13 @@ data (scoring/score/confine.py).
     python -m isolation.sandbox enter POLICY.json -- CMD...   apply, then exec CMD (used by launch.py)
     python -m isolation.sandbox probe PATH...                 try to read each PATH (run inside a sandbox)
     python -m isolation.sandbox report                        print what this machine allows
+
+Mode "required" (every record track) refuses to start a phase when the machine lacks any layer the
+phase would use (KERNEL_LAYERS: Landlock, the PID/mount namespaces, the network namespace, Landlock's
+signal scoping, and seccomp for the model worker), naming each one and how to get it. An official who
+accepts a missing layer says so explicitly, one layer at a time (`--allow-missing-layer NAME`, the
+config key `launch.allow_missing_layers`, which a submission's own files cannot set); the plan records
+the layers that were missing and which of them the official allowed, and the result carries it.
 """
 
 from __future__ import annotations
@@ -69,6 +76,14 @@ POLICY_FORMAT = "pg-sandbox-policy"
 POLICY_FORMAT_VERSION = 1
 SANDBOX_MODES = ("auto", "off", "required")
 NETWORK_MODES = ("auto", "host")
+KERNEL_LAYERS: dict[str, str] = {
+    "landlock": "Landlock, the filesystem allow-list (Linux >= 5.13 with Landlock enabled)",
+    "namespaces": "PID and mount namespaces (root, util-linux `unshare` >= 2.32, not refused by a container; one node)",
+    "network_namespace": "a network namespace with loopback only (`unshare --net`; one node)",
+    "signal_scoping": "Landlock ABI >= 6: no signal reaches a process outside the sandbox (Linux >= 6.12)",
+    "seccomp": "the seccomp filter of the model worker (no ptrace, no other process's memory)",
+}
+"""The isolation layers a "required" sandbox insists on, by the name an official uses to allow one missing."""
 TOKEN_ENV = "PGOLF_PHASE_TOKEN"
 """Every process of a phase carries this in its environment; the supervisor finds leftovers by it."""
 
@@ -118,6 +133,50 @@ def _unshare_that_works(root: bool) -> tuple[str | None, bool]:
     return path, works("--net")
 
 
+class SandboxRefused(ValueError):
+    """A "required" sandbox would miss a layer no official allowed (the message names each, and the fix)."""
+
+
+def parse_layers(text: str | Iterable[str], what: str = "launch.allow_missing_layers") -> tuple[str, ...]:
+    """Layer names from "a,b" or an iterable, checked against KERNEL_LAYERS (ValueError names the bad one)."""
+    names = [n.strip() for n in (text.split(",") if isinstance(text, str) else text) if n.strip()]
+    unknown = [n for n in names if n not in KERNEL_LAYERS]
+    if unknown:
+        raise ValueError(
+            f"{what}: unknown isolation layer(s) {', '.join(map(repr, unknown))}; layers: {', '.join(KERNEL_LAYERS)}"
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def missing_layers(caps: MachineCaps, *, network: str, multi_node: bool, seccomp: bool) -> tuple[str, ...]:
+    """The KERNEL_LAYERS a phase planned with these settings would run without on this machine."""
+    missing = []
+    if caps.landlock_abi == 0:
+        missing.append("landlock")
+    if not caps.namespaces or multi_node:
+        missing.append("namespaces")
+    if network == "auto" and (not caps.namespaces or multi_node or not caps.net_namespace):
+        missing.append("network_namespace")
+    if caps.landlock_abi < 6:
+        missing.append("signal_scoping")
+    if seccomp and not seccomp_supported():
+        missing.append("seccomp")
+    return tuple(missing)
+
+
+def require_layers(missing: Sequence[str], allowed: Sequence[str], phase: str) -> None:
+    """Raise SandboxRefused when a layer in `missing` is not in `allowed` (mode "required")."""
+    refused = [m for m in missing if m not in allowed]
+    if refused:
+        lines = "; ".join(f"{m}: {KERNEL_LAYERS[m]}" for m in refused)
+        flags = " ".join(f"--allow-missing-layer {m}" for m in refused)
+        raise SandboxRefused(
+            f"the {phase} must run fully isolated (sandbox 'required', every record track) but this machine lacks: "
+            f"{lines}. HINT: run on a machine that has them; or, as an official who accepts the risk, pass "
+            f"{flags} (recorded in the result); or run on an unranked track"
+        )
+
+
 def probe_machine() -> MachineCaps:
     root = os.geteuid() == 0
     unshare, net = _unshare_that_works(root)
@@ -144,6 +203,10 @@ class SandboxPlan:
     """Paths no rule reaches (the dataset folder, the validation shards)."""
     seccomp: bool = False
     """Install isolation/seccomp.py's filter (the model worker: no ptrace, no other process's memory)."""
+    missing_layers: tuple[str, ...] = ()
+    """KERNEL_LAYERS this machine could not give the phase."""
+    allowed_missing: tuple[str, ...] = ()
+    """The layers an official explicitly allowed to be missing (recorded; only these may be skipped)."""
 
     @property
     def landlock(self) -> bool:
@@ -173,6 +236,7 @@ class SandboxPlan:
             "loopback_up": "net" in self.namespaces,
             "private_shm": "mount" in self.namespaces and os.path.isdir("/dev/shm"),
             "required": self.mode == "required",
+            "allow_missing": list(self.allowed_missing),
             "seccomp": self.seccomp,
         }
 
@@ -189,6 +253,8 @@ class SandboxPlan:
             "read_roots": sorted(r.path for r in self.rules if r.access in ("ro", "dev")),
             "write_roots": sorted(r.path for r in self.rules if r.access == "rw"),
             "protected": list(self.protected),
+            "missing_layers": list(self.missing_layers),
+            "missing_allowed_by_official": [m for m in self.allowed_missing if m in self.missing_layers],
             "warnings": list(self.warnings),
         }
 
@@ -208,6 +274,8 @@ def plan_sandbox(
     extra_read: Iterable[str] = (),
     caps: MachineCaps | None = None,
     seccomp: bool = False,
+    allow_missing: Iterable[str] = (),
+    phase: str = "phase",
 ) -> SandboxPlan:
     """Decide the sandbox for one phase.
 
@@ -217,7 +285,8 @@ def plan_sandbox(
     `import_path` is the ranks' sys.path (ask their interpreter: see harness/run/train_phase.py).
 
     mode "auto" uses every layer the machine offers and records a warning for each it lacks; "required"
-    refuses to run without Landlock; "off" runs unsandboxed (recorded).
+    refuses (SandboxRefused) to run without any of KERNEL_LAYERS the phase would use, except those in
+    `allow_missing` (an official's explicit, recorded decision); "off" runs unsandboxed (recorded).
     """
     if mode not in SANDBOX_MODES:
         raise ValueError(f"launch.sandbox must be one of {SANDBOX_MODES}, got {mode!r}")
@@ -231,14 +300,19 @@ def plan_sandbox(
             warnings=("sandbox off (launch.sandbox = 'off'): training can read any file",),
         )
     caps = caps or probe_machine()
-    warnings: list[str] = []
+    allowed = parse_layers(allow_missing, "allow_missing")
+    missing = missing_layers(caps, network=network, multi_node=multi_node, seccomp=seccomp)
+    if mode == "required":
+        require_layers(missing, allowed, phase)
+    warnings: list[str] = [
+        f"missing layer {m} allowed by the official (--allow-missing-layer {m})"
+        for m in missing
+        if m in allowed
+    ]
     if caps.landlock_abi == 0:
-        msg = "Landlock is not available on this kernel: training runs without a filesystem allow-list"
-        if mode == "required":
-            raise RuntimeError(
-                f"{msg}. HINT: use a Linux >= 5.13 kernel with Landlock enabled, or --set launch.sandbox='auto'"
-            )
-        warnings.append(msg)
+        warnings.append(
+            "Landlock is not available on this kernel: the phase runs without a filesystem allow-list"
+        )
     namespaces: tuple[str, ...] = ()
     if caps.namespaces and multi_node:
         # torchrun's rendezvous names a node by hostname and pid; in a PID namespace every node's torchrun
@@ -293,6 +367,8 @@ def plan_sandbox(
         warnings=tuple(warnings),
         protected=tuple(prot),
         seccomp=seccomp and seccomp_supported(),
+        missing_layers=missing,
+        allowed_missing=allowed,
     )
 
 
@@ -319,25 +395,27 @@ def enter(policy_path: str, argv: Sequence[str]) -> NoReturn:
     policy = load_policy(policy_path)
     if policy["loopback_up"]:
         loopback_up()  # no skipping: in a network namespace without loopback, ranks cannot meet
-    layers = [
-        ("private /dev/shm", policy.get("private_shm"), lambda: private_tmpfs("/dev/shm")),
-        ("dropping capabilities", policy["drop_caps"], drop_capabilities),
+    layers = [  # (name, its KERNEL_LAYERS name, wanted, apply)
+        ("private /dev/shm", "namespaces", policy.get("private_shm"), lambda: private_tmpfs("/dev/shm")),
+        ("dropping capabilities", "", policy["drop_caps"], drop_capabilities),
         (
             "Landlock",
+            "landlock",
             policy["landlock_abi"] and policy["rules"],
             lambda: apply_landlock(
                 [Rule(**r) for r in policy["rules"]], policy["landlock_abi"], policy["scope_signals"]
             ),
         ),
-        ("seccomp", policy.get("seccomp"), apply_seccomp),
+        ("seccomp", "seccomp", policy.get("seccomp"), apply_seccomp),
     ]
-    for name, wanted, apply in layers:
+    allowed = set(policy.get("allow_missing", ()))
+    for name, layer, wanted, apply in layers:
         if not wanted:
             continue
         try:
             apply()
         except OSError as e:
-            if policy.get("required"):
+            if policy.get("required") and layer not in allowed:
                 raise
             print(f"{WARNING_PREFIX}{name} failed, continuing without it: {e}", file=sys.stderr, flush=True)
     os.execvp(argv[0], list(argv))

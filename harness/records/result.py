@@ -288,9 +288,21 @@ def card(result: dict[str, Any]) -> str:
             if r["provenance"]["hardware"]["cuda_devices"]
             else ""
         ),
+        *_isolation_lines(r),
         f"└─ {r['run_dir']}/result.json",
     ]
     return "\n".join(lines)
+
+
+def _isolation_lines(r: dict[str, Any]) -> list[str]:
+    """A card line when an official let the run go without an isolation layer (config.json records it)."""
+    launch = ((r.get("config") or {}).get("tables") or {}).get("launch") or {}
+    allowed = launch.get("allow_missing_layers") or ""
+    if not allowed:
+        return []
+    return [
+        f"│ isolation     official override: ran without {allowed.replace(',', ', ')} (--allow-missing-layer)"
+    ]
 
 
 def print_card(result: dict[str, Any]) -> None:

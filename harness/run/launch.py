@@ -65,6 +65,7 @@ from isolation.processes import (
     kill_session,
     reap_token_processes,
 )
+from isolation.sandbox import parse_layers
 
 DEVICES = ("auto", "cpu", "cuda")
 MONITOR_INTERVAL_S = 1.0
@@ -91,6 +92,9 @@ class LaunchConfig:
     """auto: on one node and as root, a network namespace with loopback only; host: the machine's network."""
     sandbox_read_paths: str = ""
     """Extra folders training may read (os.pathsep-separated), e.g. a GPU driver's libraries outside /usr and /opt."""
+    allow_missing_layers: str = ""
+    """An official's decision, command line only (`--allow-missing-layer NAME`): comma-separated isolation
+    layers (isolation.sandbox.KERNEL_LAYERS) a "required" sandbox may run without on this machine; recorded."""
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -111,6 +115,7 @@ class LaunchConfig:
             raise ValueError(f"launch.sandbox must be 'auto', 'required' or 'off', got {self.sandbox!r}")
         if self.network not in ("auto", "host"):
             raise ValueError(f"launch.network must be 'auto' or 'host', got {self.network!r}")
+        parse_layers(self.allow_missing_layers)
 
     def resolved_device(self) -> str:
         if self.device == "auto":

@@ -39,6 +39,7 @@ from harness.run.staging import folder_verdict, stage_folder, stage_model_code
 from harness.run.train_phase import run_sealed_pack, run_train_phase
 from harness.train.rank import STATE_FILE
 from isolation.processes import die_with_parent
+from isolation.sandbox import missing_layers, parse_layers, probe_machine, require_layers
 from scoring.artifact.pack import PackRecord
 from scoring.codecheck import lint_scored_code
 from scoring.score.audit import KNOWN_TOKENIZER_SHA256
@@ -97,6 +98,17 @@ def keep_packed_code(submission_dir: Path, code_files: dict[str, str], dest: Pat
         shutil.copy2(submission_dir / rel, dest / rel)
 
 
+def require_isolation(launch: LaunchConfig) -> None:
+    """Under launch.sandbox 'required', refuse (SandboxRefused, before anything starts) when this machine
+    lacks an isolation layer that training or the model worker would use and no official allowed it."""
+    if launch.sandbox != "required":
+        return
+    caps = probe_machine()
+    train = missing_layers(caps, network=launch.network, multi_node=launch.nnodes > 1, seccomp=False)
+    worker = missing_layers(caps, network="auto", multi_node=False, seccomp=True)
+    require_layers(tuple(dict.fromkeys(train + worker)), parse_layers(launch.allow_missing_layers), "run")
+
+
 def run_pipeline(
     submission_dir: str | Path,
     *,
@@ -117,6 +129,7 @@ def run_pipeline(
     # the folder rules, by lstat before anything copies it: links, FIFOs, hard links, sizes, encodings
     folder = folder_verdict(submission_dir, cap_bytes=track.cap_bytes)
     device = launch.resolved_device()
+    require_isolation(launch)  # a record track on a machine without every layer: refused now, not mid-run
     run_dir = Path(out_dir) if out_dir else default_run_dir(submission_dir, preset)
     if run_dir.exists() and any(run_dir.iterdir()):
         raise FileExistsError(f"run folder {run_dir} already exists and is not empty; pass a new --out")
@@ -330,6 +343,7 @@ def _phases(
             confine=launch.sandbox != "off",
             protect=(data_root,),
             eval_budget_s=eval_deadline_s,
+            allow_missing_layers=parse_layers(launch.allow_missing_layers),
             json_out=score_out,
         )
         cmd = [sys.executable, "-m", "scoring", *request.to_argv()]

@@ -63,7 +63,7 @@ from harness.train.rank import (
 )
 from isolation.monitor import parse_attempts
 from isolation.processes import die_with_parent, kill_session, reap_token_processes
-from isolation.sandbox import TOKEN_ENV, WARNING_PREFIX, SandboxPlan, plan_sandbox
+from isolation.sandbox import TOKEN_ENV, WARNING_PREFIX, SandboxPlan, parse_layers, plan_sandbox
 
 PACK_STARTUP_S = 30.0
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -191,6 +191,7 @@ RANK_RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {
     "train_shards_used": int,
     "train_shard_names": list,
     "train_tokens_available": int,
+    "cpu": dict,
 }
 """The keys of a rank's train.json the harness keeps, with their types; anything else is dropped."""
 RANK_RECORD_MAX_BYTES = 1 << 20
@@ -277,6 +278,8 @@ def run_train_phase(
         private=[stage_root],
         import_path=worker_import_path(env, out),
         extra_read=[p for p in launch.sandbox_read_paths.split(os.pathsep) if p],
+        allow_missing=parse_layers(launch.allow_missing_layers),
+        phase="train phase",
     )
     if "net" in plan.namespaces:
         env.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
@@ -469,6 +472,8 @@ def run_sealed_pack(
             private=[stage],
             import_path=worker_import_path(env, out),
             extra_read=[p for p in launch.sandbox_read_paths.split(os.pathsep) if p],
+            allow_missing=parse_layers(launch.allow_missing_layers),
+            phase="sealed pack",
         )
         cmd = pack_command(
             stage / STATE_FILE, submission_dir, out / "artifact.pgolf", codec="submission", cap_bytes=cap_bytes,

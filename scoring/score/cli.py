@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from data.io import write_json_atomic
+from isolation.sandbox import KERNEL_LAYERS, SandboxRefused, parse_layers
 from scoring.artifact.format import ArtifactError
 from scoring.artifact.pack import unpack_artifact
 from scoring.codecheck import CodeCheckFailure
@@ -51,7 +52,7 @@ class ScoreRequest:
     device: str = "cpu"
     threads: int = 0
     sandbox: str = "auto"
-    """The model workers' sandbox: auto, required (refuse without Landlock), off."""
+    """The model workers' sandbox: auto, required (refuse unless every isolation layer holds), off."""
     confine: bool = True
     """Also confine the scorer itself once it has read the data."""
     protect: tuple[Path, ...] = ()
@@ -61,6 +62,8 @@ class ScoreRequest:
     probes: int = ProbeConfig().probes
     memory_limit_bytes: int = -1
     """The worker's address-space limit on CPU; -1: three quarters of the machine's memory; 0: none."""
+    allow_missing_layers: tuple[str, ...] = ()
+    """Isolation layers an official accepts as missing under sandbox 'required' (recorded in score.json)."""
     json_out: Path | None = None
 
     def to_argv(self) -> list[str]:
@@ -77,6 +80,8 @@ class ScoreRequest:
             argv.append("--no-confine")
         for p in self.protect:
             argv += ["--protect", str(p)]
+        for layer in self.allow_missing_layers:
+            argv += ["--allow-missing-layer", layer]
         if self.json_out is not None:
             argv += ["--json-out", str(self.json_out)]
         return argv
@@ -105,6 +110,7 @@ class ScoreRequest:
             eval_budget_s=float(args.eval_budget_s),
             probes=args.probes,
             memory_limit_bytes=args.memory_limit_bytes,
+            allow_missing_layers=parse_layers(args.allow_missing_layer, "--allow-missing-layer"),
             json_out=Path(args.json_out) if args.json_out else None,
         )
 
@@ -151,8 +157,13 @@ def cmd_score(args: argparse.Namespace) -> int:
             eval_budget_s=req.eval_budget_s,
             probe_cfg=ProbeConfig(probes=req.probes),
             memory_limit_bytes=None if req.memory_limit_bytes < 0 else req.memory_limit_bytes,
+            allow_missing_layers=req.allow_missing_layers,
         )
-    except (FileNotFoundError, ArtifactError) as e:  # bad input: one line, exit 2 (and a record)
+    except (
+        FileNotFoundError,
+        ArtifactError,
+        SandboxRefused,
+    ) as e:  # bad input: one line, exit 2 (and a record)
         if req.json_out:
             write_json_atomic(req.json_out, failure_record("error", e))
         raise ValueError(str(e)) from e
@@ -214,7 +225,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--sandbox",
         default="auto",
         choices=SANDBOX_MODES,
-        help="the model worker's sandbox: every layer the machine offers, required (refuse without Landlock), or off",
+        help="the model worker's sandbox: every layer the machine offers, required (refuse unless every layer holds), or off",
     )
     p.add_argument(
         "--no-confine",
@@ -227,6 +238,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=[],
         metavar="PATH",
         help="another folder the model must not read (the dataset a view was made from); repeatable",
+    )
+    p.add_argument(
+        "--allow-missing-layer",
+        action="append",
+        default=[],
+        metavar="LAYER",
+        help="an official's decision: under --sandbox required, accept that this machine lacks LAYER "
+        f"({', '.join(KERNEL_LAYERS)}); recorded in score.json; repeatable",
     )
     p.add_argument(
         "--eval-budget-s",

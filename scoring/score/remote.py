@@ -79,8 +79,13 @@ class WorkerConfig:
     """CPU: the worker's address-space limit (0: none)."""
     workdir: Path | None = None
     """Parent of the worker's private temp folder (default: the system temp folder)."""
+    allow_missing_layers: tuple[str, ...] = ()
+    """Isolation layers an official accepts as missing under sandbox 'required' (recorded)."""
     role: str = "main"
     """"main" (scores every window) or "probe" (a fresh worker for one probe batch)."""
+    legacy: dict[str, Any] | None = None
+    """A reference-challenge record instead of staged code: {"script", "gpt_kwargs", "gpt_call",
+    "hyperparameters"} (harness/records/legacy.py; built by scoring/worker/legacy.py)."""
 
 
 def default_memory_limit_bytes() -> int:
@@ -150,6 +155,8 @@ class WorkerModel:
             protected=cfg.protected,
             import_path=[p for p in sys.path[1:] if p],
             seccomp=True,
+            allow_missing=cfg.allow_missing_layers,
+            phase="model worker",
         )
         spec = {
             "format": WORKER_SPEC_FORMAT,
@@ -166,6 +173,7 @@ class WorkerModel:
             "threads": cfg.threads,
             "adapt": cfg.adapt,
             "memory_limit_bytes": cfg.memory_limit_bytes,
+            "legacy": cfg.legacy,
         }
         # -P: no working folder on sys.path (what the worker writes cannot shadow an import); -B: no bytecode
         cmd = [sys.executable, "-P", "-B", "-m", "scoring.worker", json.dumps(spec)]

@@ -141,6 +141,7 @@ def score_artifact(
     eval_budget_s: float = math.inf,
     probe_cfg: ProbeConfig | None = None,
     memory_limit_bytes: int | None = None,
+    allow_missing_layers: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Score one artifact (see the module docstring). `sandbox` is the workers' (auto, required, off);
     `confine` restricts this process too once it has read the data (irreversible: one score per process)."""
@@ -173,6 +174,7 @@ def score_artifact(
         protected=protected,
         memory_limit_bytes=default_memory_limit_bytes() if memory_limit_bytes is None else memory_limit_bytes,
         workdir=workdir[0] if workdir else None,
+        allow_missing_layers=allow_missing_layers,
     )
     n_probe_workers = probe_cfg.probes
     with ExitStack() as stack:

@@ -26,7 +26,7 @@ from harness.train.clock import BudgetConfig
 from isolation.landlock import carve
 from isolation.monitor import AccessMonitor, parse_attempts
 from isolation.processes import processes_with_token
-from isolation.sandbox import TOKEN_ENV, MachineCaps, plan_sandbox
+from isolation.sandbox import TOKEN_ENV, MachineCaps, SandboxRefused, plan_sandbox
 from tests.conftest import is_own_install
 
 REPO = Path(__file__).resolve().parents[3]
@@ -344,7 +344,7 @@ def test_plan_degrades_with_warnings_where_layers_are_missing(tmp_path):
     assert no_net.namespaces == ("mount", "pid") and any("--net" in w for w in no_net.warnings)
     assert plan.rules  # still planned: the access monitor reports against them
     assert plan.wrap(["torchrun"], tmp_path / "p.json")[-2:] == ["--", "torchrun"]
-    with pytest.raises(RuntimeError, match="Landlock"):
+    with pytest.raises(SandboxRefused, match="landlock: Landlock"):
         _plan(tmp_path, NO_LANDLOCK, mode="required")
     with pytest.raises(ValueError, match="overlaps the protected"):
         _plan(tmp_path, LANDLOCK_ROOT, write_paths=[data / "val"])
@@ -420,7 +420,68 @@ def test_enter_skips_a_refused_layer_with_a_warning_unless_required(tmp_path, mo
     sandbox.enter(str(tmp_path / "policy.json"), ["torchrun", "--x"])
     assert ran == [["torchrun", "--x"]]
     assert capsys.readouterr().err.startswith(sandbox.WARNING_PREFIX + "Landlock failed")
-    required, _ = _plan(tmp_path, MachineCaps(landlock_abi=7, root=False, unshare=None), mode="required")
+    required, _ = _plan(
+        tmp_path,
+        MachineCaps(landlock_abi=7, root=False, unshare=None),
+        mode="required",
+        allow_missing=("namespaces", "network_namespace"),
+    )
     required.wrap(["x"], tmp_path / "policy.json")
     with pytest.raises(OSError, match="seccomp"):
         sandbox.enter(str(tmp_path / "policy.json"), ["torchrun"])
+
+
+@pytest.mark.parametrize(
+    ("caps", "kw", "missing"),
+    [
+        (
+            MachineCaps(landlock_abi=0, root=True, unshare="/usr/bin/unshare"),
+            {},
+            ["landlock", "signal_scoping"],
+        ),
+        (MachineCaps(landlock_abi=7, root=False, unshare=None), {}, ["namespaces", "network_namespace"]),
+        (
+            MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare", net_namespace=False),
+            {},
+            ["network_namespace"],
+        ),
+        (MachineCaps(landlock_abi=5, root=True, unshare="/usr/bin/unshare"), {}, ["signal_scoping"]),
+        (
+            MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare"),
+            {"multi_node": True},
+            ["namespaces", "network_namespace"],
+        ),
+        (MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare"), {"network": "host"}, []),
+    ],
+)
+def test_a_required_sandbox_names_every_missing_layer_and_takes_only_an_explicit_allowance(
+    tmp_path, caps, kw, missing
+):
+    if not missing:
+        assert _plan(tmp_path, caps, mode="required", **kw)[0].describe()["missing_layers"] == []
+        return
+    with pytest.raises(SandboxRefused) as refused:
+        _plan(tmp_path, caps, mode="required", **kw)
+    message = str(refused.value)
+    assert all(f"--allow-missing-layer {m}" in message for m in missing), message
+    # allowing all but one still refuses, naming the one
+    if len(missing) > 1:
+        with pytest.raises(SandboxRefused, match=f"--allow-missing-layer {missing[-1]}"):
+            _plan(tmp_path, caps, mode="required", allow_missing=missing[:-1], **kw)
+    plan, _ = _plan(tmp_path, caps, mode="required", allow_missing=missing, **kw)
+    d = plan.describe()
+    assert d["missing_layers"] == missing and d["missing_allowed_by_official"] == missing
+    assert sum("allowed by the official" in w for w in d["warnings"]) == len(missing)
+    auto, _ = _plan(tmp_path, caps, mode="auto", **kw)  # auto never refuses, and records the same gaps
+    assert (
+        auto.describe()["missing_layers"] == missing and auto.describe()["missing_allowed_by_official"] == []
+    )
+
+
+def test_an_unknown_layer_name_is_refused_with_the_list():
+    from isolation.sandbox import KERNEL_LAYERS, parse_layers
+
+    assert parse_layers("landlock, seccomp,landlock") == ("landlock", "seccomp")
+    with pytest.raises(ValueError, match="unknown isolation layer.*'landlok'") as e:
+        parse_layers("landlok")
+    assert all(name in str(e.value) for name in KERNEL_LAYERS)

@@ -1,0 +1,112 @@
+"""A record track runs only with every isolation layer, unless an official allows one missing, on the
+command line, recorded (isolation/sandbox.py KERNEL_LAYERS, harness/run/pipeline.py require_isolation)."""
+
+from __future__ import annotations
+
+import pytest
+
+import harness.run.pipeline as pipeline
+from harness.cli import main as pgolf_main
+from harness.config import load_config
+from harness.records.result import card
+from isolation.sandbox import MachineCaps, SandboxRefused
+from tests.conftest import BASELINE
+
+NO_LANDLOCK = MachineCaps(landlock_abi=0, root=True, unshare="/usr/bin/unshare")
+FULL = MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare")
+
+
+def test_the_allowance_is_the_officials_alone(tmp_path):
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    for f in BASELINE.iterdir():
+        if f.is_file():
+            (sub / f.name).write_bytes(f.read_bytes())
+    with (sub / "config.toml").open("a") as f:
+        f.write(
+            '\n[presets.sneaky]\nrun.track = "cpu_10min_16mb"\nlaunch.allow_missing_layers = "landlock"\n'
+        )
+    with pytest.raises(ValueError, match="launch.allow_missing_layers is not a submission's to set"):
+        load_config(sub, "sneaky")
+    with pytest.raises(ValueError, match="unknown isolation layer.*'landlok'.*layers: landlock, namespaces"):
+        load_config(BASELINE, "cpu", ["launch.allow_missing_layers='landlok'"])
+    cfg = load_config(BASELINE, "cpu", ["launch.allow_missing_layers='landlock,signal_scoping'"])
+    assert (
+        cfg.tables["launch"]["allow_missing_layers"] == "landlock,signal_scoping"
+    )  # recorded in config.json
+    assert cfg.loosened == []  # not a loosened track rule: a recorded decision about this machine
+
+
+def test_a_record_track_without_a_layer_is_refused_before_anything_starts(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(pipeline, "probe_machine", lambda: NO_LANDLOCK)
+    rc = pgolf_main(["run", str(BASELINE), "--preset", "cpu", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "landlock: Landlock" in err and "--allow-missing-layer landlock" in err
+    assert "--allow-missing-layer signal_scoping" in err
+    assert list(tmp_path.iterdir()) == []  # no run folder, no ledger line: nothing started
+
+
+def test_an_official_allowance_lets_it_start_and_names_only_what_was_missing(monkeypatch):
+    monkeypatch.setattr(pipeline, "probe_machine", lambda: NO_LANDLOCK)
+    launch = load_config(BASELINE, "cpu", ["launch.allow_missing_layers='landlock,signal_scoping'"]).section(
+        "launch"
+    )
+    pipeline.require_isolation(launch)
+    partial = load_config(BASELINE, "cpu", ["launch.allow_missing_layers='landlock'"]).section("launch")
+    with pytest.raises(SandboxRefused, match="signal_scoping") as e:
+        pipeline.require_isolation(partial)
+    assert "--allow-missing-layer landlock" not in str(e.value)
+    monkeypatch.setattr(pipeline, "probe_machine", lambda: FULL)
+    pipeline.require_isolation(load_config(BASELINE, "cpu").section("launch"))
+    unranked = load_config(BASELINE, "cpu-smoke").section("launch")  # sandbox auto: never refused
+    monkeypatch.setattr(pipeline, "probe_machine", lambda: NO_LANDLOCK)
+    pipeline.require_isolation(unranked)
+
+
+def test_the_card_says_when_an_official_allowed_a_missing_layer():
+    base = {
+        "submission": {"name": "x"},
+        "track": "cpu_10min_16mb",
+        "preset": "cpu",
+        "seed": 1,
+        "status": "ok",
+        "verification": "unverified",
+        "run_dir": "/r",
+        "provenance": {"hardware": {"cpu": "cpu", "cuda_devices": []}},
+        "cap_bytes": 16_000_000,
+        "within_cap": True,
+        **dict.fromkeys(
+            "val_bpb val_loss unigram_bpb val_tokens val_bytes eval_mode eval_dtype eval_time_s bytes_total "
+            "bytes_code bytes_model train_time_s steps tokens_seen world_size".split()
+        ),
+    }
+    assert "official override" not in card({**base, "config": {"tables": {"launch": {}}}})
+    text = card({**base, "config": {"tables": {"launch": {"allow_missing_layers": "landlock,seccomp"}}}})
+    assert "official override: ran without landlock, seccomp (--allow-missing-layer)" in text
+
+
+def test_the_score_request_carries_the_allowance_through_its_argv(tmp_path):
+    import argparse
+
+    from scoring.score.cli import ScoreRequest, register
+    from scoring.score.evaluate import EvalConfig
+
+    def build_parser() -> argparse.ArgumentParser:
+        parser = argparse.ArgumentParser()
+        register(parser.add_subparsers(dest="command"))
+        return parser
+
+    req = ScoreRequest(
+        artifact=tmp_path / "a.pgolf",
+        code_dir=tmp_path / "code",
+        data_dir=tmp_path / "data",
+        eval=EvalConfig(seq_len=64, batch_seqs=2),
+        sandbox="required",
+        allow_missing_layers=("seccomp", "landlock"),
+    )
+    back = ScoreRequest.from_args(build_parser().parse_args(req.to_argv()))
+    assert back == req
+    with pytest.raises(ValueError, match="--allow-missing-layer: unknown isolation layer"):
+        ScoreRequest.from_args(build_parser().parse_args([*req.to_argv(), "--allow-missing-layer", "x"]))
