@@ -1,0 +1,430 @@
+"""Experiment tracking with wandb, on the trusted side only, and the reader of a run's metrics file.
+
+    pgolf run DIR --wandb offline            # or --set log.wandb=online; [log] in config.toml names the project
+
+The ranks have no network inside their sandbox and never import wandb. The orchestrator feeds it:
+live, from a thread that tails the metrics file rank 0 appends to (metrics.jsonl, harness/train/rank.py),
+and at the end from the records (the resolved config, the counted code's hashes, bytes, val_bpb,
+status, provenance). The metrics file is written by a process that ran submitted code, so it is
+hostile input: it is opened without following links and only if it is a regular file, read in
+bounded chunks up to a cap, and every line is checked (MetricsReader); the rank's numbers go to
+wandb under `rank/` so they cannot pose as the scorer's (val_bpb is the result's alone).
+
+Tracking never blocks or fails a run. Modes: "disabled" (the default: wandb is not even imported),
+"offline" (files under RUN_DIR/wandb, `wandb sync` uploads them later) and "online". wandb.init
+runs in its own thread with wandb's init_timeout set to log.init_timeout_s and a deadline a little
+past it: measured on this machine, online mode with a key and no reachable service otherwise hangs
+about 100 s in init. When init fails or misses the deadline, the run goes on without tracking and the
+log says so in one line (Tracker.note). WANDB_MODE=disabled in the environment switches tracking
+off whatever the config says (wandb's own kill switch).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from data.io import write_json_atomic
+
+WANDB_MODES = ("disabled", "offline", "online")
+METRICS_MAX_BYTES = 64 * 1024 * 1024
+"""Read at most this much of a metrics file (the rest is ignored and counted as skipped)."""
+METRICS_LINE_MAX_BYTES = 4096
+METRICS_MAX_KEYS = 32
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,63}")
+_CHUNK_BYTES = 1024 * 1024
+FINISH_TIMEOUT_S = 30.0
+"""How long the end of a run waits for wandb to write or upload what it holds."""
+DEADLINE_SLACK_S = 10.0
+"""The thread's deadline past wandb's own init_timeout (wandb's timeout is the one that normally fires)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LogConfig:
+    """The [log] table: where a run's numbers are tracked. The runner's setting, never a track rule."""
+
+    wandb: str = "disabled"
+    """disabled, offline (RUN_DIR/wandb, upload later with `wandb sync`) or online."""
+    project: str = "pgolf"
+    """wandb project."""
+    entity: str = ""
+    """wandb entity (team or user); empty: the API key's default."""
+    run_name: str = ""
+    """wandb run name; empty: the run folder's name."""
+    init_timeout_s: float = 20.0
+    """Longest wait for wandb.init; past it the run goes on untracked."""
+
+    def __post_init__(self) -> None:
+        if self.wandb not in WANDB_MODES:
+            raise ValueError(f"log.wandb = {self.wandb!r} is not a mode; allowed: {', '.join(WANDB_MODES)}")
+        if not self.project.strip():
+            raise ValueError("log.project = '' must name a wandb project, e.g. log.project='pgolf'")
+        if not (0 < self.init_timeout_s <= 300):
+            raise ValueError(f"log.init_timeout_s = {self.init_timeout_s} must be in (0, 300] seconds")
+
+
+# ---- The metrics file (hostile input) ----
+
+
+def parse_metrics_line(line: bytes) -> dict[str, float] | None:
+    """One line of metrics.jsonl -> {"step": int, name: finite float, ...}, or None when it is not
+    one: too long, not a JSON object, no integer step >= 0, a bad key, a non-finite or non-number value."""
+    if len(line) > METRICS_LINE_MAX_BYTES:
+        return None
+    try:
+        d = json.loads(line, parse_constant=lambda c: None)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(d, dict) or len(d) > METRICS_MAX_KEYS + 1:
+        return None
+    step = d.pop("step", None)
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 2**53:
+        return None
+    out: dict[str, float] = {"step": step}
+    for k, v in d.items():
+        if not _KEY.fullmatch(k) or isinstance(v, bool) or not isinstance(v, int | float):
+            return None
+        if not math.isfinite(v):
+            return None
+        out[k] = float(v)
+    return out
+
+
+class MetricsReader:
+    """Reads a metrics file as it grows: `poll()` returns the complete lines appended since the last call.
+
+    The file is opened once (O_NOFOLLOW, O_NONBLOCK; refused unless a regular file), so it can be
+    moved or unlinked while read; a line still being written waits for its newline."""
+
+    def __init__(self, path: Path, max_bytes: int = METRICS_MAX_BYTES) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self.skipped = 0
+        """Lines that were not metrics (parse_metrics_line), plus one if the cap was reached."""
+        self.refused = ""
+        """Why the file was not read (a link, a FIFO, ...), or empty."""
+        self._fd: int | None = None
+        self._read = 0
+        self._partial = b""
+        self._capped = False
+
+    def _open(self) -> bool:
+        if self._fd is not None:
+            return True
+        if self.refused:
+            return False
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        except OSError as e:  # a link (ELOOP), no permission, ...
+            self.refused = f"{self.path.name}: {e.strerror or e}"
+            return False
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            self.refused = f"{self.path.name} is not a regular file"
+            return False
+        self._fd = fd
+        return True
+
+    def poll(self, *, final: bool = False) -> list[dict[str, float]]:
+        """The complete lines appended since the last call (`final`: a last line without its newline too)."""
+        if not self._open() or self._fd is None:
+            return []
+        out = []
+        while self._read < self.max_bytes:
+            data = os.read(self._fd, min(_CHUNK_BYTES, self.max_bytes - self._read))
+            if not data:
+                break
+            self._read += len(data)
+            *lines, self._partial = (self._partial + data).split(b"\n")
+            if len(self._partial) > METRICS_LINE_MAX_BYTES:  # no newline in sight: not a metrics line
+                self._partial, self.skipped = b"", self.skipped + 1
+            out += self._parse(lines)
+        if self._read >= self.max_bytes and not self._capped:
+            self._capped, self.skipped = True, self.skipped + 1  # the rest of the file is not read
+        if final and self._partial:
+            out += self._parse([self._partial])
+            self._partial = b""
+        return out
+
+    def _parse(self, lines: list[bytes]) -> list[dict[str, float]]:
+        out = []
+        for line in lines:
+            if line.strip():
+                rec = parse_metrics_line(line)
+                if rec is None:
+                    self.skipped += 1
+                else:
+                    out.append(rec)
+        return out
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def read_metrics(path: Path) -> tuple[list[dict[str, float]], int, str]:
+    """The whole metrics file: (records, lines skipped, why it was refused or "")."""
+    reader = MetricsReader(path)
+    try:
+        return reader.poll(final=True), reader.skipped, reader.refused
+    finally:
+        reader.close()
+
+
+# ---- wandb ----
+
+
+def _flat(prefix: str, value: Any, out: dict[str, Any]) -> dict[str, Any]:
+    """Nested dicts -> "a/b/c" keys (wandb's config and summary show flat keys best)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flat(f"{prefix}/{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = value
+    return out
+
+
+def summary_of(result: dict[str, Any]) -> dict[str, Any]:
+    """What a run's wandb summary holds: the result's numbers and verdict (never the rank's word)."""
+    keys = (
+        "status", "verification", "val_bpb", "val_loss", "val_tokens", "val_bytes", "unigram_bpb",
+        "bytes_total", "bytes_code", "bytes_model", "cap_bytes", "within_cap", "train_time_s", "steps",
+        "tokens_seen", "world_size", "eval_time_s", "track", "preset", "seed",
+    )  # fmt: skip
+    return {k: result[k] for k in keys if result.get(k) is not None}
+
+
+def config_of(result: dict[str, Any]) -> dict[str, Any]:
+    """The run's config for wandb: the resolved tables, the submission, the counted code and the receipt."""
+    prov = result.get("provenance") or {}
+    return {
+        "config": result.get("config") or {},
+        "submission": result.get("submission") or {},
+        "code_files": prov.get("code_files") or {},
+        "provenance": {k: v for k, v in prov.items() if k != "code_files"},
+        "run_dir": result.get("run_dir"),
+    }
+
+
+class Tracker:
+    """One run's wandb run, fed from a background thread; every call returns promptly and never raises.
+
+    start() begins init in a thread; follow(path) tails the metrics file from another; finish(result)
+    stops the tail, logs the records and closes the run, each bounded. `note` is the one line the
+    run prints about tracking."""
+
+    def __init__(self, cfg: LogConfig, run_dir: Path, *, tags: list[str] | None = None) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.tags = [t for t in (tags or []) if t][:20]
+        self.mode = cfg.wandb
+        if self.mode != "disabled" and os.environ.get("WANDB_MODE") == "disabled":
+            self.mode = "disabled"
+            self.note = "wandb: disabled (WANDB_MODE=disabled in the environment)"
+        else:
+            self.note = "wandb: disabled" if self.mode == "disabled" else f"wandb: {self.mode}, starting"
+        self.logged = 0
+        self.skipped = 0
+        self._run: Any = None
+        self._lock = threading.Lock()
+        self._pending: list[dict[str, float]] = []
+        self._last_step = -1
+        self._stop = threading.Event()
+        self._init_thread: threading.Thread | None = None
+        self._tail_thread: threading.Thread | None = None
+        self._deadline = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self.mode != "disabled"
+
+    @property
+    def tracked(self) -> bool:
+        """Whether a wandb run was started (init returned in time)."""
+        return self._run is not None
+
+    def start(self) -> None:
+        if not self.active:
+            return
+        self._deadline = time.monotonic() + self.cfg.init_timeout_s + DEADLINE_SLACK_S
+        self._init_thread = threading.Thread(target=self._init, name="pgolf-wandb-init", daemon=True)
+        self._init_thread.start()
+
+    def _init(self) -> None:
+        t0 = time.monotonic()
+        try:
+            import wandb  # lazily: a run that does not track never imports it
+        except ImportError:
+            self.note = (
+                f"wandb: {self.mode} requested but wandb is not installed (pip install wandb); not tracked"
+            )
+            return
+        mode: Any = self.mode  # one of WANDB_MODES (wandb types it as a Literal)
+        try:
+            run = wandb.init(
+                project=self.cfg.project,
+                entity=self.cfg.entity or None,
+                name=self.cfg.run_name or self.run_dir.name,
+                dir=str(self.run_dir),
+                mode=mode,
+                tags=self.tags,
+                reinit="create_new",
+                settings=wandb.Settings(
+                    init_timeout=self.cfg.init_timeout_s,
+                    finish_timeout=FINISH_TIMEOUT_S,
+                    console="off",  # the orchestrator's output stays its own
+                    silent=True,
+                    x_disable_stats=True,  # no sampling thread competing with training for the cores
+                    save_code=False,  # the counted code is logged from the records, not guessed
+                ),
+            )
+        except Exception as e:  # noqa: BLE001 - tracking never fails a run
+            msg = " ".join(str(e).split())[:200]
+            self.note = (
+                f"wandb: {self.mode} init failed after {time.monotonic() - t0:.1f} s "
+                f"({type(e).__name__}: {msg}); this run is not tracked"
+            )
+            return
+        with self._lock:
+            if self._stop.is_set() and time.monotonic() > self._deadline:  # given up on: close it again
+                self._close(run)
+                return
+            self._run = run
+            where = getattr(run, "dir", "") if self.mode == "offline" else getattr(run, "url", "") or ""
+            self.note = f"wandb: {self.mode}, run {getattr(run, 'id', '?')}" + (
+                f" ({where})" if where else ""
+            )
+
+    def _wait_init(self) -> bool:
+        """Whether a run is ready, waiting for init at most until its deadline."""
+        if self._init_thread is None:
+            return False
+        self._init_thread.join(max(0.0, self._deadline - time.monotonic()))
+        if self._init_thread.is_alive():
+            self.note = (
+                f"wandb: {self.mode} init did not finish in {self.cfg.init_timeout_s + DEADLINE_SLACK_S:.0f} s "
+                "(service unreachable?); this run is not tracked"
+            )
+            return False
+        return self._run is not None
+
+    def follow(self, path: Path, poll_s: float = 1.0) -> None:
+        """Tail `path` (the ranks' metrics file) until finish(); lines wait in memory for init."""
+        if not self.active or self._tail_thread is not None:
+            return
+        self._tail_thread = threading.Thread(
+            target=self._tail, args=(path, poll_s), name="pgolf-wandb-tail", daemon=True
+        )
+        self._tail_thread.start()
+
+    def _tail(self, path: Path, poll_s: float) -> None:
+        reader = MetricsReader(path)
+        try:
+            while True:
+                stopping = self._stop.wait(poll_s)
+                with self._lock:
+                    self._pending += reader.poll(final=stopping)
+                    self.skipped = reader.skipped
+                    self._flush()
+                if stopping:
+                    return
+        except Exception as e:  # noqa: BLE001 - tracking never fails a run
+            self.note += f"; stopped following the metrics ({type(e).__name__}: {e})"
+        finally:
+            reader.close()
+
+    def _flush(self) -> None:
+        """Log what is pending to the run, if it is ready (the caller holds the lock)."""
+        if self._run is None:
+            return
+        for rec in self._pending:
+            step = int(rec["step"])
+            if step < self._last_step:  # wandb's steps only go forward
+                self.skipped += 1
+                continue
+            self._run.log({f"rank/{k}": v for k, v in rec.items() if k != "step"}, step=step)
+            self._last_step = step
+            self.logged += 1
+        self._pending.clear()
+
+    def finish(self, result: dict[str, Any]) -> str:
+        """Stop following, log the records, close the run; returns the note. Bounded; never raises."""
+        if not self.active:
+            return self.note
+        self._stop.set()
+        if self._tail_thread is not None:
+            self._tail_thread.join(10.0)
+        if not self._wait_init():
+            return self.note
+        done = threading.Event()
+
+        def close() -> None:
+            try:
+                with self._lock:
+                    self._flush()
+                    run = self._run
+                run.config.update(_flat("", config_of(result), {}), allow_val_change=True)
+                run.summary.update(summary_of(result))
+                self._close(run)
+            except Exception as e:  # noqa: BLE001 - tracking never fails a run
+                self.note += f"; the records were not all logged ({type(e).__name__}: {e})"
+            finally:
+                done.set()
+
+        threading.Thread(target=close, name="pgolf-wandb-finish", daemon=True).start()
+        if not done.wait(FINISH_TIMEOUT_S + DEADLINE_SLACK_S):
+            self.note += (
+                f"; finish did not return in {FINISH_TIMEOUT_S + DEADLINE_SLACK_S:.0f} s, left behind"
+            )
+        else:
+            self.note += f"; {self.logged} metric line(s) logged" + (
+                f", {self.skipped} skipped" if self.skipped else ""
+            )
+        return self.note
+
+    @staticmethod
+    def _close(run: Any) -> None:
+        try:
+            run.finish()
+        except Exception:  # noqa: BLE001 - tracking never fails a run
+            pass
+
+
+TRACKING_RECORD = "tracking.json"
+TRACKING_FORMAT = "pg-tracking"
+TRACKING_FORMAT_VERSION = 1
+
+
+def finish_tracking(tracker: Tracker, run_dir: Path, result: dict[str, Any]) -> str:
+    """End of `pgolf run`: close the wandb run with the result, record what happened in
+    RUN_DIR/tracking.json (when tracking was asked for) and return the one line the run prints."""
+    note = tracker.finish(result)
+    if tracker.cfg.wandb != "disabled":
+        try:
+            write_json_atomic(
+                run_dir / TRACKING_RECORD,
+                {
+                    "format": TRACKING_FORMAT,
+                    "format_version": TRACKING_FORMAT_VERSION,
+                    "requested": tracker.cfg.wandb,
+                    "mode": tracker.mode,
+                    "tracked": tracker.tracked,
+                    "metric_lines_logged": tracker.logged,
+                    "metric_lines_skipped": tracker.skipped,
+                    "note": note,
+                },
+            )
+        except OSError as e:
+            note += f"; {TRACKING_RECORD} not written ({e})"
+    return note
