@@ -492,8 +492,12 @@ def _score_batch(
     scored_BL = valid_BL & (offs[None, :] >= score_from[:, None])
     logits_BLV = model_logits(model, torch.from_numpy(x_BL).to(device), table.vocab_size, cfg.dtype)
     V = logits_BLV.shape[-1]
-    if keep is not None and batch_index in keep:  # a probe batch: the scorer's own copy of what it scored
-        keep[batch_index] = (x_BL, valid_BL, logits_BLV.detach().float().cpu().clone())
+    if keep is not None and batch_index in keep:
+        # a probe batch: the scorer reads the worker's buffer once, into its own copy, and scores that very
+        # copy; a worker that rewrote its buffer after answering (a thread racing the scorer) cannot make
+        # the values compared by the probes differ from the values scored
+        logits_BLV = logits_BLV.detach().float().clone()
+        keep[batch_index] = (x_BL, valid_BL, logits_BLV.cpu())
     if scored_BL.all():
         out_NV, y_N, x_N = logits_BLV.reshape(-1, V), y_BL.reshape(-1), x_BL.reshape(-1)
         pos_N = pos_BL.reshape(-1) + 1

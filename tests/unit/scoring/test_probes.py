@@ -270,3 +270,42 @@ def test_a_failed_probe_fails_the_score(tmp_path, tiny_dataset):
             threads=1,
             probe_cfg=ProbeConfig(probes=4),
         )
+
+
+class RacingBuffer:
+    """A Scorable whose answer lives in a buffer it goes on writing after it has answered (as a worker
+    thread could do with the shared output memory): honest logits when asked, peeking ones a moment later."""
+
+    def __init__(self):
+        self.model = Bigram()
+        self.buf: torch.Tensor | None = None
+        self.cheat: torch.Tensor | None = None
+
+    def logits(self, x_BL):
+        with torch.no_grad():
+            honest, self.cheat = self.model(x_BL), PeekNext.forward(self.model, x_BL)
+        self.buf = honest.clone()
+        return self.buf
+
+    def rewrite(self):
+        assert self.buf is not None and self.cheat is not None
+        self.buf.copy_(self.cheat)
+
+
+def test_a_probe_batch_is_scored_from_the_copy_the_probes_compare(monkeypatch):
+    """The scorer reads a kept batch's buffer once: a rewrite after the answer cannot split what is
+    scored from what the probes check (the rewrite lands in the worker's buffer, not in the copy)."""
+    import scoring.score.evaluate as ev
+
+    racer, cfg, table = RacingBuffer(), STANDARD, ByteTokenizer().byte_table()
+    real_nats_of = ev.nats_of
+    honest = evaluate(LocalModel(racer.model), TOKENS, table, cfg, CPU)
+    monkeypatch.setattr(ev, "nats_of", lambda *a, **k: (racer.rewrite(), real_nats_of(*a, **k))[1])
+    some = plan_probes(batch_count(TOKENS, cfg), ProbeConfig(probes=2, seed=1)).batches
+    raced = evaluate(racer, TOKENS, table, cfg, CPU, keep_batches=some)
+    assert raced.sums.loss_nats < honest.sums.loss_nats  # the rewrite does cheat on batches not kept
+    for x_BL, _, kept in raced.kept.values():
+        assert torch.equal(kept, racer.model(torch.from_numpy(x_BL)).detach())  # kept: what it answered
+    every = range(batch_count(TOKENS, cfg))
+    all_kept = evaluate(racer, TOKENS, table, cfg, CPU, keep_batches=every)
+    assert all_kept.sums.loss_nats == honest.sums.loss_nats  # kept batches are scored from the kept copy
