@@ -271,7 +271,10 @@ class WorkerModel:
     # ---- Scorable: what evaluate() and the probes call ----
 
     def logits(self, x_BL: torch.Tensor) -> torch.Tensor:
-        """[B, L, V] float32 logits of the worker's model, a view of the shared buffer (valid until the next call)."""
+        """[B, L, V] float32 logits of the worker's model: the scorer's own copy, read from the shared buffer
+        at once when the worker answers. The worker keeps its mapping of that buffer (a thread of its could go
+        on writing after the answer), so nothing is computed from the buffer itself: every batch is read once,
+        the same way, whether or not it is a probe batch, and what is scored is what the probes compare."""
         B, L = x_BL.shape
         n = B * L
         if n * 8 > self.inbuf.nbytes:
@@ -281,7 +284,7 @@ class WorkerModel:
         _, _, V = reply.shape(B, L, self.cfg.vocab_size, self.max_vocab)
         self.forwards += 1
         out = self.outbuf.tensor(torch.float32, n * V).view(B, L, V)
-        return out if x_BL.device.type == "cpu" else out.to(x_BL.device)
+        return out.clone() if x_BL.device.type == "cpu" else out.to(x_BL.device)
 
     # ---- ChunkAdapter: score-first adaptation in the worker ----
 
