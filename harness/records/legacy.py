@@ -1,302 +1,315 @@
 """`pgolf verify-legacy RECORD_DIR --artifact FILE`: score an entry of the reference challenge as it was made.
 
 A reference entry is one training script (`train_gpt.py`: its Hyperparameters read environment
-variables, `class GPT(nn.Module)` with `forward(input_ids, target_ids) -> mean loss`, training in
-`main()` under `if __name__ == "__main__"`) and the int8 + zlib artifact it wrote, layout
-`int8_clean_per_row_v1`: zlib(torch.save({"__quant_format__", "quantized", "scales", "dtypes",
-"passthrough", optional "qmeta", "passthrough_orig_dtypes"})).
+variables, `class GPT(nn.Module)` whose forward returns the mean loss, training in `main()` under
+`if __name__ == "__main__"`) and the artifact its own serializer wrote.
 
-How each part is made safe and trustworthy:
-- **Artifact**: zlib-decompressed and read with `torch.load(..., weights_only=True)`, PyTorch's
-  restricted unpickler, which rebuilds only tensors, dicts, lists, strings and numbers and refuses
-  any other global (no arbitrary code runs). The layout is then checked and dequantized with the
-  reference's numerics (per-row scales broadcast over rows, per-tensor scales, fp16 passthrough
-  restored to its recorded dtype).
-- **Model**: the script is parsed with `ast` and only definitions are executed: imports (each on
-  its own; one that fails is skipped), function and class definitions with their decorators and
-  annotations removed, and assignments whose value calls nothing. Every other top-level statement
-  (calls, `if __name__ ...`, loops) is skipped and listed; a class-level assignment that calls
-  something is dropped from its class. So nothing at module level is called, and main() never runs.
-- **Hyperparameters** are read statically from the `Hyperparameters` class: each field written as
-  a literal or `int/float/bool/str(os.environ.get("NAME", default))` takes its default (never the
-  verifier's environment), unless `--hparam NAME=VALUE` (field or environment name) overrides it.
-  GPT's keyword arguments are taken from the script's own `GPT(...)` call (`args.X` → field X),
-  else matched to GPT's parameter names.
-- **Scoring**: the script's GPT computes its loss itself; the scorer needs logits. The wrapper
-  calls GPT.forward with the input as dummy targets while `torch.nn.functional.cross_entropy` is
-  replaced by a recorder, and takes the logits the model passed to it (checking that exactly one
-  call was made and that its targets are the ones given, so the rows are in order). This uses the
-  record's own forward, including its soft-cap and head, and works for any forward that ends in
-  cross_entropy. The trusted scorer (scoring/score/evaluate.py) then computes the loss, with the probes.
-- **Bytes**, as the reference counts them: the script's text as UTF-8 (`len(code.encode())`) plus
-  the artifact file's size.
+Where each part runs:
+- **This process (the scorer) runs none of the record's code.** It reads the script as text: a
+  self-extracting script (`exec(lzma.decompress(base64.b85decode("...")))`, or `exec(open(...))` of a
+  sibling file) is decoded here, as data; the Hyperparameters are read statically (each field written
+  as a literal or `int/float/bool/str(os.environ.get("NAME", default))`, with `.strip()`/`.lower()`
+  and module-level constants, takes its default, never the verifier's environment, unless
+  `--hparam NAME=VALUE` (field or environment name) overrides it); GPT's keyword arguments come from
+  the script's own `GPT(...)` call (`args.X` -> field X), else from GPT's parameter names; and the
+  evaluation settings are the script's own (`eval_seq_len` or `train_seq_len`; a sliding stride
+  `eval_stride`). It holds the validation tokens and byte tables, builds the windows, computes the
+  float64 loss, runs the probes (fresh workers) and writes the record, exactly as the normal scorer.
+- **The record's code runs only in the model worker** (scoring/worker/legacy.py, the worker's
+  "legacy" build mode), confined like any submission's: Landlock reads of the script, the artifact
+  and the Python installation only, its own PID/mount/network namespaces, no capabilities, seccomp,
+  an address-space limit. There the script's imports and definitions (never its top level or
+  main()) are executed, the artifact is decompressed (zlib, zstd, lzma, brotli; byte-shuffle undone)
+  and read with `torch.load(weights_only=True)`, dequantized (int8_clean_per_row_v1 with the
+  reference's numerics; the later int6/GPTQ {w, m} layouts with the record's own dequantizer), and
+  the record's `forward_logits` (or its loss forward, with cross_entropy recorded) gives logits.
+- **Refusals, not tracebacks**: a script that needs what this machine lacks is refused before any
+  worker starts, with one line naming it: a module imported unconditionally and used by the model
+  that is not installed ("needs flash_attn_interface (FlashAttention 3, CUDA only)"), syntax of a
+  newer Python ("needs Python >= 3.12"), an artifact layout no loader knows.
+- **Bytes**, as the reference counts them: the script file's bytes as shipped (compressed, for a
+  self-extracting one) plus the artifact file's size.
+
+Records of openai/parameter-golf (records/track_10min_16mb) verified on CPU, each with an artifact
+written by the record's own serializer at a tiny shape (scripts/legacy_check.py), the bpb compared
+with the record's own `eval_val` on the same artifact and tokens: see docs/LEGACY.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
-import builtins
-import contextlib
-import inspect
-import io
+import dataclasses
+import importlib.util
 import json
-import pickle
+import lzma
+import re
+import sys
+import tempfile
 import time
-import zlib
+from base64 import b85decode
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from data.io import read_json, sha256_file, write_json_atomic
 from data.manifest import load_manifest
 from data.shards import read_split
 from data.tokenizer import load_tokenizer
 from scoring.artifact.cap import ARTIFACT_CAP_BYTES
-from scoring.artifact.codecs import StateDict
 from scoring.score.evaluate import (
     EVAL_DTYPES,
     EVAL_MODES,
     EvalConfig,
-    LocalModel,
     batch_count,
     eval_tokens,
     evaluate,
-    tune_cpu_allocator,
 )
 from scoring.score.probes import ProbeConfig, plan_probes, run_probes
+from scoring.score.remote import (
+    WorkerConfig,
+    WorkerFailure,
+    WorkerModel,
+    default_memory_limit_bytes,
+    start_worker,
+)
+from scoring.worker.legacy import LEGACY_QUANT_FORMAT, LegacyError
 
-LEGACY_QUANT_FORMAT = "int8_clean_per_row_v1"
+__all__ = ["LEGACY_QUANT_FORMAT", "LegacyError", "score_legacy"]
+
 LEGACY_SCORE_FORMAT = "pg-legacy-score"
-LEGACY_SCORE_VERSION = 1
+LEGACY_SCORE_VERSION = 2
 SCRIPT_NAME = "train_gpt.py"
 _CASTS = {"int": int, "float": float, "bool": bool, "str": str}
+_STR_METHODS = {"strip", "lower", "upper"}
+MISSING_HINTS = {
+    "flash_attn_interface": "FlashAttention 3, CUDA only",
+    "flash_attn": "FlashAttention 2, CUDA only",
+    "triton": "Triton kernels, CUDA only",
+    "zstandard": "pip install zstandard",
+    "brotli": "pip install brotli",
+    "sentencepiece": "pip install sentencepiece",
+}
+"""What a missing module is, for the refusal's message."""
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Failure|Violation|Denied)): ")
+TRAINING_ONLY = {"main", "train", "train_model"}
+"""Functions whose use of a missing module does not matter to scoring."""
 
 
-class LegacyError(ValueError):
-    """A reference-format record or artifact cannot be loaded; the message says why and what to do."""
+# ---- The script as shipped, decoded as data ----
 
 
-# ---- The artifact ----
-
-
-def _tensor_dict(obj: dict, key: str, path: Path) -> dict[str, torch.Tensor]:
-    d = obj.get(key, {})
-    if not isinstance(d, dict) or not all(
-        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in d.items()
-    ):
-        raise LegacyError(f"{path}: {key!r} must map tensor names to tensors")
-    return d
-
-
-def load_legacy_artifact(path: str | Path) -> StateDict:
-    """Decompress, unpickle with weights_only=True, check the layout, dequantize (reference numerics)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"artifact not found: {path}")
+def _parse(source: str, script: Path) -> ast.Module:
     try:
-        raw = zlib.decompress(path.read_bytes())
-    except zlib.error as e:
-        raise LegacyError(
-            f"{path} is not zlib-compressed ({e}); expected the reference's final_model.int8.ptz"
-        ) from e
-    try:
-        obj = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
-        raise LegacyError(
-            f"{path}: refused by the restricted unpickler (weights_only=True): it holds something other than tensors, "
-            f"dicts, lists, strings and numbers ({str(e).splitlines()[0][:200]})"
-        ) from e
-    if not isinstance(obj, dict) or obj.get("__quant_format__") != LEGACY_QUANT_FORMAT:
-        fmt = obj.get("__quant_format__") if isinstance(obj, dict) else type(obj).__name__
-        raise LegacyError(f"{path}: quant format {fmt!r}; this loader reads {LEGACY_QUANT_FORMAT!r}")
-    quantized, scales = _tensor_dict(obj, "quantized", path), _tensor_dict(obj, "scales", path)
-    passthrough = _tensor_dict(obj, "passthrough", path)
-    dtypes, qmeta = obj.get("dtypes", {}), obj.get("qmeta", {})
-    orig = obj.get("passthrough_orig_dtypes", {})
-    out: StateDict = {}
-    for name, q in quantized.items():
-        if name not in scales or name not in dtypes:
-            raise LegacyError(f"{path}: quantized tensor {name!r} has no scale or dtype")
-        dtype = getattr(torch, str(dtypes[name]), None)
-        if not isinstance(dtype, torch.dtype) or q.dtype != torch.int8:
+        return ast.parse(source, filename=str(script))
+    except SyntaxError as e:
+        if sys.version_info < (3, 12) and "f-string" in str(e.msg):
             raise LegacyError(
-                f"{path}: tensor {name!r}: dtype {dtypes[name]!r} / storage {q.dtype} is not int8 of a torch dtype"
-            )
-        s = scales[name]
-        if (qmeta.get(name) or {}).get("scheme") == "per_row" or s.ndim > 0:
-            s32 = s.to(torch.float32)
-            out[name] = (q.float() * s32.view(q.shape[0], *([1] * (q.ndim - 1)))).to(dtype).contiguous()
-        else:
-            out[name] = (q.float() * float(s.item())).to(dtype).contiguous()
-    for name, t in passthrough.items():
-        t = t.detach().cpu().contiguous()
-        if isinstance(orig.get(name), str):
-            dt = getattr(torch, orig[name], None)
-            if not isinstance(dt, torch.dtype):
-                raise LegacyError(f"{path}: passthrough {name!r} names unknown dtype {orig[name]!r}")
-            t = t.to(dt).contiguous()
-        out[name] = t
-    return out
+                f"{script}: needs Python >= 3.12 (line {e.lineno} uses the f-string syntax of PEP 701; "
+                f"this is Python {sys.version_info.major}.{sys.version_info.minor})"
+            ) from e
+        raise LegacyError(f"{script} does not parse: {e}") from e
 
 
-# ---- The script: definitions only ----
-
-
-def _calls(node: ast.AST) -> bool:
-    return any(isinstance(n, ast.Call | ast.Await | ast.Yield | ast.YieldFrom) for n in ast.walk(node))
-
-
-class _StripDecorations(ast.NodeTransformer):
-    """Remove decorators and annotations (both run code at definition time)."""
-
-    def _fn(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.AST:
-        node.decorator_list, node.returns = [], None
-        for a in [
-            *node.args.posonlyargs,
-            *node.args.args,
-            *node.args.kwonlyargs,
-            node.args.vararg,
-            node.args.kwarg,
-        ]:
-            if a is not None:
-                a.annotation = None
-        return node  # bodies run only when called; nested definitions stay as written
-
-    visit_FunctionDef = _fn
-    visit_AsyncFunctionDef = _fn
-
-
-def _safe_def(stmt: ast.stmt, skipped: list[str]) -> ast.stmt | None:
-    where = f"line {stmt.lineno}"
-    if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
-        if any(
-            _calls(d) for d in [*stmt.args.defaults, *[d for d in stmt.args.kw_defaults if d is not None]]
-        ):
-            skipped.append(f"{where}: def {stmt.name} (a default argument calls something)")
-            return None
-        return _StripDecorations().visit(stmt)
-    if isinstance(stmt, ast.ClassDef):
-        if stmt.decorator_list or stmt.keywords or any(_calls(b) for b in stmt.bases):
-            skipped.append(f"{where}: class {stmt.name} (decorated, or its bases call something)")
-            return None
-        body = []
-        for s in stmt.body:
-            if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef):
-                body.append(_safe_def(s, skipped))
-            elif isinstance(s, ast.Assign | ast.AnnAssign) and s.value is not None and _calls(s.value):
-                skipped.append(
-                    f"line {s.lineno}: {stmt.name}.{ast.unparse(s).split('=')[0].strip()} (calls something)"
-                )
-            elif isinstance(s, ast.Expr | ast.Pass | ast.Assign | ast.AnnAssign):
-                body.append(s if not (isinstance(s, ast.Expr) and _calls(s)) else None)
-        stmt.body = [s for s in body if s is not None] or [ast.Pass()]
-        return stmt
-    if isinstance(stmt, ast.Assign | ast.AnnAssign):
-        if (
-            stmt.value is None
-            or _calls(stmt.value)
-            or isinstance(stmt, ast.AnnAssign)
-            and _calls(stmt.annotation)
-        ):
-            skipped.append(f"{where}: {ast.unparse(stmt)[:70]} (calls something)")
-            return None
-        return stmt
-    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
-        return stmt  # docstring
-    skipped.append(f"{where}: {ast.unparse(stmt).splitlines()[0][:70]} (not a definition)")
+def _const_str(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str | bytes):
+        return node.value.decode() if isinstance(node.value, bytes) else node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        a, b = _const_str(node.left), _const_str(node.right)
+        return None if a is None or b is None else a + b
     return None
 
 
-def exec_definitions(script: Path) -> tuple[dict[str, Any], list[str]]:
-    """Execute only the script's imports and definitions; returns (namespace, skipped statements)."""
-    try:
-        tree = ast.parse(script.read_text(encoding="utf-8"), filename=str(script))
-    except SyntaxError as e:
-        raise LegacyError(f"{script} does not parse: {e}") from e
-    ns: dict[str, Any] = {
-        "__name__": "pgolf_legacy_record",
-        "__file__": str(script),
-        "__builtins__": builtins,
-    }
-    skipped: list[str] = []
+def _self_extracting(tree: ast.Module, script: Path) -> tuple[str, str] | None:
+    """(source, how) when the script's only work is exec() of a decoded payload or of a sibling file."""
+    execs = [
+        s.value
+        for s in tree.body
+        if isinstance(s, ast.Expr)
+        and isinstance(s.value, ast.Call)
+        and isinstance(s.value.func, ast.Name)
+        and s.value.func.id == "exec"
+    ]
+    others = [s for s in tree.body if not isinstance(s, ast.Import | ast.ImportFrom | ast.Assign | ast.Expr)]
+    if len(execs) != 1 or others or len(execs[0].args) != 1:
+        return None
+    arg = execs[0].args[0]
+    payload = next(
+        (
+            n
+            for n in ast.walk(arg)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "b85decode"
+        ),
+        None,
+    )
+    if payload is not None and payload.args and (data := _const_str(payload.args[0])) is not None:
+        outer = arg if isinstance(arg, ast.Call) else None
+        kw = {k.arg: ast.unparse(k.value) for k in outer.keywords} if outer else {}
+        raw = b85decode(data)
+        if "FORMAT_RAW" in kw.get("format", ""):
+            text = lzma.decompress(raw, format=lzma.FORMAT_RAW, filters=[{"id": lzma.FILTER_LZMA2}])
+        else:
+            text = lzma.decompress(raw)
+        return text.decode("utf-8"), "self-extracting (lzma + base85)"
+    # exec(open(__file__.replace("train_gpt.py", "X.py")).read())
+    rep = next(
+        (
+            n
+            for n in ast.walk(arg)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "replace"
+        ),
+        None,
+    )
+    if (
+        isinstance(rep, ast.Call)
+        and isinstance(rep.func, ast.Attribute)
+        and len(rep.args) == 2
+        and ast.unparse(rep.func.value) == "__file__"
+    ):
+        old, new = _const_str(rep.args[0]), _const_str(rep.args[1])
+        if old and new and old in script.name:
+            sibling = script.with_name(script.name.replace(old, new))
+            if sibling.is_file():
+                return sibling.read_text(encoding="utf-8"), f"exec of {sibling.name}"
+    return None
 
-    def run(stmts: list[ast.stmt]) -> bool:
-        ok = True
-        for stmt in stmts:
-            if isinstance(stmt, ast.Import | ast.ImportFrom):
-                try:
-                    exec(compile(ast.Module([stmt], []), str(script), "exec"), ns)
-                except ImportError as e:
-                    skipped.append(f"line {stmt.lineno}: {ast.unparse(stmt)} ({e})")
-                    ok = False
-            elif isinstance(stmt, ast.Try):
-                if not run(stmt.body) and stmt.handlers:
-                    run(stmt.handlers[0].body)
-            else:
-                safe = _safe_def(stmt, skipped)
-                if safe is not None:
-                    exec(compile(ast.fix_missing_locations(ast.Module([safe], [])), str(script), "exec"), ns)
-        return ok
 
-    run(tree.body)
-    return ns, skipped
+def script_source(script: Path) -> tuple[str, list[str]]:
+    """The script's Python source, decoding self-extracting wrappers (as data: nothing is executed)."""
+    source = script.read_text(encoding="utf-8")
+    packaging: list[str] = []
+    for _ in range(3):
+        found = _self_extracting(_parse(source, script), script)
+        if found is None:
+            break
+        source, how = found
+        packaging.append(how)
+    return source, packaging
 
 
-# ---- Hyperparameters and GPT(...) ----
+def missing_modules(tree: ast.Module) -> list[str]:
+    """Modules imported unconditionally at the top level, used outside main(), and not installed here."""
+    used_outside: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in TRAINING_ONLY:
+            continue
+        if not isinstance(node, ast.Import | ast.ImportFrom):
+            used_outside |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+            used_outside |= {
+                n.value.id
+                for n in ast.walk(node)
+                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+            }
+    missing = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            pairs = [(a.name, (a.asname or a.name).split(".")[0]) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            pairs = [(node.module, a.asname or a.name) for a in node.names]
+        else:
+            continue
+        for module, bound in pairs:
+            top = module.split(".")[0]
+            if bound in used_outside and top not in missing and importlib.util.find_spec(top) is None:
+                missing.append(top)
+    return missing
+
+
+def refuse_missing(tree: ast.Module, script: Path) -> None:
+    missing = missing_modules(tree)
+    if missing:
+        needs = ", ".join(f"{m} ({MISSING_HINTS[m]})" if m in MISSING_HINTS else m for m in missing)
+        raise LegacyError(f"{script}: needs {needs}, which this machine does not have")
+
+
+# ---- Hyperparameters and GPT(...), statically ----
 
 
 class _Unresolved(Exception):  # noqa: N818 - control flow inside this module only
     pass
 
 
-def _static(node: ast.expr, overrides: dict[str, str]) -> Any:
+def _static(node: ast.expr, overrides: dict[str, str], consts: dict[str, Any]) -> Any:
     if isinstance(node, ast.Constant):
         return node.value
+    if isinstance(node, ast.Name) and node.id in consts:
+        return consts[node.id]
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return -_static(node.operand, overrides)
+        return -_static(node.operand, overrides, consts)
     if (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Name)
         and node.func.id in _CASTS
         and len(node.args) == 1
     ):
-        value = _static(node.args[0], overrides)
+        value = _static(node.args[0], overrides, consts)
         if node.func.id == "bool" and isinstance(value, str):
             value = int(value)
         return _CASTS[node.func.id](value)
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in _STR_METHODS
+        and not node.args
+    ):
+        value = _static(node.func.value, overrides, consts)
+        if isinstance(value, str):
+            return getattr(value, node.func.attr)()
     if isinstance(node, ast.Call) and ast.unparse(node.func) == "os.environ.get" and len(node.args) == 2:
-        name = _static(node.args[0], overrides)
-        return overrides[name] if name in overrides else _static(node.args[1], overrides)
+        name = _static(node.args[0], overrides, consts)
+        return overrides[name] if name in overrides else _static(node.args[1], overrides, consts)
     raise _Unresolved(ast.unparse(node))
 
 
-def read_hyperparameters(script: Path, overrides: dict[str, str]) -> dict[str, Any]:
+def _constants(tree: ast.Module) -> dict[str, Any]:
+    consts: dict[str, Any] = {}
+    for s in tree.body:
+        if (
+            isinstance(s, ast.Assign)
+            and len(s.targets) == 1
+            and isinstance(s.targets[0], ast.Name)
+            and isinstance(s.value, ast.Constant)
+        ):
+            consts[s.targets[0].id] = s.value.value
+    return consts
+
+
+def _field_assigns(cls: ast.ClassDef) -> Iterator[tuple[str, ast.expr]]:
+    for s in cls.body:
+        if isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name):
+            yield s.targets[0].id, s.value
+        elif isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and s.value is not None:
+            yield s.target.id, s.value
+
+
+def hyperparameters_of(tree: ast.Module, script: Path, overrides: dict[str, str]) -> dict[str, Any]:
     """Field defaults of `class Hyperparameters` (overridden by field or env-var name), statically."""
-    tree = ast.parse(script.read_text(encoding="utf-8"))
     cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Hyperparameters"), None)
     if cls is None:
         raise LegacyError(
             f"{script} defines no class Hyperparameters; is it a reference-style record script?"
         )
+    consts = _constants(tree)
     out: dict[str, Any] = {}
-    for s in cls.body:
-        if isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name):
-            name = s.targets[0].id
-            env = _env_names(s.value)
-            ov = {**overrides, **({e: overrides[name] for e in env} if name in overrides else {})}
-            try:
-                value = _static(s.value, ov)
-                if name in overrides and not env:  # a plain literal field, overridden by its own name
-                    value = type(value)(ast.literal_eval(overrides[name]))
-            except (_Unresolved, ValueError, SyntaxError):
-                continue
-            out[name] = value
+    for name, value_node in _field_assigns(cls):
+        env = _env_names(value_node)
+        ov = {**overrides, **({e: overrides[name] for e in env} if name in overrides else {})}
+        try:
+            value = _static(value_node, ov, consts)
+            if name in overrides and not env:  # a plain literal field, overridden by its own name
+                value = type(value)(ast.literal_eval(overrides[name]))
+        except (_Unresolved, ValueError, SyntaxError, TypeError):
+            continue
+        out[name] = value
     return out
+
+
+def read_hyperparameters(script: Path, overrides: dict[str, str]) -> dict[str, Any]:
+    """The script's Hyperparameters, statically (self-extracting scripts decoded first)."""
+    source, _ = script_source(script)
+    return hyperparameters_of(_parse(source, script), script, overrides)
 
 
 def _env_names(node: ast.expr) -> list[str]:
@@ -311,9 +324,27 @@ def _env_names(node: ast.expr) -> list[str]:
     ]
 
 
-def gpt_kwargs(script: Path, gpt_cls: type[nn.Module], hp: dict[str, Any]) -> dict[str, Any]:
-    """GPT's keyword arguments: from the script's GPT(...) call, else GPT's parameter names."""
-    tree = ast.parse(script.read_text(encoding="utf-8"))
+def _gpt_params(tree: ast.Module, script: Path) -> list[tuple[str, bool]]:
+    """(name, has a default) of GPT.__init__'s parameters, from the source."""
+    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GPT"), None)
+    init = (
+        next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+        if cls is not None
+        else None
+    )
+    if init is None:
+        raise LegacyError(f"{script} defines no class GPT with an __init__; is it a reference-style record?")
+    a = init.args
+    positional = [*a.posonlyargs, *a.args][1:]
+    defaults = len(a.defaults)
+    out = [(p.arg, i >= len(positional) - defaults) for i, p in enumerate(positional)]
+    out += [(p.arg, d is not None) for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)]
+    return out
+
+
+def gpt_call(tree: ast.Module, script: Path, hp: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """GPT's keyword arguments read statically, and the script's own GPT(...) expressions left for the
+    worker (evaluated there with `args` = the hyperparameters)."""
     call = next(
         (
             n
@@ -322,78 +353,39 @@ def gpt_kwargs(script: Path, gpt_cls: type[nn.Module], hp: dict[str, Any]) -> di
         ),
         None,
     )
-    params = [p for p in inspect.signature(gpt_cls.__init__).parameters.values() if p.name != "self"]
     kw: dict[str, Any] = {}
+    exprs: dict[str, str] = {}
     if call is not None and not call.args:
         for k in call.keywords:
+            if k.arg is None:
+                continue
             v = k.value
             if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) and v.attr in hp:
-                kw[str(k.arg)] = hp[v.attr]
+                kw[k.arg] = hp[v.attr]
             elif isinstance(v, ast.Constant):
-                kw[str(k.arg)] = v.value
-    for p in params:
-        if p.name not in kw and p.name in hp:
-            kw[p.name] = hp[p.name]
-        if p.name not in kw and p.default is inspect.Parameter.empty:
+                kw[k.arg] = v.value
+            else:
+                exprs[k.arg] = ast.unparse(v)
+    for name, has_default in _gpt_params(tree, script):
+        if name not in kw and name not in exprs and name in hp:
+            kw[name] = hp[name]
+        if name not in kw and name not in exprs and not has_default:
             raise LegacyError(
-                f"cannot tell GPT's argument {p.name!r} from the script; pass --hparam {p.name}=VALUE"
+                f"cannot tell GPT's argument {name!r} from the script; pass --hparam {name}=VALUE"
             )
-    return kw
+    return kw, exprs
 
 
-# ---- Logits from a model that returns its loss ----
-
-
-@contextlib.contextmanager
-def captured_cross_entropy(ns: dict[str, Any]) -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
-    """Replace cross_entropy (in torch and in the script's namespace) by a recorder of its inputs."""
-    calls: list[tuple[torch.Tensor, torch.Tensor]] = []
-    original = F.cross_entropy
-
-    def recorder(input: torch.Tensor, target: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:  # noqa: A002
-        calls.append((input, target))
-        return input.new_zeros(())
-
-    names = [k for k, v in ns.items() if v is original]
-    F.cross_entropy = recorder
-    for k in names:
-        ns[k] = recorder
-    try:
-        yield calls
-    finally:
-        F.cross_entropy = original
-        for k in names:
-            ns[k] = original
-
-
-class LogitsFromLoss(nn.Module):
-    """forward(input_ids [B, T]) -> the logits [B, T, V] the wrapped GPT passed to its cross_entropy."""
-
-    def __init__(self, gpt: nn.Module, ns: dict[str, Any]):
-        super().__init__()
-        self.gpt = gpt
-        self._ns = ns
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        B, T = input_ids.shape
-        with captured_cross_entropy(self._ns) as calls:
-            self.gpt(input_ids, input_ids)
-        if len(calls) != 1:
-            raise LegacyError(
-                f"the record's GPT.forward called cross_entropy {len(calls)} times; the wrapper needs exactly one"
-            )
-        logits, target = calls[0]
-        if target.numel() != B * T or not torch.equal(target.reshape(-1), input_ids.reshape(-1)):
-            raise LegacyError(
-                "the record's GPT.forward passed cross_entropy targets other than the ones given; cannot align logits"
-            )
-        if logits.ndim == 2 and logits.shape[0] == B * T:
-            return logits.reshape(B, T, -1)
-        if logits.ndim == 3 and logits.shape[:2] == (B, T):
-            return logits
-        raise LegacyError(
-            f"cross_entropy received logits of shape {tuple(logits.shape)}; expected ({B * T}, V) or ({B}, {T}, V)"
-        )
+def eval_settings(hp: dict[str, Any]) -> dict[str, Any]:
+    """The record's own evaluation settings: window length and sliding stride."""
+    seq_len = int(hp.get("eval_seq_len") or hp.get("train_seq_len") or 1024)
+    stride = int(hp.get("eval_stride") or 0)
+    return {
+        "seq_len": seq_len,
+        "mode": "sliding" if 0 < stride < seq_len else "standard",
+        "stride": stride if 0 < stride < seq_len else None,
+        "ttt": bool(hp.get("ttt_enabled", False)),
+    }
 
 
 # ---- Scoring ----
@@ -416,6 +408,24 @@ def find_script(record_dir: Path, script: str | None) -> Path:
     return found[0]
 
 
+def _compressor(artifact: Path) -> str:
+    head = artifact.read_bytes()[:6]
+    if head[:4] == b"\x28\xb5\x2f\xfd":
+        return "zstd"
+    if head[:6] == b"\xfd7zXZ\x00":
+        return "lzma"
+    return "zlib" if head[:1] == b"\x78" else "other (brotli or raw lzma)"
+
+
+def _worker_error(e: WorkerFailure) -> LegacyError:
+    """One clear message from the worker's report: its exception's own lines, not the traceback."""
+    lines = str(e).strip().splitlines()
+    starts = [i for i, ln in enumerate(lines) if _EXC_LINE.match(ln)]
+    text = " ".join(ln.strip() for ln in lines[starts[-1] :]) if starts else (lines or ["no message"])[-1]
+    text = _EXC_LINE.sub(lambda m: f"{m.group(1).rsplit('.', 1)[-1]}: ", text, count=1)
+    return LegacyError(f"the record's model failed in the model worker ({e.kind}): {text[:800]}")
+
+
 def score_legacy(
     record_dir: str | Path,
     artifact: str | Path,
@@ -426,50 +436,91 @@ def score_legacy(
     script: str | None = None,
     device: str = "cpu",
     cap_bytes: int = ARTIFACT_CAP_BYTES,
+    sandbox: str = "auto",
+    probe_cfg: ProbeConfig | None = None,
 ) -> dict[str, Any]:
-    """Build the record's model from its script, load its artifact, score it; the "pg-legacy-score" record."""
+    """Score a record's artifact with the record's model built in a confined worker; the "pg-legacy-score" record."""
     t0 = time.perf_counter()
-    record_dir, artifact = Path(record_dir), Path(artifact)
+    record_dir, artifact, data_dir = Path(record_dir), Path(artifact), Path(data_dir)
+    if not artifact.is_file():
+        raise FileNotFoundError(f"artifact not found: {artifact}")
     script_path = find_script(record_dir, script)
-    hp = read_hyperparameters(script_path, hparams or {})
-    ns, skipped = exec_definitions(script_path)
-    gpt_cls = ns.get("GPT")
-    if not isinstance(gpt_cls, type) or not issubclass(gpt_cls, nn.Module):
-        raise LegacyError(
-            f"{script_path} defines no class GPT(nn.Module) among its definitions (skipped: {skipped[:5]})"
-        )
-    kwargs = gpt_kwargs(script_path, gpt_cls, hp)
-    state = load_legacy_artifact(artifact)
-    dev = torch.device(device)
-    if dev.type == "cpu":
-        tune_cpu_allocator()
-    gpt = gpt_cls(**kwargs)
-    try:
-        gpt.load_state_dict(state, strict=True)
-    except RuntimeError as e:
-        raise LegacyError(
-            f"the artifact does not fit GPT({kwargs}) (set the run's settings with --hparam NAME=VALUE): {e}"
-        ) from e
-    model = LogitsFromLoss(gpt.float().to(dev).eval(), ns)
-    cfg = cfg or EvalConfig(seq_len=int(hp.get("train_seq_len", 1024)))
+    source, packaging = script_source(script_path)
+    tree = _parse(source, script_path)
+    refuse_missing(tree, script_path)
+    hp = hyperparameters_of(tree, script_path, hparams or {})
+    kwargs, call_exprs = gpt_call(tree, script_path, hp)
+    settings = eval_settings(hp)
+    cfg = cfg or EvalConfig(seq_len=settings["seq_len"], mode=settings["mode"], stride=settings["stride"])
+    pcfg = probe_cfg or ProbeConfig()
     manifest = load_manifest(data_dir)
     tokenizer = load_tokenizer(manifest.tokenizer_path)
     table = tokenizer.byte_table()
-    tokens = read_split(data_dir, "val")
-    pcfg = ProbeConfig()
-    plan = plan_probes(batch_count(tokens, cfg, tokenizer.bos_id), pcfg)
-    res = evaluate(model, tokens, table, cfg, dev, bos_id=tokenizer.bos_id, keep_batches=plan.batches)
+    dev_name = device if device != "cpu" else "cpu"
+    with tempfile.TemporaryDirectory(prefix="pgolf-legacy-") as tmp:
+        run_script = script_path
+        if packaging:  # the decoded source, for the worker to read
+            run_script = Path(tmp) / SCRIPT_NAME
+            run_script.write_text(source, encoding="utf-8")
+        wcfg = WorkerConfig(
+            code_dir=run_script,
+            artifact=artifact,
+            device=dev_name,
+            dtype=cfg.dtype,
+            threads=torch.get_num_threads(),
+            vocab_size=table.vocab_size,
+            max_tokens_per_batch=cfg.batch_seqs * cfg.seq_len,
+            sandbox=sandbox,
+            protected=(data_dir, manifest.root),
+            memory_limit_bytes=default_memory_limit_bytes() if device == "cpu" else 0,
+            legacy={
+                "script": str(run_script),
+                "gpt_kwargs": kwargs,
+                "gpt_call": call_exprs,
+                "hyperparameters": {k: v for k, v in hp.items() if isinstance(v, int | float | str | bool)},
+            },
+        )
+        workers: list[WorkerModel] = []
+        try:
+            main = start_worker(wcfg)
+            workers.append(main)
+            main.start()  # builds while this process reads the data; probe workers wait idle
+            probe_workers = [
+                start_worker(dataclasses.replace(wcfg, role="probe")) for _ in range(pcfg.probes)
+            ]
+            workers += probe_workers
+            tokens = read_split(data_dir, "val")
+            main.wait_ready()
+            dev = torch.device(device)
+            plan = plan_probes(batch_count(tokens, cfg, tokenizer.bos_id), pcfg)
+            res = evaluate(
+                main,
+                tokens,
+                table,
+                cfg,
+                dev,
+                bos_id=tokenizer.bos_id,
+                keep_batches=plan.batches,
+                shuffle_seed=plan.seed,
+            )
+            for w in probe_workers:
+                w.start()
 
-    def fresh_models() -> Iterator[LocalModel]:  # a new model from the artifact for each probe forward
-        while True:
-            m = gpt_cls(**kwargs)
-            m.load_state_dict(state, strict=True)
-            yield LocalModel(LogitsFromLoss(m.float().to(dev).eval(), ns), cfg.dtype)
+            def fresh() -> Iterator[WorkerModel]:
+                for w in probe_workers:
+                    w.wait_ready()
+                    yield w
 
-    probes = run_probes(
-        plan, res.kept, fresh_models(), eval_tokens(tokens, cfg), pcfg, total_batches=res.batches
-    )
-    code_bytes = len(script_path.read_text(encoding="utf-8").encode("utf-8"))
+            probes = run_probes(
+                plan, res.kept, fresh(), eval_tokens(tokens, cfg), pcfg, total_batches=res.batches
+            )
+            isolation = main.describe()
+        except WorkerFailure as e:
+            raise _worker_error(e) from e
+        finally:
+            for w in workers:
+                w.close()
+    code_bytes = len(script_path.read_text(encoding="utf-8").encode("utf-8"))  # as the reference counts
     model_bytes = artifact.stat().st_size
     claimed = (
         read_json(record_dir / "submission.json", what="record metadata")
@@ -494,18 +545,23 @@ def score_legacy(
         "eval_subset_max_tokens": cfg.max_tokens,
         "eval_windows": res.windows,
         "eval_time_s": res.eval_time_s,
+        "record_eval_settings": settings,
+        "ttt_applied": False,
         "bytes_code": code_bytes,
         "bytes_model": model_bytes,
         "cap_bytes": cap_bytes,
         "within_cap": code_bytes + model_bytes <= cap_bytes,
         "probes": probes,
         "script": str(script_path),
+        "script_packaging": packaging or ["plain"],
         "script_sha256": sha256_file(script_path),
         "artifact_sha256": sha256_file(artifact),
-        "artifact_loader": "zlib + torch.load(weights_only=True)",
+        "artifact_compressor": _compressor(artifact),
+        "artifact_loader": "in the model worker: decompress + torch.load(weights_only=True)",
+        "worker": isolation,
         "hyperparameters": hp,
         "gpt_kwargs": kwargs,
-        "skipped_statements": skipped,
+        "gpt_call_in_worker": call_exprs,
         "claimed": {
             k: claimed[k]
             for k in ("val_loss", "val_bpb", "bytes_total")
@@ -515,7 +571,7 @@ def score_legacy(
             k: claimed[k] - scored[k] for k in scored if isinstance(claimed.get(k), int | float)
         },
         "data_dir": str(data_dir),
-        "device": dev.type,
+        "device": device,
         "score_wall_s": time.perf_counter() - t0,
     }
 
@@ -527,18 +583,15 @@ def cmd_verify_legacy(args: argparse.Namespace) -> int:
         if not sep:
             raise ValueError(f"--hparam {item!r}: expected NAME=VALUE, e.g. --hparam NUM_LAYERS=10")
         overrides[k.strip()] = v.strip()
-    seq_len = args.seq_len or int(
-        read_hyperparameters(find_script(Path(args.record), args.script), overrides).get(
-            "train_seq_len", 1024
-        )
-    )
+    settings = eval_settings(read_hyperparameters(find_script(Path(args.record), args.script), overrides))
+    mode = args.mode or settings["mode"]
     cfg = EvalConfig(
-        mode=args.mode,
-        seq_len=seq_len,
+        mode=mode,
+        seq_len=args.seq_len or settings["seq_len"],
         batch_seqs=args.batch_seqs,
         max_tokens=args.max_tokens or None,
         dtype=args.dtype,
-        stride=args.stride or None,
+        stride=args.stride or (settings["stride"] if mode == "sliding" else None),
     )
     rec = score_legacy(
         args.record,
@@ -565,20 +618,22 @@ def cmd_verify_legacy(args: argparse.Namespace) -> int:
     )
     for k, d in rec["claimed_minus_scored"].items():
         print(f"  claimed {k} {rec['claimed'][k]} vs scored {rec[k]:.6f} (claimed - scored = {d:+.6g})")
-    print(f"  probes passed; {len(rec['skipped_statements'])} top-level statement(s) not executed")
+    print("  scored in a confined model worker; probes passed in fresh workers")
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "verify-legacy",
-        help="score a reference-format record (train_gpt.py + int8/zlib artifact) with the trusted scorer",
+        help="score a reference-format record (its training script + the artifact its serializer wrote) with the trusted scorer",
     )
     p.add_argument(
         "record", help="the record folder (train_gpt.py, optional submission.json with the claimed numbers)"
     )
     p.add_argument(
-        "--artifact", required=True, help="the record's int8_clean_per_row_v1 artifact (final_model.int8.ptz)"
+        "--artifact",
+        required=True,
+        help="the artifact the record's serializer wrote (e.g. final_model.int8.ptz)",
     )
     p.add_argument(
         "--data", required=True, help="dataset folder with the validation shards and the tokenizer"
@@ -591,8 +646,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="NAME=VALUE",
         help="a Hyperparameters value the run set by env var",
     )
-    p.add_argument("--mode", default="standard", choices=EVAL_MODES)
-    p.add_argument("--seq-len", type=int, default=0, help="window length (0: the script's train_seq_len)")
+    p.add_argument(
+        "--mode",
+        default="",
+        choices=("", *EVAL_MODES),
+        help="default: the script's own (sliding if it sets eval_stride)",
+    )
+    p.add_argument(
+        "--seq-len", type=int, default=0, help="window length (0: the script's eval_seq_len or train_seq_len)"
+    )
     p.add_argument("--stride", type=int, default=0)
     p.add_argument("--batch-seqs", type=int, default=32)
     p.add_argument(

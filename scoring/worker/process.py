@@ -87,6 +87,11 @@ class Worker:
         from scoring.score.evaluate import output_kind
         from scoring.score.loading import load_model
 
+        if self.spec.get("legacy"):  # a reference-challenge record's script (scoring/worker/legacy.py)
+            from scoring.worker.legacy import build_legacy
+
+            self.model, _ = build_legacy(self.spec["legacy"], Path(self.spec["artifact"]), self.device)
+            return output_kind(self.model)
         code = Path(self.spec["code_dir"])
         artifact = read_artifact(self.spec["artifact"])
         state = decode_state(artifact, artifact_codec(artifact, code))  # checks the code hashes first

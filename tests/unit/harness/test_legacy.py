@@ -1,6 +1,7 @@
 """`pgolf verify-legacy`: a reference-format record (one training script + its int8/zlib artifact) is
-scored by the trusted scorer without running the script's top level or training, its artifact is
-loaded without arbitrary unpickling, and its bytes are counted as the reference counts them.
+scored by the trusted scorer while the record's code runs only in a confined model worker (never the
+script's top level or training), its artifact is loaded without arbitrary unpickling, and its bytes
+are counted as the reference counts them.
 
 The record is tests/fixtures/legacy/tiny_record; the artifact is made here with the script's own
 export function (random weights)."""
@@ -19,16 +20,10 @@ import pytest
 import torch
 
 from data.shards import read_split
-from harness.records.legacy import (
-    LegacyError,
-    exec_definitions,
-    gpt_kwargs,
-    load_legacy_artifact,
-    read_hyperparameters,
-    score_legacy,
-)
+from harness.records.legacy import LegacyError, gpt_call, read_hyperparameters, score_legacy, script_source
 from scoring.artifact.codecs.int8_zlib import Int8Zlib
 from scoring.score.evaluate import EvalConfig
+from scoring.worker.legacy import exec_definitions, load_legacy_artifact
 from tests.conftest import REPO
 from tests.unit.scoring.test_eval_support import _one_thread  # noqa: F401 (fixture)
 
@@ -44,9 +39,17 @@ def sentinel(tmp_path, monkeypatch):
     return path
 
 
+def static_kwargs(script=SCRIPT, overrides=None):
+    import ast
+
+    return gpt_call(
+        ast.parse(script_source(script)[0]), script, read_hyperparameters(script, overrides or {})
+    )[0]
+
+
 def make_artifact(path, overrides=None, seed=0):
-    ns, _ = exec_definitions(SCRIPT)
-    kwargs = gpt_kwargs(SCRIPT, ns["GPT"], read_hyperparameters(SCRIPT, overrides or {}))
+    ns, _ = exec_definitions(SCRIPT)  # the record's code, in the test process (never in the scorer)
+    kwargs = static_kwargs(SCRIPT, overrides)
     torch.manual_seed(seed)
     gpt = ns["GPT"](**kwargs)
     path.write_bytes(ns["export_int8"](gpt.state_dict()))  # the record's own export
@@ -57,7 +60,9 @@ def test_a_record_is_scored_without_running_its_script(tmp_path, tiny_dataset, s
     state, ns = make_artifact(tmp_path / "final_model.int8.ptz")
     rec = score_legacy(RECORD, tmp_path / "final_model.int8.ptz", tiny_dataset, cfg=CFG)
     assert not sentinel.exists(), "the script's top level ran"
-    skipped = "\n".join(rec["skipped_statements"])
+    assert rec["worker"]["role"] == "main" and rec["worker"]["reported"]["NoNewPrivs"] == "1"
+    _, skipped_list = exec_definitions(SCRIPT)  # what the worker executes, seen here in a test
+    skipped = "\n".join(skipped_list)
     assert "PG_LEGACY_SENTINEL" in skipped and "PG_LEGACY_COMPILE" in skipped and "__name__" in skipped
     assert "CONTROL_TENSOR_NAME_PATTERNS" in skipped and "flash_attn_interface" in skipped
     assert (
@@ -66,7 +71,7 @@ def test_a_record_is_scored_without_running_its_script(tmp_path, tiny_dataset, s
     assert rec["bytes_code"] == len(SCRIPT.read_text(encoding="utf-8").encode("utf-8"))
     assert rec["bytes_model"] == (tmp_path / "final_model.int8.ptz").stat().st_size
     assert rec["bytes_total"] == rec["bytes_code"] + rec["bytes_model"] and rec["within_cap"]
-    assert rec["probes"]["passed"] and rec["artifact_loader"] == "zlib + torch.load(weights_only=True)"
+    assert rec["probes"]["passed"] and rec["artifact_compressor"] == "zlib"
     assert rec["gpt_kwargs"]["model_dim"] == 136 and rec["gpt_kwargs"]["tie_embeddings"] is True
     assert set(rec["claimed_minus_scored"]) == {"val_loss", "val_bpb", "bytes_total"}
     # The record's own loss (its forward returns the mean cross-entropy), window by window, agrees.
@@ -120,7 +125,7 @@ def test_an_artifact_that_would_run_code_is_refused(tmp_path):
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_malformed_artifacts_are_named(tmp_path):
     (tmp_path / "raw.ptz").write_bytes(b"not compressed")
-    with pytest.raises(LegacyError, match="not zlib-compressed"):
+    with pytest.raises(LegacyError, match="not a zlib, zstd, lzma or brotli stream"):
         load_legacy_artifact(tmp_path / "raw.ptz")
     buf = io.BytesIO()
     torch.save({"__quant_format__": "int6_v9", "quantized": {}}, buf)
