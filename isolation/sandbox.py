@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -207,6 +208,8 @@ class SandboxPlan:
     """KERNEL_LAYERS this machine could not give the phase."""
     allowed_missing: tuple[str, ...] = ()
     """The layers an official explicitly allowed to be missing (recorded; only these may be skipped)."""
+    memory_limit_bytes: int = 0
+    """RLIMIT_AS set before exec, inherited by every process of the phase (each gets it); 0: none."""
 
     @property
     def landlock(self) -> bool:
@@ -238,6 +241,7 @@ class SandboxPlan:
             "required": self.mode == "required",
             "allow_missing": list(self.allowed_missing),
             "seccomp": self.seccomp,
+            "memory_limit_bytes": self.memory_limit_bytes,
         }
 
     def describe(self) -> dict[str, Any]:
@@ -255,6 +259,7 @@ class SandboxPlan:
             "protected": list(self.protected),
             "missing_layers": list(self.missing_layers),
             "missing_allowed_by_official": [m for m in self.allowed_missing if m in self.missing_layers],
+            "memory_limit_bytes_per_process": self.memory_limit_bytes or None,
             "warnings": list(self.warnings),
         }
 
@@ -276,6 +281,7 @@ def plan_sandbox(
     seccomp: bool = False,
     allow_missing: Iterable[str] = (),
     phase: str = "phase",
+    memory_limit_bytes: int = 0,
 ) -> SandboxPlan:
     """Decide the sandbox for one phase.
 
@@ -293,6 +299,8 @@ def plan_sandbox(
     if network not in NETWORK_MODES:
         raise ValueError(f"launch.network must be one of {NETWORK_MODES}, got {network!r}")
     prot = sorted({os.path.realpath(p) for p in protected})
+    if memory_limit_bytes < 0:
+        raise ValueError(f"memory_limit_bytes must be >= 0, got {memory_limit_bytes}")
     if mode == "off":
         return SandboxPlan(
             mode="off",
@@ -369,6 +377,7 @@ def plan_sandbox(
         seccomp=seccomp and seccomp_supported(),
         missing_layers=missing,
         allowed_missing=allowed,
+        memory_limit_bytes=memory_limit_bytes,
     )
 
 
@@ -409,6 +418,9 @@ def enter(policy_path: str, argv: Sequence[str]) -> NoReturn:
         ("seccomp", "seccomp", policy.get("seccomp"), apply_seccomp),
     ]
     allowed = set(policy.get("allow_missing", ()))
+    if policy.get("memory_limit_bytes"):  # not a kernel feature that may be missing: it always applies
+        limit = int(policy["memory_limit_bytes"])
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     for name, layer, wanted, apply in layers:
         if not wanted:
             continue

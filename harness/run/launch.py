@@ -58,6 +58,7 @@ import torch
 from tqdm import tqdm
 
 from data.shards import read_header
+from harness.run.load import load_between, read_load
 from harness.train.clock import BudgetConfig
 from harness.train.wire import MAX_FDS_PER_MESSAGE, MAX_MESSAGE_BYTES, MAX_SOCKET_PATH_BYTES, decode, encode
 from isolation.processes import (
@@ -92,6 +93,11 @@ class LaunchConfig:
     """auto: on one node and as root, a network namespace with loopback only; host: the machine's network."""
     sandbox_read_paths: str = ""
     """Extra folders training may read (os.pathsep-separated), e.g. a GPU driver's libraries outside /usr and /opt."""
+    memory_limit_bytes: int = -1
+    """Command line only. On CPU, each process of the train phase (every rank) gets this address-space limit
+    (RLIMIT_AS): -1, three quarters of the machine's memory divided among the node's ranks; 0, none.
+    An allocation past it fails in the rank and the run ends `out_of_memory` instead of taking the machine.
+    On CUDA none (CUDA reserves more virtual memory than any such limit)."""
     allow_missing_layers: str = ""
     """An official's decision, command line only (`--allow-missing-layer NAME`): comma-separated isolation
     layers (isolation.sandbox.KERNEL_LAYERS) a "required" sandbox may run without on this machine; recorded."""
@@ -116,6 +122,10 @@ class LaunchConfig:
         if self.network not in ("auto", "host"):
             raise ValueError(f"launch.network must be 'auto' or 'host', got {self.network!r}")
         parse_layers(self.allow_missing_layers)
+        if self.memory_limit_bytes < -1:
+            raise ValueError(
+                f"launch.memory_limit_bytes must be -1 (auto), 0 (none) or a byte count, got {self.memory_limit_bytes}"
+            )
 
     def resolved_device(self) -> str:
         if self.device == "auto":
@@ -131,6 +141,18 @@ class LaunchConfig:
                 f"HINT: --nproc {torch.cuda.device_count()} (gradient accumulation keeps the global batch)"
             )
         return self.device
+
+    def memory_limit_per_process_bytes(self, device: str) -> int:
+        """The RLIMIT_AS each process of the train phase gets on `device` (0: none)."""
+        if device != "cpu" or self.memory_limit_bytes == 0:
+            return 0
+        if self.memory_limit_bytes > 0:
+            return self.memory_limit_bytes
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            return 0
+        return int(total * 3 // 4 // self.nproc_per_node)
 
     def threads_per_rank(self) -> int:
         return self.threads or max(1, (os.cpu_count() or 1) // self.nproc_per_node)
@@ -532,6 +554,8 @@ class PhaseOutcome:
     clock: dict[str, Any] = field(default_factory=dict)
     """How the supervisor's clock ran: why the credit, what ended the clock, refused requests, the state's sha256."""
     leftover_pids: list[int] = field(default_factory=list)
+    load: dict[str, Any] = field(default_factory=dict)
+    """The machine's load over the phase (harness/run/load.py): other processes' CPU use, contended."""
 
 
 def supervise(
@@ -552,6 +576,7 @@ def supervise(
     """
     wire.open()
     pidfd: int | None = None
+    load_start = read_load()  # two readings, at the ends: nothing on the measured path
     try:
         t_launch = time.monotonic()
         timed = math.isfinite(budget.train_s)
@@ -606,6 +631,7 @@ def supervise(
         kill_session(proc)  # the session's leftovers
         pump.join(timeout=5)
         leftovers = reap_token_processes(token, leftover_wait_s)
+        load = load_between(load_start, read_load())
         state_problem = wire.verify_state()  # every process of the phase is gone: no writer is left
     finally:
         if pidfd is not None:
@@ -644,4 +670,5 @@ def supervise(
             "state_problem": state_problem or None,
         },
         leftover_pids=leftovers,
+        load=load,
     )

@@ -64,6 +64,7 @@ from harness.train.rank import (
 from isolation.monitor import parse_attempts
 from isolation.processes import die_with_parent, kill_session, reap_token_processes
 from isolation.sandbox import TOKEN_ENV, WARNING_PREFIX, SandboxPlan, parse_layers, plan_sandbox
+from scoring.worker.process import OOM_MARKERS
 
 PACK_STARTUP_S = 30.0
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -280,6 +281,7 @@ def run_train_phase(
         extra_read=[p for p in launch.sandbox_read_paths.split(os.pathsep) if p],
         allow_missing=parse_layers(launch.allow_missing_layers),
         phase="train phase",
+        memory_limit_bytes=launch.memory_limit_per_process_bytes(device),
     )
     if "net" in plan.namespaces:
         env.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
@@ -383,6 +385,7 @@ def run_train_phase(
             "threads_per_rank": launch.threads_per_rank(),
         },
         "isolation": isolation,
+        "machine_load": outcome.load,  # the supervisor's readings (harness/run/load.py), not the rank's
     }
     train_json = run_dir / TRAIN_RECORD
     if outcome.status == "ok":
@@ -425,7 +428,29 @@ def run_train_phase(
         killed = [f"rank {f['rank']} killed by {f['signal']}" for f in record["rank_failures"] if f["signal"]]
         if killed and outcome.status == "error":
             record["detail"] = f"{outcome.detail}: {', '.join(killed)}"
+        if record["status"] == "error" and ran_out_of_memory(record):
+            limit = plan.memory_limit_bytes
+            record.update(
+                status="out_of_memory",
+                detail=f"training ran out of memory ({record['detail']}); each process of the phase may use "
+                + (
+                    f"{limit:,} bytes of address space (launch.memory_limit_bytes)"
+                    if limit
+                    else "the machine's memory"
+                ),
+            )
     return record
+
+
+def ran_out_of_memory(record: dict[str, Any]) -> bool:
+    """A failed train phase whose ranks failed for want of memory: an allocation refused (the address-space
+    limit, or the machine's), or a rank killed by SIGKILL that the supervisor did not send (the kernel's OOM
+    killer). The rank's own text only picks between two failures; it can never make a run ok."""
+    texts = list(record.get("errors", {}).values())
+    if any(marker in text for text in texts for marker in (*OOM_MARKERS, "MemoryError")):
+        return True
+    # SIGKILL with no rank reporting an exception (torchrun may SIGKILL the others after one failed)
+    return not texts and any(f.get("signal") == "SIGKILL" for f in record.get("rank_failures", []))
 
 
 # ---- A submission's codec: encoded on the clock, in the sandbox ----
@@ -474,6 +499,7 @@ def run_sealed_pack(
             extra_read=[p for p in launch.sandbox_read_paths.split(os.pathsep) if p],
             allow_missing=parse_layers(launch.allow_missing_layers),
             phase="sealed pack",
+            memory_limit_bytes=launch.memory_limit_per_process_bytes("cpu"),
         )
         cmd = pack_command(
             stage / STATE_FILE, submission_dir, out / "artifact.pgolf", codec="submission", cap_bytes=cap_bytes,

@@ -200,3 +200,27 @@ def test_a_missing_or_malformed_submission_json_is_one_line_before_anything_runs
                        cwd=REPO, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert r.returncode == 2 and why in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "run").exists()
+
+
+GREEDY = """
+
+_train = train
+
+
+def train(ctx):  # noqa: F811 - takes 3 GB of memory, each byte touched, before training
+    import torch
+
+    hoard = torch.ones(3 * 1024**3, dtype=torch.uint8)
+    return _train(ctx) if hoard.sum() > 0 else None
+"""
+
+
+def test_training_past_its_memory_limit_is_out_of_memory(tiny_dataset, tmp_path):
+    """Each process of the train phase gets an address-space limit (launch.memory_limit_bytes, command line
+    only): an allocation past it fails in the rank, and the run ends out_of_memory, not a machine in trouble."""
+    folder = hostile(tmp_path, GREEDY)
+    result, lines = run(folder, tiny_dataset, tmp_path, "launch.memory_limit_bytes=2_500_000_000")
+    train = result["phases"]["train"]
+    assert result["status"] == lines[-1]["status"] == "out_of_memory", train
+    assert "2,500,000,000 bytes of address space" in train["detail"]
+    assert train["isolation"]["memory_limit_bytes_per_process"] == 2_500_000_000
