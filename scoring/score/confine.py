@@ -1,24 +1,22 @@
-"""The scorer confines itself before it runs the submission's code on validation data.
+"""The scorer confines itself once it has read the validation data.
 
-`pgolf score` (the run's score phase and `pgolf verify` use it) reads everything it needs first:
-the artifact, the manifest, the tokenizer and the validation tokens (kept in memory); it builds the
-model and imports the adaptation hook. Then, before the first forward pass, it restricts itself
-with Landlock (isolation/landlock.py), irreversibly, for itself and anything it starts:
+`pgolf score` (the run's score phase and `pgolf verify` use it) runs no submitted code: the model,
+its codec and its eval.py hook run in model workers (scoring/worker/, confined before they import
+anything of the submission). The scorer reads everything it needs first (the artifact, the manifest,
+the tokenizer and the validation tokens, kept in memory), then restricts itself with Landlock
+(isolation/landlock.py), irreversibly, for itself and anything it starts later:
 
-- reads only beneath the system folders, the Python installation, the project's `scoring` and
-  `data` packages and the submission's code folder; the dataset folder (both splits) and every
-  validation shard are outside every rule (folders that hold them are carved), and so is the
-  temp folder, where runs stage their views;
-- writes only beneath the folder of the requested output file and a private temp folder (set
-  as TMPDIR and as the torch.compile / Triton cache before the model is built);
+- reads only beneath the system folders, the Python installation, the project's `scoring`, `data`
+  and `isolation` packages and the submission's code folder (hashes only; never imported); the
+  dataset folder (both splits) and every validation shard are outside every rule (folders that hold
+  them are carved), and so is the temp folder, where runs stage their views;
+- writes only beneath the folder of the requested output file and a private temp folder;
 - the usual device files, and the GPUs when scoring on CUDA; with Landlock ABI >= 6 no signal
   reaches a process outside.
 
-So a model that reaches for the validation files at score time through a path the static check
-(scoring/codecheck.py) cannot see gets PermissionError. What stays possible in-process: reading
-the tokens the scorer holds in memory, which the static check and the tool guard make hard, and
-no more (see codecheck.py). Without Landlock (other kernels, other systems) the score runs
-unconfined and says so in its record; `--no-confine` turns it off on purpose (also recorded).
+So even a bug that let submitted code into this process could not reach the validation files by path.
+Without Landlock (other kernels, other systems) the scorer runs unconfined and says so in its record;
+`--no-confine` turns it off on purpose (also recorded).
 """
 
 from __future__ import annotations
