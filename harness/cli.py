@@ -1,7 +1,7 @@
 """`pgolf`: the one command line of the harness.
 
     pgolf run SUBMISSION_DIR [--preset NAME] [--seed N] [--data DIR] [--out RUN_DIR] [--set SECTION.KEY=VALUE ...]
-              [--nproc N] [--nnodes M --rdzv-endpoint HOST:PORT]
+              [--nproc N] [--nnodes M --rdzv-endpoint HOST:PORT] [--wandb disabled|offline|online]
     pgolf pack STATE.safetensors --submission DIR --out ARTIFACT [--codec int8_zlib] [--preset NAME]
     pgolf unpack ARTIFACT --out STATE.safetensors
     pgolf score ARTIFACT --submission DIR --data DIR [--json]      the sealed scorer (scoring/score/cli.py)
@@ -64,7 +64,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         seed=args.seed,
         data_dir=args.data,
         out_dir=args.out,
-        overrides=[*launch, *args.set],
+        overrides=[*launch, *([f"log.wandb={args.wandb!r}"] if args.wandb else []), *args.set],
         ledger=args.ledger,
     )
     return 0 if result["status"] == "ok" else 1
@@ -112,6 +112,7 @@ def pack_command(
 
 def register(sub: argparse._SubParsersAction) -> None:
     """`run` and `pack` (the commands this module implements)."""
+    from harness.records.tracking import WANDB_MODES
     from scoring.artifact.cap import ARTIFACT_CAP_BYTES
 
     p = sub.add_parser("run", help="train, pack, score and report a submission")
@@ -138,6 +139,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="LAYER",
         help="an official's decision: on a track that requires every isolation layer, accept that this machine "
         "lacks LAYER (landlock, namespaces, network_namespace, signal_scoping, seccomp); recorded; repeatable",
+    )
+    p.add_argument(
+        "--wandb",
+        choices=WANDB_MODES,
+        help="track the run with wandb (log.wandb): offline writes RUN_DIR/wandb; never blocks or fails a run",
     )
     p.add_argument("--ledger", help="results ledger to append to (default: RUN_DIR/../ledger.jsonl)")
     p.set_defaults(func=cmd_run)

@@ -289,6 +289,7 @@ def card(result: dict[str, Any]) -> str:
             else ""
         ),
         *_isolation_lines(r),
+        *_plot_lines(r),
         f"└─ {r['run_dir']}/result.json",
     ]
     return "\n".join(lines)
@@ -303,6 +304,16 @@ def _isolation_lines(r: dict[str, Any]) -> list[str]:
     return [
         f"│ isolation     official override: ran without {allowed.replace(',', ', ')} (--allow-missing-layer)"
     ]
+
+
+def _plot_lines(r: dict[str, Any]) -> list[str]:
+    """The card's line for the training curve (harness/records/plot.py): its file, or why there is none."""
+    plot = (r.get("phases") or {}).get("plot")
+    if not isinstance(plot, dict):
+        return []
+    if plot.get("file"):
+        return [f"│ plot          {r['run_dir']}/{plot['file']}  (training loss against time and step)"]
+    return [f"│ plot          not drawn: {plot.get('error') or '?'} (the run's status is unchanged)"]
 
 
 def print_card(result: dict[str, Any]) -> None:

@@ -33,11 +33,13 @@ from data.io import read_json, write_json_atomic
 from data.manifest import Manifest, load_manifest, make_split_view
 from harness.cli import pack_command
 from harness.config import ResolvedConfig, validate_run
+from harness.records.plot import plot_run
 from harness.records.result import build_result, minimal_result, print_card, write_result
+from harness.records.tracking import Tracker, finish_tracking
 from harness.run.launch import LaunchConfig
 from harness.run.staging import folder_verdict, stage_folder, stage_model_code
 from harness.run.train_phase import run_sealed_pack, run_train_phase
-from harness.train.rank import STATE_FILE
+from harness.train.rank import METRICS_FILE, STATE_FILE
 from isolation.processes import die_with_parent
 from isolation.sandbox import missing_layers, parse_layers, probe_machine, require_layers
 from scoring.artifact.pack import PackRecord
@@ -136,15 +138,19 @@ def run_pipeline(
     run_dir.mkdir(parents=True, exist_ok=True)
     run_dir = run_dir.resolve()
     write_json_atomic(run_dir / "config.json", cfg.record())  # with the track rules it loosened
-    phases: dict[str, Any] = {}
+    phases: dict[str, Any] = {"command": {"overrides": list(overrides or [])}}  # as given
 
     # ---- 1. data ----
     t0 = time.perf_counter()
     data_root = Path(data_dir).resolve() if data_dir else ensure_embedded_dataset()
     manifest = load_manifest(data_root)
     phases["data"] = {"dir": str(data_root), "time_s": time.perf_counter() - t0, **data_identity(manifest)}
+    # wandb (off unless [log] / --wandb asks): init in its own thread, bounded; never blocks or fails the run
+    tags = [track.name, preset or "default", str(meta.get("name") or "")]
+    tracker = Tracker(cfg.section("log"), run_dir, tags=tags)
+    tracker.start()
     try:
-        return _phases(
+        result = _phases(
             submission_dir,
             run_dir,
             cfg,
@@ -157,13 +163,16 @@ def run_pipeline(
             device,
             ledger,
             t_pipeline,
+            tracker,
         )
     except Exception as e:  # noqa: BLE001 - every run that started ends with a result record
         phases.setdefault("harness", {})["traceback"] = "".join(traceback.format_exception(e))[-4000:]
         print(f"error: the run failed: {e}", file=sys.stderr)
-        return _finish(
+        result = _finish(
             run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="error", hint=str(e)
         )
+    print(f"[log] {finish_tracking(tracker, run_dir, result)}", flush=True)  # after the verdict
+    return result
 
 
 def data_identity(manifest: Manifest) -> dict[str, Any]:
@@ -209,6 +218,7 @@ def _phases(
     device: str,
     ledger: str | Path | None,
     t_pipeline: float,
+    tracker: Tracker | None = None,
 ) -> dict[str, Any]:
     run_cfg = cfg.section("run")
     budget = cfg.section("budget")
@@ -241,6 +251,8 @@ def _phases(
     with tempfile.TemporaryDirectory(prefix="pgolf-views-") as views_tmp:
         views = Path(views_tmp)
         # ---- 2. train ----
+        if tracker is not None:  # tailed by a thread as rank 0 appends to it (train_phase.py's OUT)
+            tracker.follow(views / "train-phase" / "out" / METRICS_FILE)
         # staged in its own folder (train view, submission copy, spec), sandboxed, supervised: harness/run/train_phase.py
         phases["train"] = run_train_phase(
             submission_dir=submission_dir,
@@ -376,6 +388,10 @@ def _phases(
 def _finish(
     run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, *, status: str, hint: str = ""
 ) -> dict[str, Any]:
+    if "train" in phases:  # drawn after training, off the clock; a plot that fails is noted, never a verdict
+        seed = cfg.tables["run"]["seed"]
+        title = f"{meta.get('name') or run_dir.name} · {track.name} · preset {cfg.preset} · seed {seed}"
+        phases["plot"] = plot_run(run_dir, phases, title=title)
     ledger_path = Path(ledger) if ledger else run_dir.parent / "ledger.jsonl"
     try:
         result = build_result(

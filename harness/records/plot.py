@@ -1,0 +1,147 @@
+"""The training curve of a run, as a PNG beside its records: RUN_DIR/train_curve.png.
+
+    write_training_plot(run_dir / "metrics.jsonl", run_dir / "train_curve.png", val_loss=..., val_bpb=...)
+
+Two panels: the training loss (nats/token) against the training time (the rank's `elapsed_s`, when its
+metrics carry it) and against the step, with the learning-rate scale (`lr_scale`, when logged) on a
+second axis. The scored point is marked at the end of training: it sits on the loss axis as val_loss
+(nats/token, the same unit as the training loss) and is labelled with val_bpb (bits/byte), the number
+that ranks. The metrics file is the rank's word, read with the same checks as the live tail
+(harness/records/tracking.py read_metrics); the marked point is the scorer's.
+
+Drawn after training, outside the measured path, with matplotlib's Agg backend (no display). A plot
+that cannot be drawn never changes a run's status: the caller records why on the card.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from data.io import write_bytes_atomic
+from harness.records.tracking import read_metrics
+from harness.train.rank import METRICS_FILE
+
+PLOT_FILE = "train_curve.png"
+PLOT_WIDTH_PX = 1200
+PLOT_HEIGHT_PX = 480
+_DPI = 100
+LOSS_KEY = "train_loss"
+TIME_KEY = "elapsed_s"
+LR_KEY = "lr_scale"
+
+
+def write_training_plot(
+    metrics_path: Path,
+    out_path: Path,
+    *,
+    title: str,
+    val_loss: float | None = None,
+    val_bpb: float | None = None,
+    train_time_s: float | None = None,
+) -> dict[str, Any]:
+    """Draw the curve of `metrics_path` into `out_path` (PNG, PLOT_WIDTH_PX x PLOT_HEIGHT_PX).
+
+    Returns {"file", "points", "skipped_lines"}; raises ValueError when there is nothing to draw
+    (no metrics file, or no line with a train_loss) and OSError when it cannot be written."""
+    if not metrics_path.is_file() and not metrics_path.is_symlink():
+        raise ValueError(f"no {metrics_path.name}: the submission logged no metrics (ctx.log.metrics)")
+    records, skipped, refused = read_metrics(metrics_path)
+    if refused:
+        raise ValueError(f"{refused}: not read")
+    pts = [r for r in records if LOSS_KEY in r]
+    if not pts:
+        raise ValueError(
+            f"{metrics_path.name} has no line with {LOSS_KEY} ({len(records)} lines, {skipped} skipped)"
+        )
+
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    from matplotlib.figure import Figure  # a bare Figure: no pyplot state, safe beside other threads
+
+    fig = Figure(figsize=(PLOT_WIDTH_PX / _DPI, PLOT_HEIGHT_PX / _DPI), dpi=_DPI, layout="constrained")
+    ax_time, ax_step = fig.subplots(1, 2)
+    fig.suptitle(title, fontsize=11)
+    steps = [r["step"] for r in pts]
+    losses = [r[LOSS_KEY] for r in pts]
+    timed = [r for r in pts if TIME_KEY in r]
+    end_step = max(steps)
+    end_time = train_time_s if train_time_s is not None else (timed[-1][TIME_KEY] if timed else None)
+    val_label = None
+    if val_loss is not None:
+        val_label = f"scored: val_loss {val_loss:.4f} nats/token"
+        val_label += f", val_bpb {val_bpb:.4f} bits/byte" if val_bpb is not None else ""
+
+    def panel(
+        ax: Any, xs: list[float], ys: list[float], lr: list[tuple[float, float]], xlabel: str, x_end: Any
+    ) -> None:
+        ax.plot(xs, ys, color="#0969da", linewidth=1.2, label="train_loss (the rank's)")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("loss (nats/token)")
+        ax.grid(True, color="#eaeef2")
+        if val_label is not None and x_end is not None:
+            ax.plot(
+                [x_end],
+                [val_loss],
+                marker="*",
+                markersize=14,
+                color="#cf222e",
+                linestyle="none",
+                label=val_label,
+            )
+        handles, labels = ax.get_legend_handles_labels()
+        top = ax
+        if lr:
+            ax2 = ax.twinx()
+            ax2.plot(
+                [x for x, _ in lr],
+                [v for _, v in lr],
+                color="#8c959f",
+                linewidth=1,
+                linestyle="--",
+                label=LR_KEY,
+            )
+            ax2.set_ylabel("learning-rate scale")
+            ax2.set_ylim(0, 1.35 * max(max(v for _, v in lr), 1e-12))  # headroom: the legend sits above it
+            h2, l2 = ax2.get_legend_handles_labels()
+            handles, labels, top = handles + h2, labels + l2, ax2
+        top.legend(handles, labels, loc="upper right", fontsize=8, framealpha=0.95)  # above both curves
+
+    if timed:
+        panel(
+            ax_time,
+            [r[TIME_KEY] for r in timed],
+            [r[LOSS_KEY] for r in timed],
+            [(r[TIME_KEY], r[LR_KEY]) for r in timed if LR_KEY in r],
+            "training time (s, the rank's clock)",
+            end_time,
+        )
+    else:
+        ax_time.set_axis_off()
+        ax_time.text(0.5, 0.5, f"the metrics carry no {TIME_KEY}:\nno time axis", ha="center", va="center")
+    panel(ax_step, steps, losses, [(r["step"], r[LR_KEY]) for r in pts if LR_KEY in r], "step", end_step)
+
+    from io import BytesIO
+
+    buf = BytesIO()
+    fig.savefig(buf, format="png", dpi=_DPI)
+    write_bytes_atomic(out_path, buf.getvalue())
+    return {"file": out_path.name, "points": len(pts), "skipped_lines": skipped}
+
+
+def plot_run(run_dir: Path, phases: dict[str, Any], *, title: str) -> dict[str, Any]:
+    """The run's plot, drawn from RUN_DIR/metrics.jsonl and the phases' records: {"file", "points",
+    "skipped_lines"}, or {"error"} saying why there is none. Never raises: a plot is not a verdict."""
+    score, train = phases.get("score") or {}, phases.get("train") or {}
+    try:
+        return write_training_plot(
+            run_dir / METRICS_FILE,
+            run_dir / PLOT_FILE,
+            title=title,
+            val_loss=score.get("val_loss") if "val_bpb" in score else None,
+            val_bpb=score.get("val_bpb"),
+            train_time_s=train.get("train_time_s"),
+        )
+    except Exception as e:  # noqa: BLE001 - plotting never changes a run's status; the card says why
+        return {"error": " ".join(f"{type(e).__name__}: {e}".split())[:300]}
