@@ -8,6 +8,7 @@
     pgolf verify | verify-legacy | compare | leaderboard | audit-tokenizer    records (harness/records/)
     pgolf data build|...      datasets (data/cli.py)
     pgolf sample ARTIFACT --submission DIR [--prompt TEXT]   generate text with a packed model
+    pgolf new NAME [--from BASELINE] | check DIR [--preset P]   scaffold an entry; pre-flight it (harness/)
     pgolf bench ...           benchmarks that print figures (harness/bench/, data/bench.py)
 
 Each command lives in the module named in COMMANDS and is imported only when it runs (a plain
