@@ -1,4 +1,5 @@
-"""Benchmarks that print figures (`pgolf bench ...`): the runner's overhead, the scorer's speed, the data path.
+"""Benchmarks that print figures (`pgolf bench ...`): the runner's overhead, the scorer's speed, the data path,
+the codecs' bytes and error.
 
 Speed targets live here, not in timed tests: each bench measures ratios side by side in one run.
 """
@@ -10,8 +11,9 @@ import argparse
 
 def register(sub: argparse._SubParsersAction) -> None:
     from data import bench as data_bench
-    from harness.bench import runner, score
+    from harness.bench import codecs, runner, score
 
     runner.register(sub)
     data_bench.register(sub)
     score.register(sub)
+    codecs.register(sub)

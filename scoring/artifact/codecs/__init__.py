@@ -6,7 +6,12 @@ One small interface. A codec is any object with:
     encode(state) -> bytes         state: dict[str, torch.Tensor] (CPU)
     decode(payload) -> state       must give back exactly the tensors the model loads
 
-Built-in codecs are registered in `CODECS`. A submission may bring its own in `codec.py`
+Built-in codecs are registered in `CODECS`: `int8_zlib` (the reference's packing, int8_zlib.py) and the
+family `QUANT_COMPRESSOR[_shuffle]` (rowquant.py: per-row int5-int8 or a mixed role table, an optional
+byte shuffle, zlib9/zstd22/lzma9/brotli11). A codec *spec* is a name, or for mixed_* a name with a role
+table (`mixed_zstd22:mlp=int5`); `get_codec` and `check_codec_spec` read specs.
+
+A submission may bring its own in `codec.py`
 (module-level NAME, VERSION, encode, decode); `load_submission_codec` loads it by path.
 """
 
@@ -21,6 +26,7 @@ import torch
 
 from harness.api import CODEC_ATTRS, CODEC_FILE
 from scoring.artifact.codecs.int8_zlib import Int8Zlib
+from scoring.artifact.codecs.rowquant import CODEC_GRAMMAR, codec_names, parse_codec
 
 StateDict = dict[str, torch.Tensor]
 
@@ -34,7 +40,7 @@ class Codec(Protocol):
     def decode(self, payload: bytes) -> StateDict: ...
 
 
-CODECS: dict[str, Codec] = {"int8_zlib": Int8Zlib()}
+CODECS: dict[str, Codec] = {"int8_zlib": Int8Zlib(), **{n: parse_codec(n) for n in codec_names()}}
 SUBMISSION_CODEC_FILE = CODEC_FILE
 
 
@@ -67,8 +73,20 @@ def get_codec(name: str, submission_dir: str | os.PathLike[str] | None = None) -
         if submission_dir is None:
             raise ValueError("codec 'submission' needs the submission folder")
         return load_submission_codec(submission_dir)
-    if name not in CODECS:
-        raise ValueError(
-            f"unknown codec {name!r}; built-in codecs: {', '.join(sorted(CODECS))}, or 'submission'"
-        )
-    return CODECS[name]
+    if name in CODECS:
+        return CODECS[name]
+    if ":" in name:  # a mixed codec with its role table
+        return parse_codec(name)
+    raise ValueError(f"unknown codec {name!r}; built-in codecs: int8_zlib, {CODEC_GRAMMAR}, or 'submission'")
+
+
+def check_codec_spec(spec: str) -> None:
+    """ValueError (one line, the allowed forms) unless `spec` names a built-in codec or a valid mixed table."""
+    if spec in CODECS:
+        return
+    try:
+        parse_codec(spec)
+    except ValueError as e:
+        if ":" in spec and spec.partition(":")[0] in CODECS:
+            raise  # a known name with a bad table: the table's own message
+        raise ValueError(f"{spec!r} is not a codec; {CODEC_GRAMMAR}") from e
