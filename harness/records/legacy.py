@@ -30,9 +30,36 @@ Where each part runs:
 - **Bytes**, as the reference counts them: the script file's bytes as shipped (compressed, for a
   self-extracting one) plus the artifact file's size.
 
-Records of openai/parameter-golf (records/track_10min_16mb) verified on CPU, each with an artifact
-written by the record's own serializer at a tiny shape (scripts/legacy_check.py), the bpb compared
-with the record's own `eval_val` on the same artifact and tokens: see docs/LEGACY.md.
+Measured on records of openai/parameter-golf (records/track_10min_16mb), CPU, Python 3.11: a scratch
+driver (kept outside the repository) built each record's model at a tiny shape (2 layers, dim 64,
+vocab 1024, seq 128; random weights, seed 0), wrote the artifact with the record's own serializer,
+ran the record's own `eval_val` on it, then `pgolf verify-legacy --mode standard --max-tokens 3072`
+(FineWeb, official sp1024 tokenizer, 4 validation docs):
+
+| record | layout (the record's serializer) | result | bpb verify-legacy | bpb record's eval_val | delta |
+| --- | --- | --- | --- | --- | --- |
+| 2026-03-17_NaiveBaseline | int8_clean_per_row_v1 + zlib-9 | loads, probes pass | 3.99939878 | 3.99939874 | +4.0e-08 |
+| 2026-03-18_LongContextSeq2048 | int8_clean_per_row_v1 + zlib-9 | loads | 3.99939878 | 3.99939874 | +4.0e-08 |
+| 2026-03-18_FP16Embed_WD3600 | int8_clean_per_row_v1 + zlib-9 | loads | 3.99939878 | 3.99939874 | +4.0e-08 |
+| 2026-03-19_10L_MixedPrecision | int8_clean_per_row_v1 + zlib-9 | loads | 3.99939878 | 3.99939874 | +4.0e-08 |
+| 2026-03-19_WarmdownQuantization | int8_clean_per_row_v1 + zlib-9 | loads | 3.99939878 | 3.99939874 | +4.0e-08 |
+| 2026-03-19_SlidingWindowEval | int8_clean_per_row_v1 + zlib-9 | loads | 3.99939878 | 3.99939874 | +4.0e-08 |
+| 2026-03-19_TrainingOptSeq4096 | int8_clean_per_row_v1 + zlib-9 | loads | 3.99939878 | 3.99939874 | +4.0e-08 |
+| 2026-03-19_MLP3x_QAT_Int6_SlidingWindow | int8_clean_per_row_v1 + zlib-9 (USE_ZSTD off by default) | loads | 3.99939878 | 3.99939874 | +4.0e-08 |
+| 2026-03-20_10L_Int5MLP_MuonWD04_SWA50 | int6 mixed {w, m} + zstd-22 | loads | 3.99826282 | 3.99826281 | +3.9e-09 |
+| 2026-03-20_Int6_MLP3x_SmearGate_BigramHash_MuonWD_SWA | int6 mixed {w, m} + zstd-22 | loads | 3.99826282 | 3.99826281 | +3.9e-09 |
+| 2026-03-23_LeakyReLU_LegalTTT_ParallelMuon | int6 + lzma | refused: needs flash_attn_interface (FlashAttention 3, CUDA only) | | | |
+| 2026-04-03_MuonEqR_DepthRecurrence_WD090_AllInt6 | self-extracting lzma + base85 (decoded) | refused: needs Python >= 3.12 (PEP 701 f-string, line 574) | | | |
+| 2026-04-09_SP8192_3LayerRecur_ParResid_QK525_LegalTTT | self-extracting lzma + base85 (decoded) | refused: needs Python >= 3.12 (line 266) | | | |
+| 2026-04-29_SmearGateBOSFix_3Seed_1.06141 | GPTQ + byte-shuffle + brotli | refused: needs flash_attn_interface, triton (CUDA only) | | | |
+
+At this tiny shape the early records' models coincide (they differ in training, not architecture),
+hence equal numbers. Every record folder dated 03-20 (FA3) onward that imports flash_attn_interface
+unconditionally is refused on a machine without it; the 04-03..04-09 self-extracting scripts decode
+and then need Python 3.12. Not done: the record's score-first TTT is not replayed (`ttt_applied`
+false in the record), and the harness's sliding plan aligns its last window to the end of the
+tokens, the records' own sliding eval starts windows at multiples of the stride (the same targets,
+different context for the tail), so sliding-mode numbers are compared only in standard mode here.
 """
 
 from __future__ import annotations
