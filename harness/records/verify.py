@@ -1,6 +1,12 @@
 """`pgolf verify RESULT_OR_RUN_DIR`: recompute every hash of a result's receipt and re-score its artifact.
 
-    pgolf verify RUN_DIR [--submission DIR] [--data DIR] [--device D] [--tol-bpb X] [--ledger FILE] [--json]
+    pgolf verify RUN_DIR... [--submission DIR] [--data DIR] [--device D] [--tol-bpb X] [--ledger FILE] [--json]
+                 [--executor inline|local|slurm] [--partition P] [--time-min M] [--cpus N] [--gpus N] ...
+
+Many folders: each is verified (inline: here, one after another; local or slurm: one job per result
+through submitit, harness/records/executors.py, which says what a job may report and how the
+verdict is decided on this side); one line per verdict, its differences, and a count; the exit
+status is 1 when any failed.
 
 Checks, each printed with what the result says and what was found:
 - the artifact's sha256 (the receipt, the pack record and the score record all name it), its size
@@ -284,6 +290,76 @@ def append_ledger(ledger: Path, record: dict[str, Any]) -> None:
         fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def read_result(path: str | os.PathLike[str]) -> tuple[Path, Path, dict[str, Any]]:
+    """(result.json, run folder, the result) from either path; a user error when it is not a pg-result."""
+    result_path, run_dir = locate(path)
+    result = read_json(result_path, what="result")
+    if result.get("format") != "pg-result":
+        raise ValueError(f"{result_path} is not a pg-result record (format {result.get('format')!r})")
+    return result_path, run_dir, result
+
+
+def resolve_inputs(
+    run_dir: Path,
+    result: dict[str, Any],
+    submission: str | os.PathLike[str] | None,
+    data: str | os.PathLike[str] | None,
+) -> tuple[Path | None, Path | None]:
+    """(code folder, data folder) the verification reads; None where not found (a failed check)."""
+    code_dir = code_folder(run_dir, submission, result)
+    if data is not None and not (Path(data) / MANIFEST_NAME).is_file():
+        raise FileNotFoundError(f"--data {data} is not a dataset folder (no {MANIFEST_NAME})")
+    recorded = (result.get("provenance") or {}).get("data_dir")
+    data_dir: Path | None = Path(data) if data else (Path(recorded) if recorded else None)
+    data_dir = data_dir if data_dir is not None and data_dir.is_dir() else None
+    return code_dir, data_dir
+
+
+def commit_verdict(
+    result_path: Path,
+    result: dict[str, Any],
+    record: dict[str, Any],
+    ledger: str | os.PathLike[str] | None,
+) -> None:
+    """Write a verdict: result.json's verification fields, RUN_DIR/verification.json, and the ledger line
+    (the given ledger, else RUN_DIR/../ledger.jsonl when it exists)."""
+    run_dir = result_path.parent
+    result["verification"] = record["status"]
+    result["verification_record"] = {k: v for k, v in record.items() if k != "checks"}
+    write_json_atomic(result_path, result)
+    write_json_atomic(run_dir / "verification.json", record)
+    ledger_path = Path(ledger) if ledger else run_dir.parent / "ledger.jsonl"
+    if ledger or ledger_path.is_file():
+        append_ledger(ledger_path, record)
+
+
+def verification_record(
+    result: dict[str, Any],
+    run_dir: Path,
+    code_dir: Path | None,
+    data_dir: Path | None,
+    cfg: VerifyConfig,
+    checks: list[Check],
+    *,
+    wall_s: float,
+) -> dict[str, Any]:
+    """The "pg-verification" record of these checks: "verified" exactly when there are checks and all pass."""
+    return {
+        "format": VERIFY_FORMAT,
+        "format_version": VERIFY_FORMAT_VERSION,
+        "status": "verified" if checks and all(c.ok for c in checks) else "failed",
+        "result_sha256": result_digest(result),
+        "run_dir": str(run_dir),
+        "verified_unix_s": time.time(),
+        "verify_wall_s": wall_s,
+        "code_dir": str(code_dir) if code_dir else None,
+        "data_dir": str(data_dir) if data_dir else None,
+        "tol_bpb": cfg.tol_bpb,
+        "differences": [asdict(c) for c in checks if not c.ok],
+        "checks": [asdict(c) for c in checks],
+    }
+
+
 def verify_result(
     path: str | os.PathLike[str],
     *,
@@ -295,17 +371,9 @@ def verify_result(
 ) -> dict[str, Any]:
     """Verify one result; returns the "pg-verification" record (status "verified" or "failed")."""
     cfg = cfg or VerifyConfig()
-    result_path, run_dir = locate(path)
-    result = read_json(result_path, what="result")
-    if result.get("format") != "pg-result":
-        raise ValueError(f"{result_path} is not a pg-result record (format {result.get('format')!r})")
+    result_path, run_dir, result = read_result(path)
     t0 = time.perf_counter()
-    code_dir = code_folder(run_dir, submission, result)
-    if data is not None and not (Path(data) / MANIFEST_NAME).is_file():
-        raise FileNotFoundError(f"--data {data} is not a dataset folder (no {MANIFEST_NAME})")
-    recorded = (result.get("provenance") or {}).get("data_dir")
-    data_dir: Path | None = Path(data) if data else (Path(recorded) if recorded else None)
-    data_dir = data_dir if data_dir is not None and data_dir.is_dir() else None
+    code_dir, data_dir = resolve_inputs(run_dir, result, submission, data)
     checks = receipt_checks(result, run_dir, code_dir, data_dir)
     scored = result.get("status") in ("ok", "over_eval_budget") and "score" in (result.get("phases") or {})
     if not scored:
@@ -315,51 +383,67 @@ def verify_result(
     elif code_dir is not None and data_dir is not None and (run_dir / ARTIFACT_FILE).is_file():
         new, tail = rescore(result, run_dir, code_dir, data_dir, cfg)
         checks += score_checks(result, new, tail, cfg)
-    status = "verified" if all(c.ok for c in checks) else "failed"
-    record = {
-        "format": VERIFY_FORMAT,
-        "format_version": VERIFY_FORMAT_VERSION,
-        "status": status,
-        "result_sha256": result_digest(result),
-        "run_dir": str(run_dir),
-        "verified_unix_s": time.time(),
-        "verify_wall_s": time.perf_counter() - t0,
-        "code_dir": str(code_dir) if code_dir else None,
-        "data_dir": str(data_dir) if data_dir else None,
-        "tol_bpb": cfg.tol_bpb,
-        "differences": [asdict(c) for c in checks if not c.ok],
-        "checks": [asdict(c) for c in checks],
-    }
+    record = verification_record(
+        result, run_dir, code_dir, data_dir, cfg, checks, wall_s=time.perf_counter() - t0
+    )
     if write:
-        result["verification"] = status
-        result["verification_record"] = {k: v for k, v in record.items() if k != "checks"}
-        write_json_atomic(result_path, result)
-        write_json_atomic(run_dir / "verification.json", record)
-        ledger_path = Path(ledger) if ledger else run_dir.parent / "ledger.jsonl"
-        if ledger or ledger_path.is_file():
-            append_ledger(ledger_path, record)
+        commit_verdict(result_path, result, record, ledger)
     return record
+
+
+def print_record(rec: dict[str, Any], *, as_json: bool, all_checks: bool) -> None:
+    if as_json:
+        print(json.dumps(rec, sort_keys=True))
+        return
+    job = rec.get("executor")
+    where = f" [{job['kind']} job {job['job_id']}, {job['state']}]" if job else ""
+    print(
+        f"verify {rec['run_dir']}: {rec['status'].upper()} ({len(rec['checks'])} checks, "
+        f"{len(rec['differences'])} difference(s)){where}"
+    )
+    for c in rec["checks"] if all_checks else rec["differences"]:
+        print(Check(**c).line())
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     cfg = VerifyConfig(tol_bpb=args.tol_bpb, device=args.device, threads=args.threads)
-    rec = verify_result(args.result, submission=args.submission, data=args.data, cfg=cfg, ledger=args.ledger)
-    if args.json:
-        print(json.dumps(rec, sort_keys=True))
+    paths: list[str] = args.result
+    if args.executor == "inline":
+        for p in paths:  # every path is a result before any is verified
+            read_result(p)
+        records = [
+            verify_result(p, submission=args.submission, data=args.data, cfg=cfg, ledger=args.ledger)
+            for p in paths
+        ]
     else:
-        print(
-            f"verify {rec['run_dir']}: {rec['status'].upper()} ({len(rec['checks'])} checks, {len(rec['differences'])} difference(s))"
+        from harness.records.executors import ExecutorConfig, run_verifications
+
+        ecfg = ExecutorConfig(
+            kind=args.executor,
+            folder=Path(args.jobs_folder) if args.jobs_folder else None,
+            partition=args.partition,
+            time_min=args.time_min,
+            cpus=args.cpus,
+            gpus=args.gpus,
+            mem_gb=args.mem_gb,
+            max_parallel=args.max_parallel,
         )
-        for c in rec["checks"]:
-            print(Check(**c).line())
-    return 0 if rec["status"] == "verified" else 1
+        records = run_verifications(
+            paths, submission=args.submission, data=args.data, vcfg=cfg, ecfg=ecfg, ledger=args.ledger
+        )
+    for rec in records:  # one folder: every check; several: each verdict and its differences
+        print_record(rec, as_json=args.json, all_checks=len(paths) == 1)
+    failed = sum(r["status"] != "verified" for r in records)
+    if len(records) > 1 and not args.json:
+        print(f"{len(records) - failed} of {len(records)} verified, {failed} failed")
+    return 0 if failed == 0 else 1
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "verify", help="recompute a result's hashes and re-score its artifact in a fresh process"
     )
-    p.add_argument("result", help="a run folder or its result.json")
+    p.add_argument("result", nargs="+", help="run folders or their result.json files")
     p.add_argument(
         "--submission", help="the submission folder (default: RUN_DIR/code, else the one in train_spec.json)"
     )
@@ -372,5 +456,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--ledger", help="ledger to append the verification to (default: RUN_DIR/../ledger.jsonl if present)"
     )
-    p.add_argument("--json", action="store_true", help="print the verification record as one JSON object")
+    p.add_argument("--json", action="store_true", help="print each verification record as one JSON object")
+    p.add_argument(
+        "--executor",
+        choices=("inline", "local", "slurm"),
+        default="inline",
+        help="inline: in this process, one after another; local: one job per result on this machine; "
+        "slurm: one Slurm job per result (harness/records/executors.py)",
+    )
+    p.add_argument(
+        "--jobs-folder",
+        help="the jobs' folder, on a filesystem the nodes share (default: verify-jobs/ beside the first run)",
+    )
+    p.add_argument("--partition", help="slurm partition (default: the cluster's default)")
+    p.add_argument(
+        "--time-min", type=int, help="job time limit in minutes (default: 2x the track's eval budget + 10)"
+    )
+    p.add_argument("--cpus", type=int, help="CPUs per job (default: the threads the result was scored with)")
+    p.add_argument("--gpus", type=int, help="GPUs per job (default: 1 if the result was scored on CUDA)")
+    p.add_argument("--mem-gb", type=float, help="memory per job in GB (default: the partition's default)")
+    p.add_argument(
+        "--max-parallel",
+        type=int,
+        default=0,
+        help="jobs in flight at once (0: all on slurm, by CPUs on local)",
+    )
     p.set_defaults(func=cmd_verify)
