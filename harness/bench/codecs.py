@@ -1,6 +1,6 @@
 """`pgolf bench codecs`: bytes, speed and reconstruction error of the built-in codecs on one state dict.
 
-    pgolf bench codecs STATE.safetensors [--codecs int8_zlib,int6_zstd22,...] [--json]
+    pgolf bench codecs STATE.safetensors [--codecs int8_zlib,int6_zstd22,...] [--threads N] [--json]
 
 Per codec (each encodes the same state once and decodes its own payload once, in this process):
 - bytes: the codec's payload (what the artifact holds besides its JSON header);
@@ -129,6 +129,8 @@ def format_report(rec: dict[str, Any], source: str) -> list[str]:
 def cmd_bench_codecs(args: argparse.Namespace) -> int:
     from scoring.artifact.pack import read_state
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     state, _ = read_state(args.state)
     specs = split_specs(args.codecs) if args.codecs else list(DEFAULT_CODECS)
     if not specs:
@@ -147,6 +149,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--codecs",
         help=f"comma-separated codec specs (default: {','.join(DEFAULT_CODECS)}); int8_zlib is always measured",
+    )
+    p.add_argument(
+        "--threads", type=int, default=0, help="torch threads (0: torch's default; 1 on a loaded machine)"
     )
     p.add_argument("--json", action="store_true", help="one JSON record instead of the table")
     p.set_defaults(func=cmd_bench_codecs)

@@ -17,14 +17,14 @@ own bytes, exact). Non-float tensors are always kept exactly; `small` may be fp1
                   `mixed_zstd22:embedding=int8,attention=int6,mlp=int5,other=int6,small=fp16`
                   (unknown roles or schemes are refused when the spec is parsed: at config time)
 
-Per-row quantisation at B bits of a 2-D float tensor W (rows r, computed in float32):
+Per-row quantisation at B bits of a 2-D float tensor W (rows r; W in float32, the sums in float64):
     qmax = 2**(B-1) - 1                                    (15, 31, 63, 127)
-    rms_r = sqrt(mean_j W[r,j]**2),  amax_r = max_j |W[r,j]|
+    rms_r = sqrt(mean_j W[r,j]**2),  amax_r = max_j |W[r,j]|  (float64)
     for each k in CLIP_K (2.5, 3, 3.5, 4, 5, 6, 8, 12, then amax itself):
         clip = min(k * rms_r, amax_r)
         s    = float16(clip / qmax), with 0 -> 1 and overflow -> 65504 (float16's largest)
-        q    = clamp(round(W[r] / s), -qmax, qmax)
-        err  = sum_j (q*s - W[r,j])**2
+        q    = clamp(round(W[r] / s), -qmax, qmax)          (float32; round half to even)
+        err  = sum_j (q*s - W[r,j])**2                     (float64)
     the row keeps the (q, s) of least err (ties: the smaller k). Stored: q as int8, s as float16.
     Decode: W'[r,j] = q[r,j] * float32(s_r), cast to the tensor's dtype.
 fp16: the tensor as float16, cast back to its dtype on decode (float32/bfloat16 lose low bits).
@@ -42,6 +42,7 @@ import json
 import math
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
@@ -85,27 +86,32 @@ def role_of(name: str, t: torch.Tensor) -> str:
 
 
 def quantize_rows(w: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 codes, float16 per-row scales) of a 2-D float tensor, by the rule in the module docstring."""
-    qmax = float(2 ** (bits - 1) - 1)
-    w32 = w.detach().to(torch.float32)
-    rows = w32.shape[0]
-    rms = w32.square().mean(dim=1).sqrt()
-    amax = w32.abs().amax(dim=1)
-    best_q = torch.zeros(w32.shape, dtype=torch.int8)
-    best_s = torch.ones(rows, dtype=torch.float16)
-    best_err = torch.full((rows,), math.inf, dtype=torch.float32)
+    """(int8 codes, float16 per-row scales) of a 2-D float tensor, by the rule in the module docstring.
+
+    The row sums (rms, err) are numpy float64 reductions, which do not depend on torch's thread count:
+    the same state gives the same bytes whatever the threads.
+    """
+    qmax = 2 ** (bits - 1) - 1
+    w32 = w.detach().to(torch.float32).contiguous().numpy()
+    w64 = w32.astype(np.float64)
+    rows, cols = w32.shape
+    rms = np.sqrt(np.square(w64).sum(axis=1) / max(cols, 1))
+    amax = np.abs(w64).max(axis=1) if cols else np.zeros(rows)
+    best_q = np.zeros(w32.shape, dtype=np.int8)
+    best_s = np.ones(rows, dtype=np.float16)
+    best_err = np.full(rows, np.inf)
     for k in CLIP_K:
-        clip = amax if math.isinf(k) else torch.minimum(rms * k, amax)
-        s16 = (clip / qmax).clamp(max=FP16_MAX).to(torch.float16)
-        s16 = torch.where(s16 == 0, torch.ones_like(s16), s16)
-        s = s16.to(torch.float32)[:, None]
-        q = torch.clamp(torch.round(w32 / s), -qmax, qmax)
-        err = (q * s - w32).square().sum(dim=1)
+        clip = amax if math.isinf(k) else np.minimum(rms * k, amax)
+        s16 = np.minimum(clip / qmax, FP16_MAX).astype(np.float16)
+        s16[s16 == 0] = 1.0
+        s32 = s16.astype(np.float32)[:, None]
+        q = np.clip(np.rint(w32 / s32), -qmax, qmax)
+        err = np.square(q.astype(np.float64) * s32 - w64).sum(axis=1)
         better = err < best_err
-        best_err = torch.where(better, err, best_err)
-        best_s = torch.where(better, s16, best_s)
-        best_q = torch.where(better[:, None], q.to(torch.int8), best_q)
-    return best_q.contiguous(), best_s.contiguous()
+        best_err[better] = err[better]
+        best_s[better] = s16[better]
+        best_q[better] = q[better].astype(np.int8)
+    return torch.from_numpy(best_q), torch.from_numpy(best_s)
 
 
 def dequantize_rows(q: torch.Tensor, s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

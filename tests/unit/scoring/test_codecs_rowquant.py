@@ -118,6 +118,19 @@ def test_golden_bytes_per_codec():
     assert not changed, f"payload bytes changed: {changed}"
 
 
+def test_bytes_do_not_depend_on_torch_threads():
+    state = fixed_state()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = CODECS["int6_zlib9"].encode(state)
+        torch.set_num_threads(2)
+        two = CODECS["int6_zlib9"].encode(state)
+    finally:
+        torch.set_num_threads(before)
+    assert one == two
+
+
 def test_registry_is_the_grammar():
     assert len(ROWQUANT) == 5 * 4 * 2 == len(codec_names())
     for n in ("int6_zstd22", "int6_brotli11_shuffle", "int5_lzma9", "mixed_brotli11_shuffle", "int7_zlib9"):
