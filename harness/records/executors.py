@@ -383,19 +383,23 @@ def finish(
 ) -> dict[str, Any]:
     """Read a finished job back, decide the verdict here, write it (result.json, verification.json, ledger)."""
     job = item.job
-    reported, why = job_outcome(job)
     state = job_state(job)
-    written_path = item.run_dir / "verification.json"
-    written = read_json(written_path, what="verification") if written_path.is_file() else None
     t0 = time.perf_counter()
     result_path, run_dir, result = read_result(item.result_path)
     expect = expected_for(result, run_dir, submission, data, vcfg)
+    reported: Any = None
     if expect.result_sha256 != item.digest:
         problems = ["result.json changed while its verification ran"]
-    elif why is not None:
-        problems = [f"the job ended without a record: {why}"]
     else:
-        problems = accept_report(reported, written, expect)
+        reported, why = job_outcome(job)
+        try:
+            written = read_json(item.run_dir / "verification.json", what="the job's verification.json")
+        except (FileNotFoundError, ValueError):
+            written = None  # missing or malformed: it cannot match the job's record
+        if why is not None:
+            problems = [f"the job ended without a record: {why}"]
+        else:
+            problems = accept_report(reported, written, expect)
     if problems:
         code_dir, data_dir = resolve_inputs(run_dir, result, submission, data)
         checks = receipt_checks(result, run_dir, code_dir, data_dir)

@@ -139,6 +139,53 @@ def test_a_forged_job_report_is_a_failed_verdict(one_run, tmp_path):
     assert json.loads((run_dir / "result.json").read_text())["verification"] == "failed"
 
 
+def finish_with(job, run: Path, ledger: Path, digest: str | None = None) -> dict:
+    from harness.records.executors import ExecutorConfig, Item, JobResources, finish
+    from harness.records.verify import VerifyConfig, read_result, result_digest
+
+    result_path, run_dir, result = read_result(run)
+    item = Item(
+        path=str(run),
+        result_path=result_path,
+        run_dir=run_dir,
+        digest=digest or result_digest(result),
+        resources=JobResources(cpus=1, gpus=0, time_min=30, mem_gb=None),
+        job=job,
+    )
+    return finish(item, ExecutorConfig(kind="slurm"), VerifyConfig(), None, None, ledger)
+
+
+def test_a_job_that_died_or_a_result_edited_meanwhile_is_a_failed_verdict(one_run, tmp_path):
+    from submitit.core.utils import UncompletedJobError
+
+    r0, r1 = run_folders(one_run, tmp_path / "runs", 2, tamper=None)
+    ledger = tmp_path / "runs" / "ledger.jsonl"
+
+    class DeadJob:
+        job_id = "77"
+        state = "TIMEOUT"
+
+        def result(self):
+            raise UncompletedJobError("Job 77 (task: 0) has not produced any output (state: TIMEOUT)")
+
+    rec = finish_with(DeadJob(), r0, ledger)
+    assert rec["status"] == "failed" and rec["executor"]["state"] == "TIMEOUT"
+    (diff,) = rec["differences"]  # every receipt check still passes: only the job is at fault
+    assert diff["name"] == "verification job"
+    assert diff["actual"].startswith("slurm job 77 (TIMEOUT): the job ended without a record: Job 77")
+
+    class HonestJob:
+        job_id = "78"
+        state = "COMPLETED"
+
+        def result(self):
+            raise AssertionError("never read: the result changed first")
+
+    rec = finish_with(HonestJob(), r1, ledger, digest="0" * 64)  # the digest when it was submitted
+    assert rec["differences"][-1]["actual"].endswith("result.json changed while its verification ran")
+    assert {k: v["status"] for k, v in ledger_verdicts(ledger).items()} == {"r0": "failed", "r1": "failed"}
+
+
 @pytest.fixture(scope="module")
 def slurm() -> dict[str, str]:
     """A running single-node Slurm (started here when it is not already up); the env to submit from."""
