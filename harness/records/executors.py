@@ -101,7 +101,7 @@ class ExecutorConfig:
     """inline (this process), local (submitit's LocalExecutor) or slurm (submitit's SlurmExecutor)."""
     folder: Path | None = None
     """submitit's folder (job scripts, logs, result pickles; one subfolder per job id). Must be on a
-    filesystem the nodes share. None: verify-jobs/ beside the first run folder."""
+    filesystem the nodes share. None: .verify-jobs/ beside the first run folder (hidden: `runs/*/` does not match it)."""
     partition: str | None = None
     """Slurm partition (None: the cluster's default)."""
     time_min: int | None = None
@@ -445,7 +445,7 @@ def ended(item: Item, ecfg: ExecutorConfig) -> bool:
 
 
 def default_folder(ecfg: ExecutorConfig, first_run_dir: Path) -> Path:
-    return ecfg.folder or first_run_dir.parent / "verify-jobs"
+    return ecfg.folder or first_run_dir.parent / ".verify-jobs"
 
 
 def run_verifications(
