@@ -8,15 +8,20 @@ verification is the latest verification record for exactly its digest (harness/r
 "verified" written into a result by hand, without one, counts for nothing.
 
 Only verified results that scored (status ok, within the cap) rank. They are grouped by
-(submission name, track, preset): a row's val_bpb is the mean over its verified seeds (with the
-standard deviation and the seed count), sorted ascending (bpb is the ranking metric, lower is
+(submission name, track, preset, overrides): a row's val_bpb is the mean over its verified seeds (with
+the standard deviation and the seed count), sorted ascending (bpb is the ranking metric, lower is
 better). Every other result (unverified, failed verification, errors, over budget) is listed apart,
-one row per run. Each row shows its lineage ("builds on"), linked to the row it builds on.
+one row per run. Every row says what ran: preset, track, the `--set` overrides (shortened; in full on
+hover; `log.*` left out, tracking changes no result) and when it ran (UTC), so runs of one entry under
+different settings can be told apart; each links its training-curve plot (RUN_DIR/train_curve.png,
+harness/records/plot.py) when the run drew one, and shows its lineage ("builds on"), linked to the
+row it builds on.
 
 Outputs in DIR: leaderboard.md, leaderboard.json ("pg-leaderboard", version 1) and index.html, a
 self-contained page (no network, no libraries): a table sortable by clicking any header (a URL
 fragment `#sort=KEY` or `#sort=-KEY` sorts on load, which is how the browser test drives it), and
-two inline SVG plots: val_bpb against total bytes, and val_bpb against date with the record line.
+two inline SVG plots: val_bpb against total bytes, and val_bpb against the time each ran with the
+record line (ticks in days, or in hours and minutes when the runs fall within a day or two).
 """
 
 from __future__ import annotations
@@ -26,9 +31,10 @@ import datetime as dt
 import html
 import json
 import math
+import os
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -41,26 +47,38 @@ DEFAULT_LEDGER = "runs/ledger.jsonl"
 COLUMNS = [  # key, header, type
     ("rank", "#", "num"),
     ("name", "Entry", "str"),
+    ("preset", "Preset", "str"),
+    ("track", "Track", "str"),
+    ("overrides", "Overrides", "str"),
     ("val_bpb", "val_bpb", "num"),
     ("val_bpb_std", "± std", "num"),
     ("seeds", "Seeds", "num"),
     ("val_loss", "val_loss", "num"),
     ("bytes_total", "Bytes", "num"),
     ("date", "Date", "str"),
+    ("run_time", "Run (UTC)", "str"),
     ("author", "Author", "str"),
     ("builds_on", "Builds on", "str"),
+    ("plots", "Plot", "str"),
 ]
 UNRANKED_COLUMNS = [
     ("name", "Entry"),
+    ("preset", "Preset"),
+    ("track", "Track"),
+    ("overrides", "Overrides"),
     ("seed", "Seed"),
     ("status", "Status"),
     ("verification", "Verification"),
     ("val_bpb", "val_bpb"),
     ("bytes_total", "Bytes"),
-    ("date", "Date"),
+    ("run_time", "Run (UTC)"),
     ("builds_on", "Builds on"),
+    ("plots", "Plot"),
     ("run_dir", "Run"),
 ]
+_NUM_KEYS = ("seed", "val_bpb", "bytes_total")
+OVERRIDES_SHORT_CHARS = 40
+"""The overrides column shows this many characters (the whole list on hover and in the JSON)."""
 
 
 # ---- Reading the ledger ----
@@ -97,11 +115,35 @@ def _date(r: dict[str, Any]) -> str:
     return dt.datetime.fromtimestamp(float(r.get("created_unix_s") or 0), dt.UTC).date().isoformat()
 
 
+def _overrides(r: dict[str, Any]) -> str:
+    """The run's `--set` overrides as given (the pipeline records them: phases.command), without log.*."""
+    given = ((r.get("phases") or {}).get("command") or {}).get("overrides") or []
+    return " ".join(str(o) for o in given if isinstance(o, str) and not o.startswith("log."))
+
+
+def _run_unix_s(r: dict[str, Any]) -> float | None:
+    t = r.get("created_unix_s")
+    return float(t) if isinstance(t, int | float) and math.isfinite(t) and t > 0 else None
+
+
+def _run_time(t: float | None) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M") if t is not None else ""
+
+
+def _plot(r: dict[str, Any]) -> dict[str, Any] | None:
+    """{"seed", "path"} of the run's training-curve PNG, when it drew one (harness/records/plot.py)."""
+    plot = (r.get("phases") or {}).get("plot") or {}
+    name = plot.get("file") if isinstance(plot, dict) else None
+    if not isinstance(name, str) or not name or "/" in name or not r.get("run_dir"):
+        return None
+    return {"seed": r.get("seed"), "path": str(Path(str(r["run_dir"])) / name)}
+
+
 def build(
     results: Iterable[dict[str, Any]], verifications: dict[str, dict[str, Any]], track: str | None
 ) -> dict[str, Any]:
     """The leaderboard record: ranked rows (verified groups) and unranked rows (every other run)."""
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
     unranked = []
     for r in results:
         if track and r.get("track") != track:
@@ -116,11 +158,18 @@ def build(
             and r.get("within_cap")
             and r.get("val_bpb") is not None
         ):
-            groups.setdefault((name, str(r.get("track")), str(r.get("preset"))), []).append(r)
+            key = (name, str(r.get("track")), str(r.get("preset")), _overrides(r))
+            groups.setdefault(key, []).append(r)
             continue
+        plot = _plot(r)
         unranked.append(
             {
                 "name": name,
+                "preset": r.get("preset"),
+                "overrides": _overrides(r),
+                "run_unix_s": _run_unix_s(r),
+                "run_time": _run_time(_run_unix_s(r)),
+                "plots": [plot] if plot else [],
                 "seed": r.get("seed"),
                 "status": r.get("status"),
                 "verification": verification,
@@ -133,14 +182,19 @@ def build(
             }
         )
     rows = []
-    for (name, tr, preset), rs in groups.items():
+    for (name, tr, preset, overrides), rs in groups.items():
         bpb = [float(r["val_bpb"]) for r in rs]
         sub = rs[0].get("submission") or {}
+        times = [t for t in map(_run_unix_s, rs) if t is not None]
         rows.append(
             {
                 "name": name,
                 "track": tr,
                 "preset": preset,
+                "overrides": overrides,
+                "run_unix_s": min(times) if times else None,
+                "run_time": _run_time(min(times) if times else None),
+                "plots": [p for p in map(_plot, rs) if p],
                 "val_bpb": statistics.fmean(bpb),
                 "val_bpb_std": statistics.stdev(bpb) if len(bpb) > 1 else 0.0,
                 "seeds": len(rs),
@@ -171,8 +225,12 @@ def build(
 
 
 def _fmt(v: Any, key: str) -> str:
-    if v is None or v == "":
+    if v is None or v == "" or v == []:
         return "-"
+    if key == "plots":
+        return " ".join(f"[seed {p['seed']}]({p['path']})" for p in v)
+    if key == "overrides" and len(str(v)) > OVERRIDES_SHORT_CHARS:
+        return str(v)[: OVERRIDES_SHORT_CHARS - 1] + "…"
     if key in ("val_bpb", "val_loss"):
         return f"{float(v):.4f}"
     if key == "val_bpb_std":
@@ -222,8 +280,13 @@ def svg_plot(
     xlabel: str,
     xfmt: Any,
     frontier: bool = False,
+    xticks: Callable[[float, float], list[float]] | None = None,
+    xpad_min: float = 0.0,
 ) -> str:
-    """A scatter plot of val_bpb against points[xkey] (ranked filled, unranked hollow)."""
+    """A scatter plot of val_bpb against points[xkey] (ranked filled, unranked hollow).
+
+    `xticks(lo, hi)` places the x ticks (default: 1-2-2.5-5 steps); `xpad_min` is the least margin
+    either side of the points, in x units (a time axis of runs a minute apart still spans some hours)."""
     W, H, ml, mr, mt, mb = 560, 340, 64, 20, 34, 48
     pts = [p for p in points if p.get("val_bpb") is not None and p.get(xkey) is not None]
     out = [
@@ -234,9 +297,10 @@ def svg_plot(
         out.append(f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle">no scored results</text></svg>')
         return "".join(out)
     xs, ys = [float(p[xkey]) for p in pts], [float(p["val_bpb"]) for p in pts]
-    padx, pady = 0.08 * ((max(xs) - min(xs)) or 1.0), 0.08 * ((max(ys) - min(ys)) or 0.01)
+    padx = max(0.08 * ((max(xs) - min(xs)) or 1.0), xpad_min)
+    pady = 0.08 * ((max(ys) - min(ys)) or 0.01)
     x0, x1, y0, y1 = min(xs) - padx, max(xs) + padx, min(ys) - pady, max(ys) + pady
-    xt = [v for v in _ticks(x0, x1) if x0 <= v <= x1]
+    xt = [v for v in (xticks or _ticks)(x0, x1) if x0 <= v <= x1]
     yt = [v for v in _ticks(y0, y1) if y0 <= v <= y1]
     sx = lambda v: ml + (v - x0) / ((x1 - x0) or 1) * (W - ml - mr)
     sy = lambda v: H - mb - (v - y0) / ((y1 - y0) or 1) * (H - mt - mb)
@@ -289,14 +353,41 @@ def svg_plot(
     return "".join(out)
 
 
-def _day(d: str) -> float:
-    return float(dt.date.fromisoformat(d).toordinal())
+_MINUTE_S, _HOUR_S, _DAY_S = 60.0, 3600.0, 86400.0
+_TIME_STEPS_S = (
+    [m * _MINUTE_S for m in (1, 2, 5, 10, 15, 30)]
+    + [h * _HOUR_S for h in (1, 2, 3, 6, 12)]
+    + [d * _DAY_S for d in (1, 2, 7, 14, 30, 61, 91, 182, 365)]
+)
+
+
+def time_axis(lo_s: float, hi_s: float, n: int = 6) -> tuple[list[float], Callable[[float], str], str]:
+    """Ticks for an axis of unix times (UTC): (tick values, their label, the axis label).
+
+    Within about two days the ticks are times of day ("14:30"; the axis label names the day, or the
+    first and last day); beyond, they are dates on whole days. Never the same label twice."""
+    span = max(hi_s - lo_s, 1.0)
+    step = next((st for st in _TIME_STEPS_S if span / st <= n), _TIME_STEPS_S[-1])
+    first = math.ceil(lo_s / step) * step
+    ticks = [first + i * step for i in range(int((hi_s - first) // step) + 1)]
+    day = lambda t: dt.datetime.fromtimestamp(t, dt.UTC).date().isoformat()
+    if step < _DAY_S:
+        days = sorted({day(lo_s), day(hi_s)})
+        multi = len({day(t) for t in ticks}) > 1
+        fmt = "%m-%d %H:%M" if multi else "%H:%M"
+        return (
+            ticks,
+            lambda t: dt.datetime.fromtimestamp(t, dt.UTC).strftime(fmt),
+            f"run time (UTC, {' to '.join(days)})",
+        )
+    return ticks, day, "run date (UTC)"
 
 
 # ---- HTML ----
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#1b1f24}h1{font-size:22px}h2{font-size:17px;margin-top:28px}
-table{border-collapse:collapse;font-size:13px;margin:8px 0}th,td{border-bottom:1px solid #d0d7de;padding:4px 10px;text-align:left}
+table{border-collapse:collapse;font-size:13px;margin:8px 0}th,td{border-bottom:1px solid #d0d7de;padding:4px 10px;text-align:left;white-space:nowrap}
+td.wrap{white-space:normal;max-width:26em;overflow-wrap:anywhere}
 th{cursor:pointer;background:#f6f8fa;user-select:none}th[aria-sort=ascending]::after{content:" ▲"}th[aria-sort=descending]::after{content:" ▼"}
 td.num{text-align:right;font-variant-numeric:tabular-nums}.plots{display:flex;flex-wrap:wrap;gap:16px}
 .plot{border:1px solid #d0d7de;background:#fff}.frame{fill:none;stroke:#8c959f}.grid{stroke:#eaeef2}.tick{font-size:10px;fill:#57606a}
@@ -313,57 +404,101 @@ const m=location.hash.match(/^#sort=(-?)([a-z_]+)$/);if(m){const th=document.que
 if(th){th.click();if(m[1]==='-')th.click();}}"""
 
 
-def _cell(row: dict[str, Any], key: str, typ: str, names: set[str]) -> str:
+def _href(path: str, base: Path | None) -> str:
+    """A link to a run's file from the page: relative to the page's folder when it can be, else a file URI."""
+    p = Path(path)
+    if base is not None:
+        try:
+            return os.path.relpath(p.resolve(), base.resolve())
+        except ValueError:
+            pass
+    return p.resolve().as_uri()
+
+
+def _cell(row: dict[str, Any], key: str, typ: str, names: set[str], base: Path | None = None) -> str:
     v = row.get(key)
+    if key == "plots":
+        links = [
+            f'<a class="plot-link" href="{html.escape(_href(p["path"], base))}">'
+            f"{'seed ' + html.escape(str(p['seed'])) if len(v or []) > 1 else 'plot'}</a>"
+            for p in v or []
+        ]
+        return f'<td class="str" data-sort="{len(links)}">{" ".join(links) or "-"}</td>'
     sort = "" if v is None or v == "" else (repr(float(v)) if typ == "num" else str(v))
     text = html.escape(_fmt(v, key))
     if key == "builds_on" and v and v in names:
         text = f'<a href="#row-{html.escape(str(v))}">{text}</a>'
-    return f'<td class="{typ}" data-sort="{html.escape(sort)}">{text}</td>'
+    title = f' title="{html.escape(str(v))}"' if key == "overrides" and v else ""
+    wrap = " wrap" if key in ("overrides", "run_dir") else ""
+    return f'<td class="{typ}{wrap}" data-sort="{html.escape(sort)}"{title}>{text}</td>'
 
 
-def page(board: dict[str, Any]) -> str:
+def _bytes_label(pts: list[dict[str, Any]]) -> Callable[[float], str]:
+    """Byte-axis labels with as many MB decimals as the spread of the points needs (never two alike)."""
+    sizes = [float(p["bytes_total"]) for p in pts if p.get("bytes_total") is not None]
+    spread = (max(sizes) - min(sizes)) if sizes else 0.0
+    decimals = min(6, max(2, 1 - math.floor(math.log10(spread / 5 / 1e6)))) if spread > 0 else 2
+    return lambda v: f"{v / 1e6:.{decimals}f} MB" if v >= 1e5 else f"{v:,.0f}"
+
+
+def _row_ids(ranked: list[dict[str, Any]]) -> list[str]:
+    """One id per ranked row: row-NAME for an entry's best row (what lineage links to), then row-NAME-2, ..."""
+    seen: dict[str, int] = {}
+    ids = []
+    for r in ranked:
+        seen[r["name"]] = seen.get(r["name"], 0) + 1
+        ids.append(f"row-{r['name']}" + (f"-{seen[r['name']]}" if seen[r["name"]] > 1 else ""))
+    return ids
+
+
+def page(board: dict[str, Any], base: Path | None = None) -> str:
+    """The HTML page; `base` is the folder it is written to (links to the runs' plots are relative to it)."""
     ranked, unranked = board["ranked"], board["unranked"]
     names = {r["name"] for r in ranked}
     head = "".join(f'<th data-key="{k}" data-type="{t}">{html.escape(h)}</th>' for k, h, t in COLUMNS)
     body = "".join(
-        f'<tr id="row-{html.escape(r["name"])}">'
-        + "".join(_cell(r, k, t, names) for k, _, t in COLUMNS)
+        f'<tr id="{html.escape(rid)}">'
+        + "".join(_cell(r, k, t, names, base) for k, _, t in COLUMNS)
         + "</tr>"
-        for r in ranked
+        for r, rid in zip(ranked, _row_ids(ranked), strict=True)
     )
     uhead = "".join(
-        f'<th data-key="{k}" data-type="{"num" if k in ("seed", "val_bpb", "bytes_total") else "str"}">{html.escape(h)}</th>'
+        f'<th data-key="{k}" data-type="{"num" if k in _NUM_KEYS else "str"}">{html.escape(h)}</th>'
         for k, h in UNRANKED_COLUMNS
     )
     ubody = "".join(
         "<tr>"
-        + "".join(
-            _cell(r, k, "num" if k in ("seed", "val_bpb", "bytes_total") else "str", names)
-            for k, _ in UNRANKED_COLUMNS
-        )
+        + "".join(_cell(r, k, "num" if k in _NUM_KEYS else "str", names, base) for k, _ in UNRANKED_COLUMNS)
         + "</tr>"
         for r in unranked
     )
     pts = [{**r, "ranked": True} for r in ranked] + [{**r, "ranked": False} for r in unranked]
-    for p in pts:
-        p["day"] = _day(p["date"]) if p.get("date") else None
+    times = [
+        float(p["run_unix_s"])
+        for p in pts
+        if p.get("run_unix_s") is not None and p.get("val_bpb") is not None
+    ]
+    lo, hi = min(times, default=0.0), max(times, default=0.0)
+    pad_s = max(0.08 * ((hi - lo) or 1.0), 10 * _MINUTE_S)  # svg_plot's margin (xpad_min below)
+    t_ticks, t_fmt, t_label = time_axis(lo - pad_s, hi + pad_s)
     plot_bytes = svg_plot(
         "plot-bytes",
         "val_bpb against total bytes",
         pts,
         "bytes_total",
         "bytes_total (code + model)",
-        lambda v: f"{v / 1e6:.2f} MB" if v >= 1e5 else f"{v:,.0f}",
+        _bytes_label(pts),
     )
     plot_date = svg_plot(
         "plot-date",
-        "val_bpb against date (record line dashed)",
+        "val_bpb against when it ran (record line dashed)",
         pts,
-        "day",
-        "date",
-        lambda v: dt.date.fromordinal(int(round(v))).isoformat(),
+        "run_unix_s",
+        t_label,
+        t_fmt,
         frontier=True,
+        xticks=lambda lo, hi: t_ticks,
+        xpad_min=10 * _MINUTE_S,
     )
     title = f"Parameter golf leaderboard{' — ' + board['track'] if board['track'] else ''}"
     return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{_CSS}</style></head>
@@ -385,7 +520,7 @@ def write_leaderboard(ledger: str | Path, out: str | Path, track: str | None = N
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "leaderboard.json", board)
     write_bytes_atomic(out / "leaderboard.md", markdown(board).encode("utf-8"))
-    write_bytes_atomic(out / "index.html", page(board).encode("utf-8"))
+    write_bytes_atomic(out / "index.html", page(board, out).encode("utf-8"))
     return board
 
 

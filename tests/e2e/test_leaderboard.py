@@ -1,13 +1,18 @@
 """`pgolf leaderboard`: from a results ledger to markdown, JSON and a web page, the page tested in a
 real headless browser (Debian's chromium, which .ci/run installs; skipped with a reason without it):
 only verified results rank, the others are listed apart, lineage links, the table sorts when a
-header is clicked, and a screenshot shows the table and both plots.
+header is clicked, and a screenshot shows the table and both plots. Then nine runs of one entry on one
+day, under different presets and overrides, as `pgolf run` records them: every row can be told apart
+(preset, track, overrides, run time), the time axis labels each tick differently (times of day), and
+each row links its run's training-curve PNG.
 
-The screenshot is written to $PG_LEADERBOARD_SCREENSHOT when set (else into the test's tmp folder).
+The screenshots are written to $PG_LEADERBOARD_SCREENSHOT and $PG_LEADERBOARD_RUNS_SCREENSHOT when set
+(else into the test's tmp folder).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
@@ -54,7 +59,7 @@ def result(name, date, builds_on, seed, bpb, nbytes):
         "track": "10min_16mb",
         "preset": "official",
         "seed": seed,
-        "created_unix_s": 1.8e9,
+        "created_unix_s": dt.datetime.fromisoformat(date + "T09:00:00+00:00").timestamp() + 600 * seed,
         "run_dir": f"runs/{name}-{seed}",
         "submission": {
             "name": name,
@@ -146,7 +151,7 @@ def test_only_verified_results_rank(board_dir):
         < md.index("naive_baseline")
         < md.index("## Not ranked")
     )
-    assert "| 1 | int6_mlp3x | 1.152" in md
+    assert "| 1 | int6_mlp3x | official | 10min_16mb | - | 1.152" in md
 
 
 def test_build_is_pure_and_filters_tracks():
@@ -206,3 +211,123 @@ def test_page_in_a_real_browser_sorts_and_shows_both_plots(board_dir, tmp_path):
     assert shot.is_file(), r.stderr[-2000:]
     png = shot.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 30_000  # a rendered page, not a blank one
+
+
+# ---- nine runs of one entry on one day: rows that can be told apart ----
+
+NINE = [  # preset, seed, overrides (as `pgolf run` records them), minute of the day, val_bpb, bytes_total
+    ("cpu-smoke", 1337, [], 9 * 60 + 5, 2.4650, 1_005_720),
+    ("cpu-smoke", 1, [], 9 * 60 + 12, 2.4702, 1_005_688),
+    ("cpu-smoke", 1337, ["train.matrix_lr=0.02"], 9 * 60 + 31, 2.4411, 1_005_801),
+    ("cpu-smoke", 1337, ["train.matrix_lr=0.08", "log.wandb='offline'"], 9 * 60 + 58, 2.5120, 1_005_514),
+    ("cpu", 1337, [], 10 * 60 + 40, 2.1034, 3_412_377),
+    (
+        "cpu",
+        1337,
+        ["model.num_layers=4", "train.warmdown_frac=0.5", "eval.batch_seqs=16"],
+        662,
+        2.0807,
+        4_380_912,
+    ),
+    ("tiny", 1337, ["budget.train_s=300", "train.iterations=8"], 11 * 60 + 30, 3.7246, 256_352),
+    ("tiny", 1337, ["budget.train_s=300", "train.iterations=12"], 12 * 60 + 1, 3.6012, 256_350),
+    ("cpu", 1337, ["launch.nproc_per_node=2"], 13 * 60 + 47, 2.0950, 3_412_377),
+]
+DAY = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+
+
+@pytest.fixture(scope="module")
+def nine_runs(tmp_path_factory) -> Path:
+    from harness.records.leaderboard import write_leaderboard
+    from harness.records.plot import PLOT_FILE, write_training_plot
+
+    tmp = tmp_path_factory.mktemp("nine")
+    metrics = tmp / "metrics.jsonl"
+    metrics.write_text(
+        "".join(
+            json.dumps({"step": i, "train_loss": 7 - i / 40, "elapsed_s": i / 4}) + "\n"
+            for i in range(1, 121)
+        )
+    )
+    lines = []
+    for i, (preset, seed, overrides, minute, bpb, nbytes) in enumerate(NINE):
+        run_dir = tmp / "runs" / f"naive_baseline-{preset}-{i}"
+        run_dir.mkdir(parents=True)
+        phases = {"command": {"overrides": overrides}}
+        if i != 4:  # one run drew no plot: its row says so
+            write_training_plot(
+                metrics, run_dir / PLOT_FILE, title=f"run {i}", val_loss=bpb * 1.7, val_bpb=bpb
+            )
+            phases["plot"] = {"file": PLOT_FILE, "points": 120, "skipped_lines": 0}
+        r = result("naive_baseline", "2026-03-18", None, seed, bpb, nbytes)
+        r.update(
+            preset=preset,
+            track="smoke",
+            run_dir=str(run_dir),
+            phases=phases,
+            created_unix_s=(DAY + dt.timedelta(minutes=minute)).timestamp(),
+        )
+        lines.append(r)
+    ledger = tmp / "runs" / "ledger.jsonl"
+    ledger.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    write_leaderboard(ledger, tmp / "site")
+    return tmp / "site"
+
+
+def test_nine_runs_of_one_entry_can_be_told_apart(nine_runs):
+    board = json.loads((nine_runs / "leaderboard.json").read_text())
+    rows = board["unranked"]
+    assert len(rows) == 9 and {r["name"] for r in rows} == {"naive_baseline"}
+    told = {(r["preset"], r["track"], r["overrides"], r["seed"], r["run_time"]) for r in rows}
+    assert len(told) == 9
+    assert rows[3]["overrides"] == "train.matrix_lr=0.08"  # log.* left out: tracking changes no result
+    assert rows[0]["run_time"] == "2026-12-01 09:05" and rows[8]["run_time"] == "2026-12-01 13:47"
+    md = (nine_runs / "leaderboard.md").read_text()
+    assert "| naive_baseline | cpu | smoke | model.num_layers=4 train.warmdown_frac=… |" in md
+
+
+def test_one_day_of_runs_gets_times_of_day_on_its_axis(nine_runs):
+    page = (nine_runs / "index.html").read_text()
+    for plot in ("plot-bytes", "plot-date"):
+        svg = page[page.index(f'id="{plot}"') : page.index("</svg>", page.index(f'id="{plot}"'))]
+        assert svg.count('class="pt unranked"') == 9
+    svg = page[page.index('id="plot-date"') : page.index("</svg>", page.index('id="plot-date"'))]
+    ticks = re.findall(r'class="tick">([^<]+)</text>', svg)
+    ticks = [t for t in ticks if t not in ("ranked", "not ranked") and not re.fullmatch(r"[0-9.]+", t)]
+    assert len(ticks) >= 3 and len(set(ticks)) == len(ticks), ticks  # never the same label twice
+    assert all(re.fullmatch(r"\d\d:\d\d", t) for t in ticks), ticks
+    assert "run time (UTC, 2026-12-01)" in svg
+
+
+def test_time_axis_on_days_and_across_midnight():
+    from harness.records.leaderboard import time_axis
+
+    t0 = DAY.timestamp()
+    ticks, fmt, label = time_axis(t0 - 3600, t0 + 3 * 3600)  # across midnight: the day is in each label
+    labels = [fmt(t) for t in ticks]
+    assert labels[0] == "11-30 23:00" and "12-01 00:00" in labels and len(set(labels)) == len(labels)
+    assert label == "run time (UTC, 2026-11-30 to 2026-12-01)"
+    ticks, fmt, label = time_axis(t0, t0 + 90 * 86400)  # months: whole days, as dates
+    labels = [fmt(t) for t in ticks]
+    assert label == "run date (UTC)" and len(set(labels)) == len(labels) >= 3
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\d", x) for x in labels)
+
+
+def test_each_row_links_its_runs_plot(nine_runs):
+    page = (nine_runs / "index.html").read_text()
+    hrefs = re.findall(r'<a class="plot-link" href="([^"]+)">plot</a>', page)
+    assert len(hrefs) == 8  # the run without a plot has none
+    for h in hrefs:
+        assert not h.startswith("/") and (nine_runs / h).resolve().is_file(), h  # relative, and it is there
+
+
+def test_the_runs_page_in_a_real_browser(nine_runs, tmp_path):
+    url = (nine_runs / "index.html").as_uri()
+    dom = browse(url, "--dump-dom").stdout
+    table = dom[dom.index('id="unranked"') :]
+    assert table.count('class="plot-link"') == 8
+    shot = Path(os.environ.get("PG_LEADERBOARD_RUNS_SCREENSHOT") or tmp_path / "runs.png")
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    r = browse(url, f"--screenshot={shot}", "--window-size=1500,1000")
+    assert shot.is_file(), r.stderr[-2000:]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
