@@ -189,6 +189,21 @@ def test_clip_rule_keeps_the_least_error_candidate(seed, rows, cols, bits, scale
     assert torch.all(got_err.sqrt() <= math.sqrt(cols) * bound)
 
 
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), bits=st.sampled_from([5, 6, 7, 8]), scale_exp=st.integers(-14, 2))
+def test_weights_already_on_the_grid_are_kept_exactly(seed, bits, scale_exp):
+    """A row q * s (fp16 s, integer q with max |q| = qmax), as a training-time quantiser such as GPTQ
+    hands over, comes back bit for bit: the candidate clip = amax gives the same s and zero error."""
+    g = torch.Generator().manual_seed(seed)
+    qmax = 2 ** (bits - 1) - 1
+    q = torch.randint(-qmax, qmax + 1, (8, 64), generator=g)
+    q[:, 0] = qmax * torch.where(torch.rand(8, generator=g) < 0.5, -1, 1)
+    s = (torch.rand(8, generator=g) + 1).to(torch.float16) * 2.0**scale_exp
+    w = q.float() * s.float()[:, None]
+    q2, s2 = quantize_rows(w, bits)
+    assert torch.equal(q2.long(), q) and torch.equal(s2, s.to(torch.float16))
+
+
 NAMES = ["tok_emb.weight", "lm_head.weight", "blocks.1.attn.c_k.weight", "blocks.1.mlp.proj.weight",
          "blocks.1.attn_scale", "x.weight", "blocks.0.resid_mix", "q_gain"]  # fmt: skip
 
