@@ -176,6 +176,7 @@ def verify_job(task_json: str) -> str:
         device=task["device"],
         threads=int(task["threads"]),
         timeout_s=float(task["timeout_s"]),
+        allow_missing_layers=tuple(task.get("allow_missing_layers", ())),
     )
     record = verify_result(
         task["run_dir"], submission=task["submission"], data=task["data"], cfg=cfg, write=False
@@ -498,6 +499,7 @@ def run_verifications(
                     "device": vcfg.device,
                     "threads": vcfg.threads,
                     "timeout_s": vcfg.timeout_s,
+                    "allow_missing_layers": list(vcfg.allow_missing_layers),
                 }
                 item.job = submit(executor, ecfg, item, task)
                 in_flight.append(item)

@@ -46,11 +46,13 @@ from typing import Any
 from data.io import read_json, sha256_file, write_json_atomic
 from data.manifest import MANIFEST_NAME, load_manifest, make_split_view
 from harness.run.staging import stage_model_code
+from isolation.sandbox import KERNEL_LAYERS, parse_layers
 from scoring.artifact.cap import counted_files
 from scoring.artifact.format import ArtifactError, read_artifact
 from scoring.score.cli import ScoreRequest
 from scoring.score.evaluate import EvalConfig
 from scoring.score.record import ScoreRecord, read_score_record
+from scoring.tracks import TRACKS
 
 VERIFY_FORMAT = "pg-verification"
 VERIFY_FORMAT_VERSION = 1
@@ -68,8 +70,12 @@ class VerifyConfig:
     threads: int = 0
     """Torch threads of the re-score (0: the thread count the result recorded)."""
     timeout_s: float = 6 * 3600.0
+    allow_missing_layers: tuple[str, ...] = ()
+    """Isolation layers the verifying official accepts as missing on this machine (the re-score's model
+    workers run under the track's sandbox rule, 'required' on record tracks); recorded in the re-score."""
 
     def __post_init__(self) -> None:
+        parse_layers(self.allow_missing_layers, "--allow-missing-layer")
         if not self.tol_bpb >= 0:
             raise ValueError(f"--tol-bpb must be >= 0, got {self.tol_bpb}")
         if self.threads < 0 or self.timeout_s <= 0:
@@ -223,9 +229,18 @@ def rescore_request(
         eval=eval_cfg,
         device=cfg.device or str(score.get("device") or "cpu"),
         threads=cfg.threads or int(score.get("threads") or 0),
+        sandbox=verify_sandbox(result),
         protect=(data_dir,),
+        allow_missing_layers=cfg.allow_missing_layers,
         json_out=out,
     )
+
+
+def verify_sandbox(result: dict[str, Any]) -> str:
+    """The model workers' sandbox rule for a re-score: the track's ('required' on a record track), never
+    looser than the run's own; 'auto' for a track this harness does not know."""
+    track = TRACKS.get(str(result.get("track")))
+    return track.sandbox if track is not None else "auto"
 
 
 def rescore(
@@ -406,7 +421,12 @@ def print_record(rec: dict[str, Any], *, as_json: bool, all_checks: bool) -> Non
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    cfg = VerifyConfig(tol_bpb=args.tol_bpb, device=args.device, threads=args.threads)
+    cfg = VerifyConfig(
+        tol_bpb=args.tol_bpb,
+        device=args.device,
+        threads=args.threads,
+        allow_missing_layers=parse_layers(args.allow_missing_layer, "--allow-missing-layer"),
+    )
     paths: list[str] = args.result
     if args.executor == "inline":
         for p in paths:  # every path is a result before any is verified
@@ -450,6 +470,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", help="the dataset folder (default: the one the result records)")
     p.add_argument("--device", help="re-score device (default: the one the result was scored on)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: as recorded)")
+    p.add_argument(
+        "--allow-missing-layer",
+        action="append",
+        default=[],
+        metavar="LAYER",
+        help="an official's decision: on a record track, re-score although this machine lacks LAYER "
+        f"({', '.join(KERNEL_LAYERS)}); recorded in the re-score; repeatable",
+    )
     p.add_argument(
         "--tol-bpb", type=float, default=VerifyConfig().tol_bpb, help="accepted |Δ| of val_bpb and val_loss"
     )
