@@ -133,13 +133,14 @@ class GPT(nn.Module):
             raise ValueError(f"logit_softcap must be positive, got {logit_softcap}")
         self.logit_softcap = logit_softcap
         self.tok_emb = nn.Embedding(vocab_size, model_dim)
-        nn.init.normal_(self.tok_emb.weight, mean=0.0, std=tied_embed_init_std)
         self.num_encoder = num_layers // 2
         self.num_decoder = num_layers - self.num_encoder
         self.skip_weights = nn.Parameter(torch.ones(min(self.num_encoder, self.num_decoder), model_dim))
         self.blocks = nn.ModuleList(
             Block(model_dim, num_heads, num_kv_heads, mlp_mult, rope_base, qk_gain_init) for _ in range(num_layers)
         )
+        # drawn after the blocks are built, as the reference does: the same seed gives the same initial weights
+        nn.init.normal_(self.tok_emb.weight, mean=0.0, std=tied_embed_init_std)
 
     def forward(self, input_ids):  # (B, T) -> (B, T, V)
         x = rms_norm(self.tok_emb(input_ids))  # (B, T, C)
