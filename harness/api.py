@@ -205,6 +205,50 @@ class Logger(Protocol):
         ...
 
 
+class CpuTrial(Protocol):
+    steps: int
+    """How many warm-up steps the trial needs: pass it as ctx.clock.warmup(trial.step, steps=trial.steps, ...)."""
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """The warm-up's step function: runs the candidates in turn, timing each (its first call untimed)."""
+        ...
+
+    def best(self) -> str:
+        """After the warm-up: the candidate with the least median step time (recorded in train.json)."""
+        ...
+
+
+class CpuTuning(Protocol):
+    """ctx.cpu: the CPU this rank runs on, and a measured choice of how to run a step (harness/train/cpu.py)."""
+
+    facts: Mapping[str, Any]
+    """model, flags (of those that decide a dtype's speed), torch_capability, cores, threads, l3_bytes,
+    native_bf16 (a bfloat16 instruction set AND a torch capability of AVX-512 or above)."""
+
+    def modes(self, requested: str) -> list[str]:
+        """Eager step modes to time: "auto" -> float32, plus bfloat16 only where bfloat16 is native; a fixed
+        mode ("float32", "float32_compile", "bfloat16", "bfloat16_compile") -> [that mode]."""
+        ...
+
+    def trial(
+        self,
+        candidates: Mapping[str, Callable[[torch.Tensor, torch.Tensor], object]],
+        *,
+        repeats: int = 2,
+        discard: int = 1,
+        then: Callable[[str], tuple[str, Callable[[torch.Tensor, torch.Tensor], object]] | None]
+        | None = None,
+    ) -> CpuTrial:
+        """A trial of step functions, run off the clock inside ctx.clock.warmup (so also undone): each runs
+        discard + repeats times, the repeats timed; then `then(fastest so far)` may name one more (e.g. its
+        compiled form), run the same way."""
+        ...
+
+    def record(self, **values: Any) -> None:
+        """JSON-able facts about the setting the run chose; written to train.json `cpu` with `facts`."""
+        ...
+
+
 @dataclass(frozen=True)
 class DistInfo:
     """Where this process sits in the job, and the collectives a submission commonly needs."""
@@ -280,3 +324,6 @@ class TrainContext:
     submission_dir: Path
     scratch_dir: Path
     """A private folder for checkpoints or caches (not counted, not packed)."""
+    cpu: CpuTuning | None = None
+    """The CPU's facts and a start-up trial of step modes (the harness always sets it; None only in
+    contexts built by hand, e.g. unit tests)."""

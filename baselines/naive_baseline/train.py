@@ -11,8 +11,14 @@ Optimisers (the reference's):
 - Adam (beta 0.9/0.95, eps 1e-8) on the tied embedding (lr 0.05) and on vectors/scalars (lr 0.04).
 LR warmdown: linear to zero over the last `warmdown_iters` steps' worth of wall-clock, estimated
 from the mean step time so far (the budget, not a step count, ends training).
+
+On CPU the step mode (`cpu_mode`: float32 or bfloat16 autocast, eager or torch.compile'd) is the
+machine's: "auto" times the modes ctx.cpu offers (bfloat16 only where the CPU computes it natively)
+inside the off-clock warm-up, `cpu_trial_repeats` timed steps each, and trains with the fastest; a
+fixed mode (e.g. the `tiny` preset's "float32") is used as it is. ctx.cpu records the choice.
 """
 
+import contextlib
 import math
 from dataclasses import dataclass, fields
 
@@ -44,15 +50,17 @@ class Hparams:
     beta2: float = 0.95
     adam_eps: float = 1e-8
     grad_clip_norm: float = 0.0
-    compile: bool = True  # torch.compile the model (CUDA only)
+    compile: bool = True  # torch.compile the model (CUDA; on CPU cpu_mode decides)
+    cpu_mode: str = "auto"  # auto | float32 | float32_compile | bfloat16 | bfloat16_compile (harness/train/cpu.py)
+    cpu_trial_repeats: int = 2  # timed steps per mode in the start-up trial (off the clock)
     warmup_steps: int = 20  # compile warm-up on synthetic tokens, off the clock and undone (CUDA + compile only)
     train_log_every: int = 200
 
 
-def newton_schulz5(G, steps, eps=1e-7):
-    """Approximately orthogonalise G (quintic Newton-Schulz, in bfloat16 on GPU)."""
+def newton_schulz5(G, steps, eps=1e-7, bf16=None):
+    """Approximately orthogonalise G (quintic Newton-Schulz; in bfloat16 on GPU, and on CPU in a bfloat16 mode)."""
     a, b, c = 3.4445, -4.7750, 2.0315
-    X = G.bfloat16() if G.is_cuda else G.float()
+    X = G.bfloat16() if (G.is_cuda if bf16 is None else bf16) else G.float()
     X = X / (X.norm() + eps)
     transposed = G.size(0) > G.size(1)
     if transposed:
@@ -67,6 +75,7 @@ class Muon(torch.optim.Optimizer):
     def __init__(self, params, lr, momentum, backend_steps, rank=0, world_size=1, all_reduce=None):
         super().__init__(params, dict(lr=lr, momentum=momentum, backend_steps=backend_steps))
         self.rank, self.world_size, self.all_reduce = rank, world_size, all_reduce
+        self.bf16 = None  # None: bfloat16 on GPU only; True/False: the CPU step mode's choice
 
     @torch.no_grad()
     def step(self):
@@ -82,7 +91,7 @@ class Muon(torch.optim.Optimizer):
                 if i % self.world_size == self.rank and p.grad is not None:
                     buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad))
                     buf.mul_(group["momentum"]).add_(p.grad)
-                    g = newton_schulz5(p.grad.add(buf, alpha=group["momentum"]), group["backend_steps"])
+                    g = newton_schulz5(p.grad.add(buf, alpha=group["momentum"]), group["backend_steps"], bf16=self.bf16)
                     g = g * max(1.0, g.size(0) / g.size(1)) ** 0.5
                     flat[offset : offset + p.numel()] = g.reshape(-1).to(dtype)
                 offset += p.numel()
@@ -121,8 +130,16 @@ def train(ctx: TrainContext):
         for name, p in model.named_parameters():
             if p.ndim < 2 or any(k in name for k in CONTROL_PATTERNS):
                 p.data = p.data.float()
-    fwd = torch.compile(model, dynamic=False) if (cuda and hp.compile) else model
-    ddp = d.ddp(fwd, broadcast_buffers=False) if d.distributed else fwd
+    forwards = {}
+
+    def forward_of(compile_it):  # one wrapper each, eager and compiled, shared by the modes (and by DDP)
+        if compile_it not in forwards:
+            fwd = torch.compile(model, dynamic=False) if compile_it else model
+            forwards[compile_it] = d.ddp(fwd, broadcast_buffers=False) if d.distributed else fwd
+        return forwards[compile_it]
+
+    def autocast(amp):
+        return torch.autocast(device_type=d.device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
 
     named = list(model.blocks.named_parameters())
     matrices = [p for n, p in named if p.ndim == 2 and not any(k in n for k in CONTROL_PATTERNS)]
@@ -137,23 +154,67 @@ def train(ctx: TrainContext):
     n_params = sum(p.numel() for p in model.parameters())
     ctx.log.info(f"model_params:{n_params} world_size:{d.world_size} grad_accum_steps:{accum} micro_tokens:{micro_tokens}")
 
-    if cuda and hp.compile and hp.warmup_steps > 0:
-        # compile (and autotune) on synthetic tokens, off the clock; the harness restores and verifies the
-        # weights, optimizer state and RNGs afterwards, so this cannot train (harness.api BudgetClock.warmup)
+    # the step mode: (forward, autocast dtype or None, Newton-Schulz in bfloat16 or None)
+    def mode_setting(mode):
+        if cuda:
+            return forward_of(hp.compile), torch.bfloat16, None
+        bf16 = mode.startswith("bfloat16")
+        return forward_of(mode.endswith("_compile")), torch.bfloat16 if bf16 else None, bf16
+
+    def make_step(mode):
+        fwd, amp, ns_bf16 = mode_setting(mode)
+
         def warm_step(x, y):
+            opt_muon.bf16 = ns_bf16
             for micro in range(accum):
                 if d.distributed:
-                    ddp.require_backward_grad_sync = micro == accum - 1
-                with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
-                    logits = ddp(x)
+                    fwd.require_backward_grad_sync = micro == accum - 1
+                with autocast(amp):
+                    logits = fwd(x)
                 (F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1)) / accum).backward()
             for opt in optimizers:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
 
-        report = ctx.clock.warmup(warm_step, modules=[model], optimizers=optimizers, steps=hp.warmup_steps,
-                                  batch_tokens=micro_tokens, seq_len=hp.train_seq_len, vocab_size=ctx.vocab_size)
-        ctx.log.info(f"warmup_steps:{report.steps} off_clock:{report.off_clock_s:.1f}s verified:{report.verified}")
+        return warm_step
+
+    if cuda:
+        mode, modes = "cuda_bfloat16" + ("_compile" if hp.compile else ""), []
+    elif ctx.cpu is not None:
+        modes = ctx.cpu.modes(hp.cpu_mode)
+        if d.distributed and len(modes) > 1:  # ranks timing alone could choose differently: one mode for all
+            modes = modes[:1]
+            ctx.cpu.record(note="several CPU ranks: no trial, the first mode")
+        mode = modes[0]
+    else:  # a context built by hand (no ctx.cpu): the mode as given, "auto" as float32
+        mode = "float32" if hp.cpu_mode == "auto" else hp.cpu_mode
+        modes = [mode]
+    warm = None
+    wargs = dict(modules=[model], optimizers=optimizers, batch_tokens=micro_tokens, seq_len=hp.train_seq_len,
+                 vocab_size=ctx.vocab_size)
+    if cuda and hp.compile and hp.warmup_steps > 0:
+        # compile (and autotune) on synthetic tokens, off the clock; the harness restores and verifies the
+        # weights, optimizer state and RNGs afterwards, so this cannot train (harness.api BudgetClock.warmup)
+        warm = ctx.clock.warmup(make_step(mode), steps=hp.warmup_steps, **wargs)
+    elif ctx.cpu is not None and ((hp.cpu_mode == "auto" and not d.distributed) or mode.endswith("_compile")):
+        # time the eager modes, then the faster one compiled, off the clock; keep the fastest
+        def compiled_form(best):
+            return None if best.endswith("_compile") else (best + "_compile", make_step(best + "_compile"))
+
+        trial = ctx.cpu.trial({m: make_step(m) for m in modes}, repeats=hp.cpu_trial_repeats,
+                              then=compiled_form if hp.cpu_mode == "auto" and not d.distributed else None)
+        warm = ctx.clock.warmup(trial.step, steps=trial.steps, **wargs)
+        mode = trial.best()
+        ctx.log.info("cpu trial (median step s): " + " ".join(
+            f"{m}:{sorted(ts)[len(ts) // 2]:.3f}" for m, ts in trial.times_s.items()))
+    elif ctx.cpu is not None:
+        ctx.cpu.record(chosen=mode, chosen_by="fixed by the preset (train.cpu_mode)")
+    if ctx.cpu is not None and not cuda:
+        ctx.log.info(f"cpu: {ctx.cpu.facts.get('model')} capability {ctx.cpu.facts.get('torch_capability')} "
+                     f"native_bf16 {ctx.cpu.facts.get('native_bf16')}; mode {mode}")
+    if warm is not None:
+        ctx.log.info(f"warmup_steps:{warm.steps} off_clock:{warm.off_clock_s:.1f}s verified:{warm.verified}")
+    ddp, amp, opt_muon.bf16 = mode_setting(mode)
 
     def lr_scale(step, elapsed_s):
         if hp.warmdown_iters <= 0:
@@ -177,7 +238,7 @@ def train(ctx: TrainContext):
             x, y = ctx.data.next_batch(micro_tokens, hp.train_seq_len)
             if d.distributed:
                 ddp.require_backward_grad_sync = micro == accum - 1
-            with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=cuda):
+            with autocast(amp):
                 logits = ddp(x)
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
             (loss / accum).backward()

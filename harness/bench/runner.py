@@ -35,6 +35,7 @@ from torch import nn
 
 from harness.api import ClockReading, DistInfo, TrainContext, TrainingComplete, WarmupReport
 from harness.train.clock import Snapshot
+from harness.train.cpu import CpuTuner
 
 BASELINE = Path(__file__).resolve().parents[2] / "baselines" / "naive_baseline"
 
@@ -91,6 +92,8 @@ def bare_main(spec_path: str) -> int:
 
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     torch.set_num_threads(spec["threads"])
+    if spec.get("interop_threads"):  # before any inter-op work (pgolf tune measures it)
+        torch.set_num_interop_threads(spec["interop_threads"])
     device = torch.device("cuda", 0) if spec["device"] == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -104,6 +107,7 @@ def bare_main(spec_path: str) -> int:
     loader = DistributedTokenLoader(manifest.shard_paths("train"), 0, 1, device, pin_memory=True)
     out = Path(spec["out_dir"])
     clock = BareClock(spec["budget_s"], device)
+    cpu = CpuTuner()
     ctx = TrainContext(
         hparams=spec["hparams"],
         model_config=spec["model_config"],
@@ -115,6 +119,7 @@ def bare_main(spec_path: str) -> int:
         vocab_size=manifest.vocab_size,
         submission_dir=Path(spec["submission_dir"]),
         scratch_dir=out,
+        cpu=cpu,
     )
     clock._t0 = time.perf_counter()  # as the harness: the clock starts before the submission is imported
     train_fn = import_submission_file(
@@ -135,6 +140,7 @@ def bare_main(spec_path: str) -> int:
                 "tokens_seen": loader.tokens_consumed,
                 "steps": clock.steps,
                 "off_clock_s": clock._off,
+                "cpu": cpu.report(),
             }
         ),
         flush=True,
@@ -170,6 +176,8 @@ def run_bare(
     device: str,
     workdir: Path,
     env: dict[str, str] | None = None,
+    interop_threads: int = 0,
+    hparams: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     spec = {
@@ -177,10 +185,11 @@ def run_bare(
         "data_dir": str(data_root),
         "out_dir": str(workdir),
         "model_config": cfg.model,
-        "hparams": cfg.train,
+        "hparams": hparams if hparams is not None else cfg.train,
         "seed": cfg.tables["run"]["seed"],
         "budget_s": budget_s,
         "threads": threads,
+        "interop_threads": interop_threads,
         "device": device,
     }
     (workdir / "spec.json").write_text(json.dumps(spec))

@@ -81,6 +81,12 @@ class ResultRecord:
     config: dict[str, Any] | None = None
     provenance: dict[str, Any] | None = None
     verification_record: dict[str, Any] | None = None
+    machine_load: dict[str, Any] | None = None
+    """Other processes' CPU use over training and scoring (harness/run/load.py), and `contended`; a record
+    track's CPU run on a contended machine has `record_contended` true."""
+    cpu: dict[str, Any] | None = None
+    """The CPU as the harness read it (model, flags, torch capability, native bfloat16) and the step mode
+    the rank says it chose (harness/train/cpu.py)."""
 
     def to_json(self) -> dict[str, Any]:
         full = self.phases is not None
@@ -131,7 +137,8 @@ _RESULT_FIELDS: dict[str, Types] = {
     "eval_dtype": _STR_OR_NONE,
     "within_cap": (bool, type(None)),
     **dict.fromkeys(
-        ("phase_times_s", "phases", "config", "provenance", "verification_record"), _DICT_OR_NONE
+        ("phase_times_s", "phases", "config", "provenance", "verification_record", "machine_load", "cpu"),
+        _DICT_OR_NONE,
     ),
 }
 _RESULT_REQUIRED = frozenset({"status", "verification", "submission", "track", "created_unix_s", "run_dir"})
@@ -199,6 +206,8 @@ def build_result(
         },
         phases=phases,
         config=cfg.tables,
+        machine_load=_machine_load(train, score, track),
+        cpu=_cpu(train),
         # ---- provenance receipt ----
         provenance={
             "code_files": pack.get("code_files"),
@@ -211,6 +220,34 @@ def build_result(
             "harness_commit": git_commit(Path(__file__).resolve().parent),
         },
     ).to_json()
+
+
+def _machine_load(train: dict[str, Any], score: dict[str, Any], track: Track) -> dict[str, Any] | None:
+    """The phases' load records joined: contended when either phase was (None: neither was measured)."""
+    loads = {
+        k: v for k, v in (("train", train.get("machine_load")), ("score", score.get("machine_load"))) if v
+    }
+    if not loads:
+        return None
+    flags = [v.get("contended") for v in loads.values()]
+    contended = True if any(flags) else (None if all(f is None for f in flags) else False)
+    cpu_run = (train.get("launch") or {}).get("device", "cpu") == "cpu"
+    return {**loads, "contended": contended, "record_contended": bool(contended and track.record and cpu_run)}
+
+
+def _cpu(train: dict[str, Any]) -> dict[str, Any] | None:
+    """The harness's own reading of the CPU, with the mode the rank reports it chose (CPU runs only)."""
+    if (train.get("launch") or {}).get("device") != "cpu":
+        return None
+    from harness.train.cpu import read_facts
+
+    rank = train.get("cpu") or {}
+    return {
+        **read_facts().to_json(),
+        "mode_chosen": rank.get("chosen"),
+        "mode_chosen_by": rank.get("chosen_by"),
+        "trial_step_s": rank.get("trial_step_s"),
+    }
 
 
 def finite_json(value: Any) -> Any:
@@ -289,6 +326,7 @@ def card(result: dict[str, Any]) -> str:
             else ""
         ),
         *_isolation_lines(r),
+        *_cpu_lines(r),
         *_plot_lines(r),
         f"└─ {r['run_dir']}/result.json",
     ]
@@ -314,6 +352,34 @@ def _plot_lines(r: dict[str, Any]) -> list[str]:
     if plot.get("file"):
         return [f"│ plot          {r['run_dir']}/{plot['file']}  (training loss against time and step)"]
     return [f"│ plot          not drawn: {plot.get('error') or '?'} (the run's status is unchanged)"]
+
+
+def _cpu_lines(r: dict[str, Any]) -> list[str]:
+    """The CPU's flags and step mode (CPU runs), and the machine's load (every run that measured it)."""
+    from harness.run.load import describe
+
+    lines = []
+    cpu = r.get("cpu")
+    if cpu:
+        lines.append(
+            f"│ cpu           {','.join(cpu.get('flags') or []) or '-'}; torch {cpu.get('torch_capability')}, "
+            f"native bfloat16 {cpu.get('native_bf16')}; step mode {cpu.get('mode_chosen') or '-'}"
+            f" ({cpu.get('mode_chosen_by') or '-'})"
+        )
+    load = r.get("machine_load")
+    if load:
+        for phase in ("train", "score"):
+            if load.get(phase):
+                lines.append(f"│ load {phase:8s} {describe(load[phase])}")
+        if load.get("record_contended"):
+            lines.append(
+                "│ CONTENDED     a record-track CPU result measured on a busy machine: not comparable"
+            )
+        elif load.get("contended"):
+            lines.append(
+                "│ contended     other processes shared the CPUs: speeds here are below the machine's"
+            )
+    return lines
 
 
 def print_card(result: dict[str, Any]) -> None:

@@ -37,6 +37,7 @@ from harness.records.plot import plot_run
 from harness.records.result import build_result, minimal_result, print_card, write_result
 from harness.records.tracking import Tracker, finish_tracking
 from harness.run.launch import LaunchConfig
+from harness.run.load import load_between, read_load
 from harness.run.staging import folder_verdict, stage_folder, stage_model_code
 from harness.run.train_phase import run_sealed_pack, run_train_phase
 from harness.train.rank import METRICS_FILE, STATE_FILE
@@ -360,7 +361,9 @@ def _phases(
         )
         cmd = [sys.executable, "-m", "scoring", *request.to_argv()]
         outer_s = eval_deadline_s + SCORER_STARTUP_S if math.isfinite(eval_deadline_s) else None
+        load_start = read_load()  # the machine's load over scoring (harness/run/load.py), at its two ends
         returncode = _run_phase("score", cmd, run_dir / "score.log", timeout_s=outer_s)
+        score_load = load_between(load_start, read_load())
         record: ScoreRecord | ScoreFailure | None = None
         malformed = ""
         if score_out.is_file():
@@ -377,10 +380,16 @@ def _phases(
                 status = "error"
             detail = (record.detail if isinstance(record, ScoreFailure) else "") or malformed
             detail = detail or _tail(run_dir / "score.log")
-            phases["score"] = {"status": status, "detail": detail, "returncode": returncode}
+            phases["score"] = {
+                "status": status,
+                "detail": detail,
+                "returncode": returncode,
+                "machine_load": score_load,
+            }
             return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=status)
         phases["score"] = record.to_json()
         write_json_atomic(run_dir / "score.json", phases["score"])
+        phases["score"] = {**phases["score"], "machine_load": score_load}  # the harness's, not the scorer's
         status = "ok"
         return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=status)
 

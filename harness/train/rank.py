@@ -44,6 +44,7 @@ from data.loader import OnDemandTokenStream
 from data.records import Types, field, require_format
 from harness.api import API_VERSION, DistInfo, TrainContext, TrainingComplete, TrainResult
 from harness.train.clock import DataGate, HarnessClock
+from harness.train.cpu import CpuTuner
 from harness.train.wire import WireClient
 from isolation.monitor import monitor_from_rules
 
@@ -78,6 +79,7 @@ RANK_REPORT_FIELDS: dict[str, Types] = {
     "train_shards_used": int,
     "train_shard_names": list,
     "train_tokens_available": int,
+    "cpu": dict,
 }
 """The fields of train.json with their JSON types (numbers finite and non-negative); any other key is dropped."""
 
@@ -111,6 +113,8 @@ class RankReport:
     train_shards_used: int | None = None
     train_shard_names: list[str] | None = None
     train_tokens_available: int | None = None
+    cpu: dict[str, Any] | None = None
+    """ctx.cpu's report (harness/train/cpu.py): the CPU's facts and the step mode the run chose."""
 
     def to_json(self) -> dict[str, Any]:
         """The fields that are set (rank_reported_warmup always: null when the rank did no warm-up)."""
@@ -268,6 +272,7 @@ def main(spec_path: str) -> int:
     log = RankLogger(info.is_main, out_dir)
     scratch = out_dir / "scratch" / f"rank{info.rank}"
     scratch.mkdir(parents=True, exist_ok=True)
+    cpu = CpuTuner()
     ctx = TrainContext(
         hparams=spec["hparams"],
         model_config=spec["model_config"],
@@ -279,6 +284,7 @@ def main(spec_path: str) -> int:
         vocab_size=spec["vocab_size"],
         submission_dir=Path(spec["submission_dir"]),
         scratch_dir=scratch,
+        cpu=cpu,
     )
     setup_s = time.perf_counter() - t_enter
     try:
@@ -337,6 +343,7 @@ def main(spec_path: str) -> int:
             device=str(info.device.type),
             threads_per_rank=torch.get_num_threads(),
             process=_process_facts(),
+            cpu=cpu.report(),
         )
         _write_json(out_dir / TRAIN_RECORD, report.to_json())
     if info.distributed:

@@ -1,0 +1,237 @@
+"""ctx.cpu (harness/train/cpu.py), the machine-load record (harness/run/load.py) and `pgolf tune`'s
+decisions (harness/tune.py): bfloat16 only where native, the fastest step mode by a (mocked) clock,
+settings kept only beyond the noise, a preset appended without touching the rest of the file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.run.load import CONTENDED_CORES, LoadReading, _proc_stat, describe, load_between
+from harness.train.cpu import (
+    CpuFacts,
+    CpuTuner,
+    StepTrial,
+    compile_of,
+    modes_for,
+    native_bf16,
+    parse_cpuinfo,
+    read_facts,
+)
+from harness.tune import Row, Setting, helps, measure_rows, plan_settings, preset_text
+from tests.conftest import REPO
+
+CPUINFO_BF16 = (
+    "processor\t: 0\nmodel name\t: Fake EPYC 9999\n"
+    "flags\t\t: fpu sse2 avx avx2 fma avx512f avx512_vnni avx512_bf16 sha_ni\n\n"
+    "processor\t: 1\nmodel name\t: Fake EPYC 9999\nflags\t\t: fpu\n"
+)
+CPUINFO_2016 = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) CPU E5-2680 v4\nflags\t\t: fpu sse2 avx avx2 fma\n"
+
+
+def facts(flags: tuple[str, ...], cap: str, cores: int = 2) -> CpuFacts:
+    return CpuFacts("x", flags, cap, cores, cores, None, native_bf16(flags, cap))
+
+
+def test_cpuinfo_is_parsed_from_the_first_processor() -> None:
+    assert parse_cpuinfo(CPUINFO_BF16) == ("Fake EPYC 9999", ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16"))
+    assert parse_cpuinfo(CPUINFO_2016) == ("Intel(R) Xeon(R) CPU E5-2680 v4", ("avx2", "fma"))
+    assert parse_cpuinfo("") == ("unknown", ())
+
+
+@pytest.mark.parametrize(
+    ("flags", "cap", "native"),
+    [
+        (("avx512_bf16",), "AVX512", True),
+        (("amx_bf16",), "AVX512", True),
+        (("avx512_bf16",), "AVX2", False),  # ATEN_CPU_CAPABILITY=avx2 on a bf16 CPU: torch's kernels lack it
+        (("avx512_bf16",), "DEFAULT", False),
+        (("avx512f", "avx2"), "AVX512", False),  # AVX-512 without BF16 (a Skylake server)
+        ((), "AVX2", False),
+    ],
+)
+def test_native_bf16_needs_the_flag_and_the_capability(flags: tuple[str, ...], cap: str, native: bool) -> None:
+    assert native_bf16(flags, cap) is native
+    assert ("bfloat16" in modes_for("auto", facts(flags, cap))) is native
+
+
+def test_modes_auto_fixed_and_refused() -> None:
+    assert modes_for("auto", facts(("avx512_bf16",), "AVX512")) == ["float32", "bfloat16"]
+    assert modes_for("auto", facts(("avx2",), "AVX2")) == ["float32"]
+    assert modes_for("bfloat16_compile", facts((), "DEFAULT")) == ["bfloat16_compile"]  # fixed: as given
+    assert compile_of("bfloat16") == "bfloat16_compile" and compile_of("float32_compile") == "float32_compile"
+    with pytest.raises(ValueError, match="not one of"):
+        modes_for("fp8", facts((), "AVX2"))
+
+
+def _facts_in_subprocess(capability: str | None) -> dict[str, object]:
+    env = dict(os.environ)
+    env.pop("ATEN_CPU_CAPABILITY", None)
+    if capability:
+        env["ATEN_CPU_CAPABILITY"] = capability
+    code = (
+        "import json,sys; from harness.train.cpu import read_facts, modes_for;"
+        f"f = read_facts(cpuinfo={CPUINFO_BF16!r});"
+        "print(json.dumps({**f.to_json(), 'auto': modes_for('auto', f)}))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, check=True)
+    return json.loads(r.stdout)
+
+
+def test_an_older_instruction_set_forced_takes_bfloat16_out() -> None:
+    """On a CPU whose flags say bfloat16 (here given as text), forcing torch down to AVX2 or to the
+    default kernels (a 2016 Xeon's) removes bfloat16 from the modes; torch's own capability decides."""
+    for forced in ("avx2", "default"):
+        f = _facts_in_subprocess(forced)
+        assert f["torch_capability"] == forced.upper() and f["native_bf16"] is False
+        assert f["auto"] == ["float32"]
+    if torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        f = _facts_in_subprocess(None)  # the same flags at this machine's full capability: bfloat16 is tried
+        assert f["native_bf16"] is True and f["auto"] == ["float32", "bfloat16"]
+
+
+def test_read_facts_reads_this_machine() -> None:
+    f = read_facts()
+    assert f.cores >= 1 and f.threads == torch.get_num_threads()
+    assert f.torch_capability == torch.backends.cpu.get_cpu_capability()
+    assert f.native_bf16 == native_bf16(f.flags, f.torch_capability)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_trial_times_each_candidate_then_its_compiled_form_and_picks_the_fastest() -> None:
+    clock = FakeClock()
+    cost = {"float32": 1.0, "bfloat16": 0.5, "bfloat16_compile": 0.25}
+    calls: list[str] = []
+
+    def step_of(name: str):
+        def step(x: torch.Tensor, y: torch.Tensor) -> None:
+            calls.append(name)
+            clock.t += cost[name] * (10 if calls.count(name) == 1 else 1)  # the first call compiles/warms
+
+        return step
+
+    seen: list[str] = []
+    trial = StepTrial(
+        {"float32": step_of("float32"), "bfloat16": step_of("bfloat16")},
+        repeats=2,
+        discard=1,
+        clock=clock,
+        then=lambda best: (seen.append(best), (compile_of(best), step_of(compile_of(best))))[1],
+    )
+    assert trial.steps == 9
+    x = torch.zeros(1, 4, dtype=torch.long)
+    for _ in range(trial.steps):
+        trial.step(x, x)
+    assert seen == ["bfloat16"]  # the follow-up compiled the faster dtype
+    assert calls == ["float32"] * 3 + ["bfloat16"] * 3 + ["bfloat16_compile"] * 3
+    assert trial.times_s == {"float32": [1.0, 1.0], "bfloat16": [0.5, 0.5], "bfloat16_compile": [0.25, 0.25]}
+    assert trial.best() == "bfloat16_compile"
+    with pytest.raises(RuntimeError, match="9 steps"):
+        trial.step(x, x)
+
+
+def test_trial_records_its_choice_through_the_tuner_and_refuses_before_running() -> None:
+    tuner = CpuTuner(facts(("avx2",), "AVX2"))
+    trial = tuner.trial({"float32": lambda x, y: None}, repeats=1)
+    with pytest.raises(RuntimeError, match="has not run"):
+        trial.best()
+    x = torch.zeros(1, 1, dtype=torch.long)
+    for _ in range(trial.steps):
+        trial.step(x, x)
+    assert trial.best() == "float32"
+    report = tuner.report()
+    assert report["format"] == "pg-cpu" and report["chosen"] == "float32" and report["native_bf16"] is False
+    assert list(report["trial_step_s"]) == ["float32"] and len(report["trial_step_s"]["float32"]) == 1
+    json.dumps(report)
+
+
+# ---- the machine's load ----
+
+
+def test_load_between_separates_our_cpu_time_from_the_others() -> None:
+    a = LoadReading(t_s=100.0, busy_s=1000.0, steal_s=5.0, own_s=10.0, loadavg_1m=1.0)
+    quiet = LoadReading(t_s=110.0, busy_s=1019.0, steal_s=5.0, own_s=28.0, loadavg_1m=1.5)
+    busy = LoadReading(t_s=110.0, busy_s=1030.0, steal_s=5.0, own_s=28.0, loadavg_1m=3.0)
+    q = load_between(a, quiet, cores=2)
+    assert (q["own_cores"], q["others_cores"], q["contended"]) == (1.8, 0.1, False)
+    b = load_between(a, busy, cores=2)
+    assert b["others_cores"] == 1.2 and b["others_cores"] >= CONTENDED_CORES and b["contended"] is True
+    assert "1.20 of 2 cores busy with other processes" in describe(b)
+    none = load_between(LoadReading(0.0, None, None, 0.0, None), LoadReading(1.0, None, None, 0.5, None), cores=2)
+    assert none["contended"] is None and describe(none).startswith("not measured")
+
+
+def test_proc_stat_line_is_parsed_and_garbage_is_refused() -> None:
+    hz = os.sysconf("SC_CLK_TCK")
+    busy, steal = _proc_stat("cpu  100 10 50 9000 5 1 2 30 0 0\ncpu0 1 2 3\n")  # type: ignore[misc]
+    assert (busy, steal) == (163 / hz, 30 / hz)
+    assert _proc_stat("intr 1 2 3\n") is None and _proc_stat("") is None
+
+
+# ---- pgolf tune's decisions ----
+
+
+def test_tune_plans_bfloat16_only_where_native() -> None:
+    train = {"cpu_mode": "float32", "grad_accum_steps": 8, "train_batch_tokens": 4096, "train_seq_len": 256}
+    old, notes = plan_settings(facts(("avx2",), "AVX2").to_json(), train, threads=2)
+    names = [s.name for s in old]
+    assert "cpu_mode=float32_compile" in names and not any("bfloat16" in n for n in names)
+    assert any("bfloat16: left out" in n for n in notes)
+    new, _ = plan_settings(facts(("avx512_bf16",), "AVX512").to_json(), train, threads=2)
+    assert {"cpu_mode=bfloat16", "cpu_mode=bfloat16_compile"} <= {s.name for s in new}
+    assert {"grad_accum_steps=4", "grad_accum_steps=16", "threads=1"} <= {s.name for s in new}
+    odd, _ = plan_settings(facts((), "AVX2").to_json(), {**train, "grad_accum_steps": 16}, threads=2)
+    assert "grad_accum_steps=32" not in {s.name for s in odd}  # 4096 / 32 = 128 tokens: not whole sequences
+
+
+def test_a_setting_is_kept_only_beyond_the_noise() -> None:
+    ref = Row(Setting("ref"), [1000.0, 1010.0])
+    assert helps(Row(Setting("a"), [1100.0, 1105.0]), ref)
+    assert not helps(Row(Setting("b"), [1020.0, 1025.0]), ref)  # 1.5 % < the 3 % floor
+    assert not helps(Row(Setting("c"), [900.0, 1300.0]), ref)  # 1100 median, but a 36 % spread
+    assert not helps(Row(Setting("d"), [], failed="boom"), ref)
+
+
+def test_measure_rows_interleaves_and_stops_at_the_budget() -> None:
+    clock = FakeClock()
+    order: list[str] = []
+    speed = {"ref": 1000.0, "fast": 1500.0, "broken": 0.0}
+
+    def measure(s: Setting) -> float:
+        order.append(s.name)
+        clock.t += 10
+        if s.name == "broken":
+            raise RuntimeError("the bare run failed:\nTraceback ...\nValueError: unknown [train] keys")
+        return speed[s.name]
+
+    rows = measure_rows([Setting("ref"), Setting("fast"), Setting("broken")], measure, 3, budget_s=35, clock=clock)
+    # round 2 starts at 30 s (within 35 s) without the failed setting; round 3 would start at 50 s: not run
+    assert order == ["ref", "fast", "broken", "ref", "fast"]
+    assert rows[2].failed == "ValueError: unknown [train] keys" and rows[1].median == 1500.0
+
+
+def test_preset_text_appends_a_loadable_preset(tmp_path: Path) -> None:
+    base = {"launch.device": "cpu", "train.cpu_mode": "auto", "train.grad_accum_steps": 8}
+    kept = [
+        Setting("cpu_mode=bfloat16_compile", {"train.cpu_mode": "bfloat16_compile"}),
+        Setting("pin=close", env={"OMP_PROC_BIND": "close"}),
+    ]
+    text = preset_text("cpu-tuned", "cpu", base, kept, "setting  tokens/s\nref  1,000")
+    table = tomllib.loads("[presets]\n" + text)["presets"]["cpu-tuned"]
+    assert table["train"] == {"cpu_mode": "bfloat16_compile", "grad_accum_steps": 8}
+    assert table["launch"] == {"device": "cpu"}
+    assert "# measured to help, set outside the preset: pin=close (OMP_PROC_BIND=close)" in text
