@@ -102,7 +102,7 @@ from scoring.score.remote import (
     default_memory_limit_bytes,
     start_worker,
 )
-from scoring.worker.legacy import LEGACY_QUANT_FORMAT, LegacyError
+from scoring.worker.legacy import FALLBACKS, LEGACY_QUANT_FORMAT, LegacyError
 
 __all__ = ["LEGACY_QUANT_FORMAT", "LegacyError", "score_legacy"]
 
@@ -239,16 +239,28 @@ def missing_modules(tree: ast.Module) -> list[str]:
             continue
         for module, bound in pairs:
             top = module.split(".")[0]
-            if bound in used_outside and top not in missing and importlib.util.find_spec(top) is None:
+            if bound in used_outside and top not in missing and not _installed(top):
                 missing.append(top)
     return missing
 
 
-def refuse_missing(tree: ast.Module, script: Path) -> None:
-    missing = missing_modules(tree)
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ValueError:  # in sys.modules without a spec: present
+        return True
+
+
+def refuse_missing(tree: ast.Module, script: Path, fallbacks: tuple[str, ...] = ()) -> None:
+    missing = [m for m in missing_modules(tree) if m not in fallbacks]
     if missing:
         needs = ", ".join(f"{m} ({MISSING_HINTS[m]})" if m in MISSING_HINTS else m for m in missing)
-        raise LegacyError(f"{script}: needs {needs}, which this machine does not have")
+        hint = "".join(
+            f"; --fallback {m} runs it on PyTorch's scaled_dot_product_attention instead (recorded)"
+            for m in missing
+            if m in FALLBACKS
+        )
+        raise LegacyError(f"{script}: needs {needs}, which this machine does not have{hint}")
 
 
 # ---- Hyperparameters and GPT(...), statically ----
@@ -382,7 +394,13 @@ def gpt_call(tree: ast.Module, script: Path, hp: dict[str, Any]) -> tuple[dict[s
     )
     kw: dict[str, Any] = {}
     exprs: dict[str, str] = {}
-    if call is not None and not call.args:
+    params = _gpt_params(tree, script)
+    if call is not None:
+        for (name, _), a in zip(params, call.args, strict=False):
+            if isinstance(a, ast.Name):  # GPT(h): the hyperparameters object itself
+                exprs[name] = "args"
+            else:
+                raise LegacyError(f"{script}: GPT(...) is called with {ast.unparse(a)!r}; pass --hparam")
         for k in call.keywords:
             if k.arg is None:
                 continue
@@ -393,7 +411,7 @@ def gpt_call(tree: ast.Module, script: Path, hp: dict[str, Any]) -> tuple[dict[s
                 kw[k.arg] = v.value
             else:
                 exprs[k.arg] = ast.unparse(v)
-    for name, has_default in _gpt_params(tree, script):
+    for name, has_default in params:
         if name not in kw and name not in exprs and name in hp:
             kw[name] = hp[name]
         if name not in kw and name not in exprs and not has_default:
@@ -465,6 +483,7 @@ def score_legacy(
     cap_bytes: int = ARTIFACT_CAP_BYTES,
     sandbox: str = "auto",
     probe_cfg: ProbeConfig | None = None,
+    fallbacks: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Score a record's artifact with the record's model built in a confined worker; the "pg-legacy-score" record."""
     t0 = time.perf_counter()
@@ -474,7 +493,7 @@ def score_legacy(
     script_path = find_script(record_dir, script)
     source, packaging = script_source(script_path)
     tree = _parse(source, script_path)
-    refuse_missing(tree, script_path)
+    refuse_missing(tree, script_path, fallbacks)
     hp = hyperparameters_of(tree, script_path, hparams or {})
     kwargs, call_exprs = gpt_call(tree, script_path, hp)
     settings = eval_settings(hp)
@@ -504,6 +523,7 @@ def score_legacy(
                 "script": str(run_script),
                 "gpt_kwargs": kwargs,
                 "gpt_call": call_exprs,
+                "fallbacks": list(fallbacks),
                 "hyperparameters": {k: v for k, v in hp.items() if isinstance(v, int | float | str | bool)},
             },
         )
@@ -589,6 +609,7 @@ def score_legacy(
         "hyperparameters": hp,
         "gpt_kwargs": kwargs,
         "gpt_call_in_worker": call_exprs,
+        "fallbacks": list(fallbacks),
         "claimed": {
             k: claimed[k]
             for k in ("val_loss", "val_bpb", "bytes_total")
@@ -629,6 +650,7 @@ def cmd_verify_legacy(args: argparse.Namespace) -> int:
         script=args.script,
         device=args.device,
         cap_bytes=args.cap_bytes,
+        fallbacks=tuple(args.fallback),
     )
     if args.json_out:
         write_json_atomic(args.json_out, rec)
@@ -690,6 +712,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="float32", choices=EVAL_DTYPES)
     p.add_argument("--device", default="cpu")
     p.add_argument("--cap-bytes", type=int, default=ARTIFACT_CAP_BYTES)
+    p.add_argument(
+        "--fallback",
+        action="append",
+        default=[],
+        choices=sorted(FALLBACKS),
+        help="run a record that needs this CUDA-only module with a PyTorch stand-in (recorded)",
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument("--json-out", help="also write the record to this file")
     p.set_defaults(func=cmd_verify_legacy)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import importlib.machinery
 import io
 import lzma
 import pickle
@@ -102,14 +103,7 @@ def decompress(raw: bytes, path: Path) -> tuple[bytes, str]:
         ) from e
 
 
-def byte_unshuffle(data: bytes) -> bytes:
-    """Undo the records' byte shuffle: b"BSHF", a 2-byte little-endian stride, then byte planes."""
-    if data[:4] != SHUFFLE_MAGIC:
-        return data
-    stride = int.from_bytes(data[4:6], "little")
-    if len(data) < 6 or stride < 1:
-        raise LegacyError(f"a byte-shuffle header that is truncated or has stride {stride}")
-    payload = np.frombuffer(data, dtype=np.uint8, offset=6)
+def _unplane(payload: np.ndarray, stride: int) -> bytes:
     out = np.empty_like(payload)
     pos = 0
     for s in range(stride):
@@ -117,6 +111,24 @@ def byte_unshuffle(data: bytes) -> bytes:
         out[s::stride] = payload[pos : pos + count]
         pos += count
     return out.tobytes()
+
+
+def byte_unshuffle(data: bytes) -> bytes:
+    """Undo the records' byte shuffle: b"BSHF", the stride (2 bytes little-endian in the March records,
+    1 byte in the April ones), then the byte planes. The variant is the one whose result is a torch
+    zip container (b"PK\x03\x04"); else the 2-byte one."""
+    if data[:4] != SHUFFLE_MAGIC:
+        return data
+    if len(data) >= 5 and data[4] >= 2:
+        one = _unplane(np.frombuffer(data, dtype=np.uint8, offset=5), data[4])
+        if one[:4] == b"PK\x03\x04":
+            return one
+    if len(data) >= 5 and data[4] < 2 and (len(data) < 6 or data[5:9] == b"PK\x03\x04"):
+        return data[5:]  # the April writer's stride < 2: no shuffle
+    stride = int.from_bytes(data[4:6], "little")
+    if len(data) < 6 or stride < 1:
+        raise LegacyError(f"a byte-shuffle header that is truncated or has stride {stride}")
+    return _unplane(np.frombuffer(data, dtype=np.uint8, offset=6), stride)
 
 
 def read_container(path: str | Path) -> tuple[Any, str]:
@@ -414,6 +426,44 @@ class ForwardLogits(nn.Module):
         return self.gpt.forward_logits(input_ids)  # type: ignore[operator]
 
 
+# ---- Stand-ins for CUDA-only modules (opt-in, recorded) ----
+
+
+def _flash_attn_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    **_: Any,
+) -> torch.Tensor:
+    """flash_attn_interface.flash_attn_func's contract ([B, T, H, D] in and out, grouped K/V heads) on
+    PyTorch's scaled_dot_product_attention."""
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    y = F.scaled_dot_product_attention(
+        qt, kt, vt, is_causal=causal, scale=softmax_scale, enable_gqa=kt.size(1) != qt.size(1)
+    )
+    return y.transpose(1, 2)
+
+
+FALLBACKS: dict[str, dict[str, Any]] = {
+    "flash_attn_interface": {"flash_attn_func": _flash_attn_sdpa},
+}
+"""Modules a record may be run without, when the official asks (`--fallback NAME`): name -> contents."""
+
+
+def install_fallbacks(names: list[str]) -> None:
+    import sys
+
+    for name in names:
+        if name not in FALLBACKS:
+            raise LegacyError(f"no fallback for {name!r}; known: {sorted(FALLBACKS)}")
+        mod = types.ModuleType(name)
+        mod.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        mod.__dict__.update(FALLBACKS[name])
+        sys.modules[name] = mod
+
+
 # ---- The worker's build ----
 
 
@@ -442,6 +492,7 @@ def build_legacy(
 ) -> tuple[nn.Module, dict[str, Any]]:
     """The record's model with the artifact's weights, wrapped to return logits; and what was done."""
     script = Path(spec["script"])
+    install_fallbacks(list(spec.get("fallbacks") or []))
     ns, skipped = exec_definitions(script)
     gpt_cls = ns.get("GPT")
     if not isinstance(gpt_cls, type) or not issubclass(gpt_cls, nn.Module):
