@@ -201,6 +201,10 @@ def test_offline_run_writes_the_metrics_and_the_records(wandb_env):
             f.write(json.dumps({"step": step, "train_loss": 6.0 - step, "lr_scale": step / 5}) + "\n")
             f.flush()
             time.sleep(0.02)
+        deadline = time.monotonic() + 20
+        while tracker.logged < 5 and time.monotonic() < deadline:  # live: logged while the file is open
+            time.sleep(0.05)
+        assert tracker.logged == 5
         f.write('{"step": 6, "val_bpb": 0.01}\n')  # the rank's word: logged under rank/, never as the score
         f.write("not a metrics line\n")
     result = {
