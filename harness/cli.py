@@ -9,6 +9,7 @@
     pgolf data build|...      datasets (data/cli.py)
     pgolf sample ARTIFACT --submission DIR [--prompt TEXT]   generate text with a packed model
     pgolf new NAME [--from BASELINE] | check DIR [--preset P]   scaffold an entry; pre-flight it (harness/)
+    pgolf tune SUBMISSION [--preset P] [--write-preset NAME]   CPU settings by measurement (harness/tune.py)
     pgolf bench ...           benchmarks that print figures (harness/bench/, data/bench.py)
 
 Each command lives in the module named in COMMANDS and is imported only when it runs (a plain
@@ -36,6 +37,7 @@ COMMANDS: dict[str, str] = {
     "compare": "harness.records.compare",
     "leaderboard": "harness.records.leaderboard",
     "sample": "harness.sample",
+    "tune": "harness.tune",
     "new": "harness.scaffold",
     "check": "harness.preflight",
     "data": "data.cli",

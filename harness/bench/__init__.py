@@ -11,9 +11,10 @@ import argparse
 
 def register(sub: argparse._SubParsersAction) -> None:
     from data import bench as data_bench
-    from harness.bench import codecs, runner, score
+    from harness.bench import codecs, reference, runner, score
 
     runner.register(sub)
+    reference.register(sub)
     data_bench.register(sub)
     score.register(sub)
     codecs.register(sub)
