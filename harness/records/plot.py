@@ -45,7 +45,7 @@ def write_training_plot(
     Returns {"file", "points", "skipped_lines"}; raises ValueError when there is nothing to draw
     (no metrics file, or no line with a train_loss) and OSError when it cannot be written."""
     if not metrics_path.is_file() and not metrics_path.is_symlink():
-        raise ValueError(f"no {metrics_path.name}: the submission logged no metrics (ctx.log.metrics)")
+        raise ValueError(f"no {metrics_path.name}: the ranks wrote no metrics line (ctx.log.metrics)")
     records, skipped, refused = read_metrics(metrics_path)
     if refused:
         raise ValueError(f"{refused}: not read")
