@@ -158,7 +158,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", required=True, help="artifact file to write")
     p.add_argument(
-        "--codec", default="int8_zlib", help="int8_zlib (default) or 'submission' for its codec.py"
+        "--codec",
+        default="int8_zlib",
+        help="int8_zlib (default), a built-in codec spec such as int6_zstd22 (docs/RULES.md), or 'submission'",
     )
     p.add_argument(
         "--preset", help="preset whose [model] table the scorer will build, if the state does not record one"
