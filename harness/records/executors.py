@@ -352,7 +352,16 @@ def submit(executor: Any, ecfg: ExecutorConfig, item: Item, task: dict[str, Any]
     else:
         params = {"timeout_min": r.time_min, "gpus_per_node": r.gpus}
     executor.update_parameters(**params)
-    return executor.submit(verify_job, json.dumps(task, sort_keys=True))
+    from submitit.core.utils import FailedJobError
+
+    try:
+        return executor.submit(verify_job, json.dumps(task, sort_keys=True))
+    except FailedJobError as e:  # sbatch refused it: a bad partition, more CPUs or GPUs than a node has
+        said = " / ".join(line.strip() for line in str(e).strip().splitlines()[-2:])
+        raise ValueError(
+            f"the scheduler refused the job for {item.run_dir} ({params}): {said[-500:]}; "
+            "check --partition, --cpus, --gpus, --time-min and --mem-gb"
+        ) from e
 
 
 def job_outcome(job: Any) -> tuple[Any, str | None]:
