@@ -8,6 +8,7 @@
     pgolf verify | verify-legacy | compare | leaderboard | audit-tokenizer    records (harness/records/)
     pgolf data build|...      datasets (data/cli.py)
     pgolf sample ARTIFACT --submission DIR [--prompt TEXT]   generate text with a packed model
+    pgolf generate ARTIFACT --submission DIR --prompt TEXT [--speculative]   KV cache, drafting with MTP heads
     pgolf new NAME [--from BASELINE] | check DIR [--preset P]   scaffold an entry; pre-flight it (harness/)
     pgolf tune SUBMISSION [--preset P] [--write-preset NAME]   CPU settings by measurement (harness/tune.py)
     pgolf bench ...           benchmarks that print figures (harness/bench/, data/bench.py)
@@ -37,6 +38,7 @@ COMMANDS: dict[str, str] = {
     "compare": "harness.records.compare",
     "leaderboard": "harness.records.leaderboard",
     "sample": "harness.sample",
+    "generate": "harness.generate",
     "tune": "harness.tune",
     "new": "harness.scaffold",
     "check": "harness.preflight",

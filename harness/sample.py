@@ -9,8 +9,8 @@ The model is built exactly as the scorer builds it, and where: in a confined mod
 tensors with the artifact's codec and loads them strictly, so what you sample is what was scored.
 This process holds the tokenizer, sends the worker the sequence so far, reads back its logits and
 samples. Generation re-runs the model on the last `--context` tokens for each new token (no KV
-cache: the contract's forward takes token ids only), which is fine for the small models of this
-challenge.
+cache: the worker runs the contract's forward only), which is fine for the small models of this
+challenge; `pgolf generate` (harness/generate.py) runs the model's optional KV cache and drafting.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch
 
 from data.manifest import load_manifest
 from data.tokenizer import Tokenizer, load_tokenizer
+from harness.generate_confined import Sampling, next_token
 from scoring.artifact.format import check_code_hashes, read_artifact
 from scoring.score.remote import (
     EvalDeadline,
@@ -52,25 +53,19 @@ def generate(
 
     `model` maps [1, L] token ids to [1, L, V] logits: a WorkerModel's `logits` (what `pgolf sample`
     uses), or an nn.Module of this process (trusted code only)."""
+    s = Sampling(temperature=temperature, top_k=top_k, vocab_size=vocab_size)
     ids = list(prompt_ids)
     out: list[int] = []
     for _ in range(n_tokens):
         x = torch.tensor([ids[-context:]], dtype=torch.long)
-        logits = model(x)[0, -1, :vocab_size].double()
-        if temperature <= 0:
-            nxt = int(torch.argmax(logits))
-        else:
-            logits = logits / temperature
-            if 0 < top_k < logits.numel():
-                kth = torch.topk(logits, top_k).values[-1]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            nxt = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator))
+        nxt = next_token(model(x)[0, -1], s, generator)
         ids.append(nxt)
         out.append(nxt)
     return out
 
 
-def _tokenizer(args: argparse.Namespace) -> Tokenizer:
+def tokenizer_for(args: argparse.Namespace) -> Tokenizer:
+    """`--tokenizer`, else `--data`'s tokenizer, else the embedded corpus's (`pgolf sample` and `pgolf generate`)."""
     if args.tokenizer:
         return load_tokenizer(args.tokenizer)
     if args.data:
@@ -85,7 +80,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
         raise ValueError(f"--tokens and --context must be positive, got {args.tokens}, {args.context}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    tok = _tokenizer(args)
+    tok = tokenizer_for(args)
     artifact_path, code_dir = Path(args.artifact).resolve(), Path(args.submission).resolve()
     # a friendly early refusal, before anything starts (the worker checks again, and decodes)
     check_code_hashes(read_artifact(artifact_path), code_dir)

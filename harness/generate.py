@@ -1,0 +1,331 @@
+"""`pgolf generate`: run a packed model on CPU with a KV cache; draft with its multi-token heads.
+
+    pgolf generate ARTIFACT --submission DIR (--data DIR | --tokenizer MODEL) --prompt TEXT
+                   [--max-tokens N] [--temperature T] [--top-k K] [--seed S] [--speculative]
+                   [--draft-k K] [--context N] [--threads N]
+
+This process holds the tokenizer and runs no submitted code. The model is built and run in one
+confined process (harness/generate_confined.py, inside the sandbox the scorer's model worker gets:
+isolation/sandbox.py's plan with the seccomp filter, an address-space limit, a private temp folder),
+which generates the whole continuation there, where its KV cache lives, and writes back token ids
+and timings through a pipe; this side checks every id against the vocabulary before decoding.
+
+Plain generation uses the model's optional `forward_cached` (the generation contract,
+submissions/README.md) and falls back to re-running the whole sequence per token without it.
+With `--speculative` the same prompt is generated twice, plainly and with the model's kept
+multi-token heads drafting up to `--draft-k` tokens per forward; tokens/s is printed both ways with
+the acceptance rate, and at temperature 0 the two outputs must be identical (exit status 1 if not).
+Timings are the confined process's own (perf_counter around each generation, prefill included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from harness.generate_confined import (
+    ERROR_PREFIX,
+    GENERATE_RESULT_FORMAT,
+    GENERATE_RESULT_VERSION,
+    GENERATE_SPEC_FORMAT,
+    GENERATE_SPEC_VERSION,
+)
+from harness.sample import tokenizer_for
+from scoring.artifact.format import check_code_hashes, read_artifact
+from scoring.worker.decode import one_line
+
+GENERATE_TIMEOUT_S = 900.0
+RESULT_MAX_BYTES = 8 << 20
+
+
+class GenerateFailure(RuntimeError):
+    """The confined generation failed; `kind` is "error", or "unsupported" (the model lacks what was asked)."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class GenRun:
+    mode: str
+    cached: bool
+    tokens: list[int]
+    seconds: float
+    forwards: int
+    drafted: int
+    accepted: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.tokens) / self.seconds if self.seconds > 0 else math.inf
+
+
+def parse_result(raw: bytes, *, vocab_size: int, max_tokens: int, speculative: bool) -> list[GenRun]:
+    """The confined process's result, believed only as far as checked: format, ids in range, counts, numbers."""
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise GenerateFailure("error", f"the generation process wrote no valid result ({e})") from None
+    if (
+        not isinstance(obj, dict)
+        or obj.get("format") != GENERATE_RESULT_FORMAT
+        or obj.get("format_version") != GENERATE_RESULT_VERSION
+    ):
+        raise GenerateFailure("error", f"the generation result is not {GENERATE_RESULT_FORMAT} v1")
+    runs = obj.get("runs")
+    want = ["plain", "speculative"] if speculative else ["plain"]
+    if not isinstance(runs, list) or [r.get("mode") if isinstance(r, dict) else None for r in runs] != want:
+        raise GenerateFailure("error", f"the generation result must hold the runs {want}")
+    out = []
+    for r in runs:
+        toks = r.get("tokens")
+        if (
+            not isinstance(toks, list)
+            or len(toks) != max_tokens
+            or not all(type(t) is int and 0 <= t < vocab_size for t in toks)
+        ):
+            raise GenerateFailure(
+                "error",
+                f"the {r['mode']} run returned token ids that are not {max_tokens} ids below {vocab_size}",
+            )
+        nums = [r.get(k) for k in ("seconds", "forwards", "drafted", "accepted")]
+        if not all(type(v) in (int, float) and math.isfinite(v) and v >= 0 for v in nums):
+            raise GenerateFailure("error", f"the {r['mode']} run's timings and counts are not finite numbers")
+        if r["accepted"] > r["drafted"] or type(r.get("cached")) is not bool:
+            raise GenerateFailure("error", f"the {r['mode']} run's counts are inconsistent")
+        out.append(GenRun(r["mode"], r["cached"], toks, float(r["seconds"]), *map(int, nums[1:])))
+    return out
+
+
+def generate_confined(
+    artifact: Path,
+    code_dir: Path,
+    *,
+    prompt: list[int],
+    max_tokens: int,
+    temperature: float,
+    top_k: int,
+    seed: int,
+    speculative: bool,
+    draft_k: int,
+    context: int,
+    vocab_size: int,
+    threads: int = 0,
+    sandbox: str = "auto",
+    timeout_s: float = GENERATE_TIMEOUT_S,
+) -> list[GenRun]:
+    """Generate in a confined process (see the module docstring); the checked runs, plain first."""
+    from isolation.sandbox import plan_sandbox
+    from scoring.score.remote import PROJECT_ROOT, _env, _OutputTail, default_memory_limit_bytes
+    from scoring.worker.decode import _kill
+
+    artifact, code_dir = artifact.resolve(), code_dir.resolve()
+    check_code_hashes(read_artifact(artifact), code_dir)  # a friendly early refusal; the process checks again
+    tmp = Path(tempfile.mkdtemp(prefix="pgolf-generate-"))
+    policy = tmp.with_name(tmp.name + "-policy.json")  # outside the process's own folder
+    read_fd, write_fd = os.pipe()
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        for d in ("home", "cache/inductor", "cache/triton", "cache/nv"):
+            (tmp / d).mkdir(parents=True)
+        plan = plan_sandbox(
+            mode=sandbox,
+            network="auto",
+            device="cpu",
+            multi_node=False,
+            project_root=PROJECT_ROOT,
+            read_paths=[code_dir, artifact],
+            write_paths=[tmp],
+            protected=(),
+            import_path=[p for p in sys.path[1:] if p],
+            seccomp=True,
+        )
+        for warning in plan.warnings:
+            print(f"sandbox: {warning}", file=sys.stderr)
+        spec = {
+            "format": GENERATE_SPEC_FORMAT,
+            "format_version": GENERATE_SPEC_VERSION,
+            "code_dir": str(code_dir),
+            "artifact": str(artifact),
+            "result_fd": write_fd,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_k": top_k,
+            "seed": seed,
+            "speculative": speculative,
+            "draft_k": draft_k,
+            "context": context,
+            "vocab_size": vocab_size,
+            "threads": threads,
+            "memory_limit_bytes": default_memory_limit_bytes(),
+        }
+        cmd = [sys.executable, "-P", "-B", "-m", "harness.generate_confined", json.dumps(spec)]
+        proc = subprocess.Popen(
+            plan.wrap(cmd, policy),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            pass_fds=(write_fd,),
+            env=_env(tmp, threads),
+            cwd=tmp / "home",
+            start_new_session=True,
+        )
+        os.close(write_fd)
+        write_fd = -1
+        output = _OutputTail()
+        drain = threading.Thread(target=output.drain, args=(proc.stdout,), daemon=True)
+        drain.start()
+        chunks: list[bytes] = []
+        size = [0]
+
+        def read_result() -> None:  # bounded: a hostile process cannot make this one hold more
+            while chunk := os.read(read_fd, 1 << 16):
+                size[0] += len(chunk)
+                if size[0] > RESULT_MAX_BYTES:
+                    return
+                chunks.append(chunk)
+
+        reader = threading.Thread(target=read_result, daemon=True)
+        reader.start()
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise GenerateFailure("error", f"the generation did not end within {timeout_s:.0f} s") from None
+        finally:
+            _kill(proc)  # whatever it started in its process group goes too
+            drain.join(timeout=2)
+            reader.join(timeout=2)
+        if code != 0:
+            said = one_line(output.text())
+            kind = "unsupported" if said.startswith(ERROR_PREFIX + "unsupported") else "error"
+            how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+            said = said.removeprefix(ERROR_PREFIX).removeprefix(kind + ": ")
+            raise GenerateFailure(
+                kind, f"the generation process failed ({how})" + (f": {said}" if said else "")
+            )
+        if size[0] > RESULT_MAX_BYTES:
+            raise GenerateFailure("error", f"the generation result is over {RESULT_MAX_BYTES:,} bytes")
+        return parse_result(
+            b"".join(chunks), vocab_size=vocab_size, max_tokens=max_tokens, speculative=speculative
+        )
+    finally:
+        if write_fd >= 0:
+            os.close(write_fd)
+        os.close(read_fd)
+        if proc is not None:
+            if proc.poll() is None:
+                _kill(proc)
+            if proc.stdout is not None:
+                proc.stdout.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+        policy.unlink(missing_ok=True)
+
+
+def describe(run: GenRun) -> str:
+    how = "KV cache" if run.cached else "full recompute (the model has no forward_cached)"
+    line = (
+        f"[{run.mode}, {how}: {len(run.tokens)} tokens in {run.seconds:.2f} s = {run.tokens_per_s:.1f} tokens/s, "
+        f"{run.forwards} forward passes"
+    )
+    if run.mode == "speculative":
+        rate = run.accepted / run.drafted if run.drafted else 0.0
+        line += f"; drafts accepted {run.accepted}/{run.drafted} = {rate:.1%}"
+    return line + "]"
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    if args.max_tokens <= 0 or args.context <= 0 or args.draft_k < 0:
+        raise ValueError(
+            f"--max-tokens and --context must be positive and --draft-k at least 0, "
+            f"got {args.max_tokens}, {args.context}, {args.draft_k}"
+        )
+    tok = tokenizer_for(args)
+    prompt = [tok.bos_id] + (tok.encode([args.prompt])[0] if args.prompt else [])
+    if len(prompt) + args.max_tokens > args.context:
+        raise ValueError(
+            f"the prompt ({len(prompt)} tokens with BOS) + --max-tokens {args.max_tokens} exceeds --context "
+            f"{args.context}: shorten them or raise --context"
+        )
+    threads = args.threads or torch.get_num_threads()
+    try:
+        runs = generate_confined(
+            Path(args.artifact),
+            Path(args.submission),
+            prompt=prompt,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            seed=args.seed,
+            speculative=args.speculative,
+            draft_k=args.draft_k,
+            context=args.context,
+            vocab_size=tok.vocab_size,
+            threads=threads,
+        )
+    except GenerateFailure as e:
+        if e.kind == "unsupported":
+            raise ValueError(f"{args.artifact}: --speculative: {e}") from None
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
+        return 1
+    shown = runs[-1]
+    print(tok.decode(prompt[1:] + shown.tokens))  # decoded together, so the join keeps its spaces
+    print()
+    for run in runs:
+        print(describe(run))
+    print(f"[{threads} CPU thread(s); temperature {args.temperature:g}, seed {args.seed}]")
+    if args.speculative:
+        plain, spec = runs
+        speedup = spec.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s > 0 else math.nan
+        print(f"[speculative / plain: {speedup:.2f}x tokens/s]")
+        if args.temperature <= 0:
+            same = plain.tokens == spec.tokens
+            first = next(
+                (i for i, (a, b) in enumerate(zip(plain.tokens, spec.tokens, strict=True)) if a != b), None
+            )
+            print(
+                "[temperature 0: speculative output identical to plain generation: "
+                + ("yes]" if same else f"NO, first difference at new token {first}]")
+            )
+            if not same:
+                return 1
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate with a packed model on CPU: KV cache, speculative drafting")
+    p.add_argument("artifact")
+    p.add_argument("--submission", required=True, help="the submission folder the artifact was packed from")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--data", help="dataset folder whose tokenizer to use (default: the embedded corpus)")
+    src.add_argument("--tokenizer", help="a tokenizer file (.model or byte260.json)")
+    p.add_argument("--prompt", default="", help="text to continue")
+    p.add_argument("--max-tokens", type=int, default=64, help="new tokens to generate")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
+    p.add_argument("--top-k", type=int, default=40, help="sample among the k most likely (temperature > 0)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--speculative",
+        action="store_true",
+        help="also generate with the model's multi-token heads drafting; print both speeds and the acceptance rate",
+    )
+    p.add_argument(
+        "--draft-k", type=int, default=0, help="most tokens drafted per forward (0: all the heads)"
+    )
+    p.add_argument("--context", type=int, default=1024, help="longest sequence (prompt + new tokens)")
+    p.add_argument(
+        "--threads", type=int, default=0, help="CPU threads of the generating process (0: this one's)"
+    )
+    p.set_defaults(func=cmd_generate)
