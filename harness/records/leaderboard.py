@@ -77,7 +77,7 @@ UNRANKED_COLUMNS = [
     ("run_dir", "Run"),
 ]
 _NUM_KEYS = ("seed", "val_bpb", "bytes_total")
-OVERRIDES_SHORT_CHARS = 40
+OVERRIDES_SHORT_CHARS = 60
 """The overrides column shows this many characters (the whole list on hover and in the JSON)."""
 
 

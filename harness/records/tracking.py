@@ -290,7 +290,7 @@ class Tracker:
                 ),
             )
         except Exception as e:  # noqa: BLE001 - tracking never fails a run
-            msg = " ".join(str(e).split())[:200]
+            msg = " ".join((str(e).strip().splitlines() or [""])[0].split())[:200]  # its first line
             self.note = (
                 f"wandb: {self.mode} init failed after {time.monotonic() - t0:.1f} s "
                 f"({type(e).__name__}: {msg}); this run is not tracked"

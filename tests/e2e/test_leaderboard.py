@@ -283,7 +283,10 @@ def test_nine_runs_of_one_entry_can_be_told_apart(nine_runs):
     assert rows[3]["overrides"] == "train.matrix_lr=0.08"  # log.* left out: tracking changes no result
     assert rows[0]["run_time"] == "2026-12-01 09:05" and rows[8]["run_time"] == "2026-12-01 13:47"
     md = (nine_runs / "leaderboard.md").read_text()
-    assert "| naive_baseline | cpu | smoke | model.num_layers=4 train.warmdown_frac=… |" in md
+    assert (
+        "| naive_baseline | cpu | smoke | model.num_layers=4 train.warmdown_frac=0.5 eval.batch_seqs=… |"
+        in md
+    )
 
 
 def test_one_day_of_runs_gets_times_of_day_on_its_axis(nine_runs):
