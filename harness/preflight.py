@@ -239,15 +239,17 @@ def _estimate_artifact(
     from scoring.artifact.pack import pack_state, read_state
 
     state_path = child_out / STATE_FILE
-    _read_regular(state_path, max_bytes=1 << 34)  # a regular file, not a link (then read as safetensors)
+    st = os.lstat(state_path)  # the child's whole process tree is gone: nothing can swap it after this
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"the confined build left {STATE_FILE} as something other than a regular file")
     state, _ = read_state(state_path)
     files = counted_files(submission_dir)
     n_code = code_bytes(submission_dir, files)
     sizes = []
     if codec != "submission":
-        for st in (state, dense_state(state)):
+        for tensors in (state, dense_state(state)):
             rec = pack_state(
-                st,
+                tensors,
                 submission_dir,
                 workdir / "artifact.pgolf",
                 codec_name=codec,
@@ -260,10 +262,14 @@ def _estimate_artifact(
         if not isinstance(name, str) or type(version) is not int:
             raise ValueError("codec.py must define NAME (str) and VERSION (int)")
         codec_id = SimpleNamespace(name=name, version=version)
-        for st, fname in ((state, PAYLOAD_FILE), (state, DENSE_PAYLOAD_FILE)):
-            payload = _read_regular(child_out / fname)
+        for fname in (PAYLOAD_FILE, DENSE_PAYLOAD_FILE):
+            size = os.lstat(child_out / fname).st_size
+            if size > cap_bytes:  # over the cap by its payload alone: no need to read it
+                sizes.append(size)
+                continue
+            payload = _read_regular(child_out / fname, cap_bytes)
             header = build_header(
-                st,
+                state,
                 codec_id,
                 payload,
                 model_config=model_config,

@@ -11,12 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 
 PADDING_CODEC = '''"""A codec that pads its payload past the cap (a test of pgolf check)."""
-import io
-
-import torch
 from safetensors.torch import load, save
 
 NAME = "padded"
@@ -52,6 +51,7 @@ def _checks(proc: subprocess.CompletedProcess[str]) -> dict[str, dict]:
     return {c["name"]: c for c in out["checks"]}
 
 
+@pytest.mark.slow
 def test_new_then_check_passes_and_broken_folders_fail_the_right_check(tmp_path: Path) -> None:
     (tmp_path / "submissions").mkdir()
     made = _pgolf("new", "probe", "--out", "entry", cwd=tmp_path)
