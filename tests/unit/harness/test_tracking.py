@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
 import time
 import zlib
 from pathlib import Path
@@ -272,3 +273,12 @@ def test_an_unreachable_service_is_bounded_and_never_fails_the_run(wandb_env, mo
     assert elapsed < 3.0 + 10.0 + 2.0, elapsed
     assert "this run is not tracked" in note, note
     assert not json.loads((run_dir / "tracking.json").read_text())["tracked"]
+
+
+def test_without_wandb_installed_the_run_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
+    tracker = Tracker(LogConfig(wandb="offline"), tmp_path)
+    tracker.start()
+    note = finish_tracking(tracker, tmp_path, {"status": "ok"})
+    assert note == "wandb: offline requested but wandb is not installed (pip install wandb); not tracked"
+    assert not json.loads((tmp_path / "tracking.json").read_text())["tracked"]
