@@ -381,9 +381,43 @@ def _gpt_params(tree: ast.Module, script: Path) -> list[tuple[str, bool]]:
     return out
 
 
-def gpt_call(tree: ast.Module, script: Path, hp: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """GPT's keyword arguments read statically, and the script's own GPT(...) expressions left for the
-    worker (evaluated there with `args` = the hyperparameters)."""
+def _call_locals(tree: ast.Module, call: ast.Call, exprs: dict[str, str]) -> list[tuple[str, str]]:
+    """The local assignments (`name = expr` in the function around the GPT(...) call, before it) that
+    the call's expressions read, transitively, in source order."""
+    fn = next(
+        (f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and any(n is call for n in ast.walk(f))),
+        None,
+    )
+    if fn is None:
+        return []
+    last: dict[str, ast.Assign] = {}
+    for n in ast.walk(fn):
+        if (
+            isinstance(n, ast.Assign)
+            and len(n.targets) == 1
+            and isinstance(n.targets[0], ast.Name)
+            and n.lineno < call.lineno
+            and n.targets[0].id != "args"  # the hyperparameters: the worker's own namespace
+            and not (isinstance(n.value, ast.Call) and ast.unparse(n.value.func) == "Hyperparameters")
+            and (n.targets[0].id not in last or last[n.targets[0].id].lineno < n.lineno)
+        ):
+            last[n.targets[0].id] = n
+    needed: dict[str, ast.Assign] = {}
+    todo = [m.id for e in exprs.values() for m in ast.walk(ast.parse(e)) if isinstance(m, ast.Name)]
+    while todo:
+        name = todo.pop()
+        if name in last and name not in needed:
+            needed[name] = last[name]
+            todo += [m.id for m in ast.walk(last[name].value) if isinstance(m, ast.Name)]
+    return [(k, ast.unparse(a.value)) for k, a in sorted(needed.items(), key=lambda kv: kv[1].lineno)]
+
+
+def gpt_call(
+    tree: ast.Module, script: Path, hp: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, str], list[tuple[str, str]]]:
+    """GPT's keyword arguments read statically, the script's own GPT(...) expressions left for the
+    worker (evaluated there with `args` = the hyperparameters), and the local assignments before the
+    call that those expressions read (evaluated there first, in order)."""
     call = next(
         (
             n
@@ -418,7 +452,7 @@ def gpt_call(tree: ast.Module, script: Path, hp: dict[str, Any]) -> tuple[dict[s
             raise LegacyError(
                 f"cannot tell GPT's argument {name!r} from the script; pass --hparam {name}=VALUE"
             )
-    return kw, exprs
+    return kw, exprs, (_call_locals(tree, call, exprs) if call is not None and exprs else [])
 
 
 def eval_settings(hp: dict[str, Any]) -> dict[str, Any]:
@@ -495,7 +529,7 @@ def score_legacy(
     tree = _parse(source, script_path)
     refuse_missing(tree, script_path, fallbacks)
     hp = hyperparameters_of(tree, script_path, hparams or {})
-    kwargs, call_exprs = gpt_call(tree, script_path, hp)
+    kwargs, call_exprs, call_locals = gpt_call(tree, script_path, hp)
     settings = eval_settings(hp)
     cfg = cfg or EvalConfig(seq_len=settings["seq_len"], mode=settings["mode"], stride=settings["stride"])
     pcfg = probe_cfg or ProbeConfig()
@@ -523,6 +557,7 @@ def score_legacy(
                 "script": str(run_script),
                 "gpt_kwargs": kwargs,
                 "gpt_call": call_exprs,
+                "gpt_locals": call_locals,
                 "fallbacks": list(fallbacks),
                 "hyperparameters": {k: v for k, v in hp.items() if isinstance(v, int | float | str | bool)},
             },

@@ -469,21 +469,21 @@ def install_fallbacks(names: list[str]) -> None:
 
 def gpt_arguments(spec: dict[str, Any], ns: dict[str, Any]) -> dict[str, Any]:
     """GPT's keyword arguments: the scorer's static ones, then the script's own GPT(...) expressions it
-    could not resolve, evaluated here with `args` = the hyperparameters."""
+    could not resolve, evaluated here with `args` = the hyperparameters, after main()'s local
+    assignments that they read (in source order)."""
     kwargs = dict(spec.get("gpt_kwargs") or {})
-    args = types.SimpleNamespace(**(spec.get("hyperparameters") or {}))
-    for name, expr in (spec.get("gpt_call") or {}).items():
-        if name in kwargs:
-            continue
-        try:
-            kwargs[name] = eval(
-                compile(ast.parse(expr, mode="eval"), "<GPT call>", "eval"), {**ns, "args": args}
-            )
-        except AttributeError as e:
-            raise LegacyError(
-                f"GPT argument {name} = {expr} needs a hyperparameter that could not be read statically ({e}); "
-                f"pass --hparam {name}=VALUE"
-            ) from e
+    env = {**ns, "args": types.SimpleNamespace(**(spec.get("hyperparameters") or {}))}
+    try:
+        for name, expr in spec.get("gpt_locals") or []:
+            env[name] = eval(compile(ast.parse(expr, mode="eval"), "<main() local>", "eval"), env)
+        for name, expr in (spec.get("gpt_call") or {}).items():
+            if name not in kwargs:
+                kwargs[name] = eval(compile(ast.parse(expr, mode="eval"), "<GPT call>", "eval"), env)
+    except AttributeError as e:
+        raise LegacyError(
+            f"GPT's arguments need a hyperparameter that could not be read statically ({e}); "
+            "pass it with --hparam NAME=VALUE"
+        ) from e
     return kwargs
 
 
