@@ -490,7 +490,8 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Checks a submission folder before any training: submission.json, the config (preset, --set, "
             "the track's rules), the folder rules, the scored-code lint, that build_model builds and its "
             "forward returns [batch, seq, vocab] (in a confined process), and the artifact's estimated "
-            "bytes (initial weights, chosen codec) against the cap. One line per check."
+            "bytes (the initial weights, and dense weights as trained; the chosen codec) against the cap. "
+            "One line per check."
         ),
         epilog="exit status: 0 every check passed (ok or warn); 1 a check failed (FAIL) or was skipped; 2 usage error",
     )
