@@ -228,3 +228,27 @@ def test_the_flash_attention_stand_in_is_causal_grouped_attention(tmp_path):
     with pytest.raises(LegacyError, match="--fallback flash_attn_interface runs it on PyTorch"):
         refuse_missing(tree, tmp_path / "train_gpt.py")
     refuse_missing(tree, tmp_path / "train_gpt.py", ("flash_attn_interface",))  # asked for: no refusal
+
+
+def test_gpt_arguments_read_from_mains_locals_are_carried_to_the_worker(tmp_path):
+    import ast
+
+    from harness.records.legacy import gpt_call
+    from scoring.worker.legacy import gpt_arguments
+
+    src = (
+        "import os\nclass Hyperparameters:\n    dim = int(os.environ.get('DIM', 8))\n"
+        "    layers_str = os.environ.get('LAYERS', '1,3').strip()\n"
+        "def parse(s):\n    return [int(x) for x in s.split(',') if x]\n"
+        "class GPT:\n    def __init__(self, dim, layers, deep=False):\n        pass\n"
+        "def main():\n    args = Hyperparameters()\n    layers = parse(args.layers_str)\n"
+        "    unused = 5\n    model = GPT(dim=args.dim, layers=layers, deep=bool(layers))\n"
+    )
+    tree = ast.parse(src)
+    hp = {"dim": 8, "layers_str": "1,3"}
+    kw, exprs, locs = gpt_call(tree, tmp_path / "s.py", hp)
+    assert kw == {"dim": 8} and exprs == {"layers": "layers", "deep": "bool(layers)"}
+    assert locs == [("layers", "parse(args.layers_str)")]  # not `args = Hyperparameters()`, not `unused`
+    ns = {"parse": lambda s: [int(x) for x in s.split(",") if x]}
+    spec = {"gpt_kwargs": kw, "gpt_call": exprs, "gpt_locals": locs, "hyperparameters": hp}
+    assert gpt_arguments(spec, ns) == {"dim": 8, "layers": [1, 3], "deep": True}
