@@ -1,7 +1,7 @@
 """`pgolf tune SUBMISSION [--preset P] [--write-preset NAME]`: the settings that matter here, by measurement.
 
     pgolf tune SUBMISSION [--preset cpu] [--write-preset NAME] [--trial-s 8] [--repeats 2] [--budget-s 120]
-                          [--data DIR] [--set K=V ...]
+                          [--plan-only] [--data DIR] [--set K=V ...]
 
 For this shape on this machine it measures, one at a time against the preset as it is (the
 `reference` row), the settings that can matter on CPU:
@@ -174,10 +174,12 @@ def table(rows: Sequence[Row], ref: Row) -> str:
         if row.failed or row.median is None:
             lines.append(f"{row.setting.name:34s} {'-':>10s} {'-':>8s} {'-':>8s}  0  failed: {row.failed}")
             continue
-        change = row.median / ref.median - 1 if ref.median else 0.0
+        change = f"{100 * (row.median / ref.median - 1):+7.1f}%" if ref.median else f"{'-':>8s}"
         verdict = "reference" if row is ref else ("helps" if helps(row, ref) else "no gain beyond noise")
+        if ref.median is None:
+            verdict = "no reference to compare with"
         lines.append(
-            f"{row.setting.name:34s} {row.median:10,.0f} {100 * row.spread:7.1f}% {100 * change:+7.1f}%  "
+            f"{row.setting.name:34s} {row.median:10,.0f} {100 * row.spread:7.1f}% {change}  "
             f"{len(row.tokens_per_s)}  {verdict}"
         )
     return "\n".join(lines)
@@ -256,10 +258,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     base_train = dict(cfg.train)
     if base_train.get("cpu_mode") == "auto":  # rows at fixed modes: no start-up trial in each measurement
         base_train["cpu_mode"] = "float32"
-        print("  note: the preset's cpu_mode auto is measured as its modes, the reference row at float32")
     if "train_log_every" in base_train:
         base_train["train_log_every"] = 1  # every step's clock reading, for the steady rate
     settings, notes = plan_settings(facts, base_train, threads)
+    if cfg.train.get("cpu_mode") == "auto":
+        notes.insert(0, "the preset's cpu_mode auto is measured mode by mode; the reference row at float32")
     reference = Setting("reference (the preset as it is)")
     print(
         f"tune: {submission.name} preset {args.preset} on {facts['model']} ({facts['cores']} cores; flags "
@@ -270,6 +273,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
     )
     for n in notes:
         print(f"  note: {n}")
+    if args.plan_only:
+        for st in settings:
+            extra = [f"{k}={v}" for k, v in {**st.overrides, **st.env}.items()]
+            if st.interop_threads:
+                extra.append(f"torch.set_num_interop_threads({st.interop_threads})")
+            print(f"  would measure: {st.name:30s} {' '.join(extra)}")
+        return 0
     tokens_per_step = int(base_train.get("train_batch_tokens") or 0)
     if not tokens_per_step:
         raise ValueError("pgolf tune needs train.train_batch_tokens in the preset (tokens per step)")
@@ -301,6 +311,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 env=env,
                 interop_threads=s.interop_threads,
                 hparams=hp,
+                from_first_tick=True,  # trial_s seconds of training: start-up and compilation left out
             )
             steps_hp = int(hp.get("train_batch_tokens") or tokens_per_step)
             steady = steady_tokens_per_s(Path(rec["metrics"]), steps_hp)
@@ -377,6 +388,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=120.0,
         help="stop starting new rounds after this many seconds (default 120)",
+    )
+    p.add_argument(
+        "--plan-only",
+        action="store_true",
+        help="print the CPU's facts and the settings it would measure; measure nothing",
     )
     p.add_argument("--data", help="dataset folder (default: the embedded corpus)")
     p.add_argument(

@@ -452,6 +452,18 @@ class ClockServer:
             return self.warmup_max_s, f"capped at budget.warmup_max_s ({span:.2f} s ran)"
         return span, "every rank of the node in warm-up, no training data handed out yet"
 
+    def warmup_running_s(self, now: float) -> float:
+        """While every rank of the node is inside its warm-up (begun, not ended, no data handed out): its
+        seconds so far, at most warmup_max_s. The deadline waits for a warm-up as long as it would be
+        credited (a CPU compile on a busy machine can outlast train_s + grace_s)."""
+        ranks = self._ranks()
+        if self.first_data is not None or not ranks or len({p.local_rank for p in ranks}) < self.local_ranks:
+            return 0.0
+        begun = [p.warmup_begin for p in ranks if p.warmup_begin is not None and p.warmup_end is None]
+        if len(begun) < len(ranks):
+            return 0.0
+        return min(max(now - max(begun), 0.0), self.warmup_max_s)
+
     def end(self, exit_time: float) -> tuple[float, str]:
         """When the clock stopped: the state's handover, else the last rank's done, else the phase's exit."""
         if self.handover is not None:
@@ -608,7 +620,7 @@ def supervise(
             status, detail = "ok", ""
             while proc.poll() is None:
                 now = time.monotonic()
-                start, off = wire.start, wire.credit()[0]
+                start, off = wire.start, wire.credit()[0] or wire.warmup_running_s(now)
                 if start is not None:  # progress on the supervisor's clock
                     bar.n = min(max(now - start - off, 0.0), budget.train_s) if timed else now - start - off
                     bar.refresh()

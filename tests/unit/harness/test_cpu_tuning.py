@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -33,7 +34,10 @@ CPUINFO_BF16 = (
     "flags\t\t: fpu sse2 avx avx2 fma avx512f avx512_vnni avx512_bf16 sha_ni\n\n"
     "processor\t: 1\nmodel name\t: Fake EPYC 9999\nflags\t\t: fpu\n"
 )
-CPUINFO_2016 = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) CPU E5-2680 v4\nflags\t\t: fpu sse2 avx avx2 fma\n"
+ROW = re.compile(r"^(\S.*?)\s+([\d,]+)\s+[\d.]+%\s+(?:[-+][\d.]+%|-)\s+\d+\s+\S")
+CPUINFO_2016 = (
+    "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) CPU E5-2680 v4\nflags\t\t: fpu sse2 avx avx2 fma\n"
+)
 
 
 def facts(flags: tuple[str, ...], cap: str, cores: int = 2) -> CpuFacts:
@@ -41,7 +45,10 @@ def facts(flags: tuple[str, ...], cap: str, cores: int = 2) -> CpuFacts:
 
 
 def test_cpuinfo_is_parsed_from_the_first_processor() -> None:
-    assert parse_cpuinfo(CPUINFO_BF16) == ("Fake EPYC 9999", ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16"))
+    assert parse_cpuinfo(CPUINFO_BF16) == (
+        "Fake EPYC 9999",
+        ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16"),
+    )
     assert parse_cpuinfo(CPUINFO_2016) == ("Intel(R) Xeon(R) CPU E5-2680 v4", ("avx2", "fma"))
     assert parse_cpuinfo("") == ("unknown", ())
 
@@ -57,7 +64,9 @@ def test_cpuinfo_is_parsed_from_the_first_processor() -> None:
         ((), "AVX2", False),
     ],
 )
-def test_native_bf16_needs_the_flag_and_the_capability(flags: tuple[str, ...], cap: str, native: bool) -> None:
+def test_native_bf16_needs_the_flag_and_the_capability(
+    flags: tuple[str, ...], cap: str, native: bool
+) -> None:
     assert native_bf16(flags, cap) is native
     assert ("bfloat16" in modes_for("auto", facts(flags, cap))) is native
 
@@ -81,7 +90,9 @@ def _facts_in_subprocess(capability: str | None) -> dict[str, object]:
         f"f = read_facts(cpuinfo={CPUINFO_BF16!r});"
         "print(json.dumps({**f.to_json(), 'auto': modes_for('auto', f)}))"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, check=True)
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, check=True
+    )
     return json.loads(r.stdout)
 
 
@@ -171,7 +182,9 @@ def test_load_between_separates_our_cpu_time_from_the_others() -> None:
     b = load_between(a, busy, cores=2)
     assert b["others_cores"] == 1.2 and b["others_cores"] >= CONTENDED_CORES and b["contended"] is True
     assert "1.20 of 2 cores busy with other processes" in describe(b)
-    none = load_between(LoadReading(0.0, None, None, 0.0, None), LoadReading(1.0, None, None, 0.5, None), cores=2)
+    none = load_between(
+        LoadReading(0.0, None, None, 0.0, None), LoadReading(1.0, None, None, 0.5, None), cores=2
+    )
     assert none["contended"] is None and describe(none).startswith("not measured")
 
 
@@ -218,7 +231,9 @@ def test_measure_rows_interleaves_and_stops_at_the_budget() -> None:
             raise RuntimeError("the bare run failed:\nTraceback ...\nValueError: unknown [train] keys")
         return speed[s.name]
 
-    rows = measure_rows([Setting("ref"), Setting("fast"), Setting("broken")], measure, 3, budget_s=35, clock=clock)
+    rows = measure_rows(
+        [Setting("ref"), Setting("fast"), Setting("broken")], measure, 3, budget_s=35, clock=clock
+    )
     # round 2 starts at 30 s (within 35 s) without the failed setting; round 3 would start at 50 s: not run
     assert order == ["ref", "fast", "broken", "ref", "fast"]
     assert rows[2].failed == "ValueError: unknown [train] keys" and rows[1].median == 1500.0
@@ -235,3 +250,45 @@ def test_preset_text_appends_a_loadable_preset(tmp_path: Path) -> None:
     assert table["train"] == {"cpu_mode": "bfloat16_compile", "grad_accum_steps": 8}
     assert table["launch"] == {"device": "cpu"}
     assert "# measured to help, set outside the preset: pin=close (OMP_PROC_BIND=close)" in text
+
+
+def test_tune_measures_for_real_and_appends_a_preset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One tiny real run: two settings (the preset, one thread), one short bare process each, the table,
+    and a preset appended to a copy of the baseline's config.toml (the rest of the file untouched)."""
+    import shutil
+
+    import harness.tune as tune
+    from harness.config import load_config
+
+    sub = tmp_path / "sub"
+    shutil.copytree(REPO / "baselines" / "naive_baseline", sub)
+    before = (sub / "config.toml").read_text()
+    monkeypatch.setattr(
+        tune, "plan_settings", lambda f, t, n: ([Setting("threads=1", {"launch.threads": 1})], [])
+    )
+    args = tune.argparse.Namespace(
+        submission=str(sub),
+        preset="tiny",
+        write_preset="tiny-tuned",
+        trial_s=10.0,
+        repeats=1,
+        budget_s=60.0,
+        plan_only=False,
+        data=None,
+        set=[],
+    )
+    assert tune.cmd_tune(args) == 0
+    out = capsys.readouterr().out
+    # a row is a measurement, or (two threads on a machine busy with other work can make under three steps)
+    # the failure that says so; at least one row is a measurement
+    rows = {m[1]: float(m[2].replace(",", "")) for m in map(ROW.match, out.splitlines()) if m}
+    failed = [line for line in out.splitlines() if "failed: fewer than 3 logged steps" in line]
+    assert rows and min(rows.values()) > 0 and len(rows) + len(failed) == 2, out
+    after = (sub / "config.toml").read_text()
+    assert after.startswith(before) and "[presets.tiny-tuned]" in after[len(before) :]
+    tuned = load_config(sub, "tiny-tuned")
+    assert tuned.train["cpu_mode"] == "float32" and tuned.train["train_seq_len"] == 64
+    with pytest.raises(FileExistsError, match="already has a preset 'tiny-tuned'"):
+        tune.cmd_tune(args)
