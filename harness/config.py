@@ -204,10 +204,11 @@ TRACK_KEYS: dict[str, Callable[[Track], Any]] = {
 
 # Facts of the machines a run is launched on: the official's (`--set`, --nnodes, --rdzv-endpoint).
 OFFICIAL_KEYS: frozenset[str] = frozenset(
-    {"launch.rdzv_endpoint", "launch.rdzv_id", "launch.allow_missing_layers"}
+    {"launch.rdzv_endpoint", "launch.rdzv_id", "launch.allow_missing_layers", "launch.memory_limit_bytes"}
 )
-"""Command line only (a submission's files cannot set them): rendezvous facts, and the isolation layers an
-official accepts as missing on this machine (`--allow-missing-layer`, recorded in config.json and the result)."""
+"""Command line only (a submission's files cannot set them): rendezvous facts, the training memory limit, and
+the isolation layers an official accepts as missing on this machine (`--allow-missing-layer`, recorded in
+config.json and the result)."""
 
 TRACKING_KEYS: frozenset[str] = frozenset({"log.wandb", "log.entity", "log.init_timeout_s"})
 """The runner's too, command line only (`--wandb`, `--set`): whether a run is tracked, and in whose account."""
