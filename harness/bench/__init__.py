@@ -11,10 +11,11 @@ import argparse
 
 def register(sub: argparse._SubParsersAction) -> None:
     from data import bench as data_bench
-    from harness.bench import codecs, reference, runner, score
+    from harness.bench import codecs, model, reference, runner, score
 
     runner.register(sub)
     reference.register(sub)
+    model.register(sub)
     data_bench.register(sub)
     score.register(sub)
     codecs.register(sub)
