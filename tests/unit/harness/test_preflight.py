@@ -1,6 +1,6 @@
 """`pgolf check`'s pure parts (harness/preflight.py): the vocabulary of a data variant, the dense state
 of the size estimate, and a check that needs no model process (the config and schema failures, exit 1;
-usage errors, exit 2). The checks that build a model in the confined child: tests/e2e/test_preflight.py."""
+usage errors, exit 2). The checks that build a model in the confined child: tests/e2e/test_new_then_check.py."""
 
 from __future__ import annotations
 
