@@ -310,6 +310,7 @@ def card(result: dict[str, Any]) -> str:
         "",
         f"┌─ pgolf result: {name} ({r['track']}, preset {r['preset']}, seed {r['seed']})",
         f"│ status        {r['status']}  ({r['verification']})",
+        *_why_lines(r),
         f"│ val_bpb       {_fmt(r['val_bpb'], '.4f')} bits/byte   val_loss {_fmt(r['val_loss'], '.4f')} nats/token",
         f"│ unigram_bpb   {_fmt(r['unigram_bpb'], '.4f')} bits/byte (context: a unigram model of the training tokens)",
         f"│ scored        {_fmt(r['val_tokens'], ',')} tokens / {_fmt(r['val_bytes'], ',')} bytes, "
@@ -331,6 +332,22 @@ def card(result: dict[str, Any]) -> str:
         f"└─ {r['run_dir']}/result.json",
     ]
     return "\n".join(lines)
+
+
+def _why_lines(r: dict[str, Any], limit: int = 220) -> list[str]:
+    """A run that did not end ok says why on its card: the result's detail, else the failing phase's."""
+    if r["status"] == "ok":
+        return []
+    detail = r.get("detail")
+    if not detail:
+        for name, phase in (r.get("phases") or {}).items():
+            if isinstance(phase, dict) and phase.get("status") not in (None, "ok") and phase.get("detail"):
+                detail = f"{name}: {phase['detail']}"
+                break
+    if not detail:
+        return []
+    text = " ".join(str(detail).split())
+    return [f"│ why           {text if len(text) <= limit else text[: limit - 1] + '…'}"]
 
 
 def _isolation_lines(r: dict[str, Any]) -> list[str]:

@@ -129,3 +129,31 @@ def test_a_verification_re_scores_under_the_tracks_sandbox_rule(tmp_path):
         assert (req.sandbox, req.allow_missing_layers) == (sandbox, ("seccomp",))
     with pytest.raises(ValueError, match="--allow-missing-layer: unknown isolation layer"):
         VerifyConfig(allow_missing_layers=("bogus",))
+
+
+def test_a_card_says_why_a_run_did_not_end_ok():
+    base = {
+        "submission": {"name": "x"},
+        "track": "smoke",
+        "preset": "tiny",
+        "seed": 1,
+        "verification": "unverified",
+        "run_dir": "/r",
+        "provenance": {"hardware": {"cpu": "cpu", "cuda_devices": []}},
+        "cap_bytes": 16_000_000,
+        "within_cap": None,
+        **dict.fromkeys(
+            "val_bpb val_loss unigram_bpb val_tokens val_bytes eval_mode eval_dtype eval_time_s bytes_total "
+            "bytes_code bytes_model train_time_s steps tokens_seen world_size".split()
+        ),
+    }
+    over = {
+        "train": {"status": "over_budget", "detail": "trained 70.2 s by the supervisor's clock:\n past 60 s"}
+    }
+    text = card({**base, "status": "over_budget", "phases": over})
+    assert "│ why           train: trained 70.2 s by the supervisor's clock: past 60 s" in text
+    assert "why" not in card({**base, "status": "ok", "phases": over})
+    long = card({**base, "status": "error", "detail": "x" * 500})
+    assert any(
+        line.startswith("│ why") and line.endswith("…") and len(line) < 250 for line in long.splitlines()
+    )
