@@ -76,7 +76,16 @@ def write_training_plot(
     def panel(
         ax: Any, xs: list[float], ys: list[float], lr: list[tuple[float, float]], xlabel: str, x_end: Any
     ) -> None:
-        ax.plot(xs, ys, color="#0969da", linewidth=1.2, label="train_loss (the rank's)")
+        few = len(xs) < 20  # a handful of logged points (or one) is drawn as points too, never empty axes
+        ax.plot(
+            xs,
+            ys,
+            color="#0969da",
+            linewidth=1.2,
+            marker="o" if few else None,
+            markersize=4,
+            label="train_loss (the rank's)",
+        )
         ax.set_xlabel(xlabel)
         ax.set_ylabel("loss (nats/token)")
         ax.grid(True, color="#eaeef2")
