@@ -161,17 +161,17 @@ def train(ctx: TrainContext):
         bf16 = mode.startswith("bfloat16")
         return forward_of(mode.endswith("_compile")), torch.bfloat16 if bf16 else None, bf16
 
-    def make_step(mode):
+    def make_step(mode, micro_steps=accum):
         fwd, amp, ns_bf16 = mode_setting(mode)
 
         def warm_step(x, y):
             opt_muon.bf16 = ns_bf16
-            for micro in range(accum):
+            for micro in range(micro_steps):
                 if d.distributed:
-                    fwd.require_backward_grad_sync = micro == accum - 1
+                    fwd.require_backward_grad_sync = micro == micro_steps - 1
                 with autocast(amp):
                     logits = fwd(x)
-                (F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1)) / accum).backward()
+                (F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1)) / micro_steps).backward()
             for opt in optimizers:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
@@ -198,10 +198,12 @@ def train(ctx: TrainContext):
         warm = ctx.clock.warmup(make_step(mode), steps=hp.warmup_steps, **wargs)
     elif ctx.cpu is not None and ((hp.cpu_mode == "auto" and not d.distributed) or mode.endswith("_compile")):
         # time the eager modes, then the faster one compiled, off the clock; keep the fastest
+        # a trial step is one micro-batch and the optimizer step: the modes' relative speed in a fraction
+        # of a whole step's time (all 8 micro-steps made the trial minutes long on a busy machine)
         def compiled_form(best):
-            return None if best.endswith("_compile") else (best + "_compile", make_step(best + "_compile"))
+            return None if best.endswith("_compile") else (best + "_compile", make_step(best + "_compile", 1))
 
-        trial = ctx.cpu.trial({m: make_step(m) for m in modes}, repeats=hp.cpu_trial_repeats,
+        trial = ctx.cpu.trial({m: make_step(m, 1) for m in modes}, repeats=hp.cpu_trial_repeats,
                               then=compiled_form if hp.cpu_mode == "auto" and not d.distributed else None)
         warm = ctx.clock.warmup(trial.step, steps=trial.steps, **wargs)
         mode = trial.best()
