@@ -216,11 +216,12 @@ def train(ctx: TrainContext):
     ema = {n: t.detach().float().clone() for n, t in model.state_dict().items()} if hp.ema_decay > 0 else None
     qat_on = False
     model.train()
-    step = 0
+    step, last_s, step_s = 0, 0.0, 0.0
     for step in range(hp.iterations):
         reading = ctx.clock.tick()
-        if reading.stop:
-            ctx.log.info(f"stopping: budget spent at step {step} ({reading.elapsed_s:.1f} s)")
+        step_s, last_s = reading.elapsed_s - last_s, reading.elapsed_s  # the last step's time (the same on every rank)
+        if reading.stop or reading.elapsed_s + step_s > ctx.clock.budget_s:  # a step that would end past the budget is not started
+            ctx.log.info(f"stopping: budget spent at step {step} ({reading.elapsed_s:.1f} s, last step {step_s:.1f} s)")
             break
         scale = lr_scale(step, reading.elapsed_s)
         if hp.late_qat_threshold > 0 and scale < hp.late_qat_threshold and not qat_on:

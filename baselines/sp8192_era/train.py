@@ -229,13 +229,15 @@ def train(ctx: TrainContext):
 
     ema = {n: t.detach().float().clone() for n, t in model.state_dict().items()} if hp.ema_decay > 0 else None
     model.train()
-    step = 0
+    step, last_s, step_s = 0, 0.0, 0.0
     for step in range(hp.iterations):
         reading = ctx.clock.tick()
-        frac = training_frac(step, reading.elapsed_s)
+        step_s, last_s = reading.elapsed_s - last_s, reading.elapsed_s  # the last step's time (the same on every rank)
+        frac = training_frac(step, reading.elapsed_s + step_s)  # a step that would end past the training time is not started
         if reading.stop or frac >= 1.0:  # the GPTQ reserve starts here: the clock still runs, batches may be read
-            ctx.log.info(f"stopping: training time spent at step {step} ({reading.elapsed_s:.1f} s)")
+            ctx.log.info(f"stopping: training time spent at step {step} ({reading.elapsed_s:.1f} s, last step {step_s:.1f} s)")
             break
+        frac = training_frac(step, reading.elapsed_s)
         scale = lr_scale(frac)
         if not model.looping_active and frac >= hp.enable_looping_at:
             model.looping_active = True
