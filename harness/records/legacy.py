@@ -105,7 +105,7 @@ from scoring.score.evaluate import (
     eval_tokens,
     evaluate,
 )
-from scoring.score.probes import ProbeConfig, plan_probes, run_probes
+from scoring.score.probes import PROBE_WORKERS_PER_PROBE, ProbeConfig, plan_probes, run_probes
 from scoring.score.remote import (
     WorkerConfig,
     WorkerFailure,
@@ -579,7 +579,8 @@ def score_legacy(
             workers.append(main)
             main.start()  # builds while this process reads the data; probe workers wait idle
             probe_workers = [
-                start_worker(dataclasses.replace(wcfg, role="probe")) for _ in range(pcfg.probes)
+                start_worker(dataclasses.replace(wcfg, role="probe"))
+                for _ in range(pcfg.probes * PROBE_WORKERS_PER_PROBE)
             ]
             workers += probe_workers
             tokens = read_split(data_dir, "val")

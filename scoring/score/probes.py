@@ -15,11 +15,17 @@ Causality, the way the scorer checks it:
   position up to the cut (every earlier row whole, row r up to t) must equal those the main worker
   returned when the batch was scored, bit for bit in float32 (`atol`, default 0). A model that
   peeks at a later token, mixes rows, or behaves differently in the run that is scored than in a
-  fresh process, fails. With score-first adaptation the main worker's weights have moved, so a
-  second fresh worker scores the unchanged batch as the base (recorded).
-- In the same fresh worker, a second variant keeps row r whole and replaces every other row with real
-  tokens from elsewhere: row r's logits must not move (rows of a batch never see each other; the
-  scorer also sends rows in a secret order, so the next row is not the continuation of the text).
+  fresh process, fails. Only then does that worker get the unchanged batch, whose logits must equal
+  the scored ones everywhere (with score-first adaptation, after replaying the main worker's chunks).
+- A second fresh worker, which has seen neither, gets the row-isolation variant: row r whole, every
+  other row replaced with real tokens from elsewhere; row r's logits must not move (rows of a batch
+  never see each other; the scorer also sends rows in a secret order).
+- No worker ever sees a batch before a variant of it (PROBE_WORKERS_PER_PROBE fresh workers a probe):
+  a model that remembers what it was given could otherwise answer a variant with the original's
+  future, peek on every batch and pass every probe (found by an attacker: val_bpb 0.13, verified).
+- Coverage is sampled: a model that peeks on a fraction f of batches (chosen by the batch's content)
+  is caught with probability about 1 - (1 - f)^probes; the record gives the batches probed and the
+  total, and `--probes` raises the count (an official verifying a suspicious entry).
 - Normalization is not sampled: returned log-probabilities are checked at every position of every
   batch (scoring/score/evaluate.py, check_normalized); logits are normalized by the scorer itself.
 
@@ -40,7 +46,10 @@ import torch
 
 from scoring.score.evaluate import RuleViolation, Scorable
 
-PROBE_VERSION = 2
+PROBE_VERSION = 3
+PROBE_WORKERS_PER_PROBE = 2
+"""Fresh workers a probe takes: one for the causality variant (then the unchanged batch), one for the
+row-isolation variant; neither has seen the batch before its variant."""
 
 
 class ProbeFailure(RuleViolation):
@@ -50,7 +59,8 @@ class ProbeFailure(RuleViolation):
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ProbeConfig:
     probes: int = 2
-    """Probes, each a real batch and a cut with one variant in a fresh worker (0: none, recorded as not run)."""
+    """Probes, each a real batch and a cut, its variants in PROBE_WORKERS_PER_PROBE fresh workers (0: none,
+    recorded as not run)."""
     seed: int | None = None
     """Seed of the batches, cuts and replacement tokens; None: drawn from the OS per run (secret until the end)."""
     atol: float = 0.0
@@ -197,12 +207,13 @@ def run_probes(
     kept_chunks: dict[int, int] | None = None,
     total_batches: int = 0,
 ) -> dict[str, Any]:
-    """Probe each planned batch (see the module docstring); `fresh` yields one fresh model per probe.
+    """Probe each planned batch (see the module docstring); `fresh` yields PROBE_WORKERS_PER_PROBE fresh
+    models per probe.
 
-    In the fresh worker (after `replay` of the adaptation chunks before the batch's, when the entry
-    adapts): the unchanged batch must give the main worker's scored logits bit for bit (a model that
-    behaves one way when scored and another when probed fails here); then the variant must agree up to
-    the cut, and the row-isolation variant on its kept row.
+    First fresh worker (after `replay` of the adaptation chunks before the batch's, when the entry
+    adapts): the causality variant must agree with the main worker's scored logits up to the cut; then
+    the unchanged batch must give them everywhere, bit for bit (a model that behaves one way when scored
+    and another when probed fails here). Second fresh worker: the row-isolation variant on its kept row.
     """
     t0 = time.perf_counter()
     if not plan.batches:
@@ -214,29 +225,33 @@ def run_probes(
         }
     rng = np.random.default_rng([plan.seed, 1])
     results = []
+
+    def logits_of(worker: Scorable, x: np.ndarray) -> torch.Tensor:
+        return worker.logits(torch.from_numpy(x)).detach().float().cpu().clone()
+
     for b in plan.batches:
         if b not in kept:
             raise RuntimeError(f"probe batch {b} was not kept by the evaluation")
         x_BL, valid_BL, scored_BLV = kept[b]
         x2_BL, r, t, cut = make_variant(x_BL, valid_BL, tokens, rng)
-        worker = next(fresh)
+        iso_BL = isolate_row(x_BL, valid_BL, r, tokens, rng)
         chunk = (kept_chunks or {}).get(b, 0)
-        if replay is not None and chunk:
-            replay(worker, chunk)
-        again_BLV = worker.logits(torch.from_numpy(x_BL)).detach().float().cpu().clone()
+        causal, isolated = next(fresh), next(fresh)
+        for worker in (causal, isolated):
+            if replay is not None and chunk:
+                replay(worker, chunk)
+        diff, compared = _compare(scored_BLV, logits_of(causal, x2_BL), valid_BL, cut, cfg.atol, f"batch {b}")
         last = int(np.flatnonzero(valid_BL.reshape(-1)).size) - 1
         same, _ = _compare(
-            scored_BLV, again_BLV, valid_BL, last, cfg.atol, f"batch {b}, scored vs fresh", "fresh"
+            scored_BLV,
+            logits_of(causal, x_BL),
+            valid_BL,
+            last,
+            cfg.atol,
+            f"batch {b}, scored vs fresh",
+            "fresh",
         )
-        var_BLV = worker.logits(torch.from_numpy(x2_BL)).detach().float().cpu().clone()
-        diff, compared = _compare(scored_BLV, var_BLV, valid_BL, cut, cfg.atol, f"batch {b}")
-        iso_BLV = (
-            worker.logits(torch.from_numpy(isolate_row(x_BL, valid_BL, r, tokens, rng)))
-            .detach()
-            .float()
-            .cpu()
-        )
-        row_diff = _compare_row(scored_BLV, iso_BLV, valid_BL, r, cfg.atol, f"batch {b}")
+        row_diff = _compare_row(scored_BLV, logits_of(isolated, iso_BL), valid_BL, r, cfg.atol, f"batch {b}")
         results.append(
             {
                 "batch": b,
@@ -253,8 +268,10 @@ def run_probes(
         "ran": True,
         "seed": plan.seed,
         "atol": cfg.atol,
-        "base": "the main worker's scored logits, reproduced first by each fresh worker"
-        + (" after replaying the adaptation" if replay is not None else ""),
+        "base": "the main worker's scored logits; each variant goes to a fresh worker that has not seen the batch, "
+        "which then reproduces the unchanged batch"
+        + (" (after replaying the adaptation)" if replay is not None else ""),
+        "workers_per_probe": PROBE_WORKERS_PER_PROBE,
         "probes": results,
         "coverage": {"batches_probed": len(results), "batches_total": total_batches},
         "probe_time_s": time.perf_counter() - t0,

@@ -59,7 +59,7 @@ from scoring.score.evaluate import (
     evaluate,
     tune_cpu_allocator,
 )
-from scoring.score.probes import ProbeConfig, ProbeFailure, plan_probes, run_probes
+from scoring.score.probes import PROBE_WORKERS_PER_PROBE, ProbeConfig, ProbeFailure, plan_probes, run_probes
 from scoring.score.record import ScoreRecord
 from scoring.score.remote import WorkerConfig, WorkerModel, default_memory_limit_bytes, start_worker
 
@@ -176,7 +176,7 @@ def score_artifact(
         workdir=workdir[0] if workdir else None,
         allow_missing_layers=allow_missing_layers,
     )
-    n_probe_workers = probe_cfg.probes
+    n_probe_workers = probe_cfg.probes * PROBE_WORKERS_PER_PROBE
     with ExitStack() as stack:
         main = start_worker(worker_cfg)
         stack.callback(main.close)

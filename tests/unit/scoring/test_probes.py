@@ -309,3 +309,31 @@ def test_a_probe_batch_is_scored_from_the_copy_the_probes_compare(monkeypatch):
     every = range(batch_count(TOKENS, cfg))
     all_kept = evaluate(racer, TOKENS, table, cfg, CPU, keep_batches=every)
     assert all_kept.sums.loss_nats == honest.sums.loss_nats  # kept batches are scored from the kept copy
+
+
+class Rememberer(Bigram):
+    """Peeks at the next token on every batch, and remembers the last batch it was given: a batch that
+    starts like it and then differs is a probe's variant, answered with the remembered batch's future
+    (so the variant agrees with what was scored up to the cut). An attacker's model: it passed every
+    probe when a fresh worker got the unchanged batch before its variants (val_bpb 0.13, verified)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ref: torch.Tensor | None = None
+
+    def forward(self, ids):
+        source = ids
+        if self.ref is not None and self.ref.shape == ids.shape:
+            differs = torch.nonzero(self.ref.reshape(-1) != ids.reshape(-1))
+            if differs.numel() and int(differs[0]) >= 4:
+                source = self.ref  # a variant of the batch it saw: answer with that batch's future
+        if source is ids:
+            self.ref = ids.clone()
+        nxt = torch.cat([source[:, 1:], source[:, -1:]], dim=1)
+        return self.table[ids] + 40.0 * F.one_hot(nxt, V).float()
+
+
+@pytest.mark.parametrize("cfg", [STANDARD, SLIDING], ids=["standard", "sliding"])
+def test_a_model_that_remembers_the_batch_cannot_answer_its_variant(cfg):
+    with pytest.raises(ProbeFailure, match="causality probe failed"):
+        probe(Rememberer(), cfg, probes=2, seed=3)
