@@ -62,6 +62,7 @@ from harness.records.verify import (
     resolve_inputs,
     result_digest,
     score_checks,
+    track_checks,
     verification_record,
     verify_result,
 )
@@ -213,6 +214,7 @@ def expected_for(
 ) -> Expected:
     code_dir, data_dir = resolve_inputs(run_dir, result, submission, data)
     receipt = receipt_checks(result, run_dir, code_dir, data_dir)
+    receipt += track_checks(result, data_dir, data_given=data is not None)
     scored = result.get("status") in ("ok", "over_eval_budget") and "score" in (result.get("phases") or {})
     if not scored:
         names: tuple[frozenset[str], ...] = (frozenset({"result has a score"}),)
@@ -413,6 +415,7 @@ def finish(
     if problems:
         code_dir, data_dir = resolve_inputs(run_dir, result, submission, data)
         checks = receipt_checks(result, run_dir, code_dir, data_dir)
+        checks += track_checks(result, data_dir, data_given=data is not None)
         checks.append(
             Check(
                 "verification job",

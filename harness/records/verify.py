@@ -45,6 +45,8 @@ from typing import Any
 
 from data.io import read_json, sha256_file, write_json_atomic
 from data.manifest import MANIFEST_NAME, load_manifest, make_split_view
+from harness.config import TRACK_KEYS
+from harness.run.pipeline import data_identity, official_data_problem
 from harness.run.staging import stage_model_code
 from isolation.sandbox import KERNEL_LAYERS, parse_layers
 from scoring.artifact.cap import counted_files
@@ -201,6 +203,42 @@ def receipt_checks(
     return checks
 
 
+def track_checks(result: dict[str, Any], data_dir: Path | None, data_given: bool) -> list[Check]:
+    """The result held to its track's rules, derived from scoring/tracks.py, never from the result's claims:
+    the cap, the eval subset, every track-set config value, the training budget it claims to have kept, and
+    on a record track the official dataset, named by the verifier (--data), not by the result."""
+    track = TRACKS.get(str(result.get("track")))
+    if track is None:
+        return [Check("track is one this harness knows", False, sorted(TRACKS), result.get("track"))]
+    checks: list[Check] = []
+    score = (result.get("phases") or {}).get("score") or {}
+    tables = (result.get("config") or {}).get("tables") or {}
+    _check(checks, f"cap is the track's ({track.name})", track.cap_bytes, result.get("cap_bytes"))
+    if not track.record:  # an unranked track's rules may be loosened (config.json records how)
+        return checks
+    _check(
+        checks,
+        f"eval subset is the track's ({track.name})",
+        track.eval_max_tokens,
+        score.get("eval_subset_max_tokens") or None,
+    )
+    for key, of_track in TRACK_KEYS.items():
+        section, _, name = key.partition(".")
+        _check(checks, f"config {key} is the track's", of_track(track), (tables.get(section) or {}).get(name))
+    budget_s = (tables.get("budget") or {}).get("train_s")
+    _check(
+        checks,
+        "budget.train_s within the track's",
+        True,
+        isinstance(budget_s, int | float) and budget_s <= track.train_budget_s,
+    )
+    _check(checks, "dataset named by the verifier (--data), not by the result", True, data_given)
+    if data_dir is not None and (data_dir / MANIFEST_NAME).is_file():
+        problem = official_data_problem(track, data_identity(load_manifest(data_dir)))
+        _check(checks, f"official dataset ({track.data_variant})", None, problem)
+    return checks
+
+
 def rescore_request(
     result: dict[str, Any],
     artifact: Path,
@@ -217,7 +255,10 @@ def rescore_request(
         mode=str(score["eval_mode"]),
         seq_len=int(score["eval_seq_len"]),
         batch_seqs=int(score.get("eval_batch_seqs") or ev.get("batch_seqs") or 32),
-        max_tokens=score.get("eval_subset_max_tokens") or None,
+        # a record track's own subset (track_checks fails a result that claims another)
+        max_tokens=TRACKS[result["track"]].eval_max_tokens
+        if result.get("track") in TRACKS and TRACKS[result["track"]].record
+        else score.get("eval_subset_max_tokens") or None,
         dtype=str(score["eval_dtype"]),
         stride=score.get("eval_stride") if score["eval_mode"] != "standard" else None,
         adapt_chunk_tokens=int(ev.get("adapt_chunk_tokens") or EvalConfig().adapt_chunk_tokens),
@@ -390,6 +431,7 @@ def verify_result(
     t0 = time.perf_counter()
     code_dir, data_dir = resolve_inputs(run_dir, result, submission, data)
     checks = receipt_checks(result, run_dir, code_dir, data_dir)
+    checks += track_checks(result, data_dir, data_given=data is not None)
     scored = result.get("status") in ("ok", "over_eval_budget") and "score" in (result.get("phases") or {})
     if not scored:
         checks.append(

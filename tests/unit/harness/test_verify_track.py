@@ -1,0 +1,63 @@
+"""pgolf verify holds a result to its track's rules as scoring/tracks.py states them, never as the result
+claims them (harness/records/verify.py track_checks). An attacker relabelled a smoke run on the embedded
+corpus as a 10min_16mb result, and claimed a 2,048-token eval subset on a track that has none: both were
+verified and ranked first before these checks."""
+
+from __future__ import annotations
+
+from harness.config import TRACK_KEYS
+from harness.records.verify import track_checks
+from scoring.tracks import TRACKS
+
+
+def tables_of(track: str) -> dict:
+    t = TRACKS[track]
+    tables: dict = {}
+    for key, of_track in TRACK_KEYS.items():
+        section, _, name = key.partition(".")
+        tables.setdefault(section, {})[name] = of_track(t)
+    tables["budget"]["train_s"] = t.train_budget_s
+    return tables
+
+
+def result(track: str, *, tables: dict, subset: int | None = None) -> dict:
+    return {
+        "track": track,
+        "cap_bytes": 16_000_000,
+        "config": {"tables": tables},
+        "phases": {"score": {"eval_subset_max_tokens": subset}},
+    }
+
+
+def failed(checks) -> list[str]:
+    return [c.name for c in checks if not c.ok]
+
+
+def test_an_honest_record_track_result_passes_its_track(tiny_dataset):
+    checks = track_checks(result("10min_16mb", tables=tables_of("10min_16mb")), None, data_given=True)
+    assert checks and failed(checks) == []
+
+
+def test_a_smoke_run_relabelled_as_a_record_fails_its_track(tiny_dataset):
+    forged = result("10min_16mb", tables=tables_of("smoke"))
+    names = failed(track_checks(forged, tiny_dataset, data_given=False))
+    assert "config budget.grace_s is the track's" in names or "config launch.sandbox is the track's" in names
+    assert "dataset named by the verifier (--data), not by the result" in names
+    assert "official dataset (sp1024)" in names  # the tiny dataset's tokenizer is not the official one
+
+
+def test_a_claimed_eval_subset_fails_on_a_track_without_one():
+    forged = result("10min_16mb", tables=tables_of("10min_16mb"), subset=2048)
+    assert failed(track_checks(forged, None, data_given=True)) == ["eval subset is the track's (10min_16mb)"]
+    cpu = result(
+        "cpu_10min_16mb", tables=tables_of("cpu_10min_16mb"), subset=TRACKS["cpu_10min_16mb"].eval_max_tokens
+    )
+    assert failed(track_checks(cpu, None, data_given=True)) == []
+
+
+def test_an_unknown_track_or_cap_fails():
+    assert failed(track_checks({"track": "mine"}, None, data_given=True)) == [
+        "track is one this harness knows"
+    ]
+    bigger = {**result("smoke", tables=tables_of("smoke")), "cap_bytes": 32_000_000}
+    assert failed(track_checks(bigger, None, data_given=False)) == ["cap is the track's (smoke)"]
