@@ -154,10 +154,18 @@ def compare_results(
     w = welch_test(
         [float(r[metric]) for r in new], [float(r[metric]) for r in old], margin, tr.p_value, metric
     )
+    unverified = [r["_path"] for r in new + old if r.get("verification") != "verified"]
+    if unverified:
+        warnings.append(
+            f"{len(unverified)} of {len(new) + len(old)} results are not verified: the verdict is the numbers' "
+            "only until `pgolf verify` re-scores them (a result.json is the word of whoever wrote it; the "
+            "leaderboard ranks only results whose verification is in the official's ledger)"
+        )
     return {
         "format": COMPARE_FORMAT,
         "format_version": COMPARE_FORMAT_VERSION,
         "track": tr.name,
+        "unverified": unverified,
         "margin_nats": tr.margin_nats,
         "new": [r["_path"] for r in new],
         "old": [r["_path"] for r in old],
@@ -168,7 +176,9 @@ def compare_results(
 
 def describe(rec: dict[str, Any]) -> str:
     unit = "nats/token" if rec["metric"] == "val_loss" else "bits/byte"
-    verdict = "NEW RECORD" if rec["record"] else "not a record"
+    verdict = "not a record"
+    if rec["record"]:
+        verdict = "NEW RECORD" if not rec.get("unverified") else "a record by these numbers, UNVERIFIED"
     lines = [
         f"{rec['metric']} ({unit}), track {rec['track']}: one-sided Welch test of improvement > margin",
         f"  new  n={rec['n_new']}  mean {rec['mean_new']:.6f}  std {rec['std_new']:.6f}",

@@ -11,7 +11,7 @@ import sys
 import pytest
 from scipy import stats
 
-from harness.records.compare import compare_results, load_results, welch_test
+from harness.records.compare import compare_results, describe, load_results, welch_test
 from scoring.tracks import get_track
 from tests.conftest import REPO
 
@@ -29,7 +29,15 @@ def textbook(new: list[float], old: list[float], margin: float) -> tuple[float, 
 
 
 def write_results(
-    folder, name, values, *, track="10min_16mb", tokenizer="t" * 64, val_tokens=1000, val_bytes=2400
+    folder,
+    name,
+    values,
+    *,
+    track="10min_16mb",
+    tokenizer="t" * 64,
+    val_tokens=1000,
+    val_bytes=2400,
+    verification="verified",
 ):
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -38,6 +46,7 @@ def write_results(
             "format": "pg-result",
             "format_version": 1,
             "status": "ok",
+            "verification": verification,
             "track": track,
             "seed": 1337 + seed,
             "val_loss": v,
@@ -112,6 +121,19 @@ def test_cli_prints_means_difference_t_df_p_and_verdict(tmp_path):
         "verdict: NEW RECORD",
     ):
         assert needle in r.stdout, r.stdout
+
+
+def test_unverified_results_never_make_a_new_record(tmp_path):
+    """An attacker's hand-written result.json files got "NEW RECORD" (p = 1.5e-15) before this."""
+    new, old = CASES["clear record"]
+    rec = compare_results(
+        load_results(write_results(tmp_path, "n", new, verification="unverified")),
+        load_results(write_results(tmp_path, "o", old)),
+    )
+    assert rec["record"] is True and len(rec["unverified"]) == len(new)
+    text = describe(rec)
+    assert "verdict: a record by these numbers, UNVERIFIED" in text and "NEW RECORD" not in text
+    assert "4 of 7 results are not verified" in text
 
 
 def test_bpb_metric_converts_the_margin_with_the_old_tokens_per_byte(tmp_path):
