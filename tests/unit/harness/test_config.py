@@ -39,7 +39,7 @@ def test_bad_overrides_are_refused_clearly(override, match):
 
 
 def test_unknown_preset_lists_the_known_ones():
-    with pytest.raises(ValueError, match="presets: cpu, cpu-smoke, official, one-gpu, tiny"):
+    with pytest.raises(ValueError, match="presets: cpu, cpu-bench, cpu-smoke, official, one-gpu, tiny"):
         load_config(BASELINE, "nope")
 
 
