@@ -352,7 +352,7 @@ def _why_lines(r: dict[str, Any], limit: int = 220) -> list[str]:
 
 def _isolation_lines(r: dict[str, Any]) -> list[str]:
     """A card line when an official let the run go without an isolation layer (config.json records it)."""
-    launch = ((r.get("config") or {}).get("tables") or {}).get("launch") or {}
+    launch = (r.get("config") or {}).get("launch") or {}  # the result's config: the resolved tables
     allowed = launch.get("allow_missing_layers") or ""
     if not allowed:
         return []

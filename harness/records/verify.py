@@ -212,7 +212,7 @@ def track_checks(result: dict[str, Any], data_dir: Path | None, data_given: bool
         return [Check("track is one this harness knows", False, sorted(TRACKS), result.get("track"))]
     checks: list[Check] = []
     score = (result.get("phases") or {}).get("score") or {}
-    tables = (result.get("config") or {}).get("tables") or {}
+    tables = result.get("config") or {}  # the resolved tables, as the run recorded them
     _check(checks, f"cap is the track's ({track.name})", track.cap_bytes, result.get("cap_bytes"))
     if not track.record:  # an unranked track's rules may be loosened (config.json records how)
         return checks

@@ -82,8 +82,8 @@ def test_the_card_says_when_an_official_allowed_a_missing_layer():
             "bytes_code bytes_model train_time_s steps tokens_seen world_size".split()
         ),
     }
-    assert "official override" not in card({**base, "config": {"tables": {"launch": {}}}})
-    text = card({**base, "config": {"tables": {"launch": {"allow_missing_layers": "landlock,seccomp"}}}})
+    assert "official override" not in card({**base, "config": {"launch": {}}})
+    text = card({**base, "config": {"launch": {"allow_missing_layers": "landlock,seccomp"}}})
     assert "official override: ran without landlock, seccomp (--allow-missing-layer)" in text
 
 

@@ -24,7 +24,7 @@ def result(track: str, *, tables: dict, subset: int | None = None) -> dict:
     return {
         "track": track,
         "cap_bytes": 16_000_000,
-        "config": {"tables": tables},
+        "config": tables,
         "phases": {"score": {"eval_subset_max_tokens": subset}},
     }
 
@@ -61,3 +61,14 @@ def test_an_unknown_track_or_cap_fails():
     ]
     bigger = {**result("smoke", tables=tables_of("smoke")), "cap_bytes": 32_000_000}
     assert failed(track_checks(bigger, None, data_given=False)) == ["cap is the track's (smoke)"]
+
+
+def test_the_tables_a_real_record_track_run_records_pass():
+    """result.json's `config` is the resolved tables (harness/records/result.py build_result): exactly what
+    load_config gives for the run, so an honest cpu-track result passes every track check."""
+    from harness.config import load_config
+    from tests.conftest import BASELINE
+
+    tables = load_config(BASELINE, "cpu").tables
+    honest = result("cpu_10min_16mb", tables=tables, subset=TRACKS["cpu_10min_16mb"].eval_max_tokens)
+    assert failed(track_checks(honest, None, data_given=True)) == []
