@@ -25,7 +25,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -127,31 +126,17 @@ def generate_confined(
     timeout_s: float = GENERATE_TIMEOUT_S,
 ) -> list[GenRun]:
     """Generate in a confined process (see the module docstring); the checked runs, plain first."""
-    from isolation.sandbox import plan_sandbox
-    from scoring.score.remote import PROJECT_ROOT, _env, _OutputTail, default_memory_limit_bytes
-    from scoring.worker.decode import _kill
+    from scoring.score.remote import default_memory_limit_bytes
+    from scoring.worker.confined import ConfinedChild, plan_confined
 
     artifact, code_dir = artifact.resolve(), code_dir.resolve()
     check_code_hashes(read_artifact(artifact), code_dir)  # a friendly early refusal; the process checks again
     tmp = Path(tempfile.mkdtemp(prefix="pgolf-generate-"))
     policy = tmp.with_name(tmp.name + "-policy.json")  # outside the process's own folder
     read_fd, write_fd = os.pipe()
-    proc: subprocess.Popen[bytes] | None = None
+    child: ConfinedChild | None = None
     try:
-        for d in ("home", "cache/inductor", "cache/triton", "cache/nv"):
-            (tmp / d).mkdir(parents=True)
-        plan = plan_sandbox(
-            mode=sandbox,
-            network="auto",
-            device="cpu",
-            multi_node=False,
-            project_root=PROJECT_ROOT,
-            read_paths=[code_dir, artifact],
-            write_paths=[tmp],
-            protected=(),
-            import_path=[p for p in sys.path[1:] if p],
-            seccomp=True,
-        )
+        plan = plan_confined(tmp, [code_dir, artifact], sandbox=sandbox)
         for warning in plan.warnings:
             print(f"sandbox: {warning}", file=sys.stderr)
         spec = {
@@ -172,22 +157,11 @@ def generate_confined(
             "threads": threads,
             "memory_limit_bytes": default_memory_limit_bytes(),
         }
-        cmd = [sys.executable, "-P", "-B", "-m", "harness.generate_confined", json.dumps(spec)]
-        proc = subprocess.Popen(
-            plan.wrap(cmd, policy),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            pass_fds=(write_fd,),
-            env=_env(tmp, threads),
-            cwd=tmp / "home",
-            start_new_session=True,
+        child = ConfinedChild(
+            plan, "harness.generate_confined", spec, tmp, policy, threads=threads, pass_fds=(write_fd,)
         )
         os.close(write_fd)
         write_fd = -1
-        output = _OutputTail()
-        drain = threading.Thread(target=output.drain, args=(proc.stdout,), daemon=True)
-        drain.start()
         chunks: list[bytes] = []
         size = [0]
 
@@ -200,16 +174,12 @@ def generate_confined(
 
         reader = threading.Thread(target=read_result, daemon=True)
         reader.start()
-        try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise GenerateFailure("error", f"the generation did not end within {timeout_s:.0f} s") from None
-        finally:
-            _kill(proc)  # whatever it started in its process group goes too
-            drain.join(timeout=2)
-            reader.join(timeout=2)
+        code = child.wait(timeout_s)  # whatever it started in its process group goes too
+        reader.join(timeout=2)
+        if code is None:
+            raise GenerateFailure("error", f"the generation did not end within {timeout_s:.0f} s")
         if code != 0:
-            said = one_line(output.text())
+            said = one_line(child.output.text())
             kind = "unsupported" if said.startswith(ERROR_PREFIX + "unsupported") else "error"
             how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
             said = said.removeprefix(ERROR_PREFIX).removeprefix(kind + ": ")
@@ -225,11 +195,8 @@ def generate_confined(
         if write_fd >= 0:
             os.close(write_fd)
         os.close(read_fd)
-        if proc is not None:
-            if proc.poll() is None:
-                _kill(proc)
-            if proc.stdout is not None:
-                proc.stdout.close()
+        if child is not None:
+            child.close()
         shutil.rmtree(tmp, ignore_errors=True)
         policy.unlink(missing_ok=True)
 

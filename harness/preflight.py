@@ -139,28 +139,13 @@ def confined_build(
 
     Raises ValueError with one line (the child's last error line) when it fails or times out.
     """
-    import subprocess
-    import threading
-
-    from isolation.sandbox import plan_sandbox
-    from scoring.score.remote import PROJECT_ROOT, _env, _OutputTail, default_memory_limit_bytes
+    from scoring.score.remote import default_memory_limit_bytes
+    from scoring.worker.confined import ConfinedChild, plan_confined
     from scoring.worker.decode import one_line as last_line
 
     out = workdir / "child"
-    for d in ("home", "cache/inductor", "cache/triton", "cache/nv", "out"):
-        (out / d).mkdir(parents=True)
-    plan = plan_sandbox(
-        mode=sandbox,
-        network="auto",
-        device="cpu",
-        multi_node=False,
-        project_root=PROJECT_ROOT,
-        read_paths=[code_dir],
-        write_paths=[out],
-        protected=(),
-        import_path=[p for p in sys.path[1:] if p],
-        seccomp=True,
-    )
+    (out / "out").mkdir(parents=True)
+    plan = plan_confined(out, [code_dir], sandbox=sandbox)
     spec = {
         "format": PREFLIGHT_SPEC_FORMAT,
         "format_version": PREFLIGHT_SPEC_VERSION,
@@ -174,35 +159,9 @@ def confined_build(
         "codec": codec,
         "memory_limit_bytes": default_memory_limit_bytes(),
     }
-    cmd = [sys.executable, "-P", "-B", "-m", "harness.preflight", json.dumps(spec)]
-    proc = subprocess.Popen(
-        plan.wrap(cmd, workdir / "policy.json"),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=_env(out, 0),
-        cwd=out / "home",
-        start_new_session=True,
-    )
-    output = _OutputTail()
-    drain = threading.Thread(target=output.drain, args=(proc.stdout,), daemon=True)
-    drain.start()
-    try:
-        code = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        code = None
-    finally:
-        if proc.poll() is None or code is None:
-            import signal
-
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
-        drain.join(timeout=2)
-        if proc.stdout is not None:
-            proc.stdout.close()
+    child = ConfinedChild(plan, "harness.preflight", spec, out, workdir / "policy.json")
+    code = child.wait(timeout_s)
+    output = child.output
     if code is None:
         raise ValueError(f"building the model and one forward pass took more than {timeout_s:.0f} s")
     if code != 0:

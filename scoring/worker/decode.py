@@ -20,15 +20,11 @@ failing or hostile decode becomes a DecodeFailure (an ArtifactError: one line, p
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import signal
 import stat
-import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +62,8 @@ def decode_confined(
     workdir: Path | None = None,
 ) -> dict[str, Any]:
     """The artifact's tensors, decoded by the submission's codec.py in a confined process (see the module docstring)."""
-    from isolation.sandbox import plan_sandbox
-    from scoring.score.remote import PROJECT_ROOT, _env, _OutputTail, default_memory_limit_bytes
+    from scoring.score.remote import default_memory_limit_bytes
+    from scoring.worker.confined import ConfinedChild, plan_confined
 
     artifact_path = Path(artifact_path).resolve()
     code_dir = Path(code_dir).resolve()
@@ -75,22 +71,9 @@ def decode_confined(
     check_code_hashes(artifact, code_dir)  # a friendly early refusal; the confined process checks again
     tmp = Path(tempfile.mkdtemp(prefix="pgolf-decode-", dir=workdir))
     policy = tmp.with_name(tmp.name + "-policy.json")  # outside the process's own folder
-    proc: subprocess.Popen[bytes] | None = None
+    child: ConfinedChild | None = None
     try:
-        for d in ("home", "cache/inductor", "cache/triton", "cache/nv"):
-            (tmp / d).mkdir(parents=True)
-        plan = plan_sandbox(
-            mode=sandbox,
-            network="auto",
-            device="cpu",
-            multi_node=False,
-            project_root=PROJECT_ROOT,
-            read_paths=[code_dir, artifact_path],
-            write_paths=[tmp],
-            protected=(),
-            import_path=[p for p in sys.path[1:] if p],
-            seccomp=True,
-        )
+        plan = plan_confined(tmp, [code_dir, artifact_path], sandbox=sandbox)
         spec = {
             "format": DECODE_SPEC_FORMAT,
             "format_version": DECODE_SPEC_VERSION,
@@ -101,30 +84,14 @@ def decode_confined(
             if memory_limit_bytes is None
             else memory_limit_bytes,
         }
-        cmd = [sys.executable, "-P", "-B", "-m", "scoring.worker.decode", json.dumps(spec)]
-        proc = subprocess.Popen(
-            plan.wrap(cmd, policy),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=_env(tmp, 0),
-            cwd=tmp / "home",
-            start_new_session=True,
-        )
-        output = _OutputTail()
-        drain = threading.Thread(target=output.drain, args=(proc.stdout,), daemon=True)
-        drain.start()
-        try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+        child = ConfinedChild(plan, "scoring.worker.decode", spec, tmp, policy)
+        code = child.wait(timeout_s)
+        if code is None:
             raise DecodeFailure(
                 f"the submission's codec did not decode {artifact_path.name} within {timeout_s:.0f} s"
-            ) from None
-        finally:
-            _kill(proc)  # whatever it started in its process group goes too
-            drain.join(timeout=2)
+            )
         if code != 0:
-            said = one_line(output.text())
+            said = one_line(child.output.text())
             how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
             raise DecodeFailure(
                 f"the submission's codec failed to decode {artifact_path.name} ({how})"
@@ -132,21 +99,10 @@ def decode_confined(
             )
         return _read_checked(tmp / STATE_FILE, artifact)
     finally:
-        if proc is not None:
-            if proc.poll() is None:
-                _kill(proc)
-            if proc.stdout is not None:
-                proc.stdout.close()
+        if child is not None:
+            child.close()
         shutil.rmtree(tmp, ignore_errors=True)
         policy.unlink(missing_ok=True)
-
-
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
 
 
 def _read_checked(path: Path, artifact: Artifact) -> dict[str, Any]:
