@@ -270,7 +270,7 @@ def run_probes(
         "atol": cfg.atol,
         "base": "the main worker's scored logits; each variant goes to a fresh worker that has not seen the batch, "
         "which then reproduces the unchanged batch"
-        + (" (after replaying the adaptation)" if replay is not None else ""),
+        + (", after replaying the adaptation" if replay is not None else ""),
         "workers_per_probe": PROBE_WORKERS_PER_PROBE,
         "probes": results,
         "coverage": {"batches_probed": len(results), "batches_total": total_batches},

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from scoring.artifact.format import read_artifact
 from tests.conftest import REPO
 
@@ -39,6 +41,7 @@ def metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.long
 def test_cpu_mtp_trains_heads_and_packs_them_only_when_kept(tmp_path, sp_dataset):
     dropped = run("cpu_mtp", tmp_path / "dropped", sp_dataset)
     names = set(read_artifact(tmp_path / "dropped" / "artifact.pgolf").header["tensors"])
@@ -56,6 +59,7 @@ def test_cpu_mtp_trains_heads_and_packs_them_only_when_kept(tmp_path, sp_dataset
     assert kept["val_bpb"] == dropped["val_bpb"]
 
 
+@pytest.mark.long
 def test_cpu_moe_logs_expert_shares_and_packs_each_expert_apart(tmp_path, sp_dataset):
     run("cpu_moe", tmp_path / "moe", sp_dataset)
     header = read_artifact(tmp_path / "moe" / "artifact.pgolf").header["tensors"]

@@ -51,6 +51,7 @@ def assert_ttt_ran(out: Path) -> None:
     assert a["chunks"] == 2 and a["tokens_delivered"] >= 2000 and a["adapt_time_s"] > 0, a
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_int6_era_tiny_trains_packs_int6_and_scores_with_ttt(tmp_path, sp_dataset):
     run("int6_era", tmp_path, sp_dataset, "--set", "train.warmdown_iters=0")
@@ -61,6 +62,7 @@ def test_int6_era_tiny_trains_packs_int6_and_scores_with_ttt(tmp_path, sp_datase
     assert_ttt_ran(tmp_path)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_sp8192_era_tiny_loops_runs_gptq_and_packs_it_exactly(tmp_path, sp_dataset):
     run("sp8192_era", tmp_path, sp_dataset, "--set", "train.enable_looping_at=0.0")

@@ -87,6 +87,7 @@ def check_outcome(proc, folders, ledger, kind):
     return verdicts
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_local_executor_verifies_each_and_fails_the_tampered_one(one_run, tmp_path):
     folders = run_folders(one_run, tmp_path / "runs", 2, tamper=1)
@@ -205,6 +206,7 @@ def slurm() -> dict[str, str]:
         subprocess.run(["bash", str(SCRIPT), "stop"], capture_output=True, check=False)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_slurm_executor_verifies_each_on_its_own_job(one_run, tmp_path, slurm):
     # the jobs read and write these folders from the node: a path every job can see (it is one node)
