@@ -148,11 +148,9 @@ class LaunchConfig:
             return 0
         if self.memory_limit_bytes > 0:
             return self.memory_limit_bytes
-        try:
-            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError):
-            return 0
-        return int(total * 3 // 4 // self.nproc_per_node)
+        from scoring.score.remote import default_memory_limit_bytes  # the model worker's: 3/4 of the machine
+
+        return default_memory_limit_bytes() // self.nproc_per_node
 
     def threads_per_rank(self) -> int:
         return self.threads or max(1, (os.cpu_count() or 1) // self.nproc_per_node)

@@ -48,6 +48,7 @@ from scoring.codecheck import lint_scored_code
 from scoring.score.audit import KNOWN_TOKENIZER_SHA256
 from scoring.score.cli import EXIT_CODES, STATUS_OF_EXIT, ScoreRequest
 from scoring.score.record import ScoreFailure, ScoreRecord, read_score_record
+from scoring.score.remote import WORKER_ISOLATION
 from scoring.tracks import Track, get_track
 
 SCORER_STARTUP_S = 300.0
@@ -108,7 +109,7 @@ def require_isolation(launch: LaunchConfig) -> None:
         return
     caps = probe_machine()
     train = missing_layers(caps, network=launch.network, multi_node=launch.nnodes > 1, seccomp=False)
-    worker = missing_layers(caps, network="auto", multi_node=False, seccomp=True)
+    worker = missing_layers(caps, **WORKER_ISOLATION)
     require_layers(tuple(dict.fromkeys(train + worker)), parse_layers(launch.allow_missing_layers), "run")
 
 

@@ -88,6 +88,11 @@ class WorkerConfig:
     "hyperparameters"} (harness/records/legacy.py; built by scoring/worker/legacy.py)."""
 
 
+WORKER_ISOLATION: dict[str, Any] = {"network": "auto", "multi_node": False, "seccomp": True}
+"""How every process that runs submitted scored code is planned (isolation.sandbox.plan_sandbox arguments):
+the model worker, the confined one-shot processes, and what `pgolf run` checks the machine offers."""
+
+
 def default_memory_limit_bytes() -> int:
     """Three quarters of the machine's memory: a runaway allocation fails fast instead of taking the machine."""
     try:
@@ -146,17 +151,15 @@ class WorkerModel:
         self.sock, child = socket_pair()
         self.plan: SandboxPlan = plan_sandbox(
             mode=cfg.sandbox,
-            network="auto",
             device=cfg.device,
-            multi_node=False,
             project_root=PROJECT_ROOT,
             read_paths=[cfg.code_dir, cfg.artifact],
             write_paths=[self._tmp],
             protected=cfg.protected,
             import_path=[p for p in sys.path[1:] if p],
-            seccomp=True,
             allow_missing=cfg.allow_missing_layers,
             phase="model worker",
+            **WORKER_ISOLATION,
         )
         spec = {
             "format": WORKER_SPEC_FORMAT,

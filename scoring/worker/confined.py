@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from isolation.sandbox import SandboxPlan, plan_sandbox
-from scoring.score.remote import PROJECT_ROOT, _env, _OutputTail
+from scoring.score.remote import PROJECT_ROOT, WORKER_ISOLATION, _env, _OutputTail
 
 PRIVATE_DIRS = ("home", "cache/inductor", "cache/triton", "cache/nv")
 """Made inside the process's temp folder: HOME and the compile caches point there."""
@@ -35,15 +35,13 @@ def plan_confined(tmp: Path, read_paths: Iterable[Path], *, sandbox: str = "auto
         (tmp / d).mkdir(parents=True, exist_ok=True)
     return plan_sandbox(
         mode=sandbox,
-        network="auto",
         device="cpu",
-        multi_node=False,
         project_root=PROJECT_ROOT,
         read_paths=list(read_paths),
         write_paths=[tmp],
         protected=(),
         import_path=[p for p in sys.path[1:] if p],
-        seccomp=True,
+        **WORKER_ISOLATION,
     )
 
 
