@@ -79,7 +79,7 @@ SANDBOX_MODES = ("auto", "off", "required")
 NETWORK_MODES = ("auto", "host")
 KERNEL_LAYERS: dict[str, str] = {
     "landlock": "Landlock, the filesystem allow-list (Linux >= 5.13 with Landlock enabled)",
-    "namespaces": "PID and mount namespaces (root, util-linux `unshare` >= 2.32, not refused by a container; one node)",
+    "namespaces": "PID, mount and IPC namespaces (root, util-linux `unshare` >= 2.32, not refused by a container; one node)",
     "network_namespace": "a network namespace with loopback only (`unshare --net`; one node)",
     "signal_scoping": "Landlock ABI >= 6: no signal reaches a process outside the sandbox (Linux >= 6.12)",
     "seccomp": "the seccomp filter of the model worker (no ptrace, no other process's memory)",
@@ -105,7 +105,10 @@ class MachineCaps:
         return self.root and self.unshare is not None
 
 
-_NS_FLAGS = ["--mount", "--pid", "--fork", "--mount-proc", "--kill-child"]
+_NS_FLAGS = ["--mount", "--pid", "--ipc", "--fork", "--mount-proc", "--kill-child"]
+"""An IPC namespace too: SysV shared memory and message queues outlive a run and reach every process of
+the host's namespace (an attacker's model worker kept validation rows in a segment for its probe workers
+and for a later run's training)."""
 
 
 def _unshare_that_works(root: bool) -> tuple[str | None, bool]:
@@ -195,7 +198,7 @@ class SandboxPlan:
     landlock_abi: int = 0
     rules: tuple[Rule, ...] = ()
     namespaces: tuple[str, ...] = ()
-    """Subset of ("mount", "pid", "net")."""
+    """Subset of ("mount", "pid", "ipc", "net")."""
     drop_caps: bool = False
     scope_signals: bool = False
     unshare: str | None = None
@@ -223,9 +226,7 @@ class SandboxPlan:
         inner = [sys.executable, "-m", "isolation.sandbox", "enter", str(policy_path), "--", *cmd]
         if not self.namespaces:
             return inner
-        ns = ["--mount", "--pid", "--fork", "--mount-proc", "--kill-child"] + (
-            ["--net"] if "net" in self.namespaces else []
-        )
+        ns = list(_NS_FLAGS) + (["--net"] if "net" in self.namespaces else [])
         return [str(self.unshare), *ns, "--", *inner]
 
     def policy(self) -> dict[str, Any]:
@@ -330,7 +331,7 @@ def plan_sandbox(
             f"{TOKEN_ENV} environment variable; the network is the host's)"
         )
     elif caps.namespaces:
-        namespaces = ("mount", "pid") + (("net",) if network == "auto" and caps.net_namespace else ())
+        namespaces = ("mount", "pid", "ipc") + (("net",) if network == "auto" and caps.net_namespace else ())
         if network == "auto" and not caps.net_namespace:
             warnings.append("`unshare --net` is refused here: the network is the host's")
     else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -289,7 +290,7 @@ def test_plan_uses_every_layer_offered(tmp_path):
     d = plan.describe()
     assert (
         d["landlock"]
-        and d["namespaces"] == ["mount", "pid", "net"]
+        and d["namespaces"] == ["mount", "pid", "ipc", "net"]
         and d["capabilities_dropped"]
         and d["signals_scoped"]
     )
@@ -341,7 +342,7 @@ def test_plan_degrades_with_warnings_where_layers_are_missing(tmp_path):
     no_net, _ = _plan(
         tmp_path, MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare", net_namespace=False)
     )
-    assert no_net.namespaces == ("mount", "pid") and any("--net" in w for w in no_net.warnings)
+    assert no_net.namespaces == ("mount", "pid", "ipc") and any("--net" in w for w in no_net.warnings)
     assert plan.rules  # still planned: the access monitor reports against them
     assert plan.wrap(["torchrun"], tmp_path / "p.json")[-2:] == ["--", "torchrun"]
     with pytest.raises(SandboxRefused, match="landlock: Landlock"):
@@ -485,3 +486,37 @@ def test_an_unknown_layer_name_is_refused_with_the_list():
     with pytest.raises(ValueError, match="unknown isolation layer.*'landlok'") as e:
         parse_layers("landlok")
     assert all(name in str(e.value) for name in KERNEL_LAYERS)
+
+
+SHM_PROBE = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmget.restype = ctypes.c_int
+print(libc.shmget(ctypes.c_int(int(sys.argv[1])), ctypes.c_size_t(0), ctypes.c_int(0)))
+"""
+
+
+@pytest.mark.skipif(
+    not (os.geteuid() == 0 and shutil.which("unshare")), reason="namespaces need root and unshare"
+)
+def test_a_sysv_shared_memory_segment_outside_is_not_reachable_inside(tmp_path):
+    """SysV segments outlive a run and reach every process of an IPC namespace: an attacker's model worker
+    kept validation rows in one for its probe workers and a later run's training. The sandbox has its own."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    key = 0x5047_0000 + os.getpid() % 0xFFFF
+    shmid = libc.shmget(ctypes.c_int(key), ctypes.c_size_t(4096), ctypes.c_int(0o1000 | 0o666))  # IPC_CREAT
+    assert shmid >= 0
+    try:
+        plan, _ = _plan(tmp_path, LANDLOCK_ROOT)
+        if plan.unshare is None:
+            pytest.skip("unshare cannot make namespaces here")
+        seen = lambda argv: (
+            subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
+        )
+        outside = seen([sys.executable, "-c", SHM_PROBE, str(key)])
+        inside = seen(plan.wrap([sys.executable, "-c", SHM_PROBE, str(key)], tmp_path / "policy.json"))
+        assert int(outside) == shmid and int(inside) == -1, (outside, inside)
+    finally:
+        libc.shmctl(ctypes.c_int(shmid), ctypes.c_int(0), None)  # IPC_RMID
