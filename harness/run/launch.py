@@ -486,6 +486,8 @@ class ClockServer:
     def close(self) -> None:
         for peer in list(self._peers.values()):
             peer.sock.close()
+            if peer.local_rank is not None:
+                self._gone.append(peer)  # its requests still count: a rank whose exit was not read yet
         self._peers.clear()
         if self._sel is not None:
             self._sel.close()

@@ -196,6 +196,18 @@ def test_data_before_the_warmup_leaves_none_of_it_off_the_clock(tmp_path):
     assert out.train_time_s >= 0.3
 
 
+def test_a_rank_whose_wire_is_still_open_at_exit_keeps_its_warmup(tmp_path):
+    # a child holds the rank's wire open past torchrun's exit, so the supervisor closes the wire before it
+    # has read the rank's end: the rank's requests still count (once, a loaded machine lost them: "no warm-up")
+    body = START + (
+        "w.warmup_begin()\ntime.sleep(0.3)\nw.warmup_end()\n"
+        "if os.fork() == 0:\n    time.sleep(30)\n    os._exit(0)\n"
+    )
+    out, log = _supervise(tmp_path, body, BudgetConfig(train_s=5, startup_s=5, warmup_max_s=10))
+    assert out.status == "ok", log
+    assert 0.3 <= out.off_clock_s < 0.45 and "every rank of the node in warm-up" in out.clock["off_clock_detail"]
+
+
 def test_warmup_counts_only_while_every_rank_of_the_node_is_in_it(tmp_path):
     # two "ranks" on two connections; rank 1 begins its warm-up 0.3 s after rank 0
     body = (
