@@ -47,9 +47,9 @@ from data.io import read_json, sha256_file, write_json_atomic
 from data.manifest import MANIFEST_NAME, load_manifest, make_split_view
 from harness.config import TRACK_KEYS
 from harness.run.pipeline import data_identity, official_data_problem
-from harness.run.staging import stage_model_code
+from harness.run.staging import FolderRefused, stage_folder, stage_model_code
 from isolation.sandbox import KERNEL_LAYERS, parse_layers
-from scoring.artifact.cap import counted_files
+from scoring.artifact.cap import code_bytes, counted_files
 from scoring.artifact.format import ArtifactError, read_artifact
 from scoring.score.cli import ScoreRequest
 from scoring.score.evaluate import EvalConfig
@@ -142,6 +142,15 @@ def _check(checks: list[Check], name: str, expected: Any, actual: Any) -> None:
     checks.append(Check(name, expected == actual, expected, actual))
 
 
+def _code_checks(checks: list[Check], result: dict[str, Any], files: dict[str, str], code_dir: Path) -> None:
+    for rel, want in sorted(files.items()):
+        p = code_dir / rel
+        _check(checks, f"code {rel} sha256", want, sha256_file(p) if p.is_file() else "missing")
+    _check(checks, "counted code files", sorted(files), sorted(counted_files(code_dir)))
+    present = {rel: want for rel, want in files.items() if (code_dir / rel).is_file()}
+    _check(checks, "bytes_code", result.get("bytes_code"), code_bytes(code_dir, present))
+
+
 def receipt_checks(
     result: dict[str, Any], run_dir: Path, code_dir: Path | None, data_dir: Path | None
 ) -> list[Check]:
@@ -169,12 +178,13 @@ def receipt_checks(
             Check("code folder", False, "the submission's code", "not found; pass --submission DIR")
         )
     else:
-        for rel, want in sorted(files.items()):
-            p = code_dir / rel
-            _check(checks, f"code {rel} sha256", want, sha256_file(p) if p.is_file() else "missing")
-        _check(checks, "counted code files", sorted(files), sorted(counted_files(code_dir)))
-        sizes = sum((code_dir / rel).stat().st_size for rel in files if (code_dir / rel).is_file())
-        _check(checks, "bytes_code", result.get("bytes_code"), sizes)
+        with tempfile.TemporaryDirectory(prefix="pgolf-verify-code-") as tmp:
+            try:  # a shipped code bundle is compared as it was packed: expanded beside itself
+                staged = stage_folder(code_dir, Path(tmp) / "code").dest
+            except (FolderRefused, OSError) as e:
+                checks.append(Check("code folder stages", False, "the folder rules hold", str(e)))
+            else:
+                _code_checks(checks, result, files, Path(staged))
     if artifact.is_file():
         total = sum(int(result.get(k) or 0) for k in ("bytes_code", "bytes_model"))
         _check(checks, "bytes_total = bytes_code + bytes_model", result.get("bytes_total"), total)

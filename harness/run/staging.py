@@ -11,6 +11,8 @@ files cannot loosen the rules, because they are judged by lstat before anything 
   uncounted folders (hidden, __pycache__, logs, results, runs) and files (README.md,
   submission.json, *.log, *.pyc) skipped: what is staged is exactly the counted files, so no bytecode
   is ever staged and nothing stale can be imported in place of a checked source;
+- a code bundle (`code.tar.xz`, scoring/artifact/cap.py `read_bundle`) is expanded into the copy, its
+  members under the same rules; the bundle's bytes are what is counted (`code_bytes`);
 - every `.py` source is strict UTF-8 with no coding declaration but utf-8 (scoring/codecheck.py
   `source_encoding_problem`): otherwise Python would run other code than the static check reads.
 
@@ -36,7 +38,15 @@ from pathlib import Path
 from typing import Any
 
 from harness.api import TRAIN_FILE
-from scoring.artifact.cap import FolderFile, FolderRefused, FolderScan, read_counted, scan_folder
+from scoring.artifact.cap import (
+    CODE_BUNDLE,
+    FolderFile,
+    FolderRefused,
+    FolderScan,
+    read_bundle,
+    read_counted,
+    scan_folder,
+)
 from scoring.codecheck import source_encoding_problem
 
 __all__ = [
@@ -48,8 +58,9 @@ __all__ = [
     "stage_model_code",
 ]
 
-MODEL_CODE_EXCLUDE = (TRAIN_FILE,)
-"""What the scorer never gets of the staged code: the training code (top-level train.py)."""
+MODEL_CODE_EXCLUDE = (TRAIN_FILE, CODE_BUNDLE)
+"""What the scorer never gets of the staged code: the training code (top-level train.py), nor the code
+bundle that may hold it (its other members are expanded into the scorer's copy)."""
 
 
 @dataclass(frozen=True)
@@ -88,9 +99,30 @@ def inspect_folder(root: str | os.PathLike[str], *, cap_bytes: int | None = None
     """
     scan = scan_folder(root, cap_bytes=cap_bytes)
     for f in scan.files:
-        if f.rel.endswith(".py"):
-            _check_source(scan.root, f, read_counted(scan.root, f))
+        if f.rel.endswith(".py") or f.rel == CODE_BUNDLE:
+            _expand(scan, f, read_counted(scan.root, f))  # each source's encoding; the bundle's members
     return scan
+
+
+def _expand(scan: FolderScan, f: FolderFile, data: bytes) -> list[tuple[str, bytes]]:
+    """[(relative path, bytes)] a counted file stands for in a staged copy, each source checked: itself,
+    or for the code bundle its members (and itself). A member must equal a loose file of its path."""
+    if f.rel != CODE_BUNDLE:
+        _check_source(scan.root, f, data)
+        return [(f.rel, data)]
+    where = scan.root / CODE_BUNDLE
+    members = read_bundle(data, where)
+    loose = {g.rel: g for g in scan.files}
+    for rel, content in members:
+        if rel in loose and read_counted(scan.root, loose[rel]) != content:
+            raise FolderRefused(
+                "illegal",
+                scan.root / rel,
+                f"{scan.root / rel} is also in {where} with other bytes; keep one copy (in the bundle or "
+                "beside it)",
+            )
+        _check_source(scan.root, FolderFile(rel, len(content)), content)
+    return [*members, (f.rel, data)]
 
 
 def folder_verdict(root: str | os.PathLike[str], *, cap_bytes: int | None = None) -> dict[str, Any]:
@@ -142,13 +174,17 @@ def stage_folder(
     scan = scan_folder(src, cap_bytes=cap_bytes)
     skipped = dict(scan.skipped)
     staged: list[tuple[str, bytes]] = []
+    expanded: dict[str, bytes] = {}
     for f in scan.files:  # every byte read and checked (at most the cap in all) before anything is written
-        if _excluded(f.rel, patterns):
-            skipped[f.rel] = "excluded by the stage (not for this process)"
+        if f.rel in expanded:
+            continue  # a loose file equal to its bundle member: staged once
+        for rel, data in _expand(scan, f, read_counted(scan.root, f)):
+            expanded[rel] = data
+    for rel, data in sorted(expanded.items()):
+        if _excluded(rel, patterns):
+            skipped[rel] = "excluded by the stage (not for this process)"
             continue
-        data = read_counted(scan.root, f)
-        _check_source(scan.root, f, data)
-        staged.append((f.rel, data))
+        staged.append((rel, data))
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=False)
     try:

@@ -19,6 +19,13 @@ files cannot loosen them. Nothing is ever followed.
 - Uncounted folders (hidden, `__pycache__`, logs, results, runs) are skipped whole, never entered;
   uncounted files (README.md, submission.json, logs, bytecode) are skipped. The scan's `files` are the
   counted files, and only they are ever staged, hashed or read: so no `.pyc` is staged or imported.
+Code shipped compressed (`CODE_BUNDLE`, docs/RULES.md): a submission may ship some or all of its files
+as one xz-compressed tar archive, `code.tar.xz`, at the top of the folder (`tar -cJf code.tar.xz model.py
+train.py`). The archive's bytes are what is counted; the harness expands it (`read_bundle`: regular files
+only, each path relative, counted and under the folder rules, at most MAX_BUNDLE_EXPANDED_BYTES in all)
+into every staged copy before anything is checked or imported. A member and a loose file of the same path
+must be byte-identical (a staged folder, which holds both, stages again to itself), else the folder is
+refused. `code_bytes` counts a file that is also a member of the archive as the archive's bytes only.
 `read_counted` reads one of those files without following a link at any level, checks with fstat that
 it is still the regular file of the size the scan saw, and reads at most that many bytes.
 """
@@ -27,8 +34,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib.machinery
+import io
+import lzma
 import os
+import posixpath
 import stat
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +56,12 @@ MAX_ENTRIES = 10_000
 MAX_FOLDER_BYTES = 1 << 30
 """The size bound of a scan given no cap: no count ever reads unbounded input."""
 READ_CHUNK_BYTES = 1 << 20
+CODE_BUNDLE = "code.tar.xz"
+"""The one archive a submission may ship its code in (top level; xz-compressed tar; expanded when staged)."""
+CODE_BUNDLE_FORMAT = "pgolf-code-bundle/1"
+"""The bundle's rules, versioned: xz (any preset) around a POSIX/GNU/PAX tar of regular files."""
+MAX_BUNDLE_EXPANDED_BYTES = 64 << 20
+"""The most bytes a code bundle may expand to (its tar stream, headers included)."""
 
 
 class FolderRefused(ValueError):
@@ -290,17 +307,86 @@ def counted_files(submission_dir: str | os.PathLike[str], *, cap_bytes: int | No
     return {f.rel: hashlib.sha256(read_counted(scan.root, f)).hexdigest() for f in scan.files}
 
 
+def read_bundle(data: bytes, where: str | os.PathLike[str]) -> list[tuple[str, bytes]]:
+    """The members of a code bundle (`CODE_BUNDLE`): [(relative posix path, bytes)], sorted by path.
+
+    Expands at most MAX_BUNDLE_EXPANDED_BYTES; accepts only regular files (folders are implied and
+    skipped) whose paths are relative, normalised, counted, at most MAX_DEPTH deep, not native modules
+    and not a bundle again. Anything else raises FolderRefused("illegal", where, ...), naming the fix.
+    """
+    fix = f"remake it with `tar -cJf {CODE_BUNDLE} FILE...` from inside the submission folder"
+
+    def refuse(what: str) -> FolderRefused:
+        return FolderRefused("illegal", where, f"{where} {what}; {fix}")
+
+    try:
+        dec = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+        raw = dec.decompress(data, max_length=MAX_BUNDLE_EXPANDED_BYTES + 1)
+    except lzma.LZMAError as e:
+        raise refuse(f"is not an xz stream ({e})") from e
+    if len(raw) > MAX_BUNDLE_EXPANDED_BYTES:
+        raise refuse(f"expands to more than {MAX_BUNDLE_EXPANDED_BYTES:,} bytes")
+    if not dec.eof:
+        raise refuse("is a truncated xz stream")
+    if dec.unused_data:
+        raise refuse(f"has {len(dec.unused_data):,} bytes after its xz stream")
+    members: dict[str, bytes] = {}
+    try:
+        with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
+            for info in tar:
+                if len(members) >= MAX_ENTRIES:
+                    raise refuse(f"holds more than {MAX_ENTRIES:,} files")
+                name = info.name
+                if info.isdir():
+                    continue
+                if not info.isreg():
+                    raise refuse(
+                        f"holds {name!r}, which is not a regular file (links and devices are refused)"
+                    )
+                parts = name.split("/")
+                if (
+                    name.startswith("/")
+                    or posixpath.normpath(name) != name
+                    or any(p in ("", ".", "..") for p in parts)
+                ):
+                    raise refuse(f"holds {name!r}: a member's path must be relative and normalised")
+                rel = Path(name)
+                if not is_counted(rel) or name == CODE_BUNDLE:
+                    raise refuse(f"holds {name!r}, a path that is never counted or staged")
+                if name.endswith(EXTENSION_SUFFIXES):
+                    raise refuse(f"holds {name!r}, a native extension module")
+                if len(parts) - 1 > MAX_DEPTH:
+                    raise refuse(f"holds {name!r}, more than {MAX_DEPTH} folders deep")
+                if name in members:
+                    raise refuse(f"holds {name!r} twice")
+                f = tar.extractfile(info)
+                if f is None:
+                    raise refuse(f"holds {name!r}, which cannot be read")
+                members[name] = f.read()
+    except tarfile.TarError as e:
+        raise refuse(f"is not a tar archive inside its xz stream ({e})") from e
+    return sorted(members.items())
+
+
+def _bundle_member_names(root: Path) -> frozenset[str]:
+    st = os.lstat(root / CODE_BUNDLE)
+    data = read_counted(root, FolderFile(CODE_BUNDLE, st.st_size))
+    return frozenset(rel for rel, _ in read_bundle(data, root / CODE_BUNDLE))
+
+
 def code_bytes(submission_dir: str | os.PathLike[str], files: dict[str, str] | None = None) -> int:
-    """Sum of the counted files' sizes (lstat: a link is never followed, and refused)."""
+    """Bytes shipped: the counted files' sizes (lstat: a link is never followed, and refused), a file that
+    is also a member of the code bundle counted as the bundle's bytes only."""
     root = Path(submission_dir)
-    if files is None:
-        return scan_folder(root).bytes_code
+    rels = [f.rel for f in scan_folder(root).files] if files is None else list(files)
+    inside = _bundle_member_names(root) if CODE_BUNDLE in rels else frozenset()
     total = 0
-    for rel in files:
+    for rel in rels:
         st = os.lstat(root / rel)
         if not stat.S_ISREG(st.st_mode):
             raise _refuse_entry(root / rel, st)
-        total += st.st_size
+        if rel not in inside:
+            total += st.st_size
     return total
 
 
