@@ -21,6 +21,10 @@ A submission folder holds (see submissions/README.md):
                      model worker.
 Counted code bytes: every file of the folder except UNCOUNTED_FILES (scoring/artifact/cap.py has the
 exact rule); bytes_code + bytes_model = bytes_total, at most the track's cap.
+Code may be shipped compressed as one `code.tar.xz` at the top of the folder (`tar -cJf code.tar.xz
+model.py train.py ...`): its bytes are the ones counted, and every process gets its members expanded
+beside the folder's other files (regular files only, counted paths, sources strict UTF-8; a member and a
+different loose file of the same path are refused). The scored code never gets train.py nor the archive.
 
 What train(ctx) may do, and must not:
     - It reads training tokens only through ctx.data; it is never given validation data or its path.
