@@ -1,0 +1,208 @@
+"""scripts/gpu_check.py's pure parts: the records' figures against their logs, the 1-GPU expectation, the
+measured ms/step from metrics rows, the table. No training run (the script itself is a GPU check)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+_spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
+assert _spec is not None and _spec.loader is not None
+gc = importlib.util.module_from_spec(_spec)
+sys.modules["gpu_check"] = gc  # dataclasses look their module up
+_spec.loader.exec_module(gc)
+
+# Verbatim lines of the records' logs (openai/parameter-golf, records/track_10min_16mb/<record>/<log>).
+NAIVE_LOG = """\
+world_size:8 grad_accum_steps:1
+step:13750/20000 train_loss:1.9910 train_time:598726ms step_avg:43.54ms
+step:13780/20000 val_loss:2.0606 val_bpb:1.2172 train_time:600038ms step_avg:43.54ms
+stopping_early: wallclock_cap train_time:600038ms step:13780/20000
+"""
+INT6_LOG = """\
+world_size:8 grad_accum_steps:1
+step:6500/9000 train_loss:2.0804 train_time:542303ms step_avg:83.43ms
+step:7000/9000 train_loss:1.7889 train_time:584853ms step_avg:83.55ms
+step:7179/9000 val_loss:1.9214 val_bpb:1.1379 train_time:600128ms step_avg:83.59ms
+stopping_early: wallclock_cap train_time:600128ms step:7179/9000
+"""
+SP8192_LOG = """\
+Hyperparameters:
+  world_size: 8
+1/20000 train_loss: 9.0111 train_time: 0.0m tok/s: 8348323
+2000/20000 train_loss: 3.0686 train_time: 3.4m tok/s: 7710490
+layer_loop:enabled step:2018 frac:0.350 encoder:[0, 1, 2, 3, 4, 5, 3, 4] decoder:[5, 3, 4, 5, 6, 7, 8, 9, 10]
+4500/20000 train_loss: 2.7622 train_time: 9.7m tok/s: 6095957
+4550/20000 val_loss: 2.8119 val_bpb: 1.0886
+stopping_early: wallclock_cap train_time: 588047ms step: 4550/20000
+"""
+LOGS = {"naive_baseline": NAIVE_LOG, "int6_era": INT6_LOG, "sp8192_era": SP8192_LOG}
+
+
+def test_both_log_formats_parse_to_the_records_figures() -> None:
+    naive = gc.parse_record_log(NAIVE_LOG)
+    assert naive == {
+        "world_size": 8,
+        "steps": 13780,
+        "train_ms": 600038.0,
+        "step_avg_ms": 43.54,
+        "tok_s": {},
+        "loop_step": None,
+    }
+    assert gc.parse_record_log(INT6_LOG)["step_avg_ms"] == 83.59  # at the stopping step, not 83.43 or 83.55
+    sp = gc.parse_record_log(SP8192_LOG)
+    assert (sp["world_size"], sp["steps"], sp["train_ms"], sp["step_avg_ms"]) == (8, 4550, 588047.0, None)
+    assert sp["tok_s"] == {1: 8348323, 2000: 7710490, 4500: 6095957}
+    assert sp["loop_step"] == 2018
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "world_size:8\nstep:1/2 step_avg:3ms\n", "stopping_early: wallclock_cap train_time:1ms step:1/2\n"],
+)
+def test_a_log_without_its_stop_or_world_size_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="not a record log"):
+        gc.parse_record_log(text)
+
+
+@pytest.mark.parametrize("name", sorted(LOGS))
+def test_the_constants_are_the_logs_figures(name: str) -> None:
+    rec, parsed = gc.RECORDS[name], gc.parse_record_log(LOGS[name])
+    assert rec.line in LOGS[name]
+    assert (rec.gpus, rec.steps, rec.train_ms) == (parsed["world_size"], parsed["steps"], parsed["train_ms"])
+    assert rec.step_ms == (parsed["step_avg_ms"] or parsed["train_ms"] / parsed["steps"])
+    ph = gc.SP8192_PHASES
+    if name == "sp8192_era":
+        assert ph.line in LOGS[name]
+        assert (ph.loop_step, ph.tokens_per_s) == (parsed["loop_step"], parsed["tok_s"][ph.at_step])
+
+
+REFERENCE = Path(os.environ.get("PGOLF_REFERENCE", str(REPO.parent / "ref"))) / "records" / "track_10min_16mb"
+
+
+@pytest.mark.parametrize("name", sorted(gc.RECORDS))
+def test_the_constants_match_the_real_logs(name: str) -> None:
+    """Against the reference checkout's logs (PGOLF_REFERENCE, default ../ref); skipped without it."""
+    rec = gc.RECORDS[name]
+    path = REFERENCE / rec.record / rec.log
+    if not path.is_file():
+        pytest.skip(f"no reference log at {path} (set PGOLF_REFERENCE to a parameter-golf checkout)")
+    text = path.read_text()
+    parsed = gc.parse_record_log(text)
+    assert rec.line in text.splitlines()
+    assert (rec.gpus, rec.steps, rec.train_ms) == (parsed["world_size"], parsed["steps"], parsed["train_ms"])
+    assert rec.step_ms == (parsed["step_avg_ms"] or parsed["train_ms"] / parsed["steps"])
+    if name == "sp8192_era":
+        assert gc.SP8192_PHASES.line in text.splitlines()
+        assert parsed["loop_step"] == gc.SP8192_PHASES.loop_step
+
+
+def test_one_gpu_expectation_is_gpus_times_the_records_step() -> None:
+    assert gc.RECORDS["naive_baseline"].one_gpu_ms == pytest.approx(348.32, abs=1e-9)
+    assert gc.RECORDS["int6_era"].one_gpu_ms == pytest.approx(668.72, abs=1e-9)
+    assert gc.RECORDS["sp8192_era"].one_gpu_ms == pytest.approx(8 * 588047 / 4550, abs=1e-9)
+    ph, sp = gc.SP8192_PHASES, gc.RECORDS["sp8192_era"]
+    assert ph.pre_ms() == pytest.approx(1000 * 786432 / 7710490, abs=1e-12)  # 101.995
+    assert ph.loop_ms(sp) == pytest.approx(
+        (588047 - 2018 * ph.pre_ms()) / (4550 - 2018), abs=1e-12
+    )  # 150.956
+    # the two phases add back up to the record's training time
+    assert 2018 * ph.pre_ms() + (4550 - 2018) * ph.loop_ms(sp) == pytest.approx(588047.0, abs=1e-6)
+
+
+def test_steady_step_ms_spans_the_logged_steps() -> None:
+    rows = [{"step": s, "elapsed_s": 5.0 + 0.25 * (s - 1)} for s in range(1, 11)]
+    ms, n = gc.steady_step_ms(rows, 2)
+    assert (round(ms, 9), n) == (250.0, 8)
+    assert gc.steady_step_ms(rows, 10) is None  # one row
+    assert gc.steady_step_ms([{"step": 3}, {"step": 4}], 2) is None  # no clock readings
+    ms, n = gc.steady_step_ms(rows, 2, 4)
+    assert (round(ms, 9), n) == (250.0, 2)
+
+
+def sp_rows() -> list[dict[str, float]]:
+    """Steps of 0.8 s, then 1.2 s once the recurrence is on at step index 4 (metrics row 5 is its start)."""
+    rows, t = [], 2.0
+    for s in range(1, 13):
+        rows.append({"step": s, "elapsed_s": t})
+        t += 0.8 if s <= 4 else 1.2
+    return rows
+
+
+def test_sp8192_rows_split_at_the_recurrence() -> None:
+    whole, pre, loop = gc.record_rows("sp8192_era", "ok", sp_rows(), 4)
+    assert (pre.name, pre.steps, round(pre.measured_ms, 9)) == ("  no recurrence", 3, 800.0)
+    assert (loop.name, loop.steps, round(loop.measured_ms, 9)) == ("  recurrence", 7, 1200.0)
+    assert pre.expected_ms == pytest.approx(8 * gc.SP8192_PHASES.pre_ms())
+    ph, sp = gc.SP8192_PHASES, gc.RECORDS["sp8192_era"]
+    assert whole.expected_ms == pytest.approx(
+        (3 * ph.pre_ms() + 7 * ph.loop_ms(sp)) * 8 / 10
+    )  # this run's mix
+    assert whole.record_ms == sp.step_ms and whole.steps == 10
+    assert whole.ratio == pytest.approx(whole.measured_ms / whole.expected_ms)
+    # no recurrence seen (a run too short, or a failed one): the whole run is the pre-loop phase
+    _, pre2, loop2 = gc.record_rows("sp8192_era", "failed", sp_rows()[:4], None)
+    assert pre2.steps == 2 and loop2.measured_ms is None and loop2.ratio is None
+
+
+def test_loop_step_of_reads_the_baselines_log_line() -> None:
+    log = "step:4 train_loss:9.0\nlayer_loop: on at step 17 (frac 0.351): encoder [0] decoder [1]\n"
+    assert gc.loop_step_of(log) == 17
+    assert (
+        gc.loop_step_of("layer_loop:enabled step:2018") is None
+    )  # the record's format is not the baseline's
+
+
+def test_table_golden() -> None:
+    naive = gc.record_rows(
+        "naive_baseline", "ok", [{"step": s, "elapsed_s": 0.35 * s} for s in range(1, 6)], None
+    )
+    rows = [*naive, gc.Row("int6_era", "failed"), gc.Row("naive_baseline (bare)", "ok", steps=9)]
+    assert gc.table(rows, True).splitlines()[:5] == [
+        "baseline               status     record ms/step  1-GPU expected   measured  ratio  steps  record",
+        "-------------------------------------------------------------------------------------------------",
+        "naive_baseline         ok               43.54 x8           348.3      350.0  1.005      3  13,780 steps in 600.0 s",
+        "int6_era               failed                  -               -          -      -      0",
+        "naive_baseline (bare)  ok                      -               -          -      -      9",
+    ]
+    cpu = gc.table(rows, False).splitlines()
+    assert cpu[2].split()[6] == "-"  # no ratio on CPU
+    assert "NOT comparable" in cpu[-1]
+
+
+def test_one_line_keeps_the_first_and_last_lines() -> None:
+    err = RuntimeError("the harness run ended over_budget: x\n\nstep:1\ntraceback ...\nValueError: boom\n")
+    assert gc.one_line(err) == "the harness run ended over_budget: x ... ValueError: boom"
+    assert gc.one_line(RuntimeError("")) == "RuntimeError"
+    assert len(gc.one_line(RuntimeError("a" * 1000))) == 400
+
+
+def test_overrides_and_estimate() -> None:
+    assert "train.late_qat_threshold=0.0" in gc.overrides_for("int6_era", "cuda")
+    sp = gc.overrides_for("sp8192_era", "cpu")
+    assert "train.gptq_calibration_batches=0" in sp and "model.vocab_size=8192" in sp
+    assert "model.vocab_size=8192" not in gc.overrides_for("sp8192_era", "cuda")
+    # three harness runs and the bare one, 30 s each, plus the guessed overheads: about 6 minutes
+    assert gc.estimate_s(list(gc.RECORDS), 30.0, "cuda") == 10 + 4 * 30 + 45 + 40 + 60 + 90
+    assert gc.estimate_s(["int6_era"], 30.0, "cuda") == 10 + 30 + 60  # no bare run without the naive baseline
+
+
+def test_the_overrides_load_on_every_baseline() -> None:
+    from harness.config import load_config
+
+    for name in gc.RECORDS:
+        for device, preset in (("cuda", "one-gpu"), ("cpu", "tiny")):
+            cfg = load_config(REPO / "baselines" / name, preset, gc.overrides_for(name, device))
+            assert cfg.train["train_log_every"] == 1 and cfg.section("launch").nproc_per_node == 1
+            assert cfg.model["vocab_size"] == (8192 if name == "sp8192_era" else 1024)
+
+
+def test_an_unknown_baseline_is_a_user_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert gc.main(["--baselines", "naive_baseline,nope"]) == 2
+    assert "unknown baseline(s) ['nope']" in capsys.readouterr().err
