@@ -1,6 +1,6 @@
 """`pgolf tune SUBMISSION [--preset P] [--write-preset NAME]`: the settings that matter here, by measurement.
 
-    pgolf tune SUBMISSION [--preset cpu] [--write-preset NAME] [--trial-s 8] [--repeats 2] [--budget-s 120]
+    pgolf tune SUBMISSION [--preset cpu] [--write-preset NAME] [--trial-s 8] [--repeats 2] [--budget-s 600]
                           [--plan-only] [--data DIR] [--set K=V ...]
 
 For this shape on this machine it measures, one at a time against the preset as it is (the
@@ -135,10 +135,21 @@ class Row:
 
 
 def helps(row: Row, ref: Row, floor: float = NOISE_FLOOR) -> bool:
-    """Beats the reference by more than the noise: NOISE_FLOOR, or either row's relative spread."""
-    if row.median is None or ref.median is None:
+    """Beats the reference by more than the noise: NOISE_FLOOR, or either row's relative spread. With one
+    measurement of either row the noise is unknown, so nothing is kept on it."""
+    if row.median is None or ref.median is None or min(len(row.tokens_per_s), len(ref.tokens_per_s)) < 2:
         return False
     return row.median > ref.median * (1 + max(floor, row.spread, ref.spread))
+
+
+def verdict(row: Row, ref: Row, floor: float = NOISE_FLOOR) -> str:
+    if row is ref:
+        return "reference"
+    if helps(row, ref, floor):
+        return "helps"
+    if min(len(row.tokens_per_s), len(ref.tokens_per_s)) < 2:
+        return "one measurement, noise unknown: not kept (a larger --budget-s)"
+    return "no gain beyond noise"
 
 
 Measure = Callable[[Setting], float]
@@ -175,12 +186,10 @@ def table(rows: Sequence[Row], ref: Row) -> str:
             lines.append(f"{row.setting.name:34s} {'-':>10s} {'-':>8s} {'-':>8s}  0  failed: {row.failed}")
             continue
         change = f"{100 * (row.median / ref.median - 1):+7.1f}%" if ref.median else f"{'-':>8s}"
-        verdict = "reference" if row is ref else ("helps" if helps(row, ref) else "no gain beyond noise")
-        if ref.median is None:
-            verdict = "no reference to compare with"
+        why = "no reference to compare with" if ref.median is None else verdict(row, ref)
+        spread = f"{100 * row.spread:7.1f}%" if len(row.tokens_per_s) > 1 else f"{'-':>8s}"
         lines.append(
-            f"{row.setting.name:34s} {row.median:10,.0f} {100 * row.spread:7.1f}% {change}  "
-            f"{len(row.tokens_per_s)}  {verdict}"
+            f"{row.setting.name:34s} {row.median:10,.0f} {spread} {change}  {len(row.tokens_per_s)}  {why}"
         )
     return "\n".join(lines)
 
@@ -386,8 +395,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--budget-s",
         type=float,
-        default=120.0,
-        help="stop starting new rounds after this many seconds (default 120)",
+        default=600.0,
+        help="stop starting new rounds after this many seconds (default 600: two rounds of the CPU "
+        "settings on a 2-core machine; a setting measured once is never kept)",
     )
     p.add_argument(
         "--plan-only",

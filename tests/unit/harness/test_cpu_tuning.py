@@ -34,7 +34,7 @@ CPUINFO_BF16 = (
     "flags\t\t: fpu sse2 avx avx2 fma avx512f avx512_vnni avx512_bf16 sha_ni\n\n"
     "processor\t: 1\nmodel name\t: Fake EPYC 9999\nflags\t\t: fpu\n"
 )
-ROW = re.compile(r"^(\S.*?)\s+([\d,]+)\s+[\d.]+%\s+(?:[-+][\d.]+%|-)\s+\d+\s+\S")
+ROW = re.compile(r"^(\S.*?)\s+([\d,]+)\s+(?:[\d.]+%|-)\s+(?:[-+][\d.]+%|-)\s+\d+\s+\S")
 CPUINFO_2016 = (
     "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) CPU E5-2680 v4\nflags\t\t: fpu sse2 avx avx2 fma\n"
 )
@@ -217,6 +217,8 @@ def test_a_setting_is_kept_only_beyond_the_noise() -> None:
     assert not helps(Row(Setting("b"), [1020.0, 1025.0]), ref)  # 1.5 % < the 3 % floor
     assert not helps(Row(Setting("c"), [900.0, 1300.0]), ref)  # 1100 median, but a 36 % spread
     assert not helps(Row(Setting("d"), [], failed="boom"), ref)
+    assert not helps(Row(Setting("e"), [2000.0]), ref)  # twice as fast, once: the noise is unknown
+    assert not helps(Row(Setting("f"), [2000.0, 2001.0]), Row(Setting("ref"), [1000.0]))
 
 
 def test_measure_rows_interleaves_and_stops_at_the_budget() -> None:
