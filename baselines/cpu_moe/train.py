@@ -53,6 +53,8 @@ class Hparams:
     adam_eps: float = 1e-8
     grad_clip_norm: float = 0.0
     compile: bool = True  # torch.compile the model (CUDA only)
+    cpu_mode: str = "auto"  # CPU: auto | float32 | bfloat16 (auto times both where bfloat16 is native; eager)
+    cpu_trial_repeats: int = 2
     warmup_steps: int = 20  # compile warm-up on synthetic tokens, off the clock and undone (CUDA + compile only)
     train_log_every: int = 200
     balance_loss_weight: float = 0.01  # weight of the routers' load-balancing loss
@@ -171,6 +173,33 @@ def train(ctx: TrainContext):
                                   batch_tokens=micro_tokens, seq_len=hp.train_seq_len, vocab_size=ctx.vocab_size)
         ctx.log.info(f"warmup_steps:{report.steps} off_clock:{report.off_clock_s:.1f}s verified:{report.verified}")
 
+    amp = cuda  # bfloat16 autocast: always on GPU; on CPU where the start-up trial found it faster
+    if not cuda:
+        # time float32 and (where native) bfloat16 eager steps off the clock, one micro-batch and the
+        # optimizer step each (harness.api CpuTuning); keep the faster. No compile: the routing's shapes vary
+        def cpu_step(bf16):
+            def step(x, y):
+                with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=bf16):
+                    loss = loss_of(ddp(x), y)[0]
+                loss.backward()
+                for opt in optimizers:
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+
+            return step
+
+        modes = [m for m in (ctx.cpu.modes(hp.cpu_mode) if ctx.cpu is not None else [hp.cpu_mode]) if "compile" not in m]
+        mode = modes[0] if modes and modes[0] != "auto" else "float32"
+        if ctx.cpu is not None and len(modes) > 1 and not d.distributed:
+            trial = ctx.cpu.trial({m: cpu_step(m == "bfloat16") for m in modes}, repeats=hp.cpu_trial_repeats)
+            ctx.clock.warmup(trial.step, steps=trial.steps, modules=[model], optimizers=optimizers,
+                             batch_tokens=micro_tokens, seq_len=hp.train_seq_len, vocab_size=ctx.vocab_size)
+            mode = trial.best()
+        elif ctx.cpu is not None:
+            ctx.cpu.record(chosen=mode, chosen_by="fixed by the preset (train.cpu_mode) or one mode offered")
+        amp = mode == "bfloat16"
+        ctx.log.info(f"cpu step mode: {mode}")
+
     def lr_scale(step, elapsed_s):
         if hp.warmdown_iters <= 0:
             return 1.0
@@ -195,7 +224,7 @@ def train(ctx: TrainContext):
             x, y = ctx.data.next_batch(micro_tokens, hp.train_seq_len)
             if d.distributed:
                 ddp.require_backward_grad_sync = micro == accum - 1
-            with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=cuda):
+            with torch.autocast(device_type=d.device.type, dtype=torch.bfloat16, enabled=amp):
                 loss, ce, balance = loss_of(ddp(x), y)
             (loss / accum).backward()
             loss_sum += ce.detach()
