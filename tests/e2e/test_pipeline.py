@@ -11,9 +11,11 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
+from scoring.artifact.format import read_artifact
 from tests.conftest import BASELINE
 
 
@@ -89,27 +91,41 @@ def test_score_twice_is_bit_identical(tiny_run, sp_dataset):
     assert a["val_bpb"] == json.loads((out / "result.json").read_text())["val_bpb"]
 
 
-def test_same_seed_same_losses(tiny_run, sp_dataset, tmp_path):
+def test_same_seed_same_losses_and_code_shipped_compressed_changes_only_bytes_code(
+    tiny_run, sp_dataset, tmp_path
+):
+    """The second run ships the baseline's code as code.tar.xz (docs/RULES.md): training, the weights and the
+    score are the same; only the bytes counted for code change, to the archive's; and it verifies."""
     out, _ = tiny_run
+    bundled = tmp_path / "bundled"
+    bundled.mkdir()
+    shutil.copy(BASELINE / "config.toml", bundled)
+    with tarfile.open(
+        bundled / "code.tar.xz", "w:xz", preset=9
+    ) as tar:  # tar -cJf code.tar.xz model.py train.py
+        for name in ("model.py", "train.py"):
+            tar.add(BASELINE / name, arcname=name)
+    again = tmp_path / "again"
     pgolf(
-        "run",
-        str(BASELINE),
-        "--preset",
-        "tiny",
-        "--data",
-        str(sp_dataset),
-        "--out",
-        str(tmp_path / "again"),
-        *FIXED_STEPS,
+        "run", str(bundled), "--preset", "tiny", "--data", str(sp_dataset), "--out", str(again), *FIXED_STEPS
     )
     losses = [
         [json.loads(line)["train_loss"] for line in (d / "metrics.jsonl").read_text().splitlines()]
-        for d in (out, tmp_path / "again")
+        for d in (out, again)
     ]
     assert len(losses[0]) == 8
     assert losses[0] == losses[1]
-    # and the packed models are byte-identical
-    assert (out / "artifact.pgolf").read_bytes() == (tmp_path / "again" / "artifact.pgolf").read_bytes()
+    # the packed weights are byte-identical; the header binds other code files
+    a, b = (read_artifact(d / "artifact.pgolf") for d in (out, again))
+    assert a.payload == b.payload
+    assert set(b.header["code_files"]) == {"code.tar.xz", "config.toml", "model.py", "train.py"}
+    assert {k: v for k, v in b.header["code_files"].items() if k != "code.tar.xz"} == a.header["code_files"]
+    first, second = (json.loads((d / "result.json").read_text()) for d in (out, again))
+    assert second["val_bpb"] == first["val_bpb"]
+    shipped = sum((bundled / f).stat().st_size for f in ("code.tar.xz", "config.toml"))
+    assert second["bytes_code"] == shipped < first["bytes_code"]
+    r = pgolf("verify", str(again), "--submission", str(bundled), check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_verify_a_run_folder_alone(tiny_run, tmp_path):
