@@ -98,10 +98,26 @@ def inspect_folder(root: str | os.PathLike[str], *, cap_bytes: int | None = None
     never through a link) is checked for its encoding.
     """
     scan = scan_folder(root, cap_bytes=cap_bytes)
+    names = {f.rel for f in scan.files}
     for f in scan.files:
-        if f.rel.endswith(".py") or f.rel == CODE_BUNDLE:
-            _expand(scan, f, read_counted(scan.root, f))  # each source's encoding; the bundle's members
+        if f.rel.endswith(".py") or f.rel == CODE_BUNDLE:  # each source's encoding; the bundle's members
+            names.update(rel for rel, _ in _expand(scan, f, read_counted(scan.root, f)))
+    _check_paths(scan.root, names)
     return scan
+
+
+def _check_paths(root: Path, names: set[str]) -> None:
+    """No path is both a file and a folder (a bundle member `pkg/x.py` beside a file `pkg`)."""
+    for rel in sorted(names):
+        parts = rel.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in names:
+                raise FolderRefused(
+                    "illegal",
+                    root / rel,
+                    f"{root / rel} needs {'/'.join(parts[:i])!r} to be a folder, but it is a file (in "
+                    f"{CODE_BUNDLE} or beside it); rename one of them",
+                )
 
 
 def _expand(scan: FolderScan, f: FolderFile, data: bytes) -> list[tuple[str, bytes]]:
@@ -180,6 +196,7 @@ def stage_folder(
             continue  # a loose file equal to its bundle member: staged once
         for rel, data in _expand(scan, f, read_counted(scan.root, f)):
             expanded[rel] = data
+    _check_paths(scan.root, set(expanded))
     for rel, data in sorted(expanded.items()):
         if _excluded(rel, patterns):
             skipped[rel] = "excluded by the stage (not for this process)"

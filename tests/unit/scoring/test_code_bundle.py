@@ -148,3 +148,14 @@ def test_a_bundle_that_expands_past_the_bound_is_refused(tmp_path, monkeypatch):
     assert len(bomb) < 4096
     with pytest.raises(FolderRefused, match="expands to more than 65,536 bytes"):
         read_bundle(bomb, tmp_path / CODE_BUNDLE)
+
+
+def test_a_member_under_a_path_that_is_a_file_is_refused(tmp_path):
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "pkg").write_text("a file, not a folder\n")
+    (sub / CODE_BUNDLE).write_bytes(tar_xz([("pkg/util.py", b"X = 1\n")]))
+    for check in (lambda: inspect_folder(sub), lambda: stage_folder(sub, tmp_path / "dest")):
+        with pytest.raises(FolderRefused, match="needs 'pkg' to be a folder, but it is a file"):
+            check()
+    assert not (tmp_path / "dest").exists()
