@@ -16,7 +16,8 @@ import tarfile
 import pytest
 
 from scoring.artifact.format import read_artifact
-from tests.conftest import BASELINE
+from tests.conftest import BASELINE, REPO
+from tests.golden.regen import GOLDEN_ARGS, golden_lines, shards_identity
 
 
 def pgolf(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -28,18 +29,39 @@ def pgolf(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return r
 
 
-# A step count, not the clock, ends these runs (the LR warmdown is wall-clock driven), so two runs
-# with one seed must agree step for step.
-FIXED_STEPS = ["--set", "budget.train_s=300", "--set", "train.iterations=8"]
+# The golden run's command (tests/golden/regen.py): a step count, not the clock, ends it (30 steps at a
+# constant LR), so two runs with one seed agree step for step; one run serves every test of this file.
+GOLDEN = REPO / "tests" / "golden" / "tiny_run.txt"
+STEPS = 30
 
 
 @pytest.fixture(scope="module")
 def tiny_run(sp_dataset, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "tiny"
-    r = pgolf(
-        "run", str(BASELINE), "--preset", "tiny", "--data", str(sp_dataset), "--out", str(out), *FIXED_STEPS
-    )
+    r = pgolf("run", str(BASELINE), *GOLDEN_ARGS, "--data", str(sp_dataset), "--out", str(out))
     return out, r.stdout
+
+
+def test_golden_tiny_run_is_reproduced_exactly(tiny_run, sp_dataset) -> None:
+    """Per-step losses, val_bpb and the artifact's sha256, exactly (tests/golden/tiny_run.txt). It pins the
+    whole pipeline's behaviour, so a restructure that changes no numerics keeps it."""
+    expected = [
+        line for line in GOLDEN.read_text(encoding="utf-8").splitlines() if line and not line.startswith("#")
+    ]
+    have, want = shards_identity(sp_dataset), expected[0].split()[1]
+    if have != want:
+        pytest.skip(
+            f"the embedded corpus differs on this Python ({sys.version.split()[0]}): shards {have[:12]} != golden {want[:12]}"
+        )
+    got = golden_lines(tiny_run[0])
+    diff = [
+        f"line {i}: golden {a!r} != run {b!r}"
+        for i, (a, b) in enumerate(zip(expected, got, strict=False))
+        if a != b
+    ]
+    assert len(got) == len(expected) and not diff, (
+        "\n".join(diff[:10]) or f"{len(got)} lines != {len(expected)}"
+    )
 
 
 def test_run_produces_a_complete_result(tiny_run, sp_dataset):
@@ -55,7 +77,7 @@ def test_run_produces_a_complete_result(tiny_run, sp_dataset):
     )
     for key in ("val_loss", "val_bpb", "unigram_bpb", "train_time_s", "eval_time_s"):
         assert isinstance(res[key], float) and res[key] > 0, key
-    assert res["steps"] == 8 and res["tokens_seen"] == 8 * 1024
+    assert res["steps"] == STEPS and res["tokens_seen"] == STEPS * 1024
     assert res["val_tokens"] == 4096 and res["eval_mode"] == "standard"
     assert set(res["provenance"]["code_files"]) == {"config.toml", "model.py", "train.py"}
     assert res["provenance"]["libraries"]["torch"]
@@ -85,9 +107,11 @@ def test_score_twice_is_bit_identical(tiny_run, sp_dataset):
         str(os.cpu_count()),
         "--json",
     ]
-    a, b = (json.loads(pgolf(*args).stdout) for _ in range(2))
-    assert a["val_bpb"] == b["val_bpb"] and a["val_loss_sum_nats"] == b["val_loss_sum_nats"]
-    # and it agrees with the pipeline's own score phase
+    # a second scoring, in other processes (fresh workers, other probe batches' workers), agrees bit for bit
+    # with the pipeline's own score phase
+    a = json.loads(pgolf(*args).stdout)
+    first = json.loads((out / "score.json").read_text())
+    assert a["val_bpb"] == first["val_bpb"] and a["val_loss_sum_nats"] == first["val_loss_sum_nats"]
     assert a["val_bpb"] == json.loads((out / "result.json").read_text())["val_bpb"]
 
 
@@ -106,14 +130,12 @@ def test_same_seed_same_losses_and_code_shipped_compressed_changes_only_bytes_co
         for name in ("model.py", "train.py"):
             tar.add(BASELINE / name, arcname=name)
     again = tmp_path / "again"
-    pgolf(
-        "run", str(bundled), "--preset", "tiny", "--data", str(sp_dataset), "--out", str(again), *FIXED_STEPS
-    )
+    pgolf("run", str(bundled), *GOLDEN_ARGS, "--data", str(sp_dataset), "--out", str(again))
     losses = [
         [json.loads(line)["train_loss"] for line in (d / "metrics.jsonl").read_text().splitlines()]
         for d in (out, again)
     ]
-    assert len(losses[0]) == 8
+    assert len(losses[0]) == STEPS
     assert losses[0] == losses[1]
     # the packed weights are byte-identical; the header binds other code files
     a, b = (read_artifact(d / "artifact.pgolf") for d in (out, again))

@@ -25,6 +25,7 @@ from scoring.artifact.pack import pack_state
 from scoring.codecheck import lint_scored_code
 from scoring.score.cli import EXIT_CODES
 from scoring.score.evaluate import EvalConfig
+from scoring.score.probes import ProbeConfig
 from scoring.score.scorer import score_artifact
 from tests.conftest import REPO
 from tests.unit.scoring.test_eval_support import (  # noqa: F401
@@ -86,6 +87,9 @@ def score(tmp_path: Path, data: Path, model_src: str, **kw) -> dict:
         "the test model should get past the lint: the worker is what is tested"
     )
     pack_clean(folder, tmp_path / "a.pgolf")
+    # what these tests watch is the model worker's boundary; the probes' fresh workers are the same worker
+    # (scoring/score/remote.py) and are tested in tests/unit/scoring/test_probes.py: none here unless asked
+    kw.setdefault("probe_cfg", ProbeConfig(probes=0))
     return score_artifact(tmp_path / "a.pgolf", folder, data, EVAL, threads=1, **kw)
 
 
@@ -288,7 +292,7 @@ SWITCH_ON = """def adapt(model, tokens):
 
 def test_a_model_that_peeks_only_after_adapting_fails_the_probes(tmp_path, tiny_dataset):
     """Probe workers replay the adaptation the main worker had, then must reproduce its scored logits."""
-    from scoring.score.probes import ProbeConfig, ProbeFailure
+    from scoring.score.probes import ProbeFailure
 
     folder = write_submission(tmp_path / "sub", model_src=PEEK_AFTER_ADAPTING, eval_src=SWITCH_ON)
     pack_clean(folder, tmp_path / "a.pgolf")

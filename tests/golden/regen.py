@@ -1,6 +1,6 @@
 """Print the golden tiny run's text from a run folder: `python -m tests.golden.regen RUN_DIR > tests/golden/tiny_run.txt`.
 
-The run is `pgolf run` with GOLDEN_ARGS (below) on the embedded corpus; tests/e2e/test_golden_run.py
+The run is `pgolf run` with GOLDEN_ARGS (below) on the embedded corpus; tests/e2e/test_pipeline.py (test_golden_tiny_run_is_reproduced_exactly)
 runs the same command and compares every line exactly.
 """
 

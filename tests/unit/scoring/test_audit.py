@@ -169,7 +169,11 @@ def test_the_scorer_audits_a_tokenizer_brought_with_the_data(tmp_path, monkeypat
     folder = write_submission(tmp_path / "sub")
     pack_tiny(folder, tmp_path / "a.pgolf", model_config={"vocab_size": 8192, "dim": 8})
     cfg = EvalConfig(seq_len=64, max_tokens=2048)
-    rec = score_mod.score_artifact(tmp_path / "a.pgolf", folder, ds, cfg, threads=1)
+    from scoring.score.probes import ProbeConfig
+
+    rec = score_mod.score_artifact(
+        tmp_path / "a.pgolf", folder, ds, cfg, threads=1, probe_cfg=ProbeConfig(probes=0)
+    )
     assert rec["tokenizer_audit"]["ran"] is True and rec["tokenizer_audit"]["passed"] is True
     assert rec["tokenizer_audit"]["docs"] >= 1 and rec["tokenizer_audit"]["tokens"] > 1000
     monkeypatch.setattr(score_mod, "load_tokenizer", lambda path: SpaceBytesCounted(path))

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from scoring.codecheck import CodeCheckFailure, lint_scored_code
+from scoring.score.probes import ProbeConfig
 from scoring.score.scorer import score_artifact
 from tests.conftest import REPO
 from tests.unit.scoring.test_eval_support import (  # noqa: F401 (fixture)
@@ -125,6 +126,9 @@ def test_the_static_check_runs_before_the_model_is_imported(tmp_path, tiny_datas
     assert torch.get_num_threads() == before  # ... the scorer never imports it
 
 
+NO_PROBES = ProbeConfig(probes=0)
+"""What these tests compare is the code check, not the probes (tests/unit/scoring/test_probes.py)."""
+
 SNEAKY = TINY_MODEL.replace(
     "    def forward(self, ids):\n",
     "    def forward(self, ids):\n        t = torch\n        t.isfinite = lambda x: torch.ones_like(x, dtype=torch.bool)\n",
@@ -140,15 +144,17 @@ def test_a_model_that_patches_torch_through_an_alias_changes_nothing_in_the_scor
     honest = write_submission(tmp_path / "honest")
     pack_tiny(honest, tmp_path / "b.pgolf")
     original = torch.isfinite
-    a = score_artifact(tmp_path / "a.pgolf", folder, tiny_dataset, FAST_EVAL, threads=1)
-    b = score_artifact(tmp_path / "b.pgolf", honest, tiny_dataset, FAST_EVAL, threads=1)
+    a = score_artifact(tmp_path / "a.pgolf", folder, tiny_dataset, FAST_EVAL, threads=1, probe_cfg=NO_PROBES)
+    b = score_artifact(tmp_path / "b.pgolf", honest, tiny_dataset, FAST_EVAL, threads=1, probe_cfg=NO_PROBES)
     assert torch.isfinite is original and a["val_bpb"] == b["val_bpb"]
 
 
 def test_a_clean_score_records_its_code_check(tmp_path, tiny_dataset):
     folder = write_submission(tmp_path / "ok")
     pack_tiny(folder, tmp_path / "a.pgolf")
-    rec = score_artifact(tmp_path / "a.pgolf", folder, tiny_dataset, FAST_EVAL, threads=1)
+    rec = score_artifact(
+        tmp_path / "a.pgolf", folder, tiny_dataset, FAST_EVAL, threads=1, probe_cfg=NO_PROBES
+    )
     cc = rec["code_check"]
     assert cc["static"] == "passed" and cc["files"] == ["model.py"] and "model.py" in cc["code_files_checked"]
     assert "static lint" in rec["enforcement"]["allowed imports, no files or monkeypatching in scored code"]

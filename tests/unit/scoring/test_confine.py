@@ -14,6 +14,7 @@ import pytest
 
 from isolation.landlock import landlock_abi
 from scoring.score.confine import plan_rules
+from scoring.score.probes import ProbeConfig
 from tests.conftest import REPO
 from tests.unit.scoring.test_eval_support import FAST_EVAL, _one_thread, pack_tiny, write_submission  # noqa: F401 (fixture)
 
@@ -168,11 +169,18 @@ def test_the_score_command_confines_itself_and_scores_the_same(tmp_path, tiny_da
     pack_tiny(folder, tmp_path / "a.pgolf")
     (tmp_path / "o1").mkdir()
     (tmp_path / "o2").mkdir()
-    confined = _score_cli(tmp_path / "a.pgolf", folder, tiny_dataset, tmp_path / "o1" / "score.json")
-    free = _score_cli(
-        tmp_path / "a.pgolf", folder, tiny_dataset, tmp_path / "o2" / "score.json", "--no-confine"
+    # the confinement is what is compared, not the probes (tests/unit/scoring/test_probes.py): none, so
+    # that three scorings cost three workers, not fifteen
+    no_probes = ("--probes", "0")
+    confined = _score_cli(
+        tmp_path / "a.pgolf", folder, tiny_dataset, tmp_path / "o1" / "score.json", *no_probes
     )
-    in_process = score_artifact(tmp_path / "a.pgolf", folder, tiny_dataset, FAST_EVAL, threads=1)
+    free = _score_cli(
+        tmp_path / "a.pgolf", folder, tiny_dataset, tmp_path / "o2" / "score.json", "--no-confine", *no_probes
+    )
+    in_process = score_artifact(
+        tmp_path / "a.pgolf", folder, tiny_dataset, FAST_EVAL, threads=1, probe_cfg=ProbeConfig(probes=0)
+    )
     assert confined["val_loss_sum_nats"] == free["val_loss_sum_nats"] == in_process["val_loss_sum_nats"]
     assert free["confinement"]["applied"] is False and in_process["confinement"]["applied"] is False
     assert confined["confinement"]["applied"] is (landlock_abi() > 0)
