@@ -3,7 +3,8 @@
     python scripts/cpu_table.py RUN_DIR... [--load-log FILE] [--write README.md]
 
 Columns: the submission, its track and status, training steps, training seconds (the supervisor's
-clock), training tokens/s (tokens seen / training seconds), val_bpb, bytes_total, and, with
+clock), training tokens/s (tokens seen / training seconds), val_bpb, bytes_total, the cores other
+processes kept busy during the run's train and score phases (its result's `machine_load`), and, with
 `--load-log`, the machine's mean 1-minute load average over the run (a file of lines
 `UNIX_SECONDS LOAD1 LOAD5 LOAD15`, e.g. written every 10 s by a loop reading /proc/loadavg): on a
 shared machine that number says how far the tokens/s of a run are the machine's.
@@ -33,6 +34,7 @@ COLUMNS = (
     "val_bpb",
     "bytes_total",
     "load (1-min avg)",
+    "others' cores train / score",
 )
 
 
@@ -97,7 +99,16 @@ def row(run_dir: Path, result: dict[str, Any], samples: list[tuple[float, float]
         _num(result.get("val_bpb"), ".4f"),
         _num(result.get("bytes_total"), ","),
         _num(load, ".1f") if samples is not None else "not logged",
+        _others(result),
     ]
+
+
+def _others(result: dict[str, Any]) -> str:
+    """The run's own record of other processes' CPU use (harness/run/load.py), per phase: the measure of
+    whether its tokens/s are the machine's."""
+    phases = result.get("machine_load") or {}
+    cells = [_num((phases.get(p) or {}).get("others_cores"), ".2f") for p in ("train", "score")]
+    return " / ".join(cells)
 
 
 def table(run_dirs: list[Path], load_log: Path | None = None) -> str:

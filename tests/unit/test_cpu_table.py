@@ -32,6 +32,7 @@ def run_dir(tmp: Path, name: str, **over: object) -> Path:
         "bytes_total": 1_537_848,
         "created_unix_s": 1000.0,
         "phase_times_s": {"pipeline": 100.0},
+        "machine_load": {"train": {"others_cores": 0.013}, "score": {"others_cores": 1.5}},
     }
     result.update(over)
     (d / "result.json").write_text(json.dumps(result))
@@ -44,10 +45,17 @@ def test_rows_are_the_results_figures(tmp_path):
     log = tmp_path / "load.log"
     log.write_text("850 9.0 1 1\n900 2.0 1 1\n950 4.0 1 1\n1001 30.0 1 1\n\n")
     lines = ct.table([ok, failed], log).splitlines()
-    row_ok = "| a | cpu_moe | cpu_10min_16mb | ok | 484 | 600.4 | 6,604 | 2.2398 | 1,537,848 | 3.0 |"
+    row_ok = (
+        "| a | cpu_moe | cpu_10min_16mb | ok | 484 | 600.4 | 6,604 | 2.2398 | 1,537,848 | 3.0 | 0.01 / 1.50 |"
+    )
     assert lines[2] == row_ok
-    assert lines[3] == "| b | cpu_moe | cpu_10min_16mb | over_budget | 484 | 600.4 | 6,604 | - | - | 3.0 |"
-    assert ct.table([ok]).splitlines()[2].endswith("| not logged |")
+    assert (
+        lines[3]
+        == "| b | cpu_moe | cpu_10min_16mb | over_budget | 484 | 600.4 | 6,604 | - | - | 3.0 | 0.01 / 1.50 |"
+    )
+    assert ct.table([ok]).splitlines()[2].endswith("| not logged | 0.01 / 1.50 |")
+    bare = run_dir(tmp_path, "c", machine_load=None)
+    assert ct.table([bare]).splitlines()[2].endswith("| not logged | - / - |")
 
 
 def test_write_replaces_only_between_the_markers(tmp_path):
