@@ -205,7 +205,9 @@ def test_a_rank_whose_wire_is_still_open_at_exit_keeps_its_warmup(tmp_path):
     )
     out, log = _supervise(tmp_path, body, BudgetConfig(train_s=5, startup_s=5, warmup_max_s=10))
     assert out.status == "ok", log
-    assert 0.3 <= out.off_clock_s < 0.45 and "every rank of the node in warm-up" in out.clock["off_clock_detail"]
+    assert (
+        0.3 <= out.off_clock_s < 0.45 and "every rank of the node in warm-up" in out.clock["off_clock_detail"]
+    )
 
 
 def test_warmup_counts_only_while_every_rank_of_the_node_is_in_it(tmp_path):
