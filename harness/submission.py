@@ -21,6 +21,7 @@ from typing import Any
 
 from data.io import read_json
 from harness.api import SUBMISSION_JSON
+from scoring.artifact.cap import ARTIFACT_CAP_BYTES, CODE_BUNDLE, read_bundle
 from scoring.tracks import TRACKS
 
 SCHEMA_VERSION = 1
@@ -38,9 +39,22 @@ DATA_VARIANT_RE = re.compile(r"sp[1-9]\d*|byte260")
 """The dataset variants (data/download.py names them the same way: fineweb10B_<variant>)."""
 
 
-def _defines(path: Path, func: str) -> bool:
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+def _defines(source: str, where: str, func: str) -> bool:
+    tree = ast.parse(source, filename=where)
     return any(isinstance(n, ast.FunctionDef) and n.name == func for n in tree.body)
+
+
+def _source(root: Path, fname: str) -> tuple[str, str] | None:
+    """(where, text) of a top-level source: the loose file, else its member of the code bundle."""
+    p = root / fname
+    if p.is_file():
+        return str(p), p.read_text(encoding="utf-8")
+    bundle = root / CODE_BUNDLE
+    if bundle.is_file() and not bundle.is_symlink() and bundle.stat().st_size <= ARTIFACT_CAP_BYTES:
+        for rel, data in read_bundle(bundle.read_bytes(), bundle):  # FolderRefused (one line) if hostile
+            if rel == fname:
+                return f"{bundle}:{fname}", data.decode("utf-8", errors="replace")
+    return None
 
 
 def validate_metadata(meta: Any, where: str) -> dict[str, Any]:
@@ -84,17 +98,19 @@ def check_submission(submission_dir: str | Path) -> dict[str, Any]:
     if not root.is_dir():
         raise FileNotFoundError(f"submission folder not found: {root}")
     for fname, func in (("model.py", "build_model"), ("train.py", "train")):
-        p = root / fname
-        if not p.is_file():
+        found = _source(root, fname)
+        if found is None:
             raise FileNotFoundError(
-                f"{p} is missing: a submission needs model.py (build_model) and train.py (train)"
+                f"{root / fname} is missing: a submission needs model.py (build_model) and train.py (train), "
+                f"in the folder or in its {CODE_BUNDLE}"
             )
+        where, text = found
         try:
-            ok = _defines(p, func)
+            ok = _defines(text, where, func)
         except SyntaxError as e:
-            raise ValueError(f"{p} does not parse: {e}") from e
+            raise ValueError(f"{where} does not parse: {e}") from e
         if not ok:
-            raise ValueError(f"{p} must define a top-level function {func}(...)")
+            raise ValueError(f"{where} must define a top-level function {func}(...)")
     return validate_metadata(
         read_json(root / SUBMISSION_JSON, what="submission metadata"), str(root / SUBMISSION_JSON)
     )

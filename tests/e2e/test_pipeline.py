@@ -124,6 +124,7 @@ def test_same_seed_same_losses_and_code_shipped_compressed_changes_only_bytes_co
     bundled = tmp_path / "bundled"
     bundled.mkdir()
     shutil.copy(BASELINE / "config.toml", bundled)
+    shutil.copy(BASELINE / "submission.json", bundled)  # not counted
     with tarfile.open(
         bundled / "code.tar.xz", "w:xz", preset=9
     ) as tar:  # tar -cJf code.tar.xz model.py train.py
