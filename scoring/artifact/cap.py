@@ -38,6 +38,7 @@ import io
 import lzma
 import os
 import posixpath
+import re
 import stat
 import tarfile
 from dataclasses import dataclass
@@ -61,7 +62,11 @@ CODE_BUNDLE = "code.tar.xz"
 CODE_BUNDLE_FORMAT = "pgolf-code-bundle/1"
 """The bundle's rules, versioned: xz (any preset) around a POSIX/GNU/PAX tar of regular files."""
 MAX_BUNDLE_EXPANDED_BYTES = 64 << 20
-"""The most bytes a code bundle may expand to (its tar stream, headers included)."""
+"""The most bytes a code bundle may expand to (its tar stream, headers included; its members' sizes too)."""
+MAX_BUNDLE_XZ_MEMORY_BYTES = 128 << 20
+"""The most memory the xz decoder may use (a stream can declare a dictionary of gigabytes)."""
+BUNDLE_NAME_RE = re.compile(r"[A-Za-z0-9._+-]{1,255}")
+"""One component of a member's path: no control character, space, separator or other script."""
 
 
 class FolderRefused(ValueError):
@@ -320,7 +325,7 @@ def read_bundle(data: bytes, where: str | os.PathLike[str]) -> list[tuple[str, b
         return FolderRefused("illegal", where, f"{where} {what}; {fix}")
 
     try:
-        dec = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+        dec = lzma.LZMADecompressor(format=lzma.FORMAT_XZ, memlimit=MAX_BUNDLE_XZ_MEMORY_BYTES)
         raw = dec.decompress(data, max_length=MAX_BUNDLE_EXPANDED_BYTES + 1)
     except lzma.LZMAError as e:
         raise refuse(f"is not an xz stream ({e})") from e
@@ -331,6 +336,7 @@ def read_bundle(data: bytes, where: str | os.PathLike[str]) -> list[tuple[str, b
     if dec.unused_data:
         raise refuse(f"has {len(dec.unused_data):,} bytes after its xz stream")
     members: dict[str, bytes] = {}
+    total = 0
     try:
         with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
             for info in tar:
@@ -339,9 +345,10 @@ def read_bundle(data: bytes, where: str | os.PathLike[str]) -> list[tuple[str, b
                 name = info.name
                 if info.isdir():
                     continue
-                if not info.isreg():
+                if info.type not in (tarfile.REGTYPE, tarfile.AREGTYPE) or info.sparse is not None:
                     raise refuse(
-                        f"holds {name!r}, which is not a regular file (links and devices are refused)"
+                        f"holds {name!r}, which is not a plain regular file (links, devices, sparse and "
+                        "contiguous members are refused)"
                     )
                 parts = name.split("/")
                 if (
@@ -350,8 +357,15 @@ def read_bundle(data: bytes, where: str | os.PathLike[str]) -> list[tuple[str, b
                     or any(p in ("", ".", "..") for p in parts)
                 ):
                     raise refuse(f"holds {name!r}: a member's path must be relative and normalised")
+                if len(name) > 1024 or any(
+                    not BUNDLE_NAME_RE.fullmatch(p) for p in name.rstrip("/").split("/")
+                ):
+                    raise refuse(
+                        f"holds {name[:80]!r}: a member's path is folders and a file named with letters, digits "
+                        "and . _ + - only, each at most 255 characters"
+                    )
                 rel = Path(name)
-                if not is_counted(rel) or name == CODE_BUNDLE:
+                if not is_counted(rel) or parts[-1] == CODE_BUNDLE:
                     raise refuse(f"holds {name!r}, a path that is never counted or staged")
                 if name.endswith(EXTENSION_SUFFIXES):
                     raise refuse(f"holds {name!r}, a native extension module")
@@ -359,33 +373,50 @@ def read_bundle(data: bytes, where: str | os.PathLike[str]) -> list[tuple[str, b
                     raise refuse(f"holds {name!r}, more than {MAX_DEPTH} folders deep")
                 if name in members:
                     raise refuse(f"holds {name!r} twice")
+                total += info.size
+                if total > MAX_BUNDLE_EXPANDED_BYTES:
+                    raise refuse(f"expands to more than {MAX_BUNDLE_EXPANDED_BYTES:,} bytes")
                 f = tar.extractfile(info)
                 if f is None:
                     raise refuse(f"holds {name!r}, which cannot be read")
-                members[name] = f.read()
+                content = f.read(info.size + 1)
+                if len(content) != info.size:
+                    raise refuse(f"holds {name!r}, whose data is not the size its header says")
+                members[name] = content
+            end = tar.offset
     except tarfile.TarError as e:
         raise refuse(f"is not a tar archive inside its xz stream ({e})") from e
+    if raw[end:].strip(b"\0"):
+        raise refuse(
+            f"has {len(raw) - end:,} bytes after its last member that are not the end-of-archive zeros "
+            "(a header this reader stops at, or data appended)"
+        )
     return sorted(members.items())
 
 
-def _bundle_member_names(root: Path) -> frozenset[str]:
+def _bundle_members(root: Path) -> dict[str, bytes]:
     st = os.lstat(root / CODE_BUNDLE)
     data = read_counted(root, FolderFile(CODE_BUNDLE, st.st_size))
-    return frozenset(rel for rel, _ in read_bundle(data, root / CODE_BUNDLE))
+    return dict(read_bundle(data, root / CODE_BUNDLE))
 
 
 def code_bytes(submission_dir: str | os.PathLike[str], files: dict[str, str] | None = None) -> int:
     """Bytes shipped: the counted files' sizes (lstat: a link is never followed, and refused), a file that
-    is also a member of the code bundle counted as the bundle's bytes only."""
+    is byte for byte a member of the code bundle counted as the bundle's bytes only."""
     root = Path(submission_dir)
     rels = [f.rel for f in scan_folder(root).files] if files is None else list(files)
-    inside = _bundle_member_names(root) if CODE_BUNDLE in rels else frozenset()
+    inside = _bundle_members(root) if CODE_BUNDLE in rels else {}
     total = 0
     for rel in rels:
         st = os.lstat(root / rel)
         if not stat.S_ISREG(st.st_mode):
             raise _refuse_entry(root / rel, st)
-        if rel not in inside:
+        member = inside.get(rel)
+        if (
+            member is None
+            or len(member) != st.st_size
+            or read_counted(root, FolderFile(rel, st.st_size)) != member
+        ):
             total += st.st_size
     return total
 

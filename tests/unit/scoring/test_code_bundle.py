@@ -106,13 +106,62 @@ def test_a_member_and_a_different_loose_file_of_its_path_are_refused(bundled, tm
     stage_folder(bundled, tmp_path / "y")
 
 
+def _header_fix(hdr: bytes) -> bytes:
+    hdr = bytearray(hdr)
+    hdr[148:156] = b" " * 8
+    hdr[148:156] = b"%06o\0 " % sum(hdr)
+    return bytes(hdr)
+
+
+def gnu_sparse(name: str, claimed: int) -> bytes:
+    """A GNU old-sparse ('S') member: no data, a real size of `claimed` zeros (the attacker's bomb)."""
+    info = tarfile.TarInfo(name)
+    hdr = bytearray(info.tobuf(tarfile.GNU_FORMAT)[:512])
+    hdr[156:157] = b"S"
+    hdr[483:495] = b"%011o\0" % claimed
+    return lzma.compress(_header_fix(bytes(hdr)) + bytes(1024))
+
+
+def pax_path(path: str) -> bytes:
+    """A member whose PAX path record says `path` (a NUL in it survives there, not in the ustar name)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("model.py")
+        info.size, info.pax_headers = 6, {"path": path}
+        tar.addfile(info, io.BytesIO(b"A = 1\n"))
+    return lzma.compress(buf.getvalue())
+
+
+def with_tail(tail: bytes) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("model.py")
+        info.size = 6
+        tar.addfile(info, io.BytesIO(b"A = 1\n"))
+    return lzma.compress(buf.getvalue() + tail)
+
+
 HOSTILE = {
+    "a sparse bomb": (gnu_sparse("model.py", 100 << 20), "not a plain regular file"),
+    "a contiguous member": (
+        tar_xz([("model.py", b"A = 1\n")], kind=tarfile.CONTTYPE),
+        "not a plain regular file",
+    ),
+    "a NUL in a name": (pax_path("model.py\x00evil"), "letters, digits"),
+    "a newline in a name": (tar_xz([("a\nFAKE: ok.py", b"A = 1\n")]), "letters, digits"),
+    "a 300-character name": (tar_xz([("a" * 300 + ".py", b"A = 1\n")]), "letters, digits"),
+    "a space in a name": (tar_xz([("my model.py", b"A = 1\n")]), "letters, digits"),
+    "a nested bundle deeper": (tar_xz([("pkg/" + CODE_BUNDLE, b"")]), "never counted or staged"),
+    "a payload after the end blocks": (with_tail(b"hidden payload" + bytes(500)), "after its last member"),
     "a symbolic link": (
         tar_xz([("model.py", b"")], kind=tarfile.SYMTYPE, link="/data/val.bin"),
-        "not a regular file",
+        "not a plain regular file",
     ),
-    "a hard link": (tar_xz([("model.py", b"")], kind=tarfile.LNKTYPE, link="train.py"), "not a regular file"),
-    "a device": (tar_xz([("dev", b"")], kind=tarfile.CHRTYPE), "not a regular file"),
+    "a hard link": (
+        tar_xz([("model.py", b"")], kind=tarfile.LNKTYPE, link="train.py"),
+        "not a plain regular file",
+    ),
+    "a device": (tar_xz([("dev", b"")], kind=tarfile.CHRTYPE), "not a plain regular file"),
     "a parent path": (tar_xz([("../escape.py", b"X = 1\n")]), "relative and normalised"),
     "an absolute path": (tar_xz([("/tmp/abs.py", b"X = 1\n")]), "relative and normalised"),
     "a dotted path": (tar_xz([("./model.py", b"X = 1\n")]), "relative and normalised"),
@@ -159,3 +208,12 @@ def test_a_member_under_a_path_that_is_a_file_is_refused(tmp_path):
         with pytest.raises(FolderRefused, match="needs 'pkg' to be a folder, but it is a file"):
             check()
     assert not (tmp_path / "dest").exists()
+
+
+def test_an_unstaged_folder_counts_a_loose_file_that_differs_from_its_member(tmp_path):
+    """code_bytes on a folder as shipped: only a loose file byte-identical to its member is counted once."""
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / CODE_BUNDLE).write_bytes(tar_xz([("big.py", b"A = 1\n")]))
+    (sub / "big.py").write_bytes(b"# " + b"x" * 1_000_000 + b"\n")
+    assert code_bytes(sub) == (sub / CODE_BUNDLE).stat().st_size + (sub / "big.py").stat().st_size
