@@ -45,6 +45,7 @@ from scoring.artifact.cap import (
     FolderScan,
     read_bundle,
     read_counted,
+    same_as_member,
     scan_folder,
 )
 from scoring.codecheck import source_encoding_problem
@@ -130,7 +131,7 @@ def _expand(scan: FolderScan, f: FolderFile, data: bytes) -> list[tuple[str, byt
     members = read_bundle(data, where)
     loose = {g.rel: g for g in scan.files}
     for rel, content in members:
-        if rel in loose and read_counted(scan.root, loose[rel]) != content:
+        if rel in loose and not same_as_member(scan.root, rel, loose[rel].size_bytes, content):
             raise FolderRefused(
                 "illegal",
                 scan.root / rel,

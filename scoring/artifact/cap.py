@@ -394,6 +394,12 @@ def read_bundle(data: bytes, where: str | os.PathLike[str]) -> list[tuple[str, b
     return sorted(members.items())
 
 
+def same_as_member(root: Path, rel: str, size_bytes: int, member: bytes) -> bool:
+    """A loose counted file is the twin of the bundle's member of its path: the same size and bytes (read
+    without following a link). The one comparison staging (refuse a differing twin) and counting use."""
+    return size_bytes == len(member) and read_counted(root, FolderFile(rel, size_bytes)) == member
+
+
 def _bundle_members(root: Path) -> dict[str, bytes]:
     st = os.lstat(root / CODE_BUNDLE)
     data = read_counted(root, FolderFile(CODE_BUNDLE, st.st_size))
@@ -412,11 +418,7 @@ def code_bytes(submission_dir: str | os.PathLike[str], files: dict[str, str] | N
         if not stat.S_ISREG(st.st_mode):
             raise _refuse_entry(root / rel, st)
         member = inside.get(rel)
-        if (
-            member is None
-            or len(member) != st.st_size
-            or read_counted(root, FolderFile(rel, st.st_size)) != member
-        ):
+        if member is None or not same_as_member(root, rel, st.st_size, member):
             total += st.st_size
     return total
 
