@@ -3,7 +3,8 @@
 A leaf of the isolation layer (it imports nothing of the project). Every process of a sandboxed
 phase carries `TOKEN_ENV=<token>` in its environment from the start, so the supervisor finds them
 all (a rank's grandchildren included, in a PID namespace or not) and kills what is left once the
-phase ends. `die_with_parent` is given to Popen as preexec_fn: when the harness itself dies (even by
+phase ends. `kill_group_reaped` kills a group so that the CPU time of
+every process in it is counted in ours (harness/run/load.py). `die_with_parent` is given to Popen as preexec_fn: when the harness itself dies (even by
 SIGKILL), the kernel kills the phase's first process, and with it the PID namespace it leads.
 """
 
@@ -64,14 +65,62 @@ def reap_token_processes(token: str, wait_s: float) -> list[int]:
     return kill_token_processes(token)
 
 
-def kill_session(proc: subprocess.Popen, first: signal.Signals = signal.SIGTERM) -> None:
-    for sig in dict.fromkeys((first, signal.SIGKILL)):
+def group_members(pgid: int) -> list[int]:
+    """PIDs of process group `pgid`, its leader included (from /proc/PID/stat: state, ppid, pgrp after the name)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
         try:
-            os.killpg(proc.pid, sig)
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()  # the name may hold spaces and parentheses
+        if len(fields) > 2 and int(fields[2]) == pgid:
+            found.append(int(entry.name))
+    return found
+
+
+def kill_group_reaped(proc: subprocess.Popen, wait_s: float = KILL_WAIT_S) -> None:
+    """SIGKILL a process group, its leader last, and reap the leader.
+
+    One killpg kills the leader and its children at once: a child whose parent (`unshare --fork`, which
+    waits on the model worker it forked) died first is handed to init, init reaps it, and its CPU time
+    never reaches this process's getrusage(RUSAGE_CHILDREN). A score phase whose worker was killed at
+    the eval deadline then read "1.96 of 2 cores busy with other processes" (a false CONTENDED). Killed
+    first, the members are reaped by the leader, which then exits and is reaped here with their time.
+    A leader that does not exit within `wait_s` of its members (it is the worker itself) is killed too.
+    """
+    if proc.poll() is None:
+        others = [pid for pid in group_members(proc.pid) if pid != proc.pid]
+        for pid in others:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if others:
+            try:
+                proc.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the leader, and whatever of the group is left
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def kill_session(proc: subprocess.Popen, first: signal.Signals = signal.SIGTERM) -> None:
+    """Signal the session's group with `first` (a chance to stop cleanly), then kill what is left (kill_group_reaped)."""
+    if first != signal.SIGKILL:
+        try:
+            os.killpg(proc.pid, first)
         except ProcessLookupError:
             return
         try:
             proc.wait(timeout=KILL_WAIT_S)
             return
         except subprocess.TimeoutExpired:
-            continue
+            pass
+    kill_group_reaped(proc)

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from data.manifest import DATA_LOCATION_ENV
-from isolation.processes import die_with_parent
+from isolation.processes import die_with_parent, kill_group_reaped
 from isolation.sandbox import SandboxPlan, plan_sandbox
 from scoring.worker.process import WORKER_SPEC_FORMAT, WORKER_SPEC_VERSION
 from scoring.worker.wire import Reply, SharedBuffer, WireError, WorkerGone, recv, send, socket_pair
@@ -339,11 +339,7 @@ class WorkerModel:
 
     def kill(self) -> None:
         if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
+            kill_group_reaped(self.proc)  # its CPU time counted in the scorer's (the machine-load record)
 
     def describe(self) -> dict[str, Any]:
         """For the score record: how the worker was confined and what it said of itself (not believed)."""

@@ -13,8 +13,6 @@ scoring/score/remote.py's WorkerModel, planned the same way.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -22,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from isolation.processes import kill_group_reaped
 from isolation.sandbox import SandboxPlan, plan_sandbox
 from scoring.score.remote import PROJECT_ROOT, WORKER_ISOLATION, _env, _OutputTail
 
@@ -43,15 +42,6 @@ def plan_confined(tmp: Path, read_paths: Iterable[Path], *, sandbox: str = "auto
         import_path=[p for p in sys.path[1:] if p],
         **WORKER_ISOLATION,
     )
-
-
-def kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the process's whole group (whatever it started goes too) and reap it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
 
 
 class ConfinedChild:
@@ -99,7 +89,7 @@ class ConfinedChild:
         if self._closed:
             return
         self._closed = True
-        kill_group(self.proc)
+        kill_group_reaped(self.proc)
         self._drain.join(timeout=2)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
