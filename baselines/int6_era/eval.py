@@ -5,7 +5,8 @@ The scorer scores each chunk of validation windows first (about eval.adapt_chunk
 (scoring/score/adapt.py). Here each chunk trains every parameter of the model for `ttt_epochs`
 epochs of SGD (momentum `ttt_momentum`, gradient clip `ttt_grad_clip`) on sequences of
 `ttt_seq_len` tokens, `ttt_batch_seqs` at a time; the LR follows a cosine from `ttt_lr` over
-`ttt_chunks` chunks (the record's chunk count on the official split; past it the LR stays at 0).
+`ttt_chunks` chunks (the record's chunk count on the official split; past it the LR is 0 and
+the hook returns at once: a preset sets the TTT work an evaluation does by this count).
 The settings are the model config's ttt_* keys (model.py), so a preset can change them.
 
 Like the record, the last chunk is scored but never trained on (the hook only sees scored tokens;
@@ -27,6 +28,9 @@ def adapt(model, tokens):
         model.ttt_optimizer = torch.optim.SGD(model.parameters(), lr=cfg["ttt_lr"], momentum=cfg["ttt_momentum"])
     done, total = model.ttt_chunks_done, max(int(cfg["ttt_chunks"]), 1)
     lr = cfg["ttt_lr"] * 0.5 * (1.0 + math.cos(math.pi * min(done / max(total - 1, 1), 1.0)))
+    if lr <= 0.0:  # past the span (the record's last chunk): the model stays as it is, nothing is run
+        model.ttt_chunks_done = done + 1
+        return
     for g in model.ttt_optimizer.param_groups:
         g["lr"] = lr
     L = int(cfg["ttt_seq_len"])
