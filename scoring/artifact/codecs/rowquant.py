@@ -25,7 +25,11 @@ Per-row quantisation at B bits of a 2-D float tensor W (rows r; W in float32, th
         s    = float16(clip / qmax), with 0 -> 1 and overflow -> 65504 (float16's largest)
         q    = clamp(round(W[r] / s), -qmax, qmax)          (float32; round half to even)
         err  = sum_j (q*s - W[r,j])**2                     (float64)
-    the row keeps the (q, s) of least err (ties: the smaller k). Stored: q as int8, s as float16.
+    then, for m in qmax-1, qmax-2, qmax-3 (GRID_STEPS), the same with clip = amax * qmax / m, i.e.
+        s = float16(amax / m): the grid of a row already quantised whose largest |q| is m
+    the row keeps the (q, s) of least err (ties: the earlier candidate). Stored: q as int8, s as float16.
+    A row already on a grid q * s (s a float16, |q| <= qmax, max |q| >= qmax - 3: what GPTQ leaves,
+    harness/train/gptq.py) is kept exactly (err 0): amax / max|q| is its own s.
     Decode: W'[r,j] = q[r,j] * float32(s_r), cast to the tensor's dtype.
 fp16: the tensor as float16, cast back to its dtype on decode (float32/bfloat16 lose low bits).
 
@@ -55,6 +59,8 @@ PAYLOAD_FORMAT = "pg-rowquant"
 PAYLOAD_VERSION = 1
 SMALL_NUMEL = 4096
 CLIP_K = (2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 12.0, math.inf)
+GRID_STEPS = 3
+"""Candidates s = amax / m for m = qmax-1 ... qmax-GRID_STEPS: a row already on a grid keeps it exactly."""
 QUANTS = ("int5", "int6", "int7", "int8", "mixed")
 INT_SCHEMES = {"int5": 5, "int6": 6, "int7": 7, "int8": 8}
 SCHEMES = (*INT_SCHEMES, "fp16", "keep")
@@ -100,8 +106,9 @@ def quantize_rows(w: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tenso
     best_q = np.zeros(w32.shape, dtype=np.int8)
     best_s = np.ones(rows, dtype=np.float16)
     best_err = np.full(rows, np.inf)
-    for k in CLIP_K:
-        clip = amax if math.isinf(k) else np.minimum(rms * k, amax)
+    clips = [amax if math.isinf(k) else np.minimum(rms * k, amax) for k in CLIP_K]
+    clips += [amax * (qmax / m) for m in range(qmax - 1, qmax - 1 - GRID_STEPS, -1)]
+    for clip in clips:
         s16 = np.minimum(clip / qmax, FP16_MAX).astype(np.float16)
         s16[s16 == 0] = 1.0
         s32 = s16.astype(np.float32)[:, None]
@@ -164,9 +171,10 @@ def parse_role_table(text: str, where: str = "codec spec") -> dict[str, str]:
 
 class RowQuantCodec:
     """One `QUANT_COMPRESSOR[_shuffle]` codec (module docstring). `roles`: the role table (ROLES -> scheme);
-    None: the quant's default (intB: B everywhere but embedding int8 and small fp16; mixed: ROLE_TABLE_DEFAULT)."""
+    None: the quant's default (intB: B everywhere but embedding int8 and small fp16; mixed: ROLE_TABLE_DEFAULT).
+    Version 2: the grid candidates (GRID_STEPS) added to the encoder; decode unchanged."""
 
-    version = 1
+    version = 2
 
     def __init__(
         self, quant: str, compressor: Compressor, shuffle: bool = False, roles: dict[str, str] | None = None
