@@ -147,7 +147,8 @@ class WarmupReport(NamedTuple):
 
 class BudgetClock(Protocol):
     budget_s: float
-    """The training budget in seconds (inf on untimed tracks)."""
+    """The training budget in seconds (inf on untimed tracks), less pack.gptq_reserve_s when the harness's
+    GPTQ pack step is asked for (docs/RULES.md): the step runs after train() returns, on the same clock."""
 
     def tick(self) -> ClockReading:
         """One collective call per training step, on every rank. Synchronises the device first."""

@@ -46,6 +46,7 @@ from harness.records.tracking import LogConfig
 from harness.run.launch import LaunchConfig
 from harness.submission import check_submission
 from harness.train.clock import BudgetConfig
+from harness.train.gptq import GptqConfig
 from scoring.artifact.codecs import CODEC_GRAMMAR, CODECS, check_codec_spec
 from scoring.score.evaluate import EVAL_DTYPES, EVAL_MODES, EvalConfig
 from scoring.tracks import TRACKS, Track
@@ -87,8 +88,36 @@ class PackConfig:
     """A built-in codec spec (scoring/artifact/codecs: int8_zlib, QUANT_COMPRESSOR[_shuffle], or a mixed_*
     codec with its role table, e.g. "mixed_brotli11_shuffle:mlp=int5,attention=int6"), or "submission"
     for the folder's codec.py. The role table is checked here: an unknown role or scheme is refused."""
+    gptq_batches: int = 0
+    """GPTQ as a pack step on the training clock (harness/train/gptq.py): training batches read for the
+    Hessians; 0: off. Needs a per-row integer codec (int5-int8, mixed_*)."""
+    gptq_batch_tokens: int = 65536
+    """Tokens a calibration batch (a multiple of gptq_seq_len)."""
+    gptq_seq_len: int = 1024
+    gptq_reserve_s: float = 30.0
+    """Seconds of the training budget kept for the step: the submission's ctx.clock.budget_s is this much shorter."""
+    gptq_block_size: int = 128
+    """Columns rounded together before their error is spread over the rest."""
+
+    def gptq(self) -> GptqConfig:
+        return GptqConfig(
+            batches=self.gptq_batches,
+            batch_tokens=self.gptq_batch_tokens,
+            seq_len=self.gptq_seq_len,
+            reserve_s=self.gptq_reserve_s,
+            block_size=self.gptq_block_size,
+        )
 
     def __post_init__(self) -> None:
+        self._check_codec()
+        gptq = self.gptq()  # its own checks
+        if gptq.enabled and (self.codec == SUBMISSION_CODEC or self.codec.partition(":")[0] == "int8_zlib"):
+            raise ValueError(
+                f"pack.gptq_batches = {self.gptq_batches} needs a per-row integer codec (int5-int8 or mixed_*, "
+                f"whose encoder keeps GPTQ's grid); pack.codec is {self.codec!r}"
+            )
+
+    def _check_codec(self) -> None:
         if self.codec == SUBMISSION_CODEC or self.codec in CODECS:
             return
         if ":" in self.codec and self.codec.partition(":")[0] in CODECS:
@@ -185,6 +214,11 @@ SUBMISSION_KEYS: frozenset[str] = frozenset(
         "eval.stride",
         "eval.adapt_chunk_tokens",
         "pack.codec",
+        "pack.gptq_batches",  # GPTQ on the submission's own clock: a submission may ask for it
+        "pack.gptq_batch_tokens",
+        "pack.gptq_seq_len",
+        "pack.gptq_reserve_s",
+        "pack.gptq_block_size",
         "log.project",  # how the run is named in tracking; never how it is judged
         "log.run_name",
     }
@@ -500,6 +534,13 @@ def load_config(
         raise ValueError(
             f"{origin}: pack.codec = {SUBMISSION_CODEC!r} needs {Path(submission_dir) / CODEC_FILE}, which is missing; "
             f"allowed: int8_zlib, {CODEC_GRAMMAR}, or add {CODEC_FILE}"
+        )
+    reserve_s = tables["pack"]["gptq_reserve_s"] if tables["pack"]["gptq_batches"] > 0 else 0.0
+    if reserve_s >= tables["budget"]["train_s"]:
+        origin = layers.last_origin("pack.gptq_reserve_s", str(path))
+        raise ValueError(
+            f"{origin}: pack.gptq_reserve_s = {reserve_s:g} leaves no training time in budget.train_s = "
+            f"{tables['budget']['train_s']:g}; make it smaller than the budget"
         )
     recorded = {
         name: {k: _to_record(v) for k, v in table.items()} if name in HARNESS_SECTIONS else table

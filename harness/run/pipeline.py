@@ -32,7 +32,7 @@ from data.embedded import ensure_embedded_dataset
 from data.io import read_json, write_json_atomic
 from data.manifest import Manifest, load_manifest, make_split_view
 from harness.cli import pack_command
-from harness.config import ResolvedConfig, validate_run
+from harness.config import PackConfig, ResolvedConfig, validate_run
 from harness.records.plot import plot_run
 from harness.records.result import build_result, minimal_result, print_card, write_result
 from harness.records.tracking import Tracker, finish_tracking
@@ -58,6 +58,12 @@ SCORER_STARTUP_S = 300.0
 def default_run_dir(submission_dir: Path, preset: str | None) -> Path:
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{submission_dir.resolve().name}-{preset or 'default'}-{stamp}"
+
+
+def _gptq_spec(pack: PackConfig) -> dict[str, Any] | None:
+    """The rank's GPTQ pack step (harness/train/gptq.py): its config and the codec whose grid it keeps; None: off."""
+    gptq = pack.gptq()
+    return {**gptq.to_json(), "codec": pack.codec} if gptq.enabled else None
 
 
 def _subprocess_env() -> dict[str, str]:
@@ -269,6 +275,7 @@ def _phases(
             device=device,
             train_shards=cfg.section("data").train_shards,
             base_env=_subprocess_env(),
+            gptq=_gptq_spec(cfg.section("pack")),
         )
         if phases["train"]["status"] != "ok":
             return _finish(

@@ -193,6 +193,7 @@ RANK_RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {
     "train_shard_names": list,
     "train_tokens_available": int,
     "cpu": dict,
+    "gptq": (dict, type(None)),
 }
 """The keys of a rank's train.json the harness keeps, with their types; anything else is dropped."""
 RANK_RECORD_MAX_BYTES = 1 << 20
@@ -243,8 +244,10 @@ def run_train_phase(
     train_shards: int = 0,
     save_state: bool = True,
     base_env: dict[str, str] | None = None,
+    gptq: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Stage, sandbox, launch and supervise the train phase; returns its record (also the phase's status)."""
+    """Stage, sandbox, launch and supervise the train phase; returns its record (also the phase's status).
+    `gptq`: the GPTQ pack step's config and codec (harness/train/gptq.py), run by rank 0 on the clock."""
     stage = stage_root / "train-phase"
     out = stage / "out"
     out.mkdir(parents=True)
@@ -301,6 +304,7 @@ def run_train_phase(
         "device": device,
         "threads": launch.threads_per_rank(),
         "save_state": save_state,
+        "gptq": gptq,
         "monitor_rules": [{"path": r.path, "access": r.access} for r in plan.rules]
         if plan.mode != "off"
         else None,

@@ -45,6 +45,7 @@ from data.records import Types, field, require_format
 from harness.api import API_VERSION, DistInfo, TrainContext, TrainingComplete, TrainResult
 from harness.train.clock import DataGate, HarnessClock
 from harness.train.cpu import CpuTuner
+from harness.train.gptq import GptqConfig, apply_gptq, codec_bits, scored_model
 from harness.train.wire import WireClient
 from isolation.monitor import monitor_from_rules
 
@@ -52,7 +53,7 @@ STATE_FILE = "state.safetensors"
 TRAIN_RECORD = "train.json"
 METRICS_FILE = "metrics.jsonl"
 TRAIN_FORMAT = "pg-train"
-TRAIN_FORMAT_VERSION = 3
+TRAIN_FORMAT_VERSION = 4
 SPEC_FORMAT = "pg-train-spec"
 SPEC_FORMAT_VERSION = 2
 
@@ -80,6 +81,7 @@ RANK_REPORT_FIELDS: dict[str, Types] = {
     "train_shard_names": list,
     "train_tokens_available": int,
     "cpu": dict,
+    "gptq": (dict, type(None)),
 }
 """The fields of train.json with their JSON types (numbers finite and non-negative); any other key is dropped."""
 
@@ -115,6 +117,8 @@ class RankReport:
     train_tokens_available: int | None = None
     cpu: dict[str, Any] | None = None
     """ctx.cpu's report (harness/train/cpu.py): the CPU's facts and the step mode the run chose."""
+    gptq: dict[str, Any] | None = None
+    """The GPTQ pack step's record (harness/train/gptq.py), where pack.gptq_batches asked for it."""
 
     def to_json(self) -> dict[str, Any]:
         """The fields that are set (rank_reported_warmup always: null when the rank did no warm-up)."""
@@ -258,6 +262,7 @@ def _agree(info: DistInfo, values: list[float]) -> list[float]:
 
 def main(spec_path: str) -> int:
     t_enter = time.perf_counter()
+    gptq_record: dict[str, Any] | None = None
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     if spec.get("format") != SPEC_FORMAT or spec.get("format_version") != SPEC_FORMAT_VERSION:
         raise ValueError(f"{spec_path} is not a {SPEC_FORMAT} v{SPEC_FORMAT_VERSION} spec")
@@ -268,7 +273,11 @@ def main(spec_path: str) -> int:
     if spec.get("monitor_rules") is not None:
         sys.addaudithook(monitor_from_rules(spec["monitor_rules"], info.rank, spec["submission_dir"]))
     stream = OnDemandTokenStream(wire.data, info.rank, info.world_size, info.device, pin_memory=True)
-    clock = HarnessClock(spec["budget_s"], info, wire, spec["warmup_max_s"])
+    gptq = spec.get("gptq")
+    gptq_cfg = GptqConfig(**{k: v for k, v in gptq.items() if k != "codec"}) if gptq else None
+    # the GPTQ step's reserve comes off the submission's budget; the supervisor's own clock is the run's
+    budget_s = spec["budget_s"] - (gptq_cfg.reserve_s if gptq_cfg else 0.0)
+    clock = HarnessClock(budget_s, info, wire, spec["warmup_max_s"])
     gate = DataGate(stream, clock)
     log = RankLogger(info.is_main, out_dir)
     scratch = out_dir / "scratch" / f"rank{info.rank}"
@@ -300,6 +309,18 @@ def main(spec_path: str) -> int:
         clock.sync()
         rank_train_s = clock.elapsed_s()
         state = state_of(result) if info.is_main else {}
+        if gptq_cfg is not None and info.is_main:  # on the clock: the handover below stops it
+            model = scored_model(Path(spec["submission_dir"]), spec["model_config"], info.device)
+            state, gptq_record = apply_gptq(
+                state,
+                model=model,
+                codec_roles=codec_bits(gptq["codec"]),
+                next_batch=stream.next_batch,  # the harness's own read, after the submission's last batch
+                cfg=gptq_cfg,
+                log=log.info,
+            )
+            gptq_record["submission_budget_s"] = budget_s
+            del model
     except Exception:  # noqa: BLE001 - the boundary: any submission failure is recorded, not raised
         (out_dir / f"train_error_rank{info.rank}.txt").write_text(traceback.format_exc(), encoding="utf-8")
         print(f"rank {info.rank}: train(ctx) failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
@@ -344,6 +365,7 @@ def main(spec_path: str) -> int:
             threads_per_rank=torch.get_num_threads(),
             process=_process_facts(),
             cpu=cpu.report(),
+            gptq=gptq_record,
         )
         _write_json(out_dir / TRAIN_RECORD, report.to_json())
     if info.distributed:

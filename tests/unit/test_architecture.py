@@ -6,7 +6,8 @@
     harness.api        nothing                       (the submission contract: a leaf)
     scoring            data, isolation, harness.api  (never the rest of harness: no training code)
     harness            everything above
-    harness.train      harness.api, harness.train, data, isolation  (a rank loads no scorer, no records)
+    harness.train      harness.api, harness.train, data, isolation, scoring.artifact.codecs
+                       (a rank loads no scorer, no records: only the codecs' math, for the GPTQ pack step)
     harness.records    imported by no sealed process: not by scoring, not by harness.train
 
 A submission folder imports only harness.api and its own files; model.py is torch only.
@@ -28,7 +29,9 @@ LAYERS: dict[str, frozenset[str]] = {
     "data": frozenset(),
     "harness.api": frozenset(),
     "scoring": frozenset({"scoring", "data", "isolation", "harness.api"}),
-    "harness.train": frozenset({"harness.api", "harness.train", "data", "isolation"}),
+    "harness.train": frozenset(
+        {"harness.api", "harness.train", "data", "isolation", "scoring.artifact.codecs"}
+    ),
     "harness": frozenset({"harness", "scoring", "data", "isolation"}),
 }
 """Module prefix -> the project modules (by prefix) it may import; the longest matching prefix rules."""
@@ -102,6 +105,8 @@ def test_every_module_respects_its_layer():
         ("scoring.score.scorer", {"harness.records.result"}, "layer scoring may import only"),
         ("scoring.artifact.pack", {"harness.run.pipeline"}, "layer scoring may import only"),
         ("harness.train.rank", {"scoring.score.evaluate"}, "layer harness.train may import only"),
+        ("harness.train.gptq", {"scoring.score.loading"}, "layer harness.train may import only"),
+        ("harness.train.gptq", {"scoring.artifact.cap"}, "layer harness.train may import only"),
         ("data.loader", {"scoring.tracks"}, "nothing of the project"),
         ("isolation.sandbox", {"harness.api"}, "nothing of the project"),
         ("harness.api", {"harness.config"}, "nothing of the project"),

@@ -205,7 +205,7 @@ def test_the_rank_report_drops_unknown_keys_and_checks_the_role():
         RankReport.from_json({**rank_json(), "steps": -1})
     with pytest.raises(ValueError, match="non-finite"):
         RankReport.from_json({**rank_json(), "process": {"x": math.nan}})
-    partial = RankReport.from_json({"format": "pg-train", "format_version": 3, "steps": 4})
+    partial = RankReport.from_json({"format": "pg-train", "format_version": 4, "steps": 4})
     assert partial.steps == 4 and partial.tokens_seen is None
 
 
