@@ -54,8 +54,11 @@ def test_truncated_payloads_are_refused(name):
 @settings(max_examples=30, deadline=None)
 @given(data=st.data())
 def test_corrupted_payloads_fail_cleanly_or_keep_the_layout(name, data):
-    """A flipped byte: PayloadError, or (a compressor without a checksum) a state of the same layout;
-    the artifact's payload sha256 (format.py) refuses it before decode in the scorer's path."""
+    """A flipped byte: PayloadError, or (a compressor without a checksum) a state whose tensors have the
+    same shapes and dtypes in the same order. Not always the same names: brotli keeps no checksum, and one
+    flipped literal is copied by every back-reference to it, so "blocks." can become "tables." in the
+    container, the layout and the order alike (found by this test). The artifact's payload sha256
+    (format.py) refuses such a payload before decode in the scorer's path."""
     payload = bytearray(PAYLOADS[name])
     pos = data.draw(st.integers(0, len(payload) - 1))
     payload[pos] ^= data.draw(st.integers(1, 255))
@@ -63,7 +66,24 @@ def test_corrupted_payloads_fail_cleanly_or_keep_the_layout(name, data):
         out = CODECS[name].decode(bytes(payload))
     except PayloadError:
         return
-    assert _same_layout(out)
+    assert [(t.shape, t.dtype) for t in out.values()] == [(t.shape, t.dtype) for t in STATE.values()]
+    assert _same_layout(out) or not name.startswith(("int6_zlib9", "int6_lzma9")), "zlib and xz check a CRC"
+
+
+def test_a_consistently_renamed_brotli_payload_is_refused_by_the_artifact(tmp_path):
+    """The case above, in the scorer's path: the artifact header's payload sha256 refuses the bytes."""
+    from scoring.artifact.format import ArtifactError, build_header, read_artifact, write_artifact
+
+    codec = CODECS["int6_brotli11_shuffle"]
+    payload = PAYLOADS["int6_brotli11_shuffle"]
+    header = build_header(STATE, codec, payload, model_config={}, code_files={}, bytes_code=0)
+    path = tmp_path / "a.pgolf"
+    write_artifact(path, header, payload)
+    data = bytearray(path.read_bytes())
+    data[len(data) - len(payload) + 195] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="sha256"):
+        read_artifact(path)
 
 
 @pytest.mark.parametrize("junk", [b"", b"\x00", b"PGOLFART" * 10, bytes(range(256)) * 4])
