@@ -4,6 +4,7 @@
 What it shows: the step ran where the contract says (the rank's record names the matrices and the
 tokens it read), the submission saw the reserve come off its budget, and the artifact holds GPTQ's
 integers exactly (the unpacked artifact equals the handed-over state, matrix for matrix).
+Marked `long` (python -m pytest -m long), like the era baselines' tiny runs.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ GPTQ = [
 ]  # fmt: skip
 
 
+@pytest.mark.long  # 39 s: the default suite keeps under 10 minutes; tests/unit/harness/test_gptq.py covers the step
 @pytest.mark.slow
 def test_gptq_runs_on_the_clock_and_its_integers_reach_the_artifact(tmp_path, sp_dataset):
     r = subprocess.run(
