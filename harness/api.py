@@ -78,6 +78,22 @@ TRAIN_FN = "train"
 """train.py: train(ctx: TrainContext) -> TrainResult."""
 BUILD_MODEL_FN = "build_model"
 """model.py: build_model(config: dict) -> nn.Module."""
+
+
+def build_submission_model(module: Any, config: Mapping[str, Any], where: str | Path) -> nn.Module:
+    """model.py's BUILD_MODEL_FN(config), held to the contract (a callable that returns an nn.Module);
+    ValueError naming `where` otherwise. The scorer's loader and the GPTQ pack step build through it."""
+    fn = getattr(module, BUILD_MODEL_FN, None)
+    if not callable(fn):
+        raise ValueError(f"{where} must define {BUILD_MODEL_FN}(config) -> nn.Module")
+    model = fn(dict(config))
+    if not isinstance(model, nn.Module):
+        raise ValueError(
+            f"{where}: {BUILD_MODEL_FN} returned {type(model).__name__}, expected torch.nn.Module"
+        )
+    return model
+
+
 MODEL_OUTPUT_ATTR = "pgolf_output"
 """Optional attribute of the built model: one of MODEL_OUTPUTS (default "logits")."""
 MODEL_OUTPUTS = ("logits", "log_probs")

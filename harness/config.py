@@ -46,7 +46,7 @@ from harness.records.tracking import LogConfig
 from harness.run.launch import LaunchConfig
 from harness.submission import check_submission
 from harness.train.clock import BudgetConfig
-from harness.train.gptq import GptqConfig
+from harness.train.gptq import GptqConfig, integer_codec
 from scoring.artifact.codecs import CODEC_GRAMMAR, CODECS, check_codec_spec
 from scoring.score.evaluate import EVAL_DTYPES, EVAL_MODES, EvalConfig
 from scoring.tracks import TRACKS, Track
@@ -110,12 +110,11 @@ class PackConfig:
 
     def __post_init__(self) -> None:
         self._check_codec()
-        gptq = self.gptq()  # its own checks
-        if gptq.enabled and (self.codec == SUBMISSION_CODEC or self.codec.partition(":")[0] == "int8_zlib"):
-            raise ValueError(
-                f"pack.gptq_batches = {self.gptq_batches} needs a per-row integer codec (int5-int8 or mixed_*, "
-                f"whose encoder keeps GPTQ's grid); pack.codec is {self.codec!r}"
-            )
+        if self.gptq().enabled:  # GptqConfig checks its own values
+            try:
+                integer_codec(self.codec)
+            except ValueError as e:
+                raise ValueError(f"pack.gptq_batches = {self.gptq_batches}: {e}") from e
 
     def _check_codec(self) -> None:
         if self.codec == SUBMISSION_CODEC or self.codec in CODECS:

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.api import MODEL_FILE
+from harness.api import MODEL_FILE, build_submission_model
 
 DAMP = 0.01
 """Added to H's diagonal, times its mean: keeps the Cholesky factorisation defined."""
@@ -196,17 +196,26 @@ def apply_gptq(
     return out, record
 
 
-def codec_bits(codec_spec: str) -> Callable[[str, torch.Tensor], int | None]:
-    """For a per-row integer codec spec (rowquant), name -> bits of the tensor's scheme (None: not integer)."""
+def integer_codec(codec_spec: str) -> Any:
+    """The per-row integer codec (rowquant.RowQuantCodec) a pack.codec spec names, the only kind whose
+    encoder keeps GPTQ's grid; ValueError (one line) for int8_zlib, a submission's codec.py or another."""
     from scoring.artifact.codecs import get_codec
-    from scoring.artifact.codecs.rowquant import INT_SCHEMES, RowQuantCodec, role_of
+    from scoring.artifact.codecs.rowquant import RowQuantCodec
 
-    codec = get_codec(codec_spec)
+    codec = None if codec_spec == "submission" else get_codec(codec_spec)
     if not isinstance(codec, RowQuantCodec):
         raise ValueError(
-            f"pack.gptq_batches needs a per-row integer codec (int5-int8 or mixed_*), not {codec_spec!r}"
+            f"GPTQ needs a per-row integer codec (int5-int8 or mixed_*, whose encoder keeps its grid); "
+            f"pack.codec is {codec_spec!r}"
         )
-    table = codec.role_table()
+    return codec
+
+
+def codec_bits(codec_spec: str) -> Callable[[str, torch.Tensor], int | None]:
+    """For a per-row integer codec spec (rowquant), name -> bits of the tensor's scheme (None: not integer)."""
+    from scoring.artifact.codecs.rowquant import INT_SCHEMES, role_of
+
+    table = integer_codec(codec_spec).role_table()
 
     def bits(name: str, t: torch.Tensor) -> int | None:
         return INT_SCHEMES.get(table[role_of(name, t)])
@@ -218,13 +227,6 @@ def scored_model(submission_dir: Path, model_config: dict[str, Any], device: tor
     """The model as the scorer builds it (model.py's build_model(config)), on `device`."""
     from harness.train.rank import import_submission_file
 
-    module = import_submission_file(submission_dir / MODEL_FILE, "pgolf_submission_model_gptq")
-    build = getattr(module, "build_model", None)
-    if not callable(build):
-        raise ValueError(f"{submission_dir / MODEL_FILE} must define build_model(config) -> nn.Module")
-    model = build(dict(model_config))
-    if not isinstance(model, nn.Module):
-        raise ValueError(
-            f"{submission_dir / MODEL_FILE}: build_model returned {type(model).__name__}, not nn.Module"
-        )
-    return model.to(device)
+    path = submission_dir / MODEL_FILE
+    module = import_submission_file(path, "pgolf_submission_model_gptq")
+    return build_submission_model(module, model_config, path).to(device)

@@ -16,7 +16,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from harness.api import BUILD_MODEL_FN, MODEL_FILE
+from harness.api import MODEL_FILE, build_submission_model
 from scoring.artifact.format import Artifact, ArtifactError, check_code_hashes
 
 
@@ -39,14 +39,7 @@ def build_model(submission_dir: str | Path, config: dict) -> nn.Module:
     path = Path(submission_dir) / MODEL_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: a submission defines build_model(config) in {MODEL_FILE}")
-    module = import_file(path, "pgolf_submission_model")
-    fn = getattr(module, BUILD_MODEL_FN, None)
-    if not callable(fn):
-        raise ValueError(f"{path} must define build_model(config) -> nn.Module")
-    model = fn(dict(config))
-    if not isinstance(model, nn.Module):
-        raise ValueError(f"{path}: build_model returned {type(model).__name__}, expected torch.nn.Module")
-    return model
+    return build_submission_model(import_file(path, "pgolf_submission_model"), config, path)
 
 
 def load_model(
