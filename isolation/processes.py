@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 
 from isolation.sandbox import TOKEN_ENV
 
@@ -30,20 +31,23 @@ def die_with_parent() -> None:
     _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+def _proc_files(name: str) -> Iterator[tuple[int, bytes]]:
+    """(pid, the bytes of /proc/PID/NAME) for every process whose file this process may read."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/{name}", "rb") as f:
+                yield int(entry.name), f.read()
+        except OSError:  # gone, or not ours to read
+            continue
+
+
 def processes_with_token(token: str) -> list[int]:
     """PIDs whose initial environment holds TOKEN_ENV=token (readable for our own uid, or as root)."""
     needle = f"{TOKEN_ENV}={token}".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
+    me = os.getpid()
+    return [pid for pid, env in _proc_files("environ") if pid != me and needle in env.split(b"\0")]
 
 
 def kill_token_processes(token: str) -> list[int]:
@@ -68,17 +72,10 @@ def reap_token_processes(token: str, wait_s: float) -> list[int]:
 def group_members(pgid: int) -> list[int]:
     """PIDs of process group `pgid`, its leader included (from /proc/PID/stat: state, ppid, pgrp after the name)."""
     found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
+    for pid, stat in _proc_files("stat"):
         fields = stat[stat.rfind(b")") + 2 :].split()  # the name may hold spaces and parentheses
         if len(fields) > 2 and int(fields[2]) == pgid:
-            found.append(int(entry.name))
+            found.append(pid)
     return found
 
 
