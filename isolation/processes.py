@@ -38,9 +38,10 @@ def _proc_files(name: str) -> Iterator[tuple[int, bytes]]:
             continue
         try:
             with open(f"/proc/{entry.name}/{name}", "rb") as f:
-                yield int(entry.name), f.read()
+                data = f.read()
         except OSError:  # gone, or not ours to read
             continue
+        yield int(entry.name), data
 
 
 def processes_with_token(token: str) -> list[int]:
