@@ -40,8 +40,9 @@ SYSTEM_READ_ROOTS = (
 )
 DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 MAX_CARVED_RULES = 5_000
-ACCESS_KINDS = ("ro", "rw", "list", "dev")
-"""ro: read files, list and execute beneath; rw: everything beneath; list: list folders only; dev: read/write/ioctl a device."""
+ACCESS_KINDS = ("ro", "rw", "list", "dev", "sock")
+"""ro: read files, list and execute beneath; rw: everything beneath; list: list folders only; dev: read/write/ioctl a device;
+sock: the folder of the supervisor's Unix socket (list only; a world binds it, the one shared inode a phase needs)."""
 
 # ---- Landlock ABI (include/uapi/linux/landlock.h) ----
 SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
@@ -75,6 +76,7 @@ def _rule_mask(kind: str, is_dir: bool, abi: int) -> int:
         "ro": FS_EXECUTE | FS_READ_FILE | FS_READ_DIR,
         "rw": _fs_handled(abi),
         "list": FS_READ_DIR,
+        "sock": FS_READ_DIR,
         "dev": FS_READ_FILE | FS_WRITE_FILE | FS_TRUNCATE | FS_IOCTL_DEV,
     }[kind] & _fs_handled(abi)
     return mask if is_dir else mask & file_bits

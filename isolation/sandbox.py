@@ -72,6 +72,14 @@ from isolation.landlock import (
     python_roots,
 )
 from isolation.seccomp import apply_seccomp, seccomp_supported
+from isolation.world import (
+    WorldPlan,
+    build_world,
+    memory_cgroup_available,
+    overlay_supported,
+    plan_world,
+    sweep_cgroups,
+)
 
 POLICY_FORMAT = "pg-sandbox-policy"
 POLICY_FORMAT_VERSION = 1
@@ -82,7 +90,8 @@ KERNEL_LAYERS: dict[str, str] = {
     "namespaces": "PID, mount and IPC namespaces (root, util-linux `unshare` >= 2.32, not refused by a container; one node)",
     "network_namespace": "a network namespace with loopback only (`unshare --net`; one node)",
     "signal_scoping": "Landlock ABI >= 6: no signal reaches a process outside the sandbox (Linux >= 6.12)",
-    "seccomp": "the seccomp filter of the model worker (no ptrace, no other process's memory)",
+    "seccomp": "the seccomp filter (every world: no page-cache queries or eviction, no keyrings; the model worker: no ptrace, no other process's memory)",
+    "world": "a world of its own (root, a mount namespace, overlayfs): private root and inodes, its own uid (isolation/world.py)",
 }
 """The isolation layers a "required" sandbox insists on, by the name an official uses to allow one missing."""
 TOKEN_ENV = "PGOLF_PHASE_TOKEN"
@@ -97,6 +106,10 @@ class MachineCaps:
     root: bool
     unshare: str | None
     """Path of util-linux `unshare`, when it can make a PID + mount namespace here (root, and not refused by a container)."""
+    overlay: bool = False
+    """overlayfs is in the kernel (a world's read-only folders)."""
+    memory_cgroup: bool = False
+    """A memory cgroup can be made here (a world's memory, shared memory included, counted)."""
     net_namespace: bool = True
     """`unshare --net` works too."""
 
@@ -163,8 +176,10 @@ def missing_layers(caps: MachineCaps, *, network: str, multi_node: bool, seccomp
         missing.append("network_namespace")
     if caps.landlock_abi < 6:
         missing.append("signal_scoping")
-    if seccomp and not seccomp_supported():
+    if not seccomp_supported():
         missing.append("seccomp")
+    if not caps.namespaces or multi_node or not caps.root or not caps.overlay:
+        missing.append("world")
     return tuple(missing)
 
 
@@ -184,7 +199,14 @@ def require_layers(missing: Sequence[str], allowed: Sequence[str], phase: str) -
 def probe_machine() -> MachineCaps:
     root = os.geteuid() == 0
     unshare, net = _unshare_that_works(root)
-    return MachineCaps(landlock_abi=landlock_abi(), root=root, unshare=unshare, net_namespace=net)
+    return MachineCaps(
+        landlock_abi=landlock_abi(),
+        root=root,
+        unshare=unshare,
+        net_namespace=net,
+        overlay=overlay_supported(),
+        memory_cgroup=root and memory_cgroup_available(),
+    )
 
 
 # ---- Planning (in the supervisor) ----
@@ -213,6 +235,10 @@ class SandboxPlan:
     """The layers an official explicitly allowed to be missing (recorded; only these may be skipped)."""
     memory_limit_bytes: int = 0
     """RLIMIT_AS set before exec, inherited by every process of the phase (each gets it); 0: none."""
+    world: WorldPlan | None = None
+    """The phase's world of its own (isolation/world.py), where the machine allows one."""
+    memory_cgroup: bool = False
+    """The world joins a memory cgroup of its own (else memfd_create is refused and tmpfs sizes bound shm)."""
 
     @property
     def landlock(self) -> bool:
@@ -243,6 +269,8 @@ class SandboxPlan:
             "allow_missing": list(self.allowed_missing),
             "seccomp": self.seccomp,
             "memory_limit_bytes": self.memory_limit_bytes,
+            "world": self.world.policy() if self.world else None,
+            "memory_cgroup": self.memory_cgroup,
         }
 
     def describe(self) -> dict[str, Any]:
@@ -253,8 +281,9 @@ class SandboxPlan:
             "namespaces": list(self.namespaces),
             "capabilities_dropped": self.drop_caps,
             "signals_scoped": self.scope_signals,
-            "seccomp": self.seccomp,
-            "separate_user": False,
+            "seccomp": "worker" if self.seccomp else ("world" if self.world else "none"),
+            "separate_user": self.world is not None,
+            "world": self.world.describe() if self.world else None,
             "read_roots": sorted(r.path for r in self.rules if r.access in ("ro", "dev")),
             "write_roots": sorted(r.path for r in self.rules if r.access == "rw"),
             "protected": list(self.protected),
@@ -283,6 +312,7 @@ def plan_sandbox(
     allow_missing: Iterable[str] = (),
     phase: str = "phase",
     memory_limit_bytes: int = 0,
+    sockets: Iterable[Path] = (),
 ) -> SandboxPlan:
     """Decide the sandbox for one phase.
 
@@ -354,6 +384,7 @@ def plan_sandbox(
     rules.append(Rule(path=str(project_root.resolve()), access="list"))
     rules += own_rules([], write_paths, prot, "sandbox")
     rules += device_rules(device)
+    rules += [Rule(path=os.path.realpath(p), access="sock") for p in sockets]
     if os.path.isdir("/dev/shm"):
         rules.append(Rule(path="/dev/shm", access="rw"))
     if 0 < caps.landlock_abi < 6:
@@ -365,8 +396,19 @@ def plan_sandbox(
             warnings.append(
                 f"{p} has {os.stat(p).st_nlink} hard links; links elsewhere are not known to be outside the sandbox"
             )
+    world = None
+    if "world" not in missing:
+        sweep_cgroups()
+        world = plan_world(memory_limit_bytes)
+    else:
+        warnings.append(
+            "no world of its own (needs root, a mount namespace and overlayfs): the phase shares inodes, "
+            "locks and file metadata with the host and runs as uid 0 without capabilities"
+        )
     return SandboxPlan(
         mode=mode,
+        world=world,
+        memory_cgroup=world is not None and bool(memory_limit_bytes) and caps.memory_cgroup,
         landlock_abi=caps.landlock_abi,
         rules=tuple(rules),
         namespaces=namespaces,
@@ -405,18 +447,33 @@ def enter(policy_path: str, argv: Sequence[str]) -> NoReturn:
     policy = load_policy(policy_path)
     if policy["loopback_up"]:
         loopback_up()  # no skipping: in a network namespace without loopback, ranks cannot meet
+    world = policy.get("world")
+    if world and not policy.get("memory_cgroup"):
+        world = {**world, "memory_limit_bytes": 0}
+    rules = [Rule(**r) for r in policy["rules"]]
     layers = [  # (name, its KERNEL_LAYERS name, wanted, apply)
-        ("private /dev/shm", "namespaces", policy.get("private_shm"), lambda: private_tmpfs("/dev/shm")),
+        (
+            "private /dev/shm",
+            "namespaces",
+            policy.get("private_shm") and not world,
+            lambda: private_tmpfs("/dev/shm"),
+        ),
         ("dropping capabilities", "", policy["drop_caps"], drop_capabilities),
+        ("a world of its own", "world", world, lambda: build_world(rules, world or {})),
         (
             "Landlock",
             "landlock",
             policy["landlock_abi"] and policy["rules"],
-            lambda: apply_landlock(
-                [Rule(**r) for r in policy["rules"]], policy["landlock_abi"], policy["scope_signals"]
+            lambda: apply_landlock(rules, policy["landlock_abi"], policy["scope_signals"]),
+        ),
+        (
+            "seccomp",
+            "seccomp",
+            seccomp_supported(),  # every world gets the "world" profile; scored code the "worker" one
+            lambda: apply_seccomp(
+                "worker" if policy.get("seccomp") else "world", memfd=bool(policy.get("memory_cgroup"))
             ),
         ),
-        ("seccomp", "seccomp", policy.get("seccomp"), apply_seccomp),
     ]
     allowed = set(policy.get("allow_missing", ()))
     if policy.get("memory_limit_bytes"):  # not a kernel feature that may be missing: it always applies
@@ -428,8 +485,8 @@ def enter(policy_path: str, argv: Sequence[str]) -> NoReturn:
         try:
             apply()
         except OSError as e:
-            if policy.get("required") and layer not in allowed:
-                raise
+            if (policy.get("required") and layer not in allowed) or layer == "world":
+                raise  # a world half built (its root already swapped) cannot be left for the host's
             print(f"{WARNING_PREFIX}{name} failed, continuing without it: {e}", file=sys.stderr, flush=True)
     os.execvp(argv[0], list(argv))
 

@@ -22,8 +22,22 @@ PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
 SECCOMP_RET_ALLOW = 0x7FFF_0000
 SECCOMP_RET_ERRNO = 0x0005_0000
-BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x06
+BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_JSET_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
 X32_SYSCALL_BIT = 0x4000_0000
+
+WORLD_DENIED = (
+    "mincore", "cachestat", "fadvise64", "readahead", "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "io_setup", "io_submit", "keyctl", "add_key", "request_key",
+)  # fmt: skip
+"""Refused in every world (training included): the calls that read or change which pages of a shared file
+are in the page cache (a channel between worlds and into later runs: docs/ARCHITECTURE.md "Channels"),
+asynchronous I/O whose flags the filter cannot read, and the kernel keyrings (root's are shared)."""
+WORLD_DENIED_ARGS = {"madvise": (2, (20, 21)), "preadv2": (5, ()), "pwritev2": (5, ())}
+"""name -> (argument index, values refused): madvise(MADV_COLD=20, MADV_PAGEOUT=21) evicts shared pages;
+preadv2/pwritev2 with RWF_NOWAIT (bit 8) tell a cached page from one that is not (the empty tuple: a flag test)."""
+RWF_NOWAIT = 8
+NO_CGROUP_DENIED = ("memfd_create",)
+"""Refused where the world has no memory cgroup: a memfd's pages would escape RLIMIT_AS uncounted."""
 
 DENIED = (
     "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "perf_event_open", "bpf", "userfaultfd",
@@ -60,6 +74,19 @@ ARCHES: dict[str, tuple[int, dict[str, int]]] = {
             "swapon": 167,
             "swapoff": 168,
             "acct": 163,
+            "mincore": 27,
+            "cachestat": 451,
+            "fadvise64": 221,
+            "readahead": 187,
+            "io_uring_setup": 425,
+            "io_uring_enter": 426,
+            "io_uring_register": 427,
+            "io_setup": 206,
+            "io_submit": 209,
+            "memfd_create": 319,
+            "madvise": 28,
+            "preadv2": 327,
+            "pwritev2": 328,
         },  # fmt: skip
     ),
     "aarch64": (
@@ -89,6 +116,19 @@ ARCHES: dict[str, tuple[int, dict[str, int]]] = {
             "swapon": 224,
             "swapoff": 225,
             "acct": 89,
+            "mincore": 232,
+            "cachestat": 451,
+            "fadvise64": 223,
+            "readahead": 213,
+            "io_uring_setup": 425,
+            "io_uring_enter": 426,
+            "io_uring_register": 427,
+            "io_setup": 0,
+            "io_submit": 2,
+            "memfd_create": 279,
+            "madvise": 233,
+            "preadv2": 286,
+            "pwritev2": 287,
         },  # fmt: skip
     ),
 }
@@ -99,18 +139,35 @@ def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
-def build_filter(machine: str) -> bytes:
-    """The BPF program for `machine` (platform.machine()): the calls of DENIED get EPERM."""
+def build_filter(machine: str, profile: str = "worker", *, memfd: bool = True) -> bytes:
+    """The BPF program for `machine` (platform.machine()); the refused calls get EPERM.
+
+    profile "world" (every sandboxed process): WORLD_DENIED and WORLD_DENIED_ARGS; "worker" (processes
+    that run scored code): those and DENIED. `memfd=False` also refuses NO_CGROUP_DENIED.
+    """
     arch, numbers = ARCHES[machine]
     deny = SECCOMP_RET_ERRNO | errno.EPERM
+    allow = SECCOMP_RET_ALLOW
+    names = [*WORLD_DENIED, *(DENIED if profile == "worker" else ()), *(() if memfd else NO_CGROUP_DENIED)]
     body = [_insn(BPF_LD_W_ABS, 0, 0, 0)]  # seccomp_data.nr
     if machine == "x86_64":
         body.append(_insn(BPF_JGE_K, 0, 1, X32_SYSCALL_BIT))
         body.append(_insn(BPF_RET_K, 0, 0, deny))
-    for name in DENIED:
+    for name in dict.fromkeys(names):
         body.append(_insn(BPF_JEQ_K, 0, 1, numbers[name]))
         body.append(_insn(BPF_RET_K, 0, 0, deny))
-    body.append(_insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW))
+    for name, (arg, values) in WORLD_DENIED_ARGS.items():
+        # if nr == name: load the argument's low 32 bits, refuse the values (or the RWF_NOWAIT bit), allow
+        tests = [_insn(BPF_LD_W_ABS, 0, 0, 16 + 8 * arg)]
+        if values:
+            for v in values:
+                tests += [_insn(BPF_JEQ_K, 0, 1, v), _insn(BPF_RET_K, 0, 0, deny)]
+        else:
+            tests += [_insn(BPF_JSET_K, 0, 1, RWF_NOWAIT), _insn(BPF_RET_K, 0, 0, deny)]
+        tests.append(_insn(BPF_RET_K, 0, 0, allow))
+        body.append(_insn(BPF_JEQ_K, 0, len(tests), numbers[name]))
+        body += tests
+    body.append(_insn(BPF_RET_K, 0, 0, allow))
     # a foreign architecture (a 32-bit call through int 0x80, say) is refused outright
     head = [_insn(BPF_LD_W_ABS, 0, 0, 4), _insn(BPF_JEQ_K, 1, 0, arch), _insn(BPF_RET_K, 0, 0, deny)]
     return b"".join(head + body)
@@ -120,11 +177,11 @@ def seccomp_supported() -> bool:
     return platform.system() == "Linux" and platform.machine() in ARCHES
 
 
-def apply_seccomp() -> None:
+def apply_seccomp(profile: str = "worker", *, memfd: bool = True) -> None:
     """Install the filter on this process (and all it starts). Irreversible; sets no_new_privs first."""
     if not seccomp_supported():
         raise OSError(errno.ENOSYS, f"no seccomp filter for {platform.system()} {platform.machine()}")
-    prog = build_filter(platform.machine())
+    prog = build_filter(platform.machine(), profile, memfd=memfd)
     n = len(prog) // 8
     buf = ctypes.create_string_buffer(prog, len(prog))
 

@@ -285,6 +285,7 @@ def run_train_phase(
         allow_missing=parse_layers(launch.allow_missing_layers),
         phase="train phase",
         memory_limit_bytes=launch.memory_limit_per_process_bytes(device),
+        sockets=[wire.path.parent],
     )
     if "net" in plan.namespaces:
         env.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo")
@@ -326,8 +327,10 @@ def run_train_phase(
         isolation["verified"] = (
             bool(probes)
             and isolation["probe"].get("train_view_manifest") == "read"
-            and all(
-                v == "PermissionError" for k, v in isolation["probe"].items() if k != "train_view_manifest"
+            and all(  # in a world of its own a protected path does not even exist
+                v == "PermissionError" or (v == "FileNotFoundError" and plan.world is not None)
+                for k, v in isolation["probe"].items()
+                if k != "train_view_manifest"
             )
         )
         if not isolation["verified"]:

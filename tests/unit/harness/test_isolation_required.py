@@ -12,8 +12,8 @@ from harness.records.result import card
 from isolation.sandbox import MachineCaps, SandboxRefused
 from tests.conftest import BASELINE
 
-NO_LANDLOCK = MachineCaps(landlock_abi=0, root=True, unshare="/usr/bin/unshare")
-FULL = MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare")
+NO_LANDLOCK = MachineCaps(landlock_abi=0, root=True, unshare="/usr/bin/unshare", overlay=True)
+FULL = MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare", overlay=True)
 
 
 def test_the_allowance_is_the_officials_alone(tmp_path):

@@ -268,7 +268,7 @@ def test_rank_failures_parses_torchrun_summary():
 # ---- sandbox plans ----
 
 NO_LANDLOCK = MachineCaps(landlock_abi=0, root=False, unshare=None)
-LANDLOCK_ROOT = MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare")
+LANDLOCK_ROOT = MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare", overlay=True)
 
 
 def test_carve_leaves_out_protected_paths_and_links_to_them(tmp_path):
@@ -354,7 +354,8 @@ def test_plan_degrades_with_warnings_where_layers_are_missing(tmp_path):
         "not root" in w for w in d["warnings"]
     )
     no_net, _ = _plan(
-        tmp_path, MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare", net_namespace=False)
+        tmp_path,
+        MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare", overlay=True, net_namespace=False),
     )
     assert no_net.namespaces == ("mount", "pid", "ipc") and any("--net" in w for w in no_net.warnings)
     assert plan.rules  # still planned: the access monitor reports against them
@@ -439,7 +440,7 @@ def test_enter_skips_a_refused_layer_with_a_warning_unless_required(tmp_path, mo
         tmp_path,
         MachineCaps(landlock_abi=7, root=False, unshare=None),
         mode="required",
-        allow_missing=("namespaces", "network_namespace"),
+        allow_missing=("namespaces", "network_namespace", "world"),
     )
     required.wrap(["x"], tmp_path / "policy.json")
     with pytest.raises(OSError, match="seccomp"):
@@ -450,23 +451,38 @@ def test_enter_skips_a_refused_layer_with_a_warning_unless_required(tmp_path, mo
     ("caps", "kw", "missing"),
     [
         (
-            MachineCaps(landlock_abi=0, root=True, unshare="/usr/bin/unshare"),
+            MachineCaps(landlock_abi=0, root=True, unshare="/usr/bin/unshare", overlay=True),
             {},
             ["landlock", "signal_scoping"],
         ),
-        (MachineCaps(landlock_abi=7, root=False, unshare=None), {}, ["namespaces", "network_namespace"]),
         (
-            MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare", net_namespace=False),
+            MachineCaps(landlock_abi=7, root=False, unshare=None),
+            {},
+            ["namespaces", "network_namespace", "world"],
+        ),
+        (MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare", overlay=False), {}, ["world"]),
+        (
+            MachineCaps(
+                landlock_abi=7, root=True, unshare="/usr/bin/unshare", overlay=True, net_namespace=False
+            ),
             {},
             ["network_namespace"],
         ),
-        (MachineCaps(landlock_abi=5, root=True, unshare="/usr/bin/unshare"), {}, ["signal_scoping"]),
         (
-            MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare"),
-            {"multi_node": True},
-            ["namespaces", "network_namespace"],
+            MachineCaps(landlock_abi=5, root=True, unshare="/usr/bin/unshare", overlay=True),
+            {},
+            ["signal_scoping"],
         ),
-        (MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare"), {"network": "host"}, []),
+        (
+            MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare", overlay=True),
+            {"multi_node": True},
+            ["namespaces", "network_namespace", "world"],
+        ),
+        (
+            MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare", overlay=True),
+            {"network": "host"},
+            [],
+        ),
     ],
 )
 def test_a_required_sandbox_names_every_missing_layer_and_takes_only_an_explicit_allowance(

@@ -1,0 +1,351 @@
+"""A world of its own for every sandboxed process: its own root, its own inodes, its own uid.
+
+Every process that runs submitted code (training ranks, the sealed pack, the model worker, probe
+workers, every confined child) enters through `isolation.sandbox enter`, which, on a machine that
+allows it (root, a mount namespace, overlayfs), builds the process a private world before anything
+of the submission runs (`build_world`, called as the namespace's first process, with the policy the
+trusted side wrote):
+
+- **Its own root.** A fresh tmpfs becomes `/` (pivot_root); only the paths of the sandbox's rules
+  exist in it. A folder it may read is a read-only overlay of the real one: the overlay's inodes
+  belong to this world's own superblock, so a lock (flock, POSIX or OFD byte ranges) taken on a file
+  of the Python installation, the staged code or a system folder is seen by no other world, and a
+  change of mode, times or extended attributes fails (EROFS) on every file, whoever asks. A single
+  file it may read (the artifact, a spec) is copied into the tmpfs: a private inode. Device files
+  are made anew (mknod) on the tmpfs, so even /dev/null is this world's own inode. /proc is a fresh
+  mount of the world's PID namespace; /sys a read-only overlay; /dev/shm a tmpfs of its own, with a
+  size; the root itself is remounted read-only once built.
+- **Its own uid.** The world's processes run as a uid and gid drawn at random per world from a range
+  no account uses (WORLD_UID_BASE + [0, WORLD_UID_SPAN)), with no supplementary groups: they own no
+  file of the host, hold no capability, share no user keyring, and cannot signal another world.
+  The folders it may write (its own phase folder) are handed to that uid first.
+- **Its memory counted.** Where a memory cgroup can be made (cgroup v1 `memory` or v2 with the
+  controller delegated), the world's first process joins a cgroup of its own whose limit is the
+  sandbox's memory limit: anonymous memory, tmpfs and /dev/shm pages and memfds are all charged to
+  it. Without one, the tmpfs mounts are sized and memfd_create is refused by the seccomp filter
+  (isolation/seccomp.py), so no memory escapes RLIMIT_AS uncounted.
+
+What is still shared, and why it carries no useful bit, is written in docs/ARCHITECTURE.md
+("Channels"): page-cache residency (the calls that read or change it are refused by seccomp; what is
+left is timing), CPU caches and timing. The trusted side plans a world with `plan_world` and records
+`WorldPlan.describe()`; `build_world` returns the facts it could establish.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import secrets
+import shutil
+import stat
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+WORLD_UID_BASE = 1_500_000_000
+WORLD_UID_SPAN = 1 << 28
+"""Worlds run as uid = gid = WORLD_UID_BASE + a random offset below WORLD_UID_SPAN (no account uses them)."""
+COPY_MAX_BYTES = 256 << 20
+"""A single readable file up to this size is copied into the world (a private inode); a larger one is
+bind-mounted read-only (recorded: its locks are shared with whoever else can open it)."""
+SHM_DEFAULT_BYTES = 1 << 30
+ROOT_SLACK_BYTES = 16 << 20
+CGROUP_PREFIX = "pgolf-world-"
+CGROUP_SWEEP_AGE_S = 30.0
+OLD = "/.pgolf-old-root"
+EMPTY = "/.pgolf-empty-layer"
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
+
+
+class _PathRule(Protocol):
+    @property
+    def path(self) -> str: ...
+    @property
+    def access(self) -> str: ...
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorldPlan:
+    """What `build_world` will make (a part of the sandbox policy; `describe()` goes into the records)."""
+
+    uid: int
+    """The world's uid and gid (WORLD_UID_BASE + a random offset)."""
+    shm_bytes: int = SHM_DEFAULT_BYTES
+    """Size of the world's /dev/shm tmpfs (and the ceiling of the root tmpfs beyond its copied files)."""
+    memory_limit_bytes: int = 0
+    """The memory cgroup's limit (0: no cgroup wanted)."""
+
+    def policy(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "uid": self.uid,
+            "root": "private tmpfs; readable folders as read-only overlays, readable files copied",
+            "devices": "made anew in the world (private inodes)",
+            "shm_bytes": self.shm_bytes,
+            "memory_cgroup_limit_bytes": self.memory_limit_bytes or None,
+        }
+
+
+def plan_world(memory_limit_bytes: int) -> WorldPlan:
+    """A world with a fresh uid; /dev/shm sized to a quarter of the memory limit (at most 1 GiB)."""
+    shm = min(SHM_DEFAULT_BYTES, memory_limit_bytes // 4) if memory_limit_bytes else SHM_DEFAULT_BYTES
+    return WorldPlan(
+        uid=WORLD_UID_BASE + secrets.randbelow(WORLD_UID_SPAN),
+        shm_bytes=max(shm, 64 << 20),
+        memory_limit_bytes=memory_limit_bytes,
+    )
+
+
+def overlay_supported() -> bool:
+    try:
+        return any(
+            line.split()[-1] == "overlay" for line in Path("/proc/filesystems").read_text().splitlines()
+        )
+    except OSError:
+        return False
+
+
+# ---- system calls ----
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _mount(src: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    libc = _libc()
+    enc = [x.encode() if x is not None else None for x in (src, target, fstype, data)]
+    if libc.mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {fstype or 'bind'} {src or ''} on {target}: {os.strerror(err)}")
+
+
+def _pivot_root(new: str, put_old: str) -> None:
+    libc = _libc()
+    if libc.syscall(155 if os.uname().machine == "x86_64" else 41, new.encode(), put_old.encode()) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"pivot_root({new}, {put_old}): {os.strerror(err)}")
+
+
+def _umount(target: str) -> None:
+    if _libc().umount2(target.encode(), MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"umount {target}: {os.strerror(err)}")
+
+
+# ---- the memory cgroup ----
+
+
+def _cgroup_base() -> Path | None:
+    """The folder under which this process may make a memory cgroup (v1 `memory`, or v2 delegated), or None."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, rel = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            base = Path("/sys/fs/cgroup/memory") / rel.lstrip("/")
+            if (base / "memory.limit_in_bytes").exists() and os.access(base, os.W_OK):
+                return base
+    v2 = Path("/sys/fs/cgroup")
+    for line in lines:
+        if line.startswith("0::"):
+            base = v2 / line[3:].lstrip("/")
+            try:
+                delegated = "memory" in (base / "cgroup.subtree_control").read_text().split()
+            except OSError:
+                delegated = False
+            if delegated and os.access(base, os.W_OK):
+                return base
+    return None
+
+
+def memory_cgroup_available() -> bool:
+    return _cgroup_base() is not None
+
+
+def sweep_cgroups(now: float | None = None) -> int:
+    """Remove this harness's empty world cgroups older than CGROUP_SWEEP_AGE_S (a world cannot remove its own)."""
+    base = _cgroup_base()
+    if base is None:
+        return 0
+    now = time.time() if now is None else now
+    removed = 0
+    for d in base.glob(CGROUP_PREFIX + "*"):
+        try:
+            if now - d.stat().st_mtime > CGROUP_SWEEP_AGE_S and not (d / "cgroup.procs").read_text().strip():
+                d.rmdir()
+                removed += 1
+        except OSError:
+            continue
+    return removed
+
+
+def _join_cgroup(uid: int, limit_bytes: int) -> str | None:
+    base = _cgroup_base()
+    if base is None:
+        return None
+    group = base / f"{CGROUP_PREFIX}{uid}-{os.getpid()}-{secrets.token_hex(4)}"
+    group.mkdir(mode=0o755)
+    limit_file = "memory.limit_in_bytes" if (group / "memory.limit_in_bytes").exists() else "memory.max"
+    (group / limit_file).write_text(str(limit_bytes))
+    (group / "cgroup.procs").write_text(str(os.getpid()))
+    return str(group)
+
+
+# ---- building the root ----
+
+
+def _ensure_dir(path: str, depth: int = 0) -> None:
+    """Make `path` a folder in the new root, recreating any symbolic link the old root has on the way."""
+    if depth > 40:
+        raise OSError(40, f"too many symbolic links on the way to {path}")
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(path.rstrip("/")) or "/"
+    if parent != path:
+        _ensure_dir(parent, depth + 1)
+    old = OLD + path
+    if os.path.islink(old) and not os.path.lexists(path):
+        os.symlink(os.readlink(old), path)
+        _ensure_dir(os.path.realpath(path), depth + 1)
+    elif not os.path.lexists(path):
+        os.mkdir(path, 0o755)
+
+
+def _make_node(path: str, st: os.stat_result) -> None:
+    os.mknod(path, stat.S_IFMT(st.st_mode) | stat.S_IMODE(st.st_mode), st.st_rdev)
+    os.chmod(path, stat.S_IMODE(st.st_mode))  # mknod applies the umask
+
+
+def _copy_devices(src: str, dst: str) -> None:
+    st = os.stat(src)
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        _make_node(dst, st)
+    elif stat.S_ISDIR(st.st_mode):
+        os.mkdir(dst, 0o755)
+        for name in sorted(os.listdir(src)):
+            _copy_devices(os.path.join(src, name), os.path.join(dst, name))
+
+
+def _read_only_folder(path: str) -> None:
+    _mount("overlay", path, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, f"lowerdir={OLD + path}:{EMPTY}")
+
+
+def _place(path: str, access: str, facts: dict[str, list[str]], shm_bytes: int, uid: int) -> None:
+    old = OLD + path
+    if not os.path.lexists(old):
+        return  # vanished since planning: Landlock skips it too
+    _ensure_dir(os.path.dirname(path) or "/")
+    if os.path.islink(old):
+        if not os.path.lexists(path):
+            os.symlink(os.readlink(old), path)
+        return
+    st = os.stat(old)
+    if access == "list":
+        _ensure_dir(path)
+    elif path == "/proc":
+        _ensure_dir(path)
+        _mount("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    elif path == "/dev/shm":
+        _ensure_dir(path)
+        _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={shm_bytes},mode=1777")
+    elif access == "sock":  # the phase's own wire: bound (a socket is reached by its inode), handed over
+        _ensure_dir(path)
+        _mount(old, path, None, MS_BIND)
+        _hand_over(old, uid)
+    elif access == "dev":
+        if not os.path.lexists(path):
+            _copy_devices(old, path)
+    elif access == "rw":
+        _ensure_dir(path)
+        _mount(old, path, None, MS_BIND | MS_REC)
+        _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
+        _hand_over(old, uid)
+    elif stat.S_ISDIR(st.st_mode):
+        _ensure_dir(path)
+        _read_only_folder(path)
+    elif stat.S_ISREG(st.st_mode) and st.st_size <= COPY_MAX_BYTES:
+        shutil.copyfile(old, path)
+        os.chmod(path, 0o444 | (stat.S_IMODE(st.st_mode) & 0o111))
+    else:  # a large file (or something odd): read-only bind, recorded
+        Path(path).touch(0o444)
+        _mount(old, path, None, MS_BIND)
+        _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        facts["bound_files"].append(path)
+
+
+def _hand_over(folder: str, uid: int) -> None:
+    """The world's uid owns its write folder and what the trusted side put in it."""
+    os.chown(folder, uid, uid)
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            try:
+                os.chown(os.path.join(root, name), uid, uid, follow_symlinks=False)
+            except OSError:
+                continue
+
+
+def _root_bytes(rules: Sequence[_PathRule], shm_bytes: int) -> int:
+    total = ROOT_SLACK_BYTES
+    for r in rules:
+        try:
+            st = os.stat(r.path)
+        except OSError:
+            continue
+        if r.access == "ro" and stat.S_ISREG(st.st_mode) and st.st_size <= COPY_MAX_BYTES:
+            total += st.st_size + 4096
+    return total
+
+
+def build_world(rules: Iterable[_PathRule], plan: dict[str, Any]) -> dict[str, Any]:
+    """Make this process's private world and become its uid (see the module docstring). Irreversible.
+
+    Runs as root in a fresh mount + PID namespace, before Landlock and seccomp; the rules are the
+    sandbox's (isolation/landlock.py Rule: ro, rw, list, dev), each path absolute.
+    """
+    uid = int(plan["uid"])
+    rules = sorted(rules, key=lambda r: (r.path.count("/"), r.path))
+    cwd = os.getcwd()
+    facts: dict[str, Any] = {"uid": uid, "bound_files": [], "memory_cgroup": None}
+    if plan.get("memory_limit_bytes"):
+        facts["memory_cgroup"] = _join_cgroup(uid, int(plan["memory_limit_bytes"]))
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    base = "/tmp"
+    size = _root_bytes(rules, int(plan["shm_bytes"]))
+    _mount("tmpfs", base, "tmpfs", MS_NOSUID, f"size={size},mode=0755")
+    os.mkdir(base + OLD, 0o700)
+    os.chdir(base)
+    _pivot_root(".", "." + OLD)
+    os.chdir("/")
+    os.mkdir(EMPTY, 0o555)
+    for top in sorted(os.listdir(OLD)):  # /bin -> usr/bin and the like, on merged-/usr systems
+        if os.path.islink(f"{OLD}/{top}") and not top.startswith("."):
+            os.symlink(os.readlink(f"{OLD}/{top}"), f"/{top}")
+    for rule in rules:
+        _place(os.path.normpath(rule.path), rule.access, facts, int(plan["shm_bytes"]), uid)
+    _ensure_dir("/tmp")
+    _ensure_dir("/dev")
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):  # fmt: skip
+        if not os.path.lexists(f"/dev/{name}"):
+            os.symlink(target, f"/dev/{name}")
+    _umount(OLD)
+    os.rmdir(OLD)
+    _mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID)
+    try:
+        os.chdir(cwd)
+    except OSError:
+        os.chdir("/")
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    return facts

@@ -1,0 +1,261 @@
+"""Channels between sandboxed processes that share a machine, and why none carries a bit now.
+
+Each case runs small Python programs (no torch: a second each) in real sandboxes planned the way
+the harness plans every phase (isolation.sandbox.plan_sandbox), once in a world of its own
+(isolation/world.py) and, as a control that shows the case can fail, once without one (the sandbox
+as it was before worlds: uid 0 without capabilities, the host's inodes). A cheater used each of
+these channels: locks on shared files read back by another worker, file metadata and extended
+attributes kept for a later run, page-cache residency, keyrings, and memory outside the limit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from isolation.sandbox import MachineCaps, SandboxPlan, plan_sandbox, probe_machine
+from isolation.world import WORLD_UID_BASE
+
+PROJECT = Path(__file__).resolve().parents[2]
+CAPS = probe_machine()
+HAS_WORLD = CAPS.root and CAPS.namespaces and CAPS.overlay
+pytestmark = pytest.mark.skipif(not HAS_WORLD, reason="needs root, a mount namespace and overlayfs (a world)")
+INSTALLED = os.path.realpath(json.__file__)
+"""A file of the Python installation every sandbox can read."""
+
+
+def _plan(tmp: Path, *, world: bool, memory_limit_bytes: int = 0) -> tuple[SandboxPlan, Path, Path]:
+    code, out = tmp / "code", tmp / f"out-{time.monotonic_ns()}"
+    code.mkdir(exist_ok=True)
+    out.mkdir()
+    (code / "model.py").write_text("# staged code, read by every worker\n")
+    caps: MachineCaps = CAPS if world else dataclasses.replace(CAPS, overlay=False)
+    plan = plan_sandbox(
+        mode="auto",
+        network="auto",
+        device="cpu",
+        multi_node=False,
+        project_root=PROJECT,
+        read_paths=[code],
+        write_paths=[out],
+        protected=(),
+        import_path=[p for p in sys.path[1:] if p],
+        caps=caps,
+        seccomp=True,
+        memory_limit_bytes=memory_limit_bytes,
+    )
+    assert (plan.world is not None) == world
+    return plan, code, out
+
+
+def _start(plan: SandboxPlan, out: Path, program: str, *args: str) -> subprocess.Popen[str]:
+    cmd = plan.wrap([sys.executable, "-c", textwrap.dedent(program), *args], out.with_suffix(".policy.json"))
+    return subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=out
+    )
+
+
+def _run(plan: SandboxPlan, out: Path, program: str, *args: str) -> dict:
+    p = _start(plan, out, program, *args)
+    stdout, stderr = p.communicate(timeout=60)
+    assert p.returncode == 0, stderr
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+HOLD = """
+import fcntl, json, os, struct, sys
+held = []
+for path in sys.argv[1:]:
+    fd = os.open(path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    fcntl.fcntl(fd, fcntl.F_SETLK, struct.pack("hhqqi", fcntl.F_RDLCK, 0, 0, 1, 0))
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi", fcntl.F_RDLCK, 0, 8, 1, 0))
+    held.append(fd)
+print(json.dumps({"held": len(held)}), flush=True)
+sys.stdin.read()
+"""
+LOOK = """
+import fcntl, json, os, struct, sys
+seen = {}
+for path in sys.argv[1:]:
+    fd = os.open(path, os.O_RDONLY)
+    bits = []
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        bits.append("flock")
+    for cmd, start in ((fcntl.F_GETLK, 0), (fcntl.F_OFD_GETLK, 8)):
+        got = fcntl.fcntl(fd, cmd, struct.pack("hhqqi", fcntl.F_WRLCK, 0, start, 1, 0))
+        if struct.unpack("hhqqi", got)[0] != fcntl.F_UNLCK:
+            bits.append("posix" if cmd == fcntl.F_GETLK else "ofd")
+    seen[path] = bits
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.parametrize("world", [True, False], ids=["world", "control-no-world"])
+def test_locks_held_in_one_world_are_invisible_in_another(tmp_path, world):
+    plan_a, code, out_a = _plan(tmp_path, world=world)
+    plan_b, _, out_b = _plan(tmp_path, world=world)
+    paths = [INSTALLED, str(code / "model.py")]
+    holder = _start(plan_a, out_a, HOLD, *paths)
+    try:
+        assert json.loads(holder.stdout.readline())["held"] == 2
+        seen = _run(plan_b, out_b, LOOK, *paths)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    if world:
+        assert seen == {p: [] for p in paths}
+    else:  # the channel the attacker used: every kind of lock is seen across sandboxes
+        assert all(set(bits) == {"flock", "posix", "ofd"} for bits in seen.values()), seen
+
+
+TOUCH = """
+import errno, json, os, sys
+done = {}
+for path in sys.argv[1:]:
+    for what, act in (
+        ("xattr", lambda: os.setxattr(path, "user.pgolf", b"val tokens")),
+        ("chmod", lambda: os.chmod(path, 0o6777)),
+        ("utime", lambda: os.utime(path, (1, 1))),
+        ("chown", lambda: os.chown(path, 0, 0)),
+    ):
+        try:
+            act()
+            done[f"{os.path.basename(path)}:{what}"] = "done"
+        except OSError as e:
+            done[f"{os.path.basename(path)}:{what}"] = errno.errorcode[e.errno]
+print(json.dumps(done))
+"""
+READ_BACK = """
+import json, os, sys
+print(json.dumps({p: os.listxattr(p) for p in sys.argv[1:]}))
+"""
+
+
+@pytest.mark.parametrize("world", [True, False], ids=["world", "control-no-world"])
+def test_no_world_changes_a_file_it_can_read_so_a_later_run_reads_nothing(tmp_path, world):
+    plan, code, out = _plan(tmp_path, world=world)
+    staged = code / "model.py"
+    mode_before = staged.stat().st_mode
+    targets = [str(staged)] + (
+        [INSTALLED] if world else []
+    )  # the control never touches the real installation
+    done = _run(plan, out, TOUCH, *targets)
+    later, _, out2 = _plan(tmp_path, world=world)  # the next run, back to back
+    kept = _run(later, out2, READ_BACK, str(staged))
+    if world:
+        assert "done" not in done.values(), done
+        assert kept == {str(staged): []} and staged.stat().st_mode == mode_before
+        assert os.listxattr(INSTALLED) == []
+    else:
+        assert done["model.py:xattr"] == "done" and done["model.py:chmod"] == "done"
+        assert kept == {str(staged): ["user.pgolf"]}
+
+
+CACHE = """
+import ctypes, errno, json, mmap, os, sys  # x86-64 system-call numbers
+libc = ctypes.CDLL(None, use_errno=True)
+path = sys.argv[1]
+fd = os.open(path, os.O_RDONLY)
+buf = ctypes.create_string_buffer(1)
+res = {}
+def call(name, *args):
+    r = libc.syscall(*args)
+    res[name] = "ok" if r >= 0 else errno.errorcode[ctypes.get_errno()]
+view = (ctypes.c_char * 4096).from_buffer(bytearray(4096))
+anon = mmap.mmap(-1, 4096)
+anon_addr = ctypes.addressof(ctypes.c_char.from_buffer(anon))
+call("mincore", 27, ctypes.c_void_p(anon_addr), ctypes.c_size_t(4096), buf)
+call("fadvise64", 221, fd, ctypes.c_long(0), ctypes.c_long(0), 4)
+call("readahead", 187, fd, ctypes.c_long(0), ctypes.c_size_t(4096))
+call("cachestat", 451, fd, ctypes.byref((ctypes.c_uint64 * 2)(0, 4096)), ctypes.byref((ctypes.c_uint64 * 8)()), 0)
+call("madvise_pageout", 28, ctypes.c_void_p(anon_addr), ctypes.c_size_t(4096), 21)
+call("madvise_dontneed", 28, ctypes.c_void_p(anon_addr), ctypes.c_size_t(4096), 4)
+iov = (ctypes.c_uint64 * 2)(ctypes.addressof(view), 4096)
+call("preadv2_nowait", 327, fd, iov, 1, ctypes.c_long(0), ctypes.c_long(0), 8)
+call("preadv2", 327, fd, iov, 1, ctypes.c_long(0), ctypes.c_long(0), 0)
+call("io_uring_setup", 425, 4, ctypes.byref((ctypes.c_uint32 * 30)()))
+call("keyctl", 250, 0, ctypes.c_long(-4), 0, 0)
+print(json.dumps(res))
+"""
+
+
+@pytest.mark.parametrize("world", [True, False], ids=["world", "control-no-world"])
+def test_page_cache_state_can_be_neither_read_nor_changed(tmp_path, world):
+    plan, _, out = _plan(tmp_path, world=world)
+    if not world:  # the control: the same program outside every sandbox
+        plan = dataclasses.replace(plan, mode="off")
+    res = _run(plan, out, CACHE, INSTALLED)
+    refused = {"mincore", "fadvise64", "readahead", "cachestat", "madvise_pageout", "preadv2_nowait",
+               "io_uring_setup", "keyctl"}  # fmt: skip
+    if world:
+        assert {k for k, v in res.items() if v == "EPERM"} == refused, res
+        assert res["madvise_dontneed"] == "ok" and res["preadv2"] == "ok"  # ordinary calls still work
+    else:
+        assert not {k for k, v in res.items() if v == "EPERM"}, res  # each call answers (EAGAIN: not cached)
+
+
+WHO = """
+import json, os
+status = dict(line.split(":\\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\\t" in line)
+print(json.dumps({"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(),
+                  "cap_eff": status["CapEff"].strip(), "cap_bnd": status["CapBnd"].strip(),
+                  "root_writable": os.access("/", os.W_OK)}))
+"""
+
+
+def test_each_world_has_its_own_uid_and_no_capability(tmp_path):
+    seen = []
+    for _ in range(2):
+        plan, _, out = _plan(tmp_path, world=True)
+        who = _run(plan, out, WHO)
+        assert who["uid"] == who["gid"] == plan.world.uid >= WORLD_UID_BASE and who["groups"] == []
+        assert int(who["cap_eff"], 16) == 0 and int(who["cap_bnd"], 16) == 0
+        assert (out.stat().st_uid, who["root_writable"]) == (plan.world.uid, False)
+        seen.append(who["uid"])
+    assert seen[0] != seen[1]
+
+
+SHM = """
+import errno, json, os
+res = {}
+try:
+    with open("/dev/shm/fill", "wb") as f:
+        for _ in range(2048):
+            f.write(b"x" * (1 << 20))
+    res["shm"] = "wrote 2 GiB"
+except OSError as e:
+    res["shm"] = errno.errorcode[e.errno]
+res["shm_mib"] = os.path.getsize("/dev/shm/fill") >> 20
+os.unlink("/dev/shm/fill")
+print(json.dumps(res), flush=True)
+fd = os.memfd_create("fill")
+for _ in range(2048):
+    os.write(fd, b"y" * (1 << 20))
+print(json.dumps({"memfd": "wrote 2 GiB"}))
+"""
+
+
+def test_shared_memory_counts_against_the_world_s_limit(tmp_path):
+    limit = 512 << 20
+    plan, _, out = _plan(tmp_path, world=True, memory_limit_bytes=limit)
+    p = _start(plan, out, SHM)
+    stdout, stderr = p.communicate(timeout=120)
+    first = json.loads(stdout.splitlines()[0])
+    assert first["shm"] == "ENOSPC" and first["shm_mib"] <= plan.world.shm_bytes >> 20, first
+    # a memfd: charged to the world's memory cgroup (killed at the limit) or, without one, refused
+    assert "memfd" not in stdout, (stdout, stderr)
+    if plan.memory_cgroup:  # killed by the cgroup's OOM killer (unshare then exits 1), or refused memory
+        assert p.returncode != 0, (p.returncode, stderr)
+    else:
+        assert "PermissionError" in stderr, stderr
