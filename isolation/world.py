@@ -37,6 +37,7 @@ import ctypes
 import os
 import secrets
 import shutil
+import signal
 import stat
 import time
 from collections.abc import Iterable, Sequence
@@ -60,6 +61,7 @@ EMPTY = "/.pgolf-empty-layer"
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
+PR_SET_PDEATHSIG = 1
 
 
 class _PathRule(Protocol):
@@ -348,4 +350,8 @@ def build_world(rules: Iterable[_PathRule], plan: dict[str, Any]) -> dict[str, A
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
+    # a change of uid clears the parent-death signal `unshare --kill-child` armed: armed again, so that the
+    # world still dies with the process that started it (the supervisor's kill reaches every rank)
+    if _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
     return facts

@@ -46,7 +46,7 @@ import torch
 
 from scoring.score.evaluate import RuleViolation, Scorable
 
-PROBE_VERSION = 3
+PROBE_VERSION = 4
 PROBE_WORKERS_PER_PROBE = 2
 """Fresh workers a probe takes: one for the causality variant (then the unchanged batch), one for the
 row-isolation variant; neither has seen the batch before its variant."""
@@ -229,7 +229,10 @@ def run_probes(
     def logits_of(worker: Scorable, x: np.ndarray) -> torch.Tensor:
         return worker.logits(torch.from_numpy(x)).detach().float().cpu().clone()
 
-    for b in plan.batches:
+    # the order of the probes, and which variant each pair of fresh workers is asked first, come from the
+    # secret seed: no worker can tell from its place in line what it is, or what was asked before it
+    order = [plan.batches[i] for i in rng.permutation(len(plan.batches))]
+    for b in order:
         if b not in kept:
             raise RuntimeError(f"probe batch {b} was not kept by the evaluation")
         x_BL, valid_BL, scored_BLV = kept[b]
@@ -237,9 +240,14 @@ def run_probes(
         iso_BL = isolate_row(x_BL, valid_BL, r, tokens, rng)
         chunk = (kept_chunks or {}).get(b, 0)
         causal, isolated = next(fresh), next(fresh)
+        if rng.integers(2):
+            causal, isolated = isolated, causal
         for worker in (causal, isolated):
             if replay is not None and chunk:
                 replay(worker, chunk)
+        row_first = bool(rng.integers(2))
+        if row_first:
+            iso_logits = logits_of(isolated, iso_BL)
         diff, compared = _compare(scored_BLV, logits_of(causal, x2_BL), valid_BL, cut, cfg.atol, f"batch {b}")
         last = int(np.flatnonzero(valid_BL.reshape(-1)).size) - 1
         same, _ = _compare(
@@ -251,7 +259,9 @@ def run_probes(
             f"batch {b}, scored vs fresh",
             "fresh",
         )
-        row_diff = _compare_row(scored_BLV, logits_of(isolated, iso_BL), valid_BL, r, cfg.atol, f"batch {b}")
+        if not row_first:
+            iso_logits = logits_of(isolated, iso_BL)
+        row_diff = _compare_row(scored_BLV, iso_logits, valid_BL, r, cfg.atol, f"batch {b}")
         results.append(
             {
                 "batch": b,

@@ -323,7 +323,10 @@ class WorkerModel:
     # ---- ending ----
 
     def close(self) -> None:
-        """Ask it to quit; kill it if it does not; free the buffers and its temp folder."""
+        """Ask it to quit; kill it if it does not; free the buffers and its temp folder (once: later calls do nothing)."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
         if self.proc.poll() is None:
             try:
                 send(self.sock, {"op": "quit"})

@@ -217,6 +217,10 @@ def score_artifact(
             keep_batches=plan.batches,
             shuffle_seed=plan.seed,
         )
+        # the main worker is gone before any probe worker runs submitted code: nothing of it is alive to hold
+        # a lock, a socket or a page for them, and it never learns which of its batches are compared
+        main_described = main.describe()
+        main.close()
         for w in probe_workers:  # all at once: they import and build in parallel
             w.start()
         fresh = _ready(probe_workers)
@@ -238,7 +242,7 @@ def score_artifact(
             kept_chunks=result.kept_chunks,
             total_batches=result.batches,
         )
-        workers = [main.describe(), *(w.describe() for w in probe_workers[:1])]
+        workers = [main_described, *(w.describe() for w in probe_workers[:1])]
     sums = result.sums
     return ScoreRecord(
         metric_version=METRIC_VERSION,

@@ -17,12 +17,17 @@ import pytest
 
 from scoring.artifact.format import read_artifact
 from tests.conftest import BASELINE, REPO
-from tests.golden.regen import GOLDEN_ARGS, golden_lines, shards_identity
+from tests.golden.regen import GOLDEN_ARGS, PINNED_NUMERICS_ENV, golden_lines, shards_identity
 
 
 def pgolf(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """`pgolf ARGS` with the golden run's pinned kernels (every number this file compares is exact)."""
     r = subprocess.run(
-        [sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "harness.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **PINNED_NUMERICS_ENV},
     )
     if check:
         assert r.returncode == 0, f"pgolf {' '.join(args)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"

@@ -22,14 +22,29 @@ GOLDEN_ARGS = [
     "train.train_log_every=1",
 ]
 """A step count ends the run (30 iterations, constant LR): the losses do not depend on the clock."""
+PINNED_NUMERICS_ENV = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_CBWR": "AVX2,STRICT",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+}
+"""The golden run's kernels, pinned to AVX2 for every process of the run (ATen's vectorised kernels, MKL's
+BLAS and vector maths, oneDNN): unpinned, each CPU kind picks its own (AVX-512, AMX) and the last digits
+differ (the unpinned golden recorded on an AMD EPYC with AVX-512 missed by 4.8e-7 in the loss at step 3 on
+an Intel Xeon with AMX), and MKL's strict mode makes a row's logits independent of where the scorer's
+secret row order puts it in its batch (without it, two scorings of one artifact differed by 1e-10 in
+val_bpb on that Xeon). AVX2 is what every x86-64 machine this project runs on has. The harness passes
+these machine facts through to the ranks, the scorer and the model worker."""
 
 HEADER = """\
 # Golden tiny run: the naive baseline's tiny preset on the embedded corpus, ended by a fixed step count.
 # Regenerate only after a deliberate change of numerics (the baseline, the codec, METRIC_VERSION):
+#   env ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2,STRICT MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 \\
 #   pgolf run baselines/naive_baseline --preset tiny --set train.warmdown_iters=0 \\
 #     --set budget.train_s=300.0 --set train.train_log_every=1 --out /tmp/golden/run
 #   python -m tests.golden.regen /tmp/golden/run > tests/golden/tiny_run.txt
 # Tolerance: none. Losses as repr() prints them, val_bpb bit for bit, the artifact's sha256.
+# Kernels pinned to AVX2 (tests/golden/regen.py PINNED_NUMERICS_ENV), so the golden holds on every CPU kind.
 # The embedded corpus is built from this Python's own documentation: on another Python version the
 # shards differ and the test skips, naming both hashes."""
 
