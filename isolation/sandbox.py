@@ -21,10 +21,15 @@ used when the machine allows it and recorded either way (`SandboxPlan.describe()
   run); and a network namespace with loopback only (nothing outside the machine can be reached, so
   no public copy of the validation data can be downloaded).
 - Capabilities (root only): the bounding, inheritable and ambient sets are cleared and no_new_privs
-  set before exec, so the ranks run as uid 0 without any capability.
+  set before exec; in a world the process then becomes a uid of its own, so it holds none.
+- A world of its own (isolation/world.py; root, a mount namespace and overlayfs): the namespace's first
+  process swaps its root for a private tmpfs that holds only the rules' paths (read-only overlays,
+  copied files, device nodes made anew, a fresh /proc, a sized /dev/shm) and becomes a random uid of
+  its own before anything of the submission runs: no lock, mode, time or extended attribute of a file
+  it can read is shared with another sandbox or a later run. Every world also gets the "world"
+  seccomp profile (no page-cache queries or eviction, no async I/O, no keyrings).
 
-Not covered: a separate unprivileged user (the interpreter may live under a folder only its owner
-can read, as /root here); namespaces on several nodes (ranks must reach each other, and torchrun's
+Not covered: namespaces and worlds on several nodes (ranks must reach each other, and torchrun's
 rendezvous tells nodes apart by hostname and pid); data that is public
 elsewhere (the embedded corpus's validation text ships with Python itself); opens made from C code
 or child processes are refused but not reported (see isolation/monitor.py). The model worker, where a submission's scored code runs (scoring/worker/), is planned with the same
@@ -520,6 +525,11 @@ def main(argv: list[str]) -> int:
                     "root": caps.root,
                     "unshare": caps.unshare,
                     "net_namespace": caps.net_namespace,
+                    "overlay": caps.overlay,
+                    "memory_cgroup": caps.memory_cgroup,
+                    "missing_layers": list(
+                        missing_layers(caps, network="auto", multi_node=False, seccomp=True)
+                    ),
                 }
             )
         )
