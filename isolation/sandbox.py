@@ -244,6 +244,9 @@ class SandboxPlan:
     """The phase's world of its own (isolation/world.py), where the machine allows one."""
     memory_cgroup: bool = False
     """The world joins a memory cgroup of its own (else memfd_create is refused and tmpfs sizes bound shm)."""
+    memlock_unlimited: bool = False
+    """RLIMIT_MEMLOCK raised to unlimited before capabilities go (CUDA: NCCL's InfiniBand/EFA registration
+    pins memory; without CAP_SYS_RESOURCE a process cannot raise it past root's default 8 MiB)."""
 
     @property
     def landlock(self) -> bool:
@@ -276,6 +279,7 @@ class SandboxPlan:
             "memory_limit_bytes": self.memory_limit_bytes,
             "world": self.world.policy() if self.world else None,
             "memory_cgroup": self.memory_cgroup,
+            "memlock_unlimited": self.memlock_unlimited,
         }
 
     def describe(self) -> dict[str, Any]:
@@ -414,6 +418,7 @@ def plan_sandbox(
         mode=mode,
         world=world,
         memory_cgroup=world is not None and bool(memory_limit_bytes) and caps.memory_cgroup,
+        memlock_unlimited=device.startswith("cuda") and caps.root,
         landlock_abi=caps.landlock_abi,
         rules=tuple(rules),
         namespaces=namespaces,
@@ -440,6 +445,19 @@ def load_policy(path: str) -> dict[str, Any]:
 
 
 WARNING_PREFIX = "[pgolf-sandbox-warning] "
+
+
+def raise_memlock() -> tuple[int, int]:
+    """RLIMIT_MEMLOCK to unlimited, or as high as this machine lets root set it (a container may withhold
+    CAP_SYS_RESOURCE: then the soft limit rises to the hard one, with a warning line)."""
+    try:
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    except (ValueError, OSError):
+        hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (hard, hard))
+        print(f"{WARNING_PREFIX}RLIMIT_MEMLOCK cannot rise past {hard} bytes here (no CAP_SYS_RESOURCE)",
+              file=sys.stderr, flush=True)  # fmt: skip
+    return resource.getrlimit(resource.RLIMIT_MEMLOCK)
 
 
 def enter(policy_path: str, argv: Sequence[str]) -> NoReturn:
@@ -481,6 +499,8 @@ def enter(policy_path: str, argv: Sequence[str]) -> NoReturn:
         ),
     ]
     allowed = set(policy.get("allow_missing", ()))
+    if policy.get("memlock_unlimited"):  # while this process still holds CAP_SYS_RESOURCE
+        raise_memlock()
     if policy.get("memory_limit_bytes"):  # not a kernel feature that may be missing: it always applies
         limit = int(policy["memory_limit_bytes"])
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))

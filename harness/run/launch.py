@@ -159,7 +159,10 @@ class LaunchConfig:
 def torchrun_command(cfg: LaunchConfig, spec_path: Path) -> list[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={cfg.nproc_per_node}"]
     if cfg.nnodes == 1 and not cfg.rdzv_endpoint:
-        cmd.append("--standalone")
+        # the ranks meet on loopback: inside the sandbox's network namespace only 127.0.0.1 exists, and
+        # torchrun's default address for them is the host's FQDN, which resolves there only where
+        # /etc/hosts happens to map it to 127.x (many GPU hosts do not)
+        cmd += ["--standalone", "--local-addr=127.0.0.1"]
     else:
         cmd += [
             f"--nnodes={cfg.nnodes}",

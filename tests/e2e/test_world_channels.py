@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import resource
 import subprocess
 import sys
 import textwrap
@@ -32,7 +33,9 @@ INSTALLED = os.path.realpath(json.__file__)
 """A file of the Python installation every sandbox can read."""
 
 
-def _plan(tmp: Path, *, world: bool, memory_limit_bytes: int = 0) -> tuple[SandboxPlan, Path, Path]:
+def _plan(
+    tmp: Path, *, world: bool, memory_limit_bytes: int = 0, device: str = "cpu"
+) -> tuple[SandboxPlan, Path, Path]:
     code, out = tmp / "code", tmp / f"out-{time.monotonic_ns()}"
     code.mkdir(exist_ok=True)
     out.mkdir()
@@ -41,7 +44,7 @@ def _plan(tmp: Path, *, world: bool, memory_limit_bytes: int = 0) -> tuple[Sandb
     plan = plan_sandbox(
         mode="auto",
         network="auto",
-        device="cpu",
+        device=device,
         multi_node=False,
         project_root=PROJECT,
         read_paths=[code],
@@ -259,3 +262,21 @@ def test_shared_memory_counts_against_the_world_s_limit(tmp_path):
         assert p.returncode != 0, (p.returncode, stderr)
     else:
         assert "PermissionError" in stderr, stderr
+
+
+MEMLOCK = """
+import json, resource
+print(json.dumps(resource.getrlimit(resource.RLIMIT_MEMLOCK)))
+"""
+
+
+def test_a_cuda_phase_may_pin_memory_though_it_holds_no_capability(tmp_path):
+    """NCCL's InfiniBand/EFA registration pins memory: the limit is raised while the sandbox is still root."""
+    best = subprocess.run(  # as high as root may set it on this machine (unlimited where it has CAP_SYS_RESOURCE)
+        [sys.executable, "-c", "import json; from isolation.sandbox import raise_memlock; print(json.dumps(raise_memlock()))"],
+        capture_output=True, text=True, cwd=PROJECT, check=True,
+    ).stdout  # fmt: skip
+    cuda, _, out = _plan(tmp_path, world=True, device="cuda")
+    assert _run(cuda, out, MEMLOCK) == json.loads(best) and json.loads(best)[0] == json.loads(best)[1]
+    cpu, _, out = _plan(tmp_path, world=True)
+    assert _run(cpu, out, MEMLOCK) == list(resource.getrlimit(resource.RLIMIT_MEMLOCK))

@@ -49,6 +49,7 @@ def test_torchrun_command_standalone_and_multi_node(tmp_path):
     cmd = torchrun_command(LaunchConfig(nproc_per_node=8), tmp_path / "spec.json")
     assert (
         "--standalone" in cmd
+        and "--local-addr=127.0.0.1" in cmd  # the ranks meet on loopback, never on the host's FQDN
         and "--nproc-per-node=8" in cmd
         and cmd[-2:] == ["harness.train.rank", str(tmp_path / "spec.json")]
     )
