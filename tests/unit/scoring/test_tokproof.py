@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from data.tokenizer import SPACE_MARK, ByteTable, ByteTokenizer, SentencePieceTokenizer
+from harness.cli import main as pgolf
 from scoring.score.tokproof import (
     CaseTransform,
     TransformedTokenizer,
@@ -288,3 +289,24 @@ def test_a_decode_that_drops_one_character_in_a_thousand_documents_is_refused(ca
     f = rep.first
     assert rep.docs == 1000 and rep.failed_docs == len(hits), rep.summary()
     assert f is not None and (f.doc, f.kind, f.offset) == (hits[0], "decode", offset), rep.summary()
+
+
+# ---- the command line ----
+
+
+def test_cli_refuses_in_one_line_and_passes_with_the_right_canonical(tmp_path, capsys, case_model):
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["one line", "two\nlines", "Three Up"]))
+    assert pgolf(["audit-tokenizer", str(SP1024), "--docs", str(docs), "--canonical", "raw"]) == 1
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "document 1: decoding differs from the canonical text at byte 3" in out
+    assert pgolf(["audit-tokenizer", str(SP1024), "--docs", str(docs)]) == 0
+    assert "PASSED (canonical sp1024" in capsys.readouterr().out
+    assert (
+        pgolf(["audit-tokenizer", str(case_model), "--docs", str(docs), "--transform", "case", "--json"]) == 0
+    )
+    rec = json.loads(capsys.readouterr().out)
+    assert rec["passed"] and rec["transform"] == "case" and rec["format"] == "pg-tokenizer-proof"
+    assert rec["tokens_per_s"] > 0 and rec["canonical_bytes"] == rec["table_bytes"] == 25
+    assert pgolf(["audit-tokenizer", str(SP1024), "--docs", str(docs), "--transform", "case"]) == 2
+    assert "not one piece" in capsys.readouterr().err
