@@ -228,7 +228,10 @@ def piece_lengths(tok: Tokenizer) -> PieceLengths | None:
     inner = tok.inner if isinstance(tok, TransformedTokenizer) else tok
     if not isinstance(inner, SentencePieceTokenizer | ByteTokenizer):
         return None
-    sp = speller_for(inner)
+    try:
+        sp = speller_for(inner)
+    except ValueError:  # a byte piece not named <0xHH>: no spelling, the proof stands on (a) and (b)
+        return None
     lengths = sp.lengths.copy()
     if isinstance(tok, TransformedTokenizer):
         lengths[list(tok.marker_ids)] = 0
@@ -388,7 +391,14 @@ def _check_document(
             off,
             f"the byte table counts {counted:,} bytes, the canonical text has {len(cb):,} "
             f"({counted - len(cb):+,}); "
-            + (where or "the harness cannot spell this tokenizer's pieces: no offset"),
+            + (
+                where
+                or (
+                    "no offset: the harness cannot spell this tokenizer's pieces"
+                    if spelled is None
+                    else f"no offset: the pieces spell {int(spelled.sum()):,} bytes, not the canonical count"
+                )
+            ),
         )
     if usable:
         rep.attribution_checked_docs += 1
