@@ -1,6 +1,8 @@
 """Tokenizer audit: does the byte table count, document by document, the bytes the tokens spell?
 
-    pgolf audit-tokenizer MODEL --docs FILE [--max-docs N] [--show K] [--json]
+The `pgolf audit-tokenizer` command runs the tokenizer's proof (scoring/score/tokproof.py), which
+uses this module's speller to locate a miscount; the scorer runs `audit_token_stream` on the
+validation tokens when the dataset's tokenizer is not a known official one.
 
 bpb divides by the table's byte count (data/tokenizer.py, docs/RULES.md "Exact byte accounting"); a
 table that over-counts makes every score look better. The audit spells each document's tokens
@@ -278,8 +280,10 @@ def audit_token_stream(
 
 
 def cmd_audit_tokenizer(args: argparse.Namespace) -> int:
+    """The tokenizer's proof on the documents given (scoring/score/tokproof.py)."""
     from data.build import read_jsonl_texts
     from data.tokenizer import load_tokenizer
+    from scoring.score.tokproof import TRANSFORMS, prove_tokenizer
 
     tok = ByteTokenizer() if args.model == "byte260" else load_tokenizer(args.model)
     texts = read_jsonl_texts(args.docs, field=args.field)
@@ -287,7 +291,8 @@ def cmd_audit_tokenizer(args: argparse.Namespace) -> int:
         texts = texts[: args.max_docs]
     if not texts:
         raise ValueError(f"{args.docs} holds no documents with a {args.field!r} field")
-    rep = audit_texts(tok, texts, show=args.show)
+    transform = None if args.transform == "none" else TRANSFORMS[args.transform]()
+    rep = prove_tokenizer(tok, texts, canonical=args.canonical, transform=transform)
     if args.json:
         print(json.dumps(rep.as_dict(), sort_keys=True))
     else:
@@ -296,14 +301,29 @@ def cmd_audit_tokenizer(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from scoring.score.tokproof import CANONICALS, TRANSFORMS
+
     p = sub.add_parser(
         "audit-tokenizer",
-        help="check, document by document, that the byte table counts the bytes the tokens spell",
+        help="prove, document by document, that decoding gives back the canonical text and that the "
+        "byte table counts its bytes",
     )
     p.add_argument("model", help="tokenizer: a SentencePiece .model, a byte260.json, or 'byte260'")
     p.add_argument("--docs", required=True, help="documents: a .jsonl file with a text field")
     p.add_argument("--field", default="text", help="JSON field holding the text (default: text)")
-    p.add_argument("--max-docs", type=int, default=0, help="audit only the first N documents (0: all)")
-    p.add_argument("--show", type=int, default=5, help="how many mismatching documents to print")
-    p.add_argument("--json", action="store_true", help="print the audit record as one JSON object")
+    p.add_argument("--max-docs", type=int, default=0, help="prove on the first N documents only (0: all)")
+    p.add_argument(
+        "--canonical",
+        choices=("auto", *CANONICALS),
+        default="auto",
+        help="the text decoding must give back: sp1024 (the document as the official sp1024 normalises "
+        "it), raw (the document as given); auto: sp1024 when the tokenizer normalises as sp1024 does",
+    )
+    p.add_argument(
+        "--transform",
+        choices=("none", *TRANSFORMS),
+        default="none",
+        help="a reversible text transform declared as part of the tokenizer (case: CaseOps markers)",
+    )
+    p.add_argument("--json", action="store_true", help="print the proof's record as one JSON object")
     p.set_defaults(func=cmd_audit_tokenizer)

@@ -135,7 +135,7 @@ def test_cli_passes_on_a_good_tokenizer_and_prints_json(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     rec = json.loads(r.stdout)
-    assert rec["passed"] and rec["docs"] == len(TEXTS) and rec["format"] == "pg-tokenizer-audit"
+    assert rec["passed"] and rec["docs"] == len(TEXTS) and rec["format"] == "pg-tokenizer-proof"
     r = subprocess.run(
         [
             sys.executable,
