@@ -22,7 +22,8 @@ from data.io import read_json, sha256_file, write_json_atomic
 from data.shards import read_header
 
 DATA_LOCATION_ENV = ("PG_DATA_DIR", "PGOLF_DATA", "HF_HOME", "HF_DATASETS_CACHE")
-"""Environment variables that say where datasets live: removed from every sandboxed process's environment."""
+"""Environment variables that say where datasets live: never in a sandboxed process's environment (it is an
+allow-list, scoring/worker/env.py, that names none of them)."""
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "pg-dataset"

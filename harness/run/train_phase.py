@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from data.loader import train_shard_paths
-from data.manifest import DATA_LOCATION_ENV, MANIFEST_NAME, load_manifest, make_split_view
+from data.manifest import MANIFEST_NAME, load_manifest, make_split_view
 from harness.cli import pack_command
 from harness.run.launch import (
     LEFTOVER_WAIT_S,
@@ -64,6 +64,7 @@ from harness.train.rank import (
 from isolation.monitor import parse_attempts
 from isolation.processes import die_with_parent, kill_session, reap_token_processes
 from isolation.sandbox import TOKEN_ENV, WARNING_PREFIX, SandboxPlan, parse_layers, plan_sandbox
+from scoring.worker.env import sandbox_env
 from scoring.worker.process import OOM_MARKERS
 
 PACK_STARTUP_S = 30.0
@@ -101,26 +102,23 @@ def worker_import_path(env: dict[str, str], cwd: Path) -> list[str]:
 
 
 def phase_env(base: dict[str, str], out: Path, token: str, threads: int) -> dict[str, str]:
-    """The training processes' environment: no hint of where the data lives; caches and temp files in OUT."""
-    env = {k: v for k, v in base.items() if k not in DATA_LOCATION_ENV}
+    """The training processes' environment: the allow-list of scoring/worker/env.py (nothing else of `base`,
+    the official's: no keys, no tokens, no hint of where the data lives); caches and temp files in OUT."""
     cache = compile_cache_dir(out)
     extra = [
         p
         for p in base.get("PYTHONPATH", "").split(os.pathsep)
         if p and os.path.realpath(p) != str(PROJECT_ROOT)
     ]
-    env.update(
-        PYTHONPATH=os.pathsep.join([str(PROJECT_ROOT), *extra]),
-        PYTHONDONTWRITEBYTECODE="1",
-        PYTHONUSERBASE=site.getuserbase(),
-        HOME=str(out / "home"),
-        TMPDIR=str(out / "tmp"),
-        XDG_CACHE_HOME=str(out / "cache"),
-        TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
-        TRITON_CACHE_DIR=str(cache / "triton"),
-        CUDA_CACHE_PATH=str(cache / "nv"),
-        OMP_NUM_THREADS=str(threads),
-        **{TOKEN_ENV: token},
+    env = sandbox_env(
+        base,
+        pythonpath=[str(PROJECT_ROOT), *extra],
+        home=out / "home",
+        tmp=out / "tmp",
+        cache=out / "cache",
+        compile_cache=cache,
+        threads=threads,
+        extra={"PYTHONUSERBASE": site.getuserbase(), TOKEN_ENV: token},
     )
     for d in ("home", "tmp", "cache"):
         (out / d).mkdir(parents=True, exist_ok=True)

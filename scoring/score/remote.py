@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from data.manifest import DATA_LOCATION_ENV
 from isolation.processes import die_with_parent, kill_group_reaped
 from isolation.sandbox import SandboxPlan, plan_sandbox
+from scoring.worker.env import sandbox_env
 from scoring.worker.process import WORKER_SPEC_FORMAT, WORKER_SPEC_VERSION
 from scoring.worker.wire import Reply, SharedBuffer, WireError, WorkerGone, recv, send, socket_pair
 
@@ -102,20 +102,17 @@ def default_memory_limit_bytes() -> int:
 
 
 def _env(tmp: Path, threads: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in DATA_LOCATION_ENV}
-    env.update(
-        PYTHONPATH=str(PROJECT_ROOT),
-        PYTHONDONTWRITEBYTECODE="1",
-        HOME=str(tmp / "home"),
-        TMPDIR=str(tmp),
-        XDG_CACHE_HOME=str(tmp / "cache"),
-        TORCHINDUCTOR_CACHE_DIR=str(tmp / "cache" / "inductor"),
-        TRITON_CACHE_DIR=str(tmp / "cache" / "triton"),
-        CUDA_CACHE_PATH=str(tmp / "cache" / "nv"),
+    """The environment of a model worker or a confined child whose private folder is `tmp`: the allow-list
+    of scoring/worker/env.py (nothing else of the official's), the project on the import path, HOME and the
+    caches inside `tmp`, OMP_NUM_THREADS when `threads` > 0."""
+    return sandbox_env(
+        os.environ,
+        pythonpath=[str(PROJECT_ROOT)],
+        home=tmp / "home",
+        tmp=tmp,
+        cache=tmp / "cache",
+        threads=threads,
     )
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    return env
 
 
 @dataclass

@@ -1,0 +1,124 @@
+"""The environment of every process that runs submitted code: an allow-list, never the official's copy.
+
+`sandbox_env(base, ...)` builds it for the model worker and the one-shot confined children
+(scoring/worker/confined.py), the training ranks under torchrun, the sealed pack of a custom codec and
+the sandbox probe (harness/run/train_phase.py). Of `base` (the official's environment) it keeps only
+the names of PASSED_THROUGH, when set; it then sets the harness's own (SET_BY_HARNESS: the import
+path, the private home, temp folder and caches, the thread count, the phase token). Everything else
+is dropped: tokens and keys (WANDB_*, HF_*, AWS_*, SSH_*, GITHUB_TOKEN, ...), proxies, data locations
+(PG_DATA_DIR), a scheduler's job facts. torchrun adds RANK, WORLD_SIZE, MASTER_ADDR and the rest
+itself, inside. A record may name the variables a process got (`names(env)`), never copy a value.
+
+PASSED_THROUGH, and why each:
+    PATH                 the tools the processes start by name: the C compiler torch.compile and
+                         Triton call, torchrun's agent; never a secret
+    LANG, LC_ALL, LC_CTYPE  the text encoding of standard streams and file names
+    TZ                   the time zone of timestamps in logs
+    LD_LIBRARY_PATH      where the machine keeps the CUDA driver library (libcuda.so) when it is
+                         outside the loader's default paths (GPU containers: /usr/local/nvidia/lib64)
+    CUDA_VISIBLE_DEVICES the GPUs this run was given (by the official or the scheduler)
+    CUDA_DEVICE_ORDER    what CUDA_VISIBLE_DEVICES' numbers mean (PCI_BUS_ID: as nvidia-smi numbers them)
+    NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME  the network interface between nodes of a multi-node run
+                         (a phase with its own network namespace gets "lo" from the harness instead)
+    NCCL_IB_DISABLE      nodes without a working InfiniBand fabric: NCCL must not try it (it hangs)
+    NCCL_P2P_DISABLE     machines whose GPUs cannot do peer-to-peer transfers (NCCL would fail or hang)
+    NCCL_DEBUG           NCCL's log level, for an official diagnosing a multi-node hang
+    OMP_NUM_THREADS, MKL_NUM_THREADS  the official's thread count, when the harness sets none
+                         (threads 0: "as the machine is set up"); the harness's value wins
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from isolation.sandbox import TOKEN_ENV
+
+PASSED_THROUGH = frozenset(
+    {
+        "PATH",
+        "LANG",
+        "LC_ALL",
+        "LC_CTYPE",
+        "TZ",
+        "LD_LIBRARY_PATH",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "NCCL_SOCKET_IFNAME",
+        "GLOO_SOCKET_IFNAME",
+        "NCCL_IB_DISABLE",
+        "NCCL_P2P_DISABLE",
+        "NCCL_DEBUG",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+    }
+)
+"""Copied from the official's environment when set (the module docstring says why each)."""
+
+SET_BY_HARNESS = frozenset(
+    {
+        "PYTHONPATH",  # the project's root first (plus the official's own entries, for training)
+        "PYTHONDONTWRITEBYTECODE",  # submitted code leaves no .pyc behind
+        "PYTHONUSERBASE",  # training: the user site of the official's Python, with HOME moved
+        "HOME",  # a private folder of the process
+        "TMPDIR",  # a private temp folder
+        "XDG_CACHE_HOME",  # every cache in the process's own folder
+        "TORCHINDUCTOR_CACHE_DIR",
+        "TRITON_CACHE_DIR",
+        "CUDA_CACHE_PATH",
+        "OMP_NUM_THREADS",  # the threads the phase was given
+        TOKEN_ENV,  # the phase token: how the supervisor finds a phase's leftover processes
+        "GLOO_SOCKET_IFNAME",  # "lo" in a network namespace of its own
+        "NCCL_SOCKET_IFNAME",
+    }
+)
+"""What the harness itself sets (values of its own making, never the official's)."""
+
+ALLOWED = PASSED_THROUGH | SET_BY_HARNESS
+"""Every name a sandboxed process's environment may hold (before torchrun adds its own)."""
+
+
+def sandbox_env(
+    base: Mapping[str, str],
+    *,
+    pythonpath: Iterable[str],
+    home: Path,
+    tmp: Path,
+    cache: Path,
+    compile_cache: Path | None = None,
+    threads: int = 0,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment of a sandboxed process: PASSED_THROUGH of `base`, then the harness's own.
+
+    `cache` is XDG_CACHE_HOME; the compile caches (inductor, triton, nv) go under `compile_cache`
+    (default `cache`). `threads` > 0 sets OMP_NUM_THREADS. `extra` may set only names of SET_BY_HARNESS
+    (ValueError otherwise: a name that is not on the list is a decision to make here, not at a caller).
+    """
+    env = {k: v for k, v in base.items() if k in PASSED_THROUGH}
+    compiled = compile_cache if compile_cache is not None else cache
+    env.update(
+        PYTHONPATH=os.pathsep.join(p for p in pythonpath if p),
+        PYTHONDONTWRITEBYTECODE="1",
+        HOME=str(home),
+        TMPDIR=str(tmp),
+        XDG_CACHE_HOME=str(cache),
+        TORCHINDUCTOR_CACHE_DIR=str(compiled / "inductor"),
+        TRITON_CACHE_DIR=str(compiled / "triton"),
+        CUDA_CACHE_PATH=str(compiled / "nv"),
+    )
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    for name, value in (extra or {}).items():
+        if name not in SET_BY_HARNESS:
+            raise ValueError(
+                f"{name} is not a variable the harness sets (scoring/worker/env.py SET_BY_HARNESS)"
+            )
+        env[name] = value
+    return env
+
+
+def names(env: Mapping[str, str]) -> list[str]:
+    """The variables an environment holds, for a record: names only, never a value."""
+    return sorted(env)
