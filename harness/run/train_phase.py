@@ -64,7 +64,7 @@ from harness.train.rank import (
 from isolation.monitor import parse_attempts
 from isolation.processes import die_with_parent, kill_session, reap_token_processes
 from isolation.sandbox import TOKEN_ENV, WARNING_PREFIX, SandboxPlan, parse_layers, plan_sandbox
-from scoring.worker.env import sandbox_env
+from scoring.worker.env import names, sandbox_env
 from scoring.worker.process import OOM_MARKERS
 
 PACK_STARTUP_S = 30.0
@@ -309,7 +309,7 @@ def run_train_phase(
         else None,
     }
     (stage / "spec.json").write_text(json.dumps(spec, indent=1), encoding="utf-8")
-    isolation: dict[str, Any] = plan.describe()
+    isolation: dict[str, Any] = {**plan.describe(), "environment": names(env)}  # names, never values
     if plan.mode != "off":
         probes = (
             {
@@ -540,7 +540,7 @@ def run_sealed_pack(
         "wall_s": time.time() - t0,
         "allowed_s": allowed_s,
         "leftover_processes_killed": len(leftovers),
-        "isolation": plan.describe(),
+        "isolation": {**plan.describe(), "environment": names(env)},  # names, never values
     }
     if killed:
         record.update(

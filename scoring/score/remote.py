@@ -37,7 +37,7 @@ import torch
 
 from isolation.processes import die_with_parent, kill_group_reaped
 from isolation.sandbox import SandboxPlan, plan_sandbox
-from scoring.worker.env import sandbox_env
+from scoring.worker.env import names, sandbox_env
 from scoring.worker.process import WORKER_SPEC_FORMAT, WORKER_SPEC_VERSION
 from scoring.worker.wire import Reply, SharedBuffer, WireError, WorkerGone, recv, send, socket_pair
 
@@ -178,13 +178,14 @@ class WorkerModel:
         # -P: no working folder on sys.path (what the worker writes cannot shadow an import); -B: no bytecode
         cmd = [sys.executable, "-P", "-B", "-m", "scoring.worker", json.dumps(spec)]
         policy = self._tmp.with_name(self._tmp.name + "-policy.json")  # outside the worker's own folder
+        self.env = _env(self._tmp, cfg.threads)  # an allow-list: nothing else of the official's
         self.proc = subprocess.Popen(
             self.plan.wrap(cmd, policy),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             pass_fds=(child.fileno(), self.inbuf.fd, self.outbuf.fd),
-            env=_env(self._tmp, cfg.threads),
+            env=self.env,
             cwd=self._tmp / "home",
             start_new_session=True,
             preexec_fn=die_with_parent,  # the scorer killed: its workers die with it
@@ -342,8 +343,13 @@ class WorkerModel:
             kill_group_reaped(self.proc)  # its CPU time counted in the scorer's (the machine-load record)
 
     def describe(self) -> dict[str, Any]:
-        """For the score record: how the worker was confined and what it said of itself (not believed)."""
-        return {"role": self.cfg.role, "isolation": self.plan.describe(), "reported": self.facts}
+        """For the score record: how the worker was confined (with the names of the variables its environment
+        held, never a value) and what it said of itself (not believed)."""
+        return {
+            "role": self.cfg.role,
+            "isolation": {**self.plan.describe(), "environment": names(self.env)},
+            "reported": self.facts,
+        }
 
 
 def start_worker(cfg: WorkerConfig) -> WorkerModel:

@@ -88,3 +88,7 @@ def test_no_secret_of_the_official_reaches_the_run_or_its_records(tiny_dataset, 
     assert check["found"] == []  # the rank was not given them
     official = set(os.environ)
     assert set(check["names"]) & official <= ALLOWED, sorted(set(check["names"]) & official - ALLOWED)
+    # the records name what each process was given, never a value
+    recorded = [result["phases"]["train"]["isolation"]["environment"]]
+    recorded += [w["isolation"]["environment"] for w in result["phases"]["score"]["workers"]]
+    assert all(set(names) <= ALLOWED for names in recorded), recorded
