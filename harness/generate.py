@@ -5,7 +5,7 @@
                    [--draft-k K] [--context N] [--threads N]
 
 This process holds the tokenizer and runs no submitted code. The model is built and run in one
-confined process (harness/generate_confined.py, inside the sandbox the scorer's model worker gets:
+confined process (scoring/worker/generate.py, inside the sandbox the scorer's model worker gets:
 isolation/sandbox.py's plan with the seccomp filter, an address-space limit, a private temp folder),
 which generates the whole continuation there, where its KV cache lives, and writes back token ids
 and timings through a pipe; this side checks every id against the vocabulary before decoding.
@@ -33,16 +33,15 @@ from pathlib import Path
 
 import torch
 
-from harness.generate_confined import (
-    ERROR_PREFIX,
+from harness.sample import tokenizer_for
+from scoring.artifact.format import check_code_hashes, read_artifact
+from scoring.worker.child import EXIT_UNSUPPORTED, default_memory_limit_bytes, exit_how, one_line
+from scoring.worker.generate import (
     GENERATE_RESULT_FORMAT,
     GENERATE_RESULT_VERSION,
     GENERATE_SPEC_FORMAT,
     GENERATE_SPEC_VERSION,
 )
-from harness.sample import tokenizer_for
-from scoring.artifact.format import check_code_hashes, read_artifact
-from scoring.worker.decode import one_line
 
 GENERATE_TIMEOUT_S = 900.0
 RESULT_MAX_BYTES = 8 << 20
@@ -126,7 +125,6 @@ def generate_confined(
     timeout_s: float = GENERATE_TIMEOUT_S,
 ) -> list[GenRun]:
     """Generate in a confined process (see the module docstring); the checked runs, plain first."""
-    from scoring.score.remote import default_memory_limit_bytes
     from scoring.worker.confined import ConfinedChild, plan_confined
 
     artifact, code_dir = artifact.resolve(), code_dir.resolve()
@@ -158,7 +156,7 @@ def generate_confined(
             "memory_limit_bytes": default_memory_limit_bytes(),
         }
         child = ConfinedChild(
-            plan, "harness.generate_confined", spec, tmp, policy, threads=threads, pass_fds=(write_fd,)
+            plan, "scoring.worker.generate", spec, tmp, policy, threads=threads, pass_fds=(write_fd,)
         )
         os.close(write_fd)
         write_fd = -1
@@ -179,12 +177,13 @@ def generate_confined(
         if code is None:
             raise GenerateFailure("error", f"the generation did not end within {timeout_s:.0f} s")
         if code != 0:
-            said = one_line(child.output.text())
-            kind = "unsupported" if said.startswith(ERROR_PREFIX + "unsupported") else "error"
-            how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-            said = said.removeprefix(ERROR_PREFIX).removeprefix(kind + ": ")
+            said = child.error_line()
+            kind = "unsupported" if code == EXIT_UNSUPPORTED else "error"
+            said = said.removeprefix(
+                "Unsupported: "
+            )  # the line names the exception's type; this one is the kind
             raise GenerateFailure(
-                kind, f"the generation process failed ({how})" + (f": {said}" if said else "")
+                kind, f"the generation process failed ({exit_how(code)})" + (f": {said}" if said else "")
             )
         if size[0] > RESULT_MAX_BYTES:
             raise GenerateFailure("error", f"the generation result is over {RESULT_MAX_BYTES:,} bytes")

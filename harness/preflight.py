@@ -21,12 +21,12 @@ one failed, and says so):
 Exit status: 0 every check passed (ok, or warn: a pass with a caveat); 1 a check failed (or was skipped because one it needs failed);
 2 a usage error (no such folder, a malformed --set).
 
-Submitted code runs here only in the child process `python -P -B -m harness.preflight SPEC_JSON`
-(started by `confined_build`, never by hand), confined as the scorer's model worker is
-(scoring/score/remote.py: isolation/sandbox.py's plan with the seccomp filter; Landlock reads of the
-staged scored code and the Python installation only, one private temp folder to write, PID, mount and
-network namespaces where the machine allows, no capabilities, an address-space limit, the data
-location variables scrubbed). It sees no data: there is none to see. It builds the model, runs the
+Submitted code runs only in the child process `python -P -B -m scoring.worker.build_check SPEC_JSON`
+(scoring/worker/build_check.py, started by `confined_build`, never by hand), confined as the scorer's
+model worker is (scoring/worker/confined.py: isolation/sandbox.py's plan with the seccomp filter;
+Landlock reads of the staged scored code and the Python installation only, one private temp folder to
+write, PID, mount and network namespaces where the machine allows, no capabilities, an address-space
+limit, the worker's allow-listed environment). It sees no data: there is none to see. It builds the model, runs the
 forward pass, writes the initial state (safetensors, no pickle) and, for `pack.codec = "submission"`,
 the codec's encoded payload. This side reads them back without following links and packs the
 built-in codec itself. What the child reports is advice, not a verdict: the real boundary is the run.
@@ -43,22 +43,24 @@ import argparse
 import json
 import os
 import stat
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PREFLIGHT_SPEC_FORMAT = "pg-preflight-spec"
-PREFLIGHT_SPEC_VERSION = 1
+from scoring.worker.build_check import (
+    DENSE_PAYLOAD_FILE,
+    PAYLOAD_FILE,
+    PREFLIGHT_SPEC_FORMAT,
+    PREFLIGHT_SPEC_VERSION,
+    REPORT_FILE,
+    STATE_FILE,
+    dense_state,
+)
+
 CHECK_FORMAT = "pg-check"
 CHECK_FORMAT_VERSION = 1
-ERROR_PREFIX = "pgolf-check-error: "
-STATE_FILE = "state.safetensors"
-PAYLOAD_FILE = "payload.bin"
-DENSE_PAYLOAD_FILE = "payload_dense.bin"
-REPORT_FILE = "report.json"
 REPORT_MAX_BYTES = 1 << 16
 BATCH_ROWS = 2
 BATCH_MAX_LENGTH = 32
@@ -139,9 +141,8 @@ def confined_build(
 
     Raises ValueError with one line (the child's last error line) when it fails or times out.
     """
-    from scoring.score.remote import default_memory_limit_bytes
+    from scoring.worker.child import default_memory_limit_bytes, exit_how
     from scoring.worker.confined import ConfinedChild, plan_confined
-    from scoring.worker.decode import one_line as last_line
 
     out = workdir / "child"
     (out / "out").mkdir(parents=True)
@@ -159,18 +160,12 @@ def confined_build(
         "codec": codec,
         "memory_limit_bytes": default_memory_limit_bytes(),
     }
-    child = ConfinedChild(plan, "harness.preflight", spec, out, workdir / "policy.json")
+    child = ConfinedChild(plan, "scoring.worker.build_check", spec, out, workdir / "policy.json")
     code = child.wait(timeout_s)
-    output = child.output
     if code is None:
         raise ValueError(f"building the model and one forward pass took more than {timeout_s:.0f} s")
     if code != 0:
-        said = next(
-            (ln for ln in reversed(output.text().splitlines()) if ln.startswith(ERROR_PREFIX)),
-            last_line(output.text()),
-        )
-        how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-        raise ValueError(one_line(said.removeprefix(ERROR_PREFIX)) or f"the confined build failed ({how})")
+        raise ValueError(one_line(child.error_line()) or f"the confined build failed ({exit_how(code)})")
     report = json.loads(_read_regular(out / "out" / REPORT_FILE, REPORT_MAX_BYTES))
     if not isinstance(report, dict):
         raise ValueError("the confined build wrote a report that is not a JSON object")
@@ -478,112 +473,3 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="confinement of the model build: auto (every layer the machine offers), required, off",
     )
     p.set_defaults(func=cmd_check)
-
-
-# ---- the confined child (python -m harness.preflight SPEC_JSON) ----
-
-
-def _child(spec: dict[str, Any]) -> None:
-    import torch
-
-    from scoring.score.evaluate import output_kind
-    from scoring.score.loading import build_model
-    from scoring.worker.process import limit_memory
-
-    limit_memory(int(spec.get("memory_limit_bytes", 0)))
-    out = Path(spec["out"])
-    code = Path(spec["code_dir"])
-    torch.manual_seed(0)
-    model = build_model(code, spec["model_config"])
-    kind = output_kind(model)
-    rows, length, vocab = int(spec["rows"]), int(spec["length"]), int(spec["vocab_size"])
-    x = torch.randint(0, vocab, (rows, length), dtype=torch.int64, generator=torch.Generator().manual_seed(0))
-    model.eval()
-    with (
-        torch.inference_mode(),
-        torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec["dtype"] == "bfloat16"),
-    ):
-        y = model(x)
-    max_vocab = max(2 * vocab, vocab + 1024)  # the scorer's buffer (scoring/score/remote.py)
-    if not isinstance(y, torch.Tensor):
-        raise ValueError(f"forward returned {type(y).__name__}; it must return a tensor [batch, seq, vocab]")
-    if y.ndim != 3 or tuple(y.shape[:2]) != (rows, length) or not vocab <= y.shape[2] <= max_vocab:
-        raise ValueError(
-            f"forward({rows}x{length} int64) returned shape {list(y.shape)}; expected [{rows}, {length}, V] "
-            f"with {vocab} <= V <= {max_vocab} (V: the data's vocabulary, {vocab})"
-        )
-    if not bool(torch.isfinite(y.float()).all()):
-        raise ValueError("forward returned non-finite values (NaN or inf) at initialisation")
-    state = {
-        k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()
-    }  # as a rank saves it
-    from safetensors.torch import save_file
-
-    save_file(state, str(out / STATE_FILE))
-    report: dict[str, Any] = {
-        "params": int(sum(p.numel() for p in model.parameters())),
-        "input": [rows, length],
-        "shape": list(y.shape),
-        "output": kind,
-    }
-    if spec["codec"] == "submission":
-        from scoring.artifact.codecs import load_submission_codec
-
-        codec = load_submission_codec(code)
-        for name, st in ((PAYLOAD_FILE, state), (DENSE_PAYLOAD_FILE, dense_state(state))):
-            payload = codec.encode(st)
-            if not isinstance(payload, bytes | bytearray):
-                raise ValueError(f"codec.py encode(state) returned {type(payload).__name__}, not bytes")
-            (out / name).write_bytes(payload)
-        report.update(codec_name=codec.name, codec_version=codec.version)
-    (out / REPORT_FILE).write_text(json.dumps(report), encoding="utf-8")
-
-
-def dense_state(state: dict[str, Any]) -> dict[str, Any]:
-    """Every floating tensor of `state` replaced by seeded N(0, 1) noise of its shape and dtype.
-
-    Trained weights are dense and, under int8_zlib, span the codec's range (its smallest step is 1/127,
-    so the small initial weights of a fresh model quantize to a few levels and compress far better
-    than trained ones). The naive baseline's bytes_total: initial weights 4,937,165, this 15,904,723,
-    the reference's trained artifact 15,863,489. A bound to warn on, not a promise: other weights differ.
-    """
-    import torch
-
-    gen = torch.Generator().manual_seed(0)
-    return {
-        k: torch.randn(v.shape, generator=gen, dtype=torch.float32).to(v.dtype)
-        if v.is_floating_point()
-        else v
-        for k, v in state.items()
-    }
-
-
-def _where(e: BaseException, code_dir: str) -> str:
-    """file:line of the deepest frame in the submission's code, if any."""
-    import traceback
-
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename.startswith(code_dir)]
-    return f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m harness.preflight SPEC_JSON (started by pgolf check)", file=sys.stderr)
-        return 2
-    spec = json.loads(argv[0])
-    if spec.get("format") != PREFLIGHT_SPEC_FORMAT or spec.get("format_version") != PREFLIGHT_SPEC_VERSION:
-        print(f"{ERROR_PREFIX}not a {PREFLIGHT_SPEC_FORMAT} v{PREFLIGHT_SPEC_VERSION} spec", flush=True)
-        return 2
-    try:
-        _child(spec)
-    except BaseException as e:  # noqa: BLE001 - the boundary: any failure of submitted code is one line
-        import traceback
-
-        traceback.print_exc()
-        print(f"{ERROR_PREFIX}{type(e).__name__}: {one_line(e)}{_where(e, spec['code_dir'])}", flush=True)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))

@@ -25,16 +25,15 @@ import torch
 
 from data.manifest import load_manifest
 from data.tokenizer import Tokenizer, load_tokenizer
-from harness.generate_confined import Sampling, next_token
 from scoring.artifact.format import check_code_hashes, read_artifact
 from scoring.score.remote import (
     EvalDeadline,
     WorkerConfig,
     WorkerFailure,
-    default_memory_limit_bytes,
     start_worker,
 )
-from scoring.worker.decode import one_line
+from scoring.worker.child import default_memory_limit_bytes, one_line
+from scoring.worker.generate import Sampling, next_token
 
 
 @torch.inference_mode()

@@ -112,7 +112,7 @@ def pack_random(
     from harness.run.staging import stage_model_code
     from scoring.artifact.cap import ARTIFACT_CAP_BYTES
     from scoring.artifact.pack import pack_state
-    from scoring.score.loading import build_model
+    from scoring.worker.loading import build_model
 
     vocab = load_tokenizer(load_manifest(data_dir).tokenizer_path).byte_table().vocab_size
     cfg_file = submission / "config.toml"
@@ -148,7 +148,7 @@ def _load_plain(spec: dict[str, Any]) -> tuple[nn.Module, np.ndarray, torch.devi
     """The model as the worker builds it (decoded from the artifact, strict load), here in-process."""
     from data.shards import read_split
     from scoring.artifact.format import artifact_codec, decode_state, read_artifact
-    from scoring.score.loading import load_model
+    from scoring.worker.loading import load_model
 
     dev = torch.device(spec["device"])
     art = read_artifact(spec["artifact"])
@@ -264,8 +264,9 @@ def measure_profile(spec: dict[str, Any]) -> dict[str, Any]:
     """Per-batch parts of the scorer's path against the plain loop's, alternating, in one process (full batches)."""
     from data.manifest import load_manifest
     from data.tokenizer import load_tokenizer
-    from scoring.score.evaluate import LossWorkspace, eval_tokens, nats_of, plan_windows, tune_cpu_allocator
-    from scoring.score.remote import WorkerConfig, default_memory_limit_bytes, start_worker
+    from scoring.score.evaluate import LossWorkspace, eval_tokens, nats_of, plan_windows
+    from scoring.score.remote import WorkerConfig, start_worker
+    from scoring.worker.child import default_memory_limit_bytes, tune_cpu_allocator
     from scoring.worker.wire import SharedBuffer
 
     if spec["threads"]:

@@ -110,9 +110,9 @@ from scoring.score.remote import (
     WorkerConfig,
     WorkerFailure,
     WorkerModel,
-    default_memory_limit_bytes,
     start_worker,
 )
+from scoring.worker.child import default_memory_limit_bytes
 from scoring.worker.legacy import FALLBACKS, LEGACY_QUANT_FORMAT, LegacyError
 
 __all__ = ["LEGACY_QUANT_FORMAT", "LegacyError", "score_legacy"]

@@ -148,7 +148,7 @@ class LaunchConfig:
             return 0
         if self.memory_limit_bytes > 0:
             return self.memory_limit_bytes
-        from scoring.score.remote import default_memory_limit_bytes  # the model worker's: 3/4 of the machine
+        from scoring.worker.child import default_memory_limit_bytes  # the model worker's: 3/4 of the machine
 
         return default_memory_limit_bytes() // self.nproc_per_node
 

@@ -27,7 +27,7 @@ from data.io import sha256_bytes, sha256_file, write_bytes_atomic
 from harness.api import MODEL_FILE
 from scoring.artifact.codecs import CODECS, Codec, StateDict, get_codec
 
-"""The file a submission must have: the scorer builds the model from it (scoring/score/loading.py)."""
+"""The file a submission must have: the scorer builds the model from it (scoring/worker/loading.py)."""
 
 ARTIFACT_MAGIC = b"PGOLFART"
 ARTIFACT_FORMAT = "pg-artifact"

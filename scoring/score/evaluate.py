@@ -28,7 +28,7 @@ exact: uniform logits over 256 byte pieces score 8.0 bpb. A model that sets
 the normalization probe checks that they sum to one. The byte count of target y_t is
 table.token_bytes(x_t, y_t) (docs/RULES.md, "Exact byte accounting").
 
-Score-first adaptation (scoring/score/adapt.py): with an adapter, the plan is cut into chunks of about
+Score-first adaptation (scoring/worker/adapt.py): with an adapter, the plan is cut into chunks of about
 `adapt_chunk_tokens` targets, in order; a chunk is scored completely (the adapter checks that no
 weight moved meanwhile), and only then are its tokens handed to the adapter: positions after the
 previous chunk up to the chunk's last target (its targets, plus the BOS boundaries between
@@ -38,7 +38,6 @@ documents in documents mode). The eval clock
 
 from __future__ import annotations
 
-import ctypes
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -52,8 +51,8 @@ from torch import nn
 from tqdm import tqdm
 
 from data.tokenizer import BOS_ID, ByteTable
-from harness.api import MODEL_OUTPUT_ATTR, MODEL_OUTPUTS
 from scoring.score.bpb import BpbSums
+from scoring.worker.loading import output_kind
 
 EVAL_MODES = ("standard", "sliding", "documents")
 EVAL_DTYPES = ("float32", "bfloat16")
@@ -172,10 +171,10 @@ class EvalResult:
 
 
 class ChunkAdapter(Protocol):
-    """What evaluate() needs from a score-first adapter (scoring/score/adapt.py implements it)."""
+    """What evaluate() needs from a score-first adapter (scoring/worker/adapt.py implements it)."""
 
     # `model` is the one evaluate() was given: an nn.Module for an in-process adapter
-    # (scoring/score/adapt.py), the WorkerModel itself for the worker's (scoring/score/remote.py).
+    # (scoring/worker/adapt.py), the WorkerModel itself for the worker's (scoring/score/remote.py).
     def before_chunk(self, model: Any, chunk: int) -> None: ...
 
     def after_chunk(self, model: Any, chunk: int, scored_tokens: np.ndarray, first_position: int) -> None: ...
@@ -284,15 +283,6 @@ def plan_windows(tokens: np.ndarray, cfg: EvalConfig, bos_id: int = BOS_ID) -> W
 
 
 # ---- The loss ----
-
-
-def output_kind(model: nn.Module | Scorable) -> str:
-    """ "logits" (the default) or "log_probs", from the model's `pgolf_output` attribute."""
-    kind = getattr(model, "output_kind", None) if not isinstance(model, nn.Module) else None
-    kind = kind or getattr(model, MODEL_OUTPUT_ATTR, "logits")
-    if kind not in MODEL_OUTPUTS:
-        raise ValueError(f"model.pgolf_output must be one of {MODEL_OUTPUTS}, got {kind!r}")
-    return kind
 
 
 def model_logits(
@@ -414,37 +404,6 @@ def token_nats(
 
 
 # ---- The loop ----
-
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_ALLOCATOR_TUNED: str | None = None
-
-
-def tune_cpu_allocator() -> str:
-    """Make glibc malloc keep freed memory for reuse (idempotent); returns what was done.
-
-    A CPU forward allocates and frees its activations every batch. By default glibc serves large
-    blocks with fresh mmaps and hands them back on free, so every batch pays page faults for its
-    activations again (about 40% of the scoring time of a small model on 2 cores). Raising the
-    mmap and trim thresholds makes freed blocks stay in the heap and be reused; it changes no
-    number. It is process-wide, so the scorer's own process calls it (score_artifact, verify-legacy,
-    the bench's scorer process). Other C libraries: a no-op.
-    """
-    global _ALLOCATOR_TUNED
-    if _ALLOCATOR_TUNED is None:
-        try:
-            libc = ctypes.CDLL("libc.so.6")
-            ok = (
-                libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30) == 1
-                and libc.mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1) == 1
-            )
-            _ALLOCATOR_TUNED = (
-                "glibc mallopt: mmap threshold 1 GiB, trim threshold 2 GiB"
-                if ok
-                else "default (mallopt refused)"
-            )
-        except (OSError, AttributeError):
-            _ALLOCATOR_TUNED = "default (not glibc)"
-    return _ALLOCATOR_TUNED
 
 
 def _batches(plan: WindowPlan, idx: np.ndarray, cfg: EvalConfig) -> list[np.ndarray]:

@@ -18,9 +18,7 @@ death by signal becomes a WorkerFailure with a verdict kind.
 
 from __future__ import annotations
 
-import collections
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -28,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +35,11 @@ import torch
 
 from isolation.processes import die_with_parent, kill_group_reaped
 from isolation.sandbox import SandboxPlan, plan_sandbox
-from scoring.worker.env import names, sandbox_env
+from scoring.worker.confined import PRIVATE_DIRS, PROJECT_ROOT, WORKER_ISOLATION, OutputTail, worker_env
+from scoring.worker.env import names
 from scoring.worker.process import WORKER_SPEC_FORMAT, WORKER_SPEC_VERSION
 from scoring.worker.wire import Reply, SharedBuffer, WireError, WorkerGone, recv, send, socket_pair
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-OUTPUT_KEEP_BYTES = 64 << 10
 READY_TIMEOUT_S = 300.0
 
 
@@ -88,51 +85,6 @@ class WorkerConfig:
     "hyperparameters"} (harness/records/legacy.py; built by scoring/worker/legacy.py)."""
 
 
-WORKER_ISOLATION: dict[str, Any] = {"network": "auto", "multi_node": False, "seccomp": True}
-"""How every process that runs submitted scored code is planned (isolation.sandbox.plan_sandbox arguments):
-the model worker, the confined one-shot processes, and what `pgolf run` checks the machine offers."""
-
-
-def default_memory_limit_bytes() -> int:
-    """Three quarters of the machine's memory: a runaway allocation fails fast instead of taking the machine."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4)
-    except (ValueError, OSError):
-        return 0
-
-
-def _env(tmp: Path, threads: int) -> dict[str, str]:
-    """The environment of a model worker or a confined child whose private folder is `tmp`: the allow-list
-    of scoring/worker/env.py (nothing else of the official's), the project on the import path, HOME and the
-    caches inside `tmp`, OMP_NUM_THREADS when `threads` > 0."""
-    return sandbox_env(
-        os.environ,
-        pythonpath=[str(PROJECT_ROOT)],
-        home=tmp / "home",
-        tmp=tmp,
-        cache=tmp / "cache",
-        threads=threads,
-    )
-
-
-@dataclass
-class _OutputTail:
-    """Drains a worker's stdout+stderr; keeps the last OUTPUT_KEEP_BYTES."""
-
-    chunks: collections.deque[bytes] = field(default_factory=collections.deque)
-    size: int = 0
-
-    def drain(self, pipe: Any) -> None:
-        for chunk in iter(lambda: pipe.read1(65536), b""):
-            self.chunks.append(chunk)
-            self.size += len(chunk)
-            while self.size > OUTPUT_KEEP_BYTES and len(self.chunks) > 1:
-                self.size -= len(self.chunks.popleft())
-
-    def text(self) -> str:
-        return b"".join(self.chunks).decode("utf-8", "replace")[-OUTPUT_KEEP_BYTES:]
-
-
 class WorkerModel:
     """A model that lives in a confined worker process (see the module docstring)."""
 
@@ -141,7 +93,7 @@ class WorkerModel:
         self.max_vocab = max(2 * cfg.vocab_size, cfg.vocab_size + 1024)
         # no role in any name the worker can see: a probe worker looks like the main one
         self._tmp = Path(tempfile.mkdtemp(prefix="pgolf-worker-", dir=cfg.workdir))
-        for d in ("home", "cache/inductor", "cache/triton", "cache/nv"):
+        for d in PRIVATE_DIRS:
             (self._tmp / d).mkdir(parents=True)
         self.inbuf = SharedBuffer.create("in", cfg.max_tokens_per_batch * 8)
         self.outbuf = SharedBuffer.create("out", cfg.max_tokens_per_batch * self.max_vocab * 4)
@@ -178,7 +130,7 @@ class WorkerModel:
         # -P: no working folder on sys.path (what the worker writes cannot shadow an import); -B: no bytecode
         cmd = [sys.executable, "-P", "-B", "-m", "scoring.worker", json.dumps(spec)]
         policy = self._tmp.with_name(self._tmp.name + "-policy.json")  # outside the worker's own folder
-        self.env = _env(self._tmp, cfg.threads)  # an allow-list: nothing else of the official's
+        self.env = worker_env(self._tmp, cfg.threads)  # an allow-list: nothing else of the official's
         self.proc = subprocess.Popen(
             self.plan.wrap(cmd, policy),
             stdin=subprocess.DEVNULL,
@@ -191,7 +143,7 @@ class WorkerModel:
             preexec_fn=die_with_parent,  # the scorer killed: its workers die with it
         )
         child.close()
-        self.output = _OutputTail()
+        self.output = OutputTail()
         self._drain = threading.Thread(target=self.output.drain, args=(self.proc.stdout,), daemon=True)
         self._drain.start()
         self.output_kind = ""

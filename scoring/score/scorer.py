@@ -57,11 +57,11 @@ from scoring.score.evaluate import (
     batch_count,
     eval_tokens,
     evaluate,
-    tune_cpu_allocator,
 )
 from scoring.score.probes import PROBE_WORKERS_PER_PROBE, ProbeConfig, ProbeFailure, plan_probes, run_probes
 from scoring.score.record import ScoreRecord
-from scoring.score.remote import WorkerConfig, WorkerModel, default_memory_limit_bytes, start_worker
+from scoring.score.remote import WorkerConfig, WorkerModel, start_worker
+from scoring.worker.child import default_memory_limit_bytes, tune_cpu_allocator
 
 ENFORCEMENT = {
     "submitted code never shares a process with validation data": "process: the model worker (scoring/worker/)",

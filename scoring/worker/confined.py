@@ -1,31 +1,76 @@
-"""One-shot confined processes for submitted code outside scoring: a custom codec's decode
-(scoring/worker/decode.py), `pgolf generate` (harness/generate.py) and `pgolf check`'s model build
-(harness/preflight.py).
+"""Starting a confined process that runs submitted code: what the model worker and the one-shot children share.
 
-Each runs `python -P -B -m MODULE SPEC_JSON` in the model worker's sandbox (isolation/sandbox.py with
-seccomp: it may read its code, the paths it is given and the Python installation, and write only its
-private temp folder), with the worker's environment (no dataset locations; caches in the temp folder),
-in a session of its own so that its whole process group can be killed. Its stdout and stderr are
-drained by a thread, the last bytes kept for an error message. The long-lived scoring worker is
-scoring/score/remote.py's WorkerModel, planned the same way.
+The one-shot children run submitted code outside scoring: a custom codec's decode
+(scoring/worker/decode.py, for `pgolf unpack`), `pgolf generate`'s model (scoring/worker/generate.py,
+started by harness/generate.py) and `pgolf check`'s model build (scoring/worker/build_check.py, started
+by harness/preflight.py). Each runs `python -P -B -m MODULE SPEC_JSON` (its entry point:
+scoring/worker/child.py) in the model worker's sandbox (isolation/sandbox.py with seccomp: it may read
+its code, the paths it is given and the Python installation, and write only its private temp folder),
+with the worker's environment (`worker_env`: an allow-list, scoring/worker/env.py; caches in the temp
+folder), in a session of its own so that its whole process group can be killed. Its stdout and stderr
+are drained by a thread, the last bytes kept for an error message. The long-lived scoring worker is
+scoring/score/remote.py's WorkerModel, planned and started with the same pieces (WORKER_ISOLATION,
+worker_env, OutputTail).
 """
 
 from __future__ import annotations
 
+import collections
 import json
+import os
 import subprocess
 import sys
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from isolation.processes import kill_group_reaped
 from isolation.sandbox import SandboxPlan, plan_sandbox
-from scoring.score.remote import PROJECT_ROOT, WORKER_ISOLATION, _env, _OutputTail
+from scoring.worker.child import error_line
+from scoring.worker.env import sandbox_env
 
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+OUTPUT_KEEP_BYTES = 64 << 10
 PRIVATE_DIRS = ("home", "cache/inductor", "cache/triton", "cache/nv")
 """Made inside the process's temp folder: HOME and the compile caches point there."""
+
+WORKER_ISOLATION: dict[str, Any] = {"network": "auto", "multi_node": False, "seccomp": True}
+"""How every process that runs submitted scored code is planned (isolation.sandbox.plan_sandbox arguments):
+the model worker, the confined one-shot processes, and what `pgolf run` checks the machine offers."""
+
+
+def worker_env(tmp: Path, threads: int) -> dict[str, str]:
+    """The environment of a model worker or a confined child whose private folder is `tmp`: the allow-list
+    of scoring/worker/env.py (nothing else of the official's), the project on the import path, HOME and the
+    caches inside `tmp`, OMP_NUM_THREADS when `threads` > 0."""
+    return sandbox_env(
+        os.environ,
+        pythonpath=[str(PROJECT_ROOT)],
+        home=tmp / "home",
+        tmp=tmp,
+        cache=tmp / "cache",
+        threads=threads,
+    )
+
+
+@dataclass
+class OutputTail:
+    """Drains a process's stdout+stderr; keeps the last OUTPUT_KEEP_BYTES."""
+
+    chunks: collections.deque[bytes] = field(default_factory=collections.deque)
+    size: int = 0
+
+    def drain(self, pipe: Any) -> None:
+        for chunk in iter(lambda: pipe.read1(65536), b""):
+            self.chunks.append(chunk)
+            self.size += len(chunk)
+            while self.size > OUTPUT_KEEP_BYTES and len(self.chunks) > 1:
+                self.size -= len(self.chunks.popleft())
+
+    def text(self) -> str:
+        return b"".join(self.chunks).decode("utf-8", "replace")[-OUTPUT_KEEP_BYTES:]
 
 
 def plan_confined(tmp: Path, read_paths: Iterable[Path], *, sandbox: str = "auto") -> SandboxPlan:
@@ -66,11 +111,11 @@ class ConfinedChild:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             pass_fds=pass_fds,
-            env=_env(tmp, threads),
+            env=worker_env(tmp, threads),
             cwd=tmp / "home",
             start_new_session=True,
         )
-        self.output = _OutputTail()
+        self.output = OutputTail()
         self._drain = threading.Thread(target=self.output.drain, args=(self.proc.stdout,), daemon=True)
         self._drain.start()
         self._closed = False
@@ -83,6 +128,10 @@ class ConfinedChild:
             return None
         finally:
             self.close()
+
+    def error_line(self) -> str:
+        """What it said of its failure (scoring/worker/child.py error_line); call after `wait`."""
+        return error_line(self.output.text())
 
     def close(self) -> None:
         """Kill what is left of its group (once), stop draining."""

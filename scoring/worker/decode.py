@@ -29,20 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from scoring.artifact.format import Artifact, ArtifactError, check_code_hashes, decode_state, read_artifact
+from scoring.worker.child import default_memory_limit_bytes, exit_how, one_line, run_child
 
 DECODE_SPEC_FORMAT = "pg-decode-spec"
 DECODE_SPEC_VERSION = 1
 DECODE_TIMEOUT_S = 600.0
 STATE_FILE = "state.safetensors"
-ERROR_PREFIX = "pgolf-decode-error: "
-
-
-def one_line(text: str, limit: int = 600) -> str:
-    """The last non-empty line of `text`, printable characters only (the text may be a hostile process's)."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    last = lines[-1] if lines else ""
-    clean = "".join(c if c.isprintable() else "?" for c in last).strip()
-    return clean[:limit] + ("…" if len(clean) > limit else "")
 
 
 class DecodeFailure(ArtifactError):
@@ -62,7 +54,6 @@ def decode_confined(
     workdir: Path | None = None,
 ) -> dict[str, Any]:
     """The artifact's tensors, decoded by the submission's codec.py in a confined process (see the module docstring)."""
-    from scoring.score.remote import default_memory_limit_bytes
     from scoring.worker.confined import ConfinedChild, plan_confined
 
     artifact_path = Path(artifact_path).resolve()
@@ -91,11 +82,10 @@ def decode_confined(
                 f"the submission's codec did not decode {artifact_path.name} within {timeout_s:.0f} s"
             )
         if code != 0:
-            said = one_line(child.output.text())
-            how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+            said = child.error_line()
             raise DecodeFailure(
-                f"the submission's codec failed to decode {artifact_path.name} ({how})"
-                + (f": {said.removeprefix(ERROR_PREFIX)}" if said else "")
+                f"the submission's codec failed to decode {artifact_path.name} ({exit_how(code)})"
+                + (f": {said}" if said else "")
             )
         return _read_checked(tmp / STATE_FILE, artifact)
     finally:
@@ -160,7 +150,7 @@ def _read_checked(path: Path, artifact: Artifact) -> dict[str, Any]:
 # ---- the confined side ----
 
 
-def _decode(spec: dict[str, Any]) -> int:
+def _decode(spec: dict[str, Any], memory: str) -> int:
     import torch
     from safetensors.torch import save_file
 
@@ -179,22 +169,14 @@ def _decode(spec: dict[str, Any]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from scoring.worker.process import limit_memory, load_spec
-
-    usage = "python -m scoring.worker.decode SPEC_JSON  (started by pgolf unpack)"
-    spec = load_spec(argv, DECODE_SPEC_FORMAT, DECODE_SPEC_VERSION, usage)
-    if spec is None:
-        return 2
-
-    try:
-        limit_memory(int(spec.get("memory_limit_bytes", 0)))
-        return _decode(spec)
-    except BaseException as e:  # noqa: BLE001 - the boundary: every failure becomes one last line
-        import traceback
-
-        print("".join(traceback.format_exception(e))[-4000:], file=sys.stderr)
-        print(f"{ERROR_PREFIX}{type(e).__name__}: {one_line(str(e))}", file=sys.stderr, flush=True)
-        return 1
+    """The confined decode (scoring/worker/child.py: the spec, the limits, one error line, the exit status)."""
+    return run_child(
+        argv,
+        spec_format=DECODE_SPEC_FORMAT,
+        spec_version=DECODE_SPEC_VERSION,
+        usage="python -m scoring.worker.decode SPEC_JSON  (started by pgolf unpack)",
+        body=_decode,
+    )
 
 
 if __name__ == "__main__":

@@ -12,24 +12,24 @@ score-first adaptation, the tokens of a chunk after the scorer has recorded that
 It decodes the artifact with its codec, checks the staged code against the artifact's hashes,
 builds the model (strict load), then answers messages (scoring/worker/wire.py): a `forward` writes
 the model's logits into the shared output buffer, `chunk_begin`/`adapt` run the eval.py hook
-score-first (scoring/score/adapt.py's ScoreFirstAdapter, in this process), `quit` ends it. Any
+score-first (scoring/worker/adapt.py's ScoreFirstAdapter, in this process), `quit` ends it. Any
 failure is answered with an error reply naming its kind (error, illegal, out_of_memory) before the
-process exits; the scorer believes none of what it says beyond the bytes it reads itself.
+process exits; the scorer believes none of what it says beyond the bytes it reads itself. It starts and
+ends as every confined child does (scoring/worker/child.py: the spec, the limits, one error line on
+stderr, the exit status).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import resource
 import socket
-import sys
 import traceback
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from scoring.worker.child import report_failure, run_child, tune_cpu_allocator
 from scoring.worker.wire import WIRE_VERSION, SharedBuffer, recv, send
 
 WORKER_SPEC_FORMAT = "pg-worker-spec"
@@ -40,21 +40,13 @@ OOM_MARKERS = ("can't allocate memory", "out of memory", "CUDA out of memory", "
 def error_kind(exc: BaseException) -> str:
     """ "out_of_memory", "illegal" (a broken scoring rule) or "error"."""
     from scoring.codecheck import CodeCheckFailure
-    from scoring.score.adapt import AdaptationViolation
+    from scoring.worker.adapt import AdaptationViolation
 
     if isinstance(exc, MemoryError) or any(m in str(exc) for m in OOM_MARKERS):
         return "out_of_memory"
     if isinstance(exc, AdaptationViolation | CodeCheckFailure):
         return "illegal"
     return "error"
-
-
-def limit_memory(limit_bytes: int) -> str:
-    """Cap this process's address space (CPU only: CUDA reserves more virtual memory than any cap)."""
-    if limit_bytes <= 0:
-        return "none"
-    resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
-    return f"RLIMIT_AS {limit_bytes:,} bytes"
 
 
 def _facts(memory: str) -> dict[str, Any]:
@@ -83,9 +75,8 @@ class Worker:
     def build(self) -> str:
         """Decode the artifact, build and load the model, load the eval.py hook; returns the output kind."""
         from scoring.artifact.format import artifact_codec, decode_state, read_artifact
-        from scoring.score.adapt import ScoreFirstAdapter, load_hook
-        from scoring.score.evaluate import output_kind
-        from scoring.score.loading import load_model
+        from scoring.worker.adapt import ScoreFirstAdapter, load_hook
+        from scoring.worker.loading import load_model, output_kind
 
         if self.spec.get("legacy"):  # a reference-challenge record's script (scoring/worker/legacy.py)
             from scoring.worker.legacy import build_legacy
@@ -165,45 +156,28 @@ class Worker:
     memory = "none"
 
     def _fail(self, e: BaseException) -> int:
+        """Answer with an error reply naming its kind, then end as every confined child does (child.py)."""
         message = "".join(traceback.format_exception(e))[-4000:]
         try:
             send(self.sock, {"reply": "error", "kind": error_kind(e), "message": message})
         except OSError:
             pass
-        print(message, file=sys.stderr, flush=True)
-        return 1
+        return report_failure(e, self.spec)
 
 
-def load_spec(argv: list[str], fmt: str, version: int, usage: str) -> dict[str, Any] | None:
-    """The one JSON argument of a confined helper process, checked for its format; None (and a line on
-    stderr) when it is not one. Also turns bytecode writing off: submitted code leaves no .pyc behind."""
-    sys.dont_write_bytecode = True
-    if len(argv) != 1:
-        print(f"usage: {usage}", file=sys.stderr)
-        return None
-    spec = json.loads(argv[0])
-    if not isinstance(spec, dict) or spec.get("format") != fmt or spec.get("format_version") != version:
-        print(f"not a {fmt} v{version} spec", file=sys.stderr)
-        return None
-    return spec
+def _serve(spec: dict[str, Any], memory: str) -> int:
+    if spec["device"] == "cpu":
+        tune_cpu_allocator()
+    worker = Worker(spec)
+    worker.memory = memory
+    return worker.serve()
 
 
 def main(argv: list[str]) -> int:
-    spec = load_spec(
+    return run_child(
         argv,
-        WORKER_SPEC_FORMAT,
-        WORKER_SPEC_VERSION,
-        "python -m scoring.worker SPEC_JSON  (started by the scorer)",
+        spec_format=WORKER_SPEC_FORMAT,
+        spec_version=WORKER_SPEC_VERSION,
+        usage="python -m scoring.worker SPEC_JSON  (started by the scorer)",
+        body=_serve,
     )
-    if spec is None:
-        return 2
-    torch.set_num_threads(int(spec["threads"]) or torch.get_num_threads())
-    if spec["device"] == "cpu":
-        from scoring.score.evaluate import tune_cpu_allocator
-
-        tune_cpu_allocator()
-    worker = Worker(spec)
-    worker.memory = (
-        limit_memory(int(spec.get("memory_limit_bytes", 0))) if spec["device"] == "cpu" else "none (CUDA)"
-    )
-    return worker.serve()

@@ -73,7 +73,7 @@ def pack_clean(folder: Path, out: Path) -> None:
 
     clean = write_submission(out.parent / "clean_for_weights")
     torch.manual_seed(0)
-    from scoring.score.loading import build_model
+    from scoring.worker.loading import build_model
 
     state = build_model(clean, TINY_CONFIG).state_dict()
     pack_state(
@@ -254,7 +254,7 @@ def test_a_codec_that_decodes_garbage_is_an_error_with_a_record(tmp_path, tiny_d
     (folder / "codec.py").write_text(BAD_CODEC)
     import torch
 
-    from scoring.score.loading import build_model
+    from scoring.worker.loading import build_model
 
     torch.manual_seed(0)
     state = build_model(folder, TINY_CONFIG).state_dict()

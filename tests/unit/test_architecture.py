@@ -5,6 +5,8 @@
     data               nothing                       (shards, tokenizers, manifests)
     harness.api        nothing                       (the submission contract: a leaf)
     scoring            data, isolation, harness.api  (never the rest of harness: no training code)
+    scoring.worker     as scoring, but nothing of scoring.score (the processes that run submitted code
+                       load no scorer: what both sides share lives in scoring/worker/)
     harness            everything above
     harness.train      harness.api, harness.train, data, isolation, scoring.artifact.codecs
                        (a rank loads no scorer, no records: only the codecs' math, for the GPTQ pack step)
@@ -35,6 +37,15 @@ LAYERS: dict[str, frozenset[str]] = {
     "harness": frozenset({"harness", "scoring", "data", "isolation"}),
 }
 """Module prefix -> the project modules (by prefix) it may import; the longest matching prefix rules."""
+NEVER: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (("scoring", "harness.train"), "harness.records", "records are never loaded by a sealed process"),
+    (
+        ("scoring.worker",),
+        "scoring.score",
+        "the worker side (processes that run submitted code) loads no scorer",
+    ),
+)
+"""(importing layers, imported prefix, why): edges no layer of the first may have, whatever LAYERS allows."""
 
 
 def imports_of(path: Path) -> set[str]:
@@ -87,10 +98,12 @@ def violations(mods: dict[str, set[str]]) -> list[str]:
                 bad.append(
                     f"{mod} imports {imp}: layer {layer_of(mod)} may import only {others or 'nothing of the project'}"
                 )
-            elif _within(imp, "harness.records") and (
-                _within(mod, "scoring") or _within(mod, "harness.train")
-            ):
-                bad.append(f"{mod} imports {imp}: records are never loaded by a sealed process")
+            else:
+                bad += [
+                    f"{mod} imports {imp}: {why}"
+                    for importers, banned, why in NEVER
+                    if _within(imp, banned) and any(_within(mod, m) for m in importers)
+                ]
     return bad
 
 
@@ -105,16 +118,28 @@ def test_every_module_respects_its_layer():
         ("scoring.score.scorer", {"harness.records.result"}, "layer scoring may import only"),
         ("scoring.artifact.pack", {"harness.run.pipeline"}, "layer scoring may import only"),
         ("harness.train.rank", {"scoring.score.evaluate"}, "layer harness.train may import only"),
-        ("harness.train.gptq", {"scoring.score.loading"}, "layer harness.train may import only"),
+        ("harness.train.gptq", {"scoring.worker.loading"}, "layer harness.train may import only"),
         ("harness.train.gptq", {"scoring.artifact.cap"}, "layer harness.train may import only"),
         ("data.loader", {"scoring.tracks"}, "nothing of the project"),
         ("isolation.sandbox", {"harness.api"}, "nothing of the project"),
         ("harness.api", {"harness.config"}, "nothing of the project"),
         ("scoring.codecheck", {".loading"}, "relative import"),
+        ("scoring.worker.process", {"scoring.score.evaluate"}, "the worker side"),
+        ("scoring.worker.confined", {"scoring.score.remote"}, "the worker side"),
     ],
 )
 def test_the_checker_catches_each_kind_of_violation(mod, imports, why):
     assert any(why in v for v in violations({mod: imports})), violations({mod: imports})
+
+
+def test_the_worker_side_may_import_the_rest_of_scoring_and_the_scorer_may_import_it():
+    assert not violations(
+        {
+            "scoring.worker.process": {"scoring.artifact.format", "scoring.codecheck", "scoring.worker.wire"},
+            "scoring.score.remote": {"scoring.worker.confined"},
+            "harness.run.train_phase": {"scoring.worker.env"},
+        }
+    )
 
 
 def test_the_checker_sees_imports_inside_functions(tmp_path):

@@ -15,14 +15,27 @@ import pytest
 
 from tests.conftest import REPO
 
-ENTRY_POINTS = {
+WORKER_MODULES = sorted(
+    f"scoring.worker.{p.stem}"
+    for p in (REPO / "scoring" / "worker").glob("*.py")
+    if p.stem not in ("__main__", "__init__")
+)
+"""Every module of the worker side: the model worker (`scoring.worker.process`, what `python -m scoring.worker`
+runs) and every other confined child's entry (decode, generate, build_check), with what they load later."""
+
+ENTRY_POINTS: dict[str, str | list[str]] = {
     "scorer": "scoring.score.cli",  # what `python -m scoring score` imports before it parses its arguments
     "rank": "harness.train.rank",  # what torchrun runs in each rank, inside the training sandbox
+    "worker": ["scoring.worker", *WORKER_MODULES],  # __main__ left out: importing it starts a worker
 }
 
 
-def loaded_modules(entry: str) -> list[str]:
-    code = f"import importlib, json, sys; importlib.import_module({entry!r}); print(json.dumps(sorted(sys.modules)))"
+def loaded_modules(entry: str | list[str]) -> list[str]:
+    entries = [entry] if isinstance(entry, str) else entry
+    code = (
+        f"import importlib, json, sys; [importlib.import_module(m) for m in {entries!r}]; "
+        "print(json.dumps(sorted(sys.modules)))"
+    )
     r = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120, check=True
     )
@@ -50,6 +63,15 @@ def test_a_rank_loads_no_scorer_and_no_records():
     assert not [m for m in own if m.startswith("scoring")], own
     assert not [m for m in own if m.startswith(("harness.records", "harness.run", "harness.bench"))], own
     assert "harness.train.clock" in own and "harness.train.rank" in own
+
+
+def test_the_worker_side_loads_no_scorer_no_training_and_no_records():
+    mods = loaded_modules(ENTRY_POINTS["worker"])
+    own = project(mods)
+    assert not [m for m in own if m.startswith("scoring.score")], own
+    assert set(m for m in own if m.startswith("harness")) <= {"harness", "harness.api"}, own
+    assert not [m for m in mods if m == "wandb" or m.startswith("wandb.")]
+    assert {"scoring.worker.process", "scoring.worker.generate", "scoring.worker.build_check"} <= set(own)
 
 
 if __name__ == "__main__":

@@ -33,9 +33,9 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from harness.generate import GenerateFailure, parse_result
-from harness.generate_confined import Sampling, generate_cached, generate_recompute
 from scoring.artifact.cap import ARTIFACT_CAP_BYTES
 from scoring.artifact.pack import pack_state
+from scoring.worker.generate import Sampling, generate_cached, generate_recompute
 from tests.conftest import REPO
 
 SMALL = dict(vocab_size=1024, num_layers=3, model_dim=64, num_heads=4, num_kv_heads=2)

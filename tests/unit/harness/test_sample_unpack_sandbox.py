@@ -290,7 +290,7 @@ def test_a_model_whose_write_fails_ends_sample_with_one_line(tmp_path, tiny_data
 def old_sample_text(artifact: Path, folder: Path, tok, prompt: str, n: int, context: int, temperature: float,
                     top_k: int, seed: int) -> str:  # fmt: skip
     """What `pgolf sample` printed before it used a worker: the model built and run in this process (verbatim)."""
-    from scoring.score.loading import load_model
+    from scoring.worker.loading import load_model
 
     art = read_artifact(artifact)
     model = load_model(art, decode_state(art, artifact_codec(art, folder)), folder, torch.device("cpu"))
@@ -318,7 +318,7 @@ def old_sample_text(artifact: Path, folder: Path, tok, prompt: str, n: int, cont
 def baseline_artifact(tmp_path_factory) -> Path:
     """The naive baseline's tiny preset, packed as `pgolf run` packs it (random weights: no training needed)."""
     from harness.config import load_config
-    from scoring.score.loading import build_model
+    from scoring.worker.loading import build_model
 
     cfg = load_config(BASELINE, "tiny").model
     torch.manual_seed(1337)

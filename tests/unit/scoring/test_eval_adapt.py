@@ -15,9 +15,9 @@ from torch import nn
 from data.shards import read_split
 from data.tokenizer import BOS_ID, ByteTokenizer
 from scoring.codecheck import CodeCheckFailure, lint_scored_code
-from scoring.score.adapt import AdaptationViolation, ScoreFirstAdapter, load_hook
 from scoring.score.evaluate import EvalConfig, evaluate
 from scoring.score.scorer import score_artifact
+from scoring.worker.adapt import AdaptationViolation, ScoreFirstAdapter, load_hook
 from tests.unit.scoring.test_eval_support import _one_thread, pack_tiny, write_submission  # noqa: F401 (fixture)
 
 V = 260

@@ -156,7 +156,7 @@ def test_documents_mode_never_crosses_a_bos(docs_tokens):
 @pytest.mark.parametrize("mode", ["standard", "sliding", "documents"])
 def test_transformer_matches_brute_force(docs_tokens, mode):
     """The naive baseline's GPT, randomly initialised: the same targets and bytes, nats to float rounding."""
-    from scoring.score.loading import import_file
+    from scoring.worker.loading import import_file
 
     torch.manual_seed(0)
     gpt = (

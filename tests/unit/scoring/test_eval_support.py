@@ -23,8 +23,8 @@ from harness.records.verify import append_ledger
 from scoring.artifact.cap import ARTIFACT_CAP_BYTES
 from scoring.artifact.pack import pack_state
 from scoring.score.evaluate import EvalConfig
-from scoring.score.loading import build_model
 from scoring.score.scorer import score_artifact
+from scoring.worker.loading import build_model
 
 TINY_MODEL = '''"""A tiny causal model for scorer tests: each position mixes its embedding with the previous one."""
 import torch

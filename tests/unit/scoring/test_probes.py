@@ -16,9 +16,9 @@ from torch import nn
 
 from data.tokenizer import ByteTokenizer
 from scoring.score.evaluate import EvalConfig, LocalModel, NormalizationFailure, batch_count, evaluate
-from scoring.score.loading import import_file
 from scoring.score.probes import ProbeConfig, ProbeFailure, make_variant, plan_probes, run_probes
 from scoring.score.scorer import score_artifact
+from scoring.worker.loading import import_file
 from tests.conftest import BASELINE
 from tests.unit.scoring.test_eval_support import TINY_MODEL, _one_thread, pack_tiny, write_submission  # noqa: F401 (fixture)
 

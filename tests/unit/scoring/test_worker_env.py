@@ -1,6 +1,6 @@
 """The environment of a sandboxed process is an allow-list (scoring/worker/env.py), on both sides.
 
-The worker side (scoring/score/remote.py _env: the model worker, the confined children) and the
+The worker side (scoring/worker/confined.py worker_env: the model worker, the confined children) and the
 training side (harness/run/train_phase.py phase_env: ranks, the sealed pack, the sandbox probe) build it
 with the one function; the official's keys, tokens, proxies and data locations never reach it.
 """
@@ -15,7 +15,7 @@ import pytest
 from data.manifest import DATA_LOCATION_ENV
 from harness.run.train_phase import PROJECT_ROOT, phase_env
 from isolation.sandbox import TOKEN_ENV
-from scoring.score.remote import _env as worker_env
+from scoring.worker.confined import worker_env
 from scoring.worker.env import ALLOWED, PASSED_THROUGH, SET_BY_HARNESS, names, sandbox_env
 
 SECRET = "pgolf-planted-secret-0123"

@@ -36,7 +36,7 @@ from torch import nn
 from data.io import sha256_file
 from harness.api import EVAL_HOOK_FILE, EVAL_HOOK_NAME, AdaptFn
 from scoring.codecheck import require_clean_code
-from scoring.score.loading import import_file
+from scoring.worker.loading import import_file
 
 HOOK_NAME = EVAL_HOOK_NAME
 

@@ -1,6 +1,7 @@
-"""Load a submission's model code by path and build the model from an artifact.
+"""Load a submission's model code by path and build the model from an artifact (in a confined process).
 
-The scorer imports `model.py` from the folder it is given (with that folder first on sys.path so
+The model worker (and every confined child that builds a model: scoring/worker/generate.py,
+build_check.py) imports `model.py` from the folder it is given (with that folder first on sys.path so
 the model may import its own files) and calls `build_model(config)` with the artifact's recorded
 model config. Before importing, the code files are checked against the sha256 the artifact
 recorded, so the scorer runs exactly the code that was packed.
@@ -12,11 +13,12 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 from torch import nn
 
-from harness.api import MODEL_FILE, build_submission_model
+from harness.api import MODEL_FILE, MODEL_OUTPUT_ATTR, MODEL_OUTPUTS, build_submission_model
 from scoring.artifact.format import Artifact, ArtifactError, check_code_hashes
 
 
@@ -55,3 +57,13 @@ def load_model(
             f"the artifact's tensors do not fit the model built from {MODEL_FILE}: {e}"
         ) from e
     return model.to(device).eval()
+
+
+def output_kind(model: Any) -> str:
+    """ "logits" (the default) or "log_probs", from the model's `pgolf_output` attribute (a Scorable that is no
+    nn.Module, scoring/score/evaluate.py's, says its own `output_kind`)."""
+    kind = getattr(model, "output_kind", None) if not isinstance(model, nn.Module) else None
+    kind = kind or getattr(model, MODEL_OUTPUT_ATTR, "logits")
+    if kind not in MODEL_OUTPUTS:
+        raise ValueError(f"model.pgolf_output must be one of {MODEL_OUTPUTS}, got {kind!r}")
+    return kind

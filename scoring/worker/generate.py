@@ -1,9 +1,10 @@
 """The confined side of `pgolf generate`: build the packed model and generate, plain and speculative.
 
-    python -m harness.generate_confined SPEC_JSON     (started by harness/generate.py; not by hand)
+    python -m scoring.worker.generate SPEC_JSON     (started by harness/generate.py; not by hand)
 
 It runs in the model worker's sandbox (harness/generate.py starts it as scoring/worker/decode.py
-starts the confined decode: Landlock reads of the code folder, the artifact and the Python
+starts the confined decode, through scoring/worker/confined.py, and its entry point is every confined
+child's, scoring/worker/child.py: exit status 3 when the model lacks what was asked). Landlock reads of the code folder, the artifact and the Python
 installation only, a private temp folder, namespaces, no capabilities, seccomp, an address-space
 limit). Submitted code (model.py, codec.py) runs only here. It decodes the artifact with its codec,
 checks the code against the artifact's hashes, builds the model and loads it strictly (as the
@@ -42,15 +43,12 @@ from typing import Any
 
 import torch
 
+from scoring.worker.child import Unsupported, run_child
+
 GENERATE_SPEC_FORMAT = "pg-generate-spec"
 GENERATE_SPEC_VERSION = 1
 GENERATE_RESULT_FORMAT = "pg-generate-result"
 GENERATE_RESULT_VERSION = 1
-ERROR_PREFIX = "pgolf-generate-error: "
-
-
-class Unsupported(ValueError):
-    """The model lacks what the requested mode needs (forward_cached, multi-token heads)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,7 +227,7 @@ def run(spec: dict[str, Any], model: Any) -> list[dict[str, Any]]:
 
 def _generate(spec: dict[str, Any]) -> dict[str, Any]:
     from scoring.artifact.format import artifact_codec, decode_state, read_artifact
-    from scoring.score.loading import load_model
+    from scoring.worker.loading import load_model
 
     artifact = read_artifact(spec["artifact"])
     state = decode_state(artifact, artifact_codec(artifact, spec["code_dir"]))  # checks the code hashes first
@@ -242,30 +240,22 @@ def _generate(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str]) -> int:
-    from scoring.worker.decode import one_line
-    from scoring.worker.process import limit_memory, load_spec
-
-    usage = "python -m harness.generate_confined SPEC_JSON  (started by pgolf generate)"
-    spec = load_spec(argv, GENERATE_SPEC_FORMAT, GENERATE_SPEC_VERSION, usage)
-    if spec is None:
-        return 2
+def _write_result(spec: dict[str, Any], memory: str) -> None:
     out = os.fdopen(int(spec["result_fd"]), "w")
-    try:
-        limit_memory(int(spec.get("memory_limit_bytes", 0)))
-        if int(spec.get("threads", 0)):
-            torch.set_num_threads(int(spec["threads"]))
-        result = _generate(spec)
-        out.write(json.dumps(result, allow_nan=False))
-        out.close()
-        return 0
-    except BaseException as e:  # noqa: BLE001 - the boundary: every failure becomes one last line
-        import traceback
+    result = _generate(spec)
+    out.write(json.dumps(result, allow_nan=False))
+    out.close()
 
-        kind = "unsupported" if isinstance(e, Unsupported) else "error"
-        print("".join(traceback.format_exception(e))[-4000:], file=sys.stderr)
-        print(f"{ERROR_PREFIX}{kind}: {one_line(str(e))}", file=sys.stderr, flush=True)
-        return 3 if kind == "unsupported" else 1
+
+def main(argv: list[str]) -> int:
+    """The confined generation (scoring/worker/child.py: the spec, the limits, one error line, the exit status)."""
+    return run_child(
+        argv,
+        spec_format=GENERATE_SPEC_FORMAT,
+        spec_version=GENERATE_SPEC_VERSION,
+        usage="python -m scoring.worker.generate SPEC_JSON  (started by pgolf generate)",
+        body=_write_result,
+    )
 
 
 if __name__ == "__main__":
