@@ -361,8 +361,9 @@ def _prepare_tokenizer(
             )
         from itertools import islice
 
-        # The tokenizer learns from training documents only, and never from a copy of a validation
-        # document: their text digests are taken first (one more read of the validation documents).
+        # The tokenizer learns from training documents only, and never from a copy (identical or equal
+        # after normalisation; the tokenized digest needs this tokenizer) of a validation document: the
+        # validation documents' text digests are taken first (one more read of them).
         index = ValidationIndex()
         for i, text in enumerate(islice(iter(texts), val_docs)):
             index.add_text(i, text)
