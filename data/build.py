@@ -15,6 +15,14 @@ the training documents only, so validation text never shapes the tokenizer). Tra
 source once more before tokenizing (a hub stream is streamed twice), and SentencePiece holds its
 training text in memory: `tokenizer_train_docs` caps how many training documents it sees.
 
+No validation document reaches training (data/disjoint.py): every document's digests (its text, its
+normalised text, and its tokens decoded and normalised) are taken as it is tokenized; the validation
+documents' go into an index (16-byte digests, never texts) and each training document is looked up
+in it. A copy is refused in one line naming both documents' source indices and how they matched, and
+no dataset is written; `--drop-val-duplicates` leaves copies out instead, counted and listed in the
+manifest. The manifest records each split's own sha256 and the validation digests' file
+(`val_digests.bin`), so `pgolf data verify` can prove the splits disjoint from the shards.
+
 Tokenization runs on all cores: batches of documents go to a pool of worker processes, each with
 its own copy of the tokenizer, and come back in submission order, so the output is identical to
 encoding the documents one by one. At most 2 batches per worker are in flight, so memory stays
@@ -31,7 +39,8 @@ import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
@@ -40,6 +49,23 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from data.disjoint import (
+    DIGEST,
+    MATCH_EXACT,
+    MATCH_NORMALISED,
+    MATCH_TOKENIZED,
+    NORMALISATION,
+    NORMALISATION_DESCRIPTION,
+    POLICY_DROP,
+    POLICY_REFUSE,
+    VAL_DIGESTS_NAME,
+    TrainGuard,
+    ValidationIndex,
+    ValidationLeakError,
+    document_records,
+    split_records,
+    write_val_digests,
+)
 from data.io import sha256_file
 from data.manifest import MANIFEST_NAME, shard_entry, write_manifest
 from data.shards import TOKEN_DTYPE, shard_name, write_shard
@@ -119,6 +145,13 @@ def _init_worker(tokenizer_path: str) -> None:
 def encode_documents(tok: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """Encode documents as one flat uint16 array of [BOS, tokens...] per document, plus each
     document's length in that array (BOS included). Equal to concatenating BOS + tok.encode([t])."""
+    flat, lens, _ = _encode(tok, texts)
+    return flat, lens
+
+
+def _encode(tok: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, list[list[int]] | None]:
+    """`encode_documents`, plus the token ids as lists (None for byte260, whose ids are the bytes)."""
+    ids: list[list[int]] | None = None
     if isinstance(tok, ByteTokenizer):
         raw = [t.encode("utf-8") for t in texts]
         lens = np.fromiter((len(b) + 1 for b in raw), dtype=np.int64, count=len(raw))
@@ -139,7 +172,7 @@ def encode_documents(tok: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, 
     is_bos[starts] = True
     flat[is_bos] = tok.bos_id
     flat[~is_bos] = body
-    return flat, lens
+    return flat, lens, ids
 
 
 def _encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -147,31 +180,48 @@ def _encode_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return encode_documents(_WORKER_TOKENIZER, texts)
 
 
+def encode_with_records(tok: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, bytes]:
+    """`encode_documents`, plus each document's three digests (data/disjoint.py) from its text and
+    from the tokens written."""
+    flat, lens, ids = _encode(tok, texts)
+    return flat, lens, document_records(tok, texts, ids)
+
+
+def _encode_records_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray, bytes]:
+    assert _WORKER_TOKENIZER is not None, "worker tokenizer not initialised"
+    return encode_with_records(_WORKER_TOKENIZER, texts)
+
+
 @dataclass(frozen=True)
 class EncodeBatch:
     split: str
     texts: list[str]
     text_bytes: int
+    start: int = 0
+    """The source index of the batch's first document."""
 
 
 def _batches(texts: Iterable[str], val_docs: int, selection: SelectionHash) -> Iterator[EncodeBatch]:
     """Group documents into batches (by count and bytes) that never straddle the val/train boundary."""
     batch: list[str] = []
     nbytes = 0
+    start = 0
     split = "val"
     for text in texts:
         doc_split = "val" if selection.docs < val_docs else "train"
         if doc_split != split:
             if batch:
-                yield EncodeBatch(split, batch, nbytes)
+                yield EncodeBatch(split, batch, nbytes, start)
             batch, nbytes, split = [], 0, doc_split
+        if not batch:
+            start = selection.docs
         nbytes += selection.update(text)
         batch.append(text)
         if len(batch) >= ENCODE_BATCH_DOCS or nbytes >= ENCODE_BATCH_BYTES:
-            yield EncodeBatch(split, batch, nbytes)
+            yield EncodeBatch(split, batch, nbytes, start)
             batch, nbytes = [], 0
     if batch:
-        yield EncodeBatch(split, batch, nbytes)
+        yield EncodeBatch(split, batch, nbytes, start)
 
 
 def _pool(tokenizer_path: Path, workers: int) -> Any:
@@ -183,25 +233,46 @@ def _pool(tokenizer_path: Path, workers: int) -> Any:
     return mp.get_context(method).Pool(workers, initializer=_init_worker, initargs=(str(tokenizer_path),))
 
 
-def encode_ordered(
-    tokenizer_path: Path, batches: Iterator[EncodeBatch], workers: int
-) -> Iterator[tuple[EncodeBatch, np.ndarray, np.ndarray]]:
-    """Encode batches on `workers` processes; results in input order, at most 2*workers in flight."""
+def _map_ordered(
+    tokenizer_path: Path, batches: Iterator[EncodeBatch], workers: int, local: Any, remote: Any
+) -> Iterator[tuple[EncodeBatch, Any]]:
+    """`local(tok, texts)` in this process, or `remote(texts)` on `workers` processes; results in input
+    order, at most 2*workers in flight."""
     if workers <= 1:
         tok = load_tokenizer(tokenizer_path)
         for b in batches:
-            yield (b, *encode_documents(tok, b.texts))
+            yield b, local(tok, b.texts)
         return
     with _pool(tokenizer_path, workers) as pool:
         pending: deque[tuple[EncodeBatch, Any]] = deque()
         for b in batches:
-            pending.append((b, pool.apply_async(_encode_in_worker, (b.texts,))))
+            pending.append((b, pool.apply_async(remote, (b.texts,))))
             if len(pending) >= 2 * workers:
                 done, res = pending.popleft()
-                yield (done, *res.get())
+                yield done, res.get()
         while pending:
             done, res = pending.popleft()
-            yield (done, *res.get())
+            yield done, res.get()
+
+
+def encode_ordered(
+    tokenizer_path: Path, batches: Iterator[EncodeBatch], workers: int
+) -> Iterator[tuple[EncodeBatch, np.ndarray, np.ndarray]]:
+    """Encode batches on `workers` processes; results in input order, at most 2*workers in flight."""
+    for b, (flat, lens) in _map_ordered(
+        tokenizer_path, batches, workers, encode_documents, _encode_in_worker
+    ):
+        yield b, flat, lens
+
+
+def encode_records_ordered(
+    tokenizer_path: Path, batches: Iterator[EncodeBatch], workers: int
+) -> Generator[tuple[EncodeBatch, np.ndarray, np.ndarray, bytes], None, None]:
+    """`encode_ordered` with each document's digests (`encode_with_records`)."""
+    for b, (flat, lens, records) in _map_ordered(
+        tokenizer_path, batches, workers, encode_with_records, _encode_records_in_worker
+    ):
+        yield b, flat, lens, records
 
 
 # ---- Shard writing ----
@@ -262,7 +333,8 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
     old = [
         p
         for p in out.iterdir()
-        if p.name == MANIFEST_NAME or (p.name.startswith("fineweb_") and p.suffix == ".bin")
+        if p.name in (MANIFEST_NAME, VAL_DIGESTS_NAME)
+        or (p.name.startswith("fineweb_") and p.suffix == ".bin")
     ]
     if old and not overwrite:
         raise FileExistsError(
@@ -280,6 +352,7 @@ def _prepare_tokenizer(
     vocab_size: int | None,
     val_docs: int,
     tokenizer_train_docs: int | None,
+    policy: str,
 ) -> Path:
     if vocab_size is not None:
         if iter(texts) is texts:
@@ -288,10 +361,25 @@ def _prepare_tokenizer(
             )
         from itertools import islice
 
+        # The tokenizer learns from training documents only, and never from a copy (identical or equal
+        # after normalisation; the tokenized digest needs this tokenizer) of a validation document: the
+        # validation documents' text digests are taken first (one more read of them).
+        index = ValidationIndex()
+        for i, text in enumerate(islice(iter(texts), val_docs)):
+            index.add_text(i, text)
+        guard = TrainGuard(index, policy)
         stop = None if tokenizer_train_docs is None else val_docs + tokenizer_train_docs
-        return train_sentencepiece(
-            islice(iter(texts), val_docs, stop), vocab_size, out / f"tokenizer_{vocab_size}_bpe.model"
+        path = train_sentencepiece(
+            guard.filter_texts(islice(iter(texts), val_docs, stop), val_docs),
+            vocab_size,
+            out / f"tokenizer_{vocab_size}_bpe.model",
         )
+        try:
+            guard.raise_if_refused()
+        except ValidationLeakError:
+            path.unlink(missing_ok=True)
+            raise
+        return path
     if str(tokenizer) == "byte260":
         path = out / BYTE260_FILENAME
         write_byte260(path)
@@ -320,6 +408,7 @@ def build_dataset(
     tokenizer_train_docs: int | None = None,
     overwrite: bool = False,
     progress: bool | None = None,
+    drop_val_duplicates: bool = False,
 ) -> Path:
     """Tokenize `texts` (a list, or a re-iterable such as `DocumentSource`) into a dataset folder.
 
@@ -327,6 +416,11 @@ def build_dataset(
     BPE on the training documents with the reference settings; `tokenizer_train_docs` caps how many)
     must be given. `workers` processes tokenize (default: all cores; byte260 encodes in-process).
     Returns the folder.
+
+    A training document that is a copy of a validation document (identical, equal after normalisation,
+    or equal once tokenized: data/disjoint.py) is refused: `ValidationLeakError`, one line naming both
+    source indices and the match, and no dataset. With `drop_val_duplicates` it is left out instead,
+    counted and listed in the manifest (`disjoint.dropped`).
     """
     if (tokenizer is None) == (vocab_size is None):
         raise ValueError("give exactly one of --tokenizer MODEL|byte260 and --vocab-size N")
@@ -341,10 +435,11 @@ def build_dataset(
     workers = default_workers() if workers is None else workers
     if workers <= 0:
         raise ValueError(f"--workers must be positive, got {workers}")
+    policy = POLICY_DROP if drop_val_duplicates else POLICY_REFUSE
     out = Path(out)
     _prepare_out(out, overwrite)
 
-    tok_path = _prepare_tokenizer(out, texts, tokenizer, vocab_size, val_docs, tokenizer_train_docs)
+    tok_path = _prepare_tokenizer(out, texts, tokenizer, vocab_size, val_docs, tokenizer_train_docs, policy)
     tok = load_tokenizer(tok_path)
     if tok.vocab_size > MAX_VOCAB_SIZE:
         raise ValueError(
@@ -359,23 +454,45 @@ def build_dataset(
         "train": _SplitWriter(out, "train", shard_tokens, tok.bos_id, counts),
     }
     selection = SelectionHash()
+    split_hash = {"val": SelectionHash(), "train": SelectionHash()}
+    guard = TrainGuard(ValidationIndex(), policy)
     total = len(texts) if isinstance(texts, Sequence) else None
     t0 = time.perf_counter()
-    with tqdm(
-        total=total, desc="tokenize", unit="doc", disable=None if progress is None else not progress
-    ) as bar:
-        for batch, flat, lens in encode_ordered(tok_path, _batches(texts, val_docs, selection), workers):
-            writers[batch.split].add(flat, len(lens), batch.text_bytes)
-            bar.update(len(lens))
+    try:
+        with (
+            tqdm(
+                total=total, desc="tokenize", unit="doc", disable=None if progress is None else not progress
+            ) as bar,
+            closing(
+                encode_records_ordered(tok_path, _batches(texts, val_docs, selection), workers)
+            ) as encoded,
+        ):
+            for batch, flat, lens, records in encoded:
+                flat, lens, text_bytes = _guard_batch(guard, batch, flat, lens, records, split_hash)
+                writers[batch.split].add(flat, len(lens), text_bytes)
+                bar.update(len(batch.texts))
+    except ValidationLeakError:
+        _remove_outputs(out)
+        raise
     elapsed_s = time.perf_counter() - t0
     if writers["train"].docs == 0:
-        for p in out.glob("fineweb_*.bin"):
-            p.unlink()
+        _remove_outputs(out)
+        if guard.dropped_count:
+            raise ValueError(
+                f"every training document ({guard.dropped_count}) is a copy of a validation document and was dropped: "
+                "no training documents left"
+            )
         raise ValueError(
             f"the corpus has {selection.docs} documents and --val-docs is {val_docs}: no training documents left. "
             f"HINT: pass --val-docs below {selection.docs} (or more documents)"
         )
     shards = writers["val"].close() + writers["train"].close()
+    digests_sha256 = write_val_digests(out / VAL_DIGESTS_NAME, guard.index.tokenized)
+    if guard.dropped_count:
+        print(
+            f"dropped {guard.dropped_count} training document(s) that copy a validation document "
+            f"(listed in {MANIFEST_NAME} disjoint.dropped)"
+        )
     text_mb = (writers["val"].text_bytes + writers["train"].text_bytes) / 1e6
     print(
         f"tokenized {selection.docs} documents ({text_mb:.1f} MB) in {elapsed_s:.1f} s on {workers} worker(s): "
@@ -401,6 +518,21 @@ def build_dataset(
                 "val_docs": val_docs,
                 "order": "source order; the first val_docs documents are validation",
             },
+            "split_sha256": {s: h.hexdigest() for s, h in split_hash.items()},
+            "disjoint": {
+                "policy": policy,
+                "matches": [MATCH_EXACT, MATCH_NORMALISED, MATCH_TOKENIZED],
+                "normalisation": NORMALISATION,
+                "normalisation_description": NORMALISATION_DESCRIPTION,
+                "digest": DIGEST,
+                "val_digests": {
+                    "file": VAL_DIGESTS_NAME,
+                    "sha256": digests_sha256,
+                    "count": len(guard.index.tokenized),
+                },
+                "dropped_count": guard.dropped_count,
+                "dropped": [{"train_index": t, "val_index": v, "match": how} for t, v, how in guard.dropped],
+            },
             "shard_tokens": shard_tokens,
             "source": source or {},
             "shards": shards,
@@ -408,6 +540,42 @@ def build_dataset(
         },
     )
     return out
+
+
+def _remove_outputs(out: Path) -> None:
+    """What a failed build leaves nothing of: the shards and the digest file (never a manifest)."""
+    for p in out.glob("fineweb_*.bin"):
+        p.unlink()
+    (out / VAL_DIGESTS_NAME).unlink(missing_ok=True)
+
+
+def _guard_batch(
+    guard: TrainGuard,
+    batch: EncodeBatch,
+    flat: np.ndarray,
+    lens: np.ndarray,
+    records: bytes,
+    split_hash: dict[str, SelectionHash],
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Validation documents' digests go into the index; each training document is checked against it
+    (all validation documents come first in the source, so the index is complete by then). Returns
+    the batch's tokens, lengths and text bytes, less any dropped document."""
+    hashes = split_hash[batch.split]
+    if batch.split == "val":
+        for i, (text, rec) in enumerate(zip(batch.texts, split_records(records), strict=True)):
+            guard.index.add(batch.start + i, *rec)
+            hashes.update(text)
+        return flat, lens, batch.text_bytes
+    keep = np.ones(len(lens), dtype=np.bool_)
+    for i, (text, rec) in enumerate(zip(batch.texts, split_records(records), strict=True)):
+        if guard.keep(batch.start + i, guard.index.match(*rec)):
+            hashes.update(text)
+        else:
+            keep[i] = False
+    if keep.all():
+        return flat, lens, batch.text_bytes
+    dropped_bytes = sum(len(t.encode("utf-8")) for t, k in zip(batch.texts, keep, strict=True) if not k)
+    return flat[np.repeat(keep, lens)], lens[keep], batch.text_bytes - dropped_bytes
 
 
 def summarize(out: str | os.PathLike[str]) -> str:

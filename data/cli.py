@@ -3,7 +3,8 @@
     pgolf data build --docs FILE|DIR (--tokenizer MODEL|byte260 | --vocab-size N) --out DIR [--val-docs 50000]
     pgolf data build --hf-dataset HuggingFaceFW/fineweb --hf-config sample-10BT --max-docs N ... --out DIR
     pgolf data download --variant sp1024 [--train-shards N] [--repo ID] [--revision REV] [--out DIR]
-    pgolf data verify DIR [--quick]
+    pgolf data verify DIR [--quick] [--against-docs VAL.jsonl [--ngram-threshold 0.5] [--ngram-sample 8]]
+    pgolf data verify SHARDS_DIR --tokenizer MODEL --against-docs VAL.jsonl     (a folder without a manifest)
 
 `register(subparsers)` adds the commands; harness/cli.py mounts them under `pgolf data`. The same
 commands run without the harness as `python -m data.cli ...`. Exit status: 0 on success, 1 when a
@@ -17,6 +18,7 @@ import sys
 
 from data.build import DEFAULT_SHARD_TOKENS, DEFAULT_VAL_DOCS, build_dataset, summarize
 from data.download import DEFAULT_REPO_ID, DownloadError, download_variant
+from data.overlap import DEFAULT_SAMPLE, DEFAULT_THRESHOLD
 from data.sources import DEFAULT_HF_CONFIG, DocumentSource, source_from_path
 from data.verify import verify_dataset
 
@@ -47,6 +49,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         workers=args.workers,
         tokenizer_train_docs=args.tokenizer_train_docs,
         overwrite=args.overwrite,
+        drop_val_duplicates=args.drop_val_duplicates,
     )
     print(summarize(out))
     return 0
@@ -70,7 +73,15 @@ def cmd_download(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    report = verify_dataset(args.dir, quick=args.quick)
+    report = verify_dataset(
+        args.dir,
+        quick=args.quick,
+        against_docs=args.against_docs,
+        ngram_threshold=args.ngram_threshold,
+        ngram_sample=args.ngram_sample,
+        workers=args.workers,
+        tokenizer=args.tokenizer,
+    )
     print(report.table())
     return 0 if report.ok else 1
 
@@ -112,6 +123,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, help="tokenizer processes (default: all cores)")
     p.add_argument("--out", required=True, help="output dataset folder")
     p.add_argument("--overwrite", action="store_true", help="replace a dataset already in --out")
+    p.add_argument(
+        "--drop-val-duplicates",
+        action="store_true",
+        help="leave out (and count in the manifest) every training document that copies a validation "
+        "document, instead of refusing the build (the default)",
+    )
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("download", help="fetch the official cached shards from the dataset hub")
@@ -130,7 +147,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify", help="check a dataset folder against its manifest")
     p.add_argument("dir", help="dataset folder")
     p.add_argument(
-        "--quick", action="store_true", help="headers, sizes and counts only; skip sha256 and document counts"
+        "--quick",
+        action="store_true",
+        help="headers, sizes and counts only; skip sha256, document counts and the disjointness check",
+    )
+    p.add_argument(
+        "--against-docs",
+        metavar="FILE",
+        help="validation documents as text (.jsonl, .parquet, .txt): report training documents equal to one "
+        "after normalisation or holding more than --ngram-threshold of its 50-character windows",
+    )
+    p.add_argument(
+        "--ngram-threshold",
+        type=float,
+        default=DEFAULT_THRESHOLD,
+        help=f"fraction of a validation document's windows a training document must hold to be reported "
+        f"(default {DEFAULT_THRESHOLD})",
+    )
+    p.add_argument(
+        "--ngram-sample",
+        type=int,
+        default=DEFAULT_SAMPLE,
+        help=f"keep one window in N, chosen by hash (default {DEFAULT_SAMPLE}; 1 keeps all)",
+    )
+    p.add_argument("--workers", type=int, help="processes decoding shards (default: all cores)")
+    p.add_argument(
+        "--tokenizer",
+        help="for a folder of shards without manifest.json (an entry's own): the tokenizer (.model or "
+        "byte260.json) they were made with; headers and disjointness are checked",
     )
     p.set_defaults(func=cmd_verify)
 

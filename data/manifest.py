@@ -1,10 +1,17 @@
 """Dataset manifests: what a dataset folder holds, with hashes, so any copy can be checked.
 
 A dataset folder holds `manifest.json`, the tokenizer file and the shards. The manifest
-(format "pg-dataset", version 1) lists each shard's name, split, token count, document count, byte
+(format "pg-dataset", version 2) lists each shard's name, split, token count, document count, byte
 size and sha256, the tokenizer's file and sha256, the document counts per split, a sha256 over
 the selected documents (the selection and its order), and the unigram counts of the training
 tokens (for the unigram reference bpb every result prints).
+
+Version 2 adds, for a folder `pgolf data build` wrote: `split_sha256` (the same hash over each split's
+documents alone, in order: the validation set's identity and the training set's, less any dropped
+copy) and `disjoint` (the policy, the normalisation, and `val_digests`: the file beside the manifest
+holding the validation documents' digests, its sha256 and count; data/disjoint.py). A downloaded
+folder has neither. Version 1 manifests are still read; `pgolf data verify` says it cannot prove
+disjointness from them ("built before v2") and checks the folder's validation shards instead.
 
 `make_split_view` makes the folder a phase is allowed to see: the training process gets a view
 holding the training shards alone, the scorer a view holding the validation shards alone.
@@ -27,7 +34,10 @@ allow-list, scoring/worker/env.py, that names none of them)."""
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "pg-dataset"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+DISJOINT_SINCE_VERSION = 2
+"""The first version whose builds record the validation documents' digests (`disjoint`)."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,10 @@ class Manifest:
 
     def shard_paths(self, split: str) -> list[Path]:
         return [self.root / s.name for s in self.shards if s.split == split]
+
+    @property
+    def format_version(self) -> int:
+        return int(self.raw["format_version"])
 
     @property
     def tokenizer_path(self) -> Path:
@@ -93,9 +107,10 @@ def load_manifest(directory: str | os.PathLike[str]) -> Manifest:
     raw = read_json(path, what="dataset manifest")
     if raw.get("format") != MANIFEST_FORMAT:
         raise ValueError(f"{path}: format is {raw.get('format')!r}, expected {MANIFEST_FORMAT!r}")
-    if raw.get("format_version") != MANIFEST_VERSION:
+    if raw.get("format_version") not in READABLE_VERSIONS:
         raise ValueError(
-            f"{path}: format_version {raw.get('format_version')!r}; this harness reads version {MANIFEST_VERSION}"
+            f"{path}: format_version {raw.get('format_version')!r}; this harness reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}"
         )
     for key in ("tokenizer", "shards", "docs"):
         if key not in raw:
@@ -121,7 +136,8 @@ def make_split_view(src: str | os.PathLike[str], dst: str | os.PathLike[str], sp
     """Make `dst` a dataset folder holding only `split`'s shards, the tokenizer and a filtered manifest.
 
     Files are hard links (or copies), never symbolic links, so the view does not reveal where the
-    other split lives.
+    other split lives. The validation digest file stays behind: no view needs it (training must not
+    hold anything derived from validation text), and disjointness is verified on the source folder.
     """
     m = load_manifest(src)
     dst = Path(dst)

@@ -4,7 +4,13 @@ For every shard the manifest lists: the header (magic, version, a size that matc
 count), the byte size, the token count, the document count (BOS tokens) and the sha256; for the
 tokenizer file its sha256; for each split the document and token totals. A shard file in the folder
 that the manifest does not list is a failure too, since anything globbing `fineweb_*` would read it.
-`--quick` skips the two checks that read every byte (sha256 and document counts).
+`--quick` skips the checks that read every byte (sha256, document counts, disjointness).
+
+Disjointness (data/overlap.py): every training document, decoded from the shards with the dataset's
+tokenizer and normalised, is looked up among the validation documents' digests (from the validation
+shards, and the manifest's digest file where it records one); `--against-docs FILE` also checks the
+training documents against the documents of FILE, by digest and by 50-character windows, for a
+folder built elsewhere. Each overlapping training document is a problem naming both documents.
 
 The result is a table, one row per file; the exit status is 0 when every check holds, 1 otherwise
 (2 when the folder is not a dataset at all).
@@ -19,8 +25,10 @@ from pathlib import Path
 import numpy as np
 
 from data.io import sha256_file
-from data.manifest import Manifest, load_manifest
-from data.shards import ShardError, parse_shard_name, read_header, read_shard
+from data.manifest import MANIFEST_NAME, MANIFEST_VERSION, Manifest, load_manifest
+from data.overlap import DEFAULT_SAMPLE, DEFAULT_THRESHOLD, DisjointReport, check_disjoint
+from data.shards import ShardError, list_shards, parse_shard_name, read_header, read_shard
+from data.tokenizer import load_tokenizer
 
 CHECKS = ("header", "size", "count", "bos", "sha256")
 LEGEND = (
@@ -54,13 +62,23 @@ class VerifyReport:
     files: tuple[FileCheck, ...]
     totals: tuple[str, ...] = field(default=())
     total_problems: tuple[str, ...] = field(default=())
+    disjoint: DisjointReport | None = None
+    """The disjointness checks (None under --quick without --against-docs)."""
 
     @property
     def ok(self) -> bool:
-        return all(f.ok for f in self.files) and not self.total_problems
+        return (
+            all(f.ok for f in self.files)
+            and not self.total_problems
+            and not (self.disjoint and self.disjoint.problems)
+        )
 
     def problems(self) -> list[str]:
-        return [f"{f.name}: {p}" for f in self.files for p in f.problems] + list(self.total_problems)
+        return (
+            [f"{f.name}: {p}" for f in self.files for p in f.problems]
+            + list(self.total_problems)
+            + list(self.disjoint.problems if self.disjoint else ())
+        )
 
     def table(self) -> str:
         """A fixed-width table: one row per file, one column per check, then the split totals."""
@@ -81,6 +99,7 @@ class VerifyReport:
         lines = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
         lines += [fmt.format(*r) for r in rows]
         lines += list(self.totals)
+        lines += list(self.disjoint.lines if self.disjoint else ())
         lines.append(LEGEND)
         bad = self.problems()
         lines.append(f"{self.root}: " + ("all checks hold" if not bad else f"{len(bad)} problem(s):"))
@@ -128,11 +147,69 @@ def _check_shard(m: Manifest, entry: dict[str, object], *, full: bool) -> FileCh
     )
 
 
-def verify_dataset(directory: str | os.PathLike[str], *, quick: bool = False) -> VerifyReport:
-    """Check every file of a dataset folder against its manifest (see the module docstring)."""
-    m = load_manifest(directory)
+def bare_manifest(directory: str | os.PathLike[str], tokenizer: str | os.PathLike[str]) -> Manifest:
+    """An in-memory manifest for a folder of `fineweb_{val,train}_NNNNNN.bin` shards that has none: each
+    shard as its header says, the tokenizer given. Nothing in it is a claim to check but the headers."""
+    root = Path(directory)
+    if (root / MANIFEST_NAME).is_file():
+        raise ValueError(
+            f"{root} has a {MANIFEST_NAME}: --tokenizer is only for a folder of shards without one"
+        )
+    tok_path = Path(tokenizer)
+    tok = load_tokenizer(tok_path)
+    shards = []
+    for split in ("val", "train"):
+        for p in list_shards(root, split):
+            try:
+                tokens = read_header(p)
+            except ShardError:
+                tokens = -1
+            shards.append(
+                {
+                    "name": p.name,
+                    "split": split,
+                    "tokens": tokens,
+                    "docs": 0,
+                    "bytes": p.stat().st_size,
+                    "sha256": "",
+                }
+            )
+    if not any(s["split"] == "train" for s in shards):
+        raise FileNotFoundError(f"no training shards (fineweb_train_NNNNNN.bin) in {root}")
+    raw = {
+        "format": "pg-dataset",
+        "format_version": MANIFEST_VERSION,
+        "bare": True,
+        "tokenizer": {
+            "file": str(tok_path.resolve()),
+            "kind": tok.kind,
+            "vocab_size": tok.vocab_size,
+            "bos_id": tok.bos_id,
+        },
+        "docs": {},
+        "shards": shards,
+    }
+    return Manifest(root, raw)
+
+
+def verify_dataset(
+    directory: str | os.PathLike[str],
+    *,
+    quick: bool = False,
+    against_docs: str | os.PathLike[str] | None = None,
+    ngram_threshold: float = DEFAULT_THRESHOLD,
+    ngram_sample: int = DEFAULT_SAMPLE,
+    workers: int | None = None,
+    tokenizer: str | os.PathLike[str] | None = None,
+) -> VerifyReport:
+    """Check every file of a dataset folder against its manifest, and the training documents against
+    the validation documents (see the module docstring). `tokenizer`: for a folder of shards without a
+    manifest (an entry's own): the tokenizer they were made with; only their headers are checked, then
+    disjointness."""
+    bare = tokenizer is not None
+    m = bare_manifest(directory, tokenizer) if tokenizer is not None else load_manifest(directory)
     entries = list(m.raw["shards"])
-    files = [_check_shard(m, e, full=not quick) for e in entries]
+    files = [_check_shard(m, e, full=not quick and not bare) for e in entries]
 
     tok = m.raw["tokenizer"]
     tok_path = m.root / str(tok["file"])
@@ -195,8 +272,24 @@ def verify_dataset(directory: str | os.PathLike[str], *, quick: bool = False) ->
             total_problems.append(
                 f"{split}: shards hold {tokens} tokens, manifest tokens.{split} says {want_tokens}"
             )
-    if not view_split and not any(e["split"] == "val" for e in entries):
+    if not view_split and not bare and not any(e["split"] == "val" for e in entries):
         total_problems.append("no validation shards listed")
+    disjoint = None
+    if not quick or against_docs is not None:
+        failed = [f.name for f in files[: len(entries)] if not f.ok]
+        disjoint = check_disjoint(
+            m,
+            failed=failed,
+            digests=not quick,
+            against_docs=against_docs,
+            threshold=ngram_threshold,
+            sample=ngram_sample,
+            workers=workers,
+        )
     return VerifyReport(
-        root=m.root, files=tuple(files), totals=tuple(totals), total_problems=tuple(total_problems)
+        root=m.root,
+        files=tuple(files),
+        totals=tuple(totals),
+        total_problems=tuple(total_problems),
+        disjoint=disjoint,
     )

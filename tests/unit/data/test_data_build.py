@@ -143,7 +143,7 @@ def test_trains_a_tokenizer_of_any_vocab_size_on_training_documents(tmp_path):
 
 
 def test_user_errors_are_clear(tmp_path):
-    texts = ["a b c"] * 5
+    texts = [f"a b c {i}" for i in range(5)]  # distinct: a copy of a validation document is refused
     with pytest.raises(ValueError, match="between 1 and 4"):
         build_dataset(texts, tmp_path / "x", val_docs=5, tokenizer="byte260")
     with pytest.raises(ValueError, match="no training documents left"):
