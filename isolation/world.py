@@ -25,9 +25,11 @@ trusted side wrote):
   it. Without one, the tmpfs mounts are sized and memfd_create is refused by the seccomp filter
   (isolation/seccomp.py), so no memory escapes RLIMIT_AS uncounted.
 
-What is still shared, and why it carries no useful bit, is written in docs/ARCHITECTURE.md
-("Channels"): page-cache residency (the calls that read or change it are refused by seccomp; what is
-left is timing), CPU caches and timing. The trusted side plans a world with `plan_world` and records
+What is still shared, and why it carries no useful bit, is in docs/ARCHITECTURE.md ("A world of its
+own, and the channels it closes"): page-cache residency, which a world can set by reading and a later
+one read by timing or its fault count, is emptied between the scorer's workers (PageCacheReset,
+below); CPU caches, timing and global counters reach only worlds alive at the same time. The trusted
+side plans a world with `plan_world` and records
 `WorldPlan.describe()`; `build_world` returns the facts it could establish.
 """
 
@@ -355,3 +357,79 @@ def build_world(rules: Iterable[_PathRule], plan: dict[str, Any]) -> dict[str, A
     if _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
     return facts
+
+
+# ---- the page cache between worlds ----
+
+DROP_CACHES = "/proc/sys/vm/drop_caches"
+
+
+class PageCacheReset:
+    """Empties the page cache of what a world left there, at every boundary between worlds of one scoring.
+
+    A world can make pages of a file it reads resident (read it) and a later world can tell resident
+    from absent (the time of a read, or its major-fault count): an attacker carried 20 kbit/s this way
+    from a closed main worker to its probe workers. Eviction by a world is refused (seccomp), so
+    dropping every clean, unmapped page after a world closes (`reset()`) leaves the next world nothing
+    of it: pages the trusted side keeps mapped stay resident, a constant no world controls.
+
+    `open()` opens /proc/sys/vm/drop_caches for writing while the process may (before the scorer
+    confines itself, which keeps the descriptor); where it cannot (a container without
+    CAP_SYS_ADMIN), `reset(roots)` walks `roots` and drops each regular file's pages with
+    posix_fadvise (slower: seconds for a Python installation and /usr). `describe()` is recorded.
+    """
+
+    def __init__(self, fd: int | None, roots: Sequence[str] = ()) -> None:
+        self.fd = fd
+        self.roots = tuple(roots)
+        self.resets = 0
+        self.seconds = 0.0
+
+    @classmethod
+    def open(cls, roots: Sequence[str] = ()) -> PageCacheReset:
+        try:
+            return cls(os.open(DROP_CACHES, os.O_WRONLY | os.O_CLOEXEC), roots)
+        except OSError:
+            return cls(None, roots)
+
+    def reset(self) -> None:
+        t0 = time.perf_counter()
+        if self.fd is not None:
+            os.write(self.fd, b"1")
+        else:
+            for root in self.roots:
+                _fadvise_tree(root)
+        self.resets += 1
+        self.seconds += time.perf_counter() - t0
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "how": "drop_caches"
+            if self.fd is not None or not self.roots
+            else "posix_fadvise over the read roots",
+            "resets": self.resets,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def _fadvise_tree(root: str) -> None:
+    for folder, _, files in os.walk(root):
+        for name in files:
+            try:
+                fd = os.open(
+                    os.path.join(folder, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+                )
+            except OSError:
+                continue
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)

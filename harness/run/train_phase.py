@@ -64,6 +64,7 @@ from harness.train.rank import (
 from isolation.monitor import parse_attempts
 from isolation.processes import die_with_parent, kill_session, reap_token_processes
 from isolation.sandbox import TOKEN_ENV, WARNING_PREFIX, SandboxPlan, parse_layers, plan_sandbox
+from isolation.world import PageCacheReset
 from scoring.worker.env import names, sandbox_env
 from scoring.worker.process import OOM_MARKERS
 
@@ -349,6 +350,11 @@ def run_train_phase(
         f", verified {isolation['verified']}",
         flush=True,
     )
+    if plan.world is not None:  # nothing a model worker of an earlier run left in the page cache
+        cache = PageCacheReset.open(roots=[r.path for r in plan.rules if r.access == "ro"])
+        cache.reset()
+        isolation["page_cache"] = cache.describe()
+        cache.close()
     outcome = supervise(
         plan.wrap(torchrun_command(launch, stage / "spec.json"), policy),
         out,

@@ -229,8 +229,7 @@ def run_probes(
     def logits_of(worker: Scorable, x: np.ndarray) -> torch.Tensor:
         return worker.logits(torch.from_numpy(x)).detach().float().cpu().clone()
 
-    # the order of the probes, and which variant each pair of fresh workers is asked first, come from the
-    # secret seed: no worker can tell from its place in line what it is, or what was asked before it
+    # the order of the probes comes from the secret seed
     order = [plan.batches[i] for i in rng.permutation(len(plan.batches))]
     for b in order:
         if b not in kept:
@@ -239,15 +238,14 @@ def run_probes(
         x2_BL, r, t, cut = make_variant(x_BL, valid_BL, tokens, rng)
         iso_BL = isolate_row(x_BL, valid_BL, r, tokens, rng)
         chunk = (kept_chunks or {}).get(b, 0)
-        causal, isolated = next(fresh), next(fresh)
-        if rng.integers(2):
-            causal, isolated = isolated, causal
-        for worker in (causal, isolated):
-            if replay is not None and chunk:
-                replay(worker, chunk)
-        row_first = bool(rng.integers(2))
-        if row_first:
-            iso_logits = logits_of(isolated, iso_BL)
+        # one worker at a time, in this order: the causal one (variant, then the unchanged batch) is done
+        # and closed before the row-isolation one, which holds row r whole, runs any submitted code (`fresh`
+        # closes the previous worker and empties the page cache before it starts the next): a worker that
+        # ran first could otherwise leave the original's future for the variant's (an attacker's live
+        # channel between the two workers of a pair, passed half of the time when the order was drawn)
+        causal = next(fresh)
+        if replay is not None and chunk:
+            replay(causal, chunk)
         diff, compared = _compare(scored_BLV, logits_of(causal, x2_BL), valid_BL, cut, cfg.atol, f"batch {b}")
         last = int(np.flatnonzero(valid_BL.reshape(-1)).size) - 1
         same, _ = _compare(
@@ -259,8 +257,10 @@ def run_probes(
             f"batch {b}, scored vs fresh",
             "fresh",
         )
-        if not row_first:
-            iso_logits = logits_of(isolated, iso_BL)
+        isolated = next(fresh)
+        if replay is not None and chunk:
+            replay(isolated, chunk)
+        iso_logits = logits_of(isolated, iso_BL)
         row_diff = _compare_row(scored_BLV, iso_logits, valid_BL, r, cfg.atol, f"batch {b}")
         results.append(
             {

@@ -46,6 +46,7 @@ from data.manifest import MANIFEST_NAME, load_manifest
 from data.shards import read_split
 from data.tokenizer import Tokenizer, load_tokenizer
 from harness.api import EVAL_HOOK_FILE, UNCOUNTED_FILES
+from isolation.world import PageCacheReset
 from scoring.artifact.format import ArtifactError, read_artifact
 from scoring.codecheck import require_clean_code, scored_files
 from scoring.score.audit import KNOWN_TOKENIZER_SHA256, audit_token_stream
@@ -120,9 +121,17 @@ def tokenizer_audit(tokenizer: Tokenizer, tokenizer_sha256: str, tokens: np.ndar
     return {"ran": True, "reason": "tokenizer brought by the dataset/submission", **report.as_dict()}
 
 
-def _ready(workers: Iterable[WorkerModel]) -> Iterator[WorkerModel]:
+def _one_at_a_time(workers: Iterable[WorkerModel], cache: PageCacheReset) -> Iterator[WorkerModel]:
+    """Each worker started only once the one before it is closed and the page cache emptied of it: no two
+    probe workers ever run submitted code at the same time, and none finds what another left."""
+    before: WorkerModel | None = None
     for w in workers:
+        if before is not None:
+            before.close()
+            cache.reset()
+        w.start()
         w.wait_ready()
+        before = w
         yield w
 
 
@@ -187,6 +196,9 @@ def score_artifact(
         ]
         for w in probe_workers:
             stack.callback(w.close)
+        # opened while this process may write it (before it confines itself): see isolation/world.py
+        cache = PageCacheReset.open(roots=[r.path for r in main.plan.rules if r.access == "ro"])
+        stack.callback(cache.close)
         tokens = read_split(data_dir, "val")
         tokenizer_sha256 = sha256_file(manifest.tokenizer_path)
         artifact_sha256, manifest_sha256 = sha256_file(artifact_path), sha256_file(data_dir / MANIFEST_NAME)
@@ -221,9 +233,8 @@ def score_artifact(
         # a lock, a socket or a page for them, and it never learns which of its batches are compared
         main_described = main.describe()
         main.close()
-        for w in probe_workers:  # all at once: they import and build in parallel
-            w.start()
-        fresh = _ready(probe_workers)
+        cache.reset()
+        fresh = _one_at_a_time(probe_workers, cache)
         scored_toks = eval_tokens(tokens, cfg)
 
         def replay(worker: Scorable, chunk: int) -> None:  # the main worker's adaptation, chunk by chunk
@@ -242,6 +253,10 @@ def score_artifact(
             kept_chunks=result.kept_chunks,
             total_batches=result.batches,
         )
+        for w in probe_workers:  # the last of them gone, the page cache emptied: nothing for a later run
+            w.close()
+        cache.reset()
+        probes["page_cache"] = cache.describe()
         workers = [main_described, *(w.describe() for w in probe_workers[:1])]
     sums = result.sums
     return ScoreRecord(

@@ -25,6 +25,14 @@ PASSED_THROUGH, and why each:
     NCCL_DEBUG           NCCL's log level, for an official diagnosing a multi-node hang
     OMP_NUM_THREADS, MKL_NUM_THREADS  the official's thread count, when the harness sets none
                          (threads 0: "as the machine is set up"); the harness's value wins
+    ATEN_CPU_CAPABILITY, MKL_CBWR, MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA  the machine's CPU
+                         kernels pinned by the official (a reproduction on another CPU kind, the golden
+                         run: tests/golden/regen.py PINNED_NUMERICS_ENV); never a secret
+
+SET_BY_HARNESS also holds MKL_DYNAMIC=FALSE: MKL otherwise uses fewer threads than asked when the
+machine is busy, and a different thread count sums a matrix product in another order, so a probe
+worker started under load answered 3e-5 away from the main worker on the same batch (a false
+`illegal` of an honest entry).
 """
 
 from __future__ import annotations
@@ -52,6 +60,10 @@ PASSED_THROUGH = frozenset(
         "NCCL_DEBUG",
         "OMP_NUM_THREADS",
         "MKL_NUM_THREADS",
+        "ATEN_CPU_CAPABILITY",
+        "MKL_CBWR",
+        "MKL_ENABLE_INSTRUCTIONS",
+        "ONEDNN_MAX_CPU_ISA",
     }
 )
 """Copied from the official's environment when set (the module docstring says why each)."""
@@ -68,6 +80,7 @@ SET_BY_HARNESS = frozenset(
         "TRITON_CACHE_DIR",
         "CUDA_CACHE_PATH",
         "OMP_NUM_THREADS",  # the threads the phase was given
+        "MKL_DYNAMIC",  # FALSE: the thread count asked is the count used (module docstring)
         TOKEN_ENV,  # the phase token: how the supervisor finds a phase's leftover processes
         "GLOO_SOCKET_IFNAME",  # "lo" in a network namespace of its own
         "NCCL_SOCKET_IFNAME",
@@ -107,6 +120,7 @@ def sandbox_env(
         TORCHINDUCTOR_CACHE_DIR=str(compiled / "inductor"),
         TRITON_CACHE_DIR=str(compiled / "triton"),
         CUDA_CACHE_PATH=str(compiled / "nv"),
+        MKL_DYNAMIC="FALSE",
     )
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)

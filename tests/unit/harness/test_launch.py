@@ -430,12 +430,15 @@ def test_enter_skips_a_refused_layer_with_a_warning_unless_required(tmp_path, mo
         raise OSError(1, "blocked by a seccomp filter")
 
     ran: list[list[str]] = []
+    filters: list[str] = []
     monkeypatch.setattr(sandbox, "apply_landlock", refused)
     monkeypatch.setattr(sandbox.os, "execvp", lambda prog, argv: ran.append(argv))
+    # never in this process: a real filter would refuse memfd_create to every later test of the worker
+    monkeypatch.setattr(sandbox, "apply_seccomp", lambda profile, memfd: filters.append(profile))
     plan, _ = _plan(tmp_path, MachineCaps(landlock_abi=7, root=False, unshare=None))
     plan.wrap(["x"], tmp_path / "policy.json")
     sandbox.enter(str(tmp_path / "policy.json"), ["torchrun", "--x"])
-    assert ran == [["torchrun", "--x"]]
+    assert ran == [["torchrun", "--x"]] and filters == ["world"]  # every sandbox gets the world profile
     assert capsys.readouterr().err.startswith(sandbox.WARNING_PREFIX + "Landlock failed")
     required, _ = _plan(
         tmp_path,
