@@ -25,6 +25,7 @@ from harness.api import API_VERSION
 from harness.config import ResolvedConfig
 from harness.records.provenance import git_commit, hardware, library_versions
 from scoring.score.evaluate import unigram_bpb
+from scoring.statuses import SCORED, UNVERIFIED, VERIFICATION_STATES, require_status
 from scoring.tracks import Track
 
 RESULT_FORMAT = "pg-result"
@@ -51,7 +52,7 @@ class ResultRecord:
     api_version: int = API_VERSION
     status: str
     detail: str | None = None
-    verification: str = "unverified"
+    verification: str = UNVERIFIED
     submission: dict[str, Any]
     track: str
     preset: str | None
@@ -87,6 +88,13 @@ class ResultRecord:
     cpu: dict[str, Any] | None = None
     """The CPU as the harness read it (model, flags, torch capability, native bfloat16) and the step mode
     the rank says it chose (harness/train/cpu.py)."""
+
+    def __post_init__(self) -> None:
+        require_status(self.status, "result status")  # every status written is one of docs/RULES.md's table
+        if self.verification not in VERIFICATION_STATES:
+            raise ValueError(
+                f"result verification {str(self.verification)[:80]!r} is not one of {', '.join(VERIFICATION_STATES)}"
+            )
 
     def to_json(self) -> dict[str, Any]:
         full = self.phases is not None
@@ -165,10 +173,10 @@ def build_result(
     pipeline_s: float,
 ) -> dict[str, Any]:
     train, pack, score = phases.get("train", {}), phases.get("pack", {}), phases.get("score", {})
-    scored = status in ("ok", "over_eval_budget") and "val_bpb" in score
+    scored = status in SCORED and "val_bpb" in score
     return ResultRecord(
         status=status,
-        verification="unverified",
+        verification=UNVERIFIED,
         submission={
             k: meta.get(k)
             for k in ("name", "author", "github_id", "date", "track", "data_variant", "builds_on")
