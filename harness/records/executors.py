@@ -52,6 +52,7 @@ from typing import Any
 from data.io import read_json, write_json_atomic
 from harness.records.verify import (
     ARTIFACT_FILE,
+    NOT_SCORED,
     VERIFY_FORMAT,
     VERIFY_FORMAT_VERSION,
     Check,
@@ -66,6 +67,7 @@ from harness.records.verify import (
     verification_record,
     verify_result,
 )
+from scoring.statuses import FAILED, SCORED, VERIFIED
 from scoring.tracks import TRACKS
 
 EXECUTORS = ("inline", "local", "slurm")
@@ -215,9 +217,9 @@ def expected_for(
     code_dir, data_dir = resolve_inputs(run_dir, result, submission, data)
     receipt = receipt_checks(result, run_dir, code_dir, data_dir)
     receipt += track_checks(result, data_dir, data_given=data is not None)
-    scored = result.get("status") in ("ok", "over_eval_budget") and "score" in (result.get("phases") or {})
+    scored = result.get("status") in SCORED and "score" in (result.get("phases") or {})
     if not scored:
-        names: tuple[frozenset[str], ...] = (frozenset({"result has a score"}),)
+        names: tuple[frozenset[str], ...] = (frozenset({NOT_SCORED}),)
     elif code_dir is None or data_dir is None or not (run_dir / ARTIFACT_FILE).is_file():
         names = (frozenset(),)  # nothing to re-score, and a receipt check says why
     else:
@@ -269,7 +271,7 @@ def accept_report(reported: Any, written: Any, expect: Expected) -> list[str]:
         for c in checks
     ):
         return [*problems, "checks are not a list of {name, ok, expected, actual}"]
-    status = "verified" if checks and all(c["ok"] for c in checks) else "failed"
+    status = VERIFIED if checks and all(c["ok"] for c in checks) else FAILED
     if record["status"] != status:
         problems.append(f"status {record['status']!r} does not follow from its checks ({status})")
     if record["differences"] != [c for c in checks if not c["ok"]]:
@@ -284,9 +286,9 @@ def accept_report(reported: Any, written: Any, expect: Expected) -> list[str]:
     names = frozenset(c["name"] for c in rescore)
     if len(names) != len(rescore) or names not in expect.score_names:
         problems.append(f"re-score checks {sorted(names)} are not the set the harness makes")
-    elif any(c["ok"] for c in rescore if c["name"] == RESCORE_FAILED):
+    elif any(c["ok"] for c in rescore if c["name"] in (RESCORE_FAILED, NOT_SCORED)):
         problems.append("a failed re-score reported as passed")
-    elif rescore and RESCORE_FAILED not in names:
+    elif rescore and not names & {RESCORE_FAILED, NOT_SCORED}:  # a result of any status: nothing re-scored
         # Only the re-score's measured numbers come from the job: the expectations (the result's
         # numbers) and every ok flag are recomputed here from them.
         recomputed = json.loads(

@@ -54,13 +54,15 @@ from scoring.artifact.format import ArtifactError, read_artifact
 from scoring.score.cli import ScoreRequest
 from scoring.score.evaluate import EvalConfig
 from scoring.score.record import ScoreRecord, read_score_record
+from scoring.statuses import FAILED, SCORED, VERIFIED
 from scoring.tracks import TRACKS
 
 VERIFY_FORMAT = "pg-verification"
 VERIFY_FORMAT_VERSION = 1
-VERIFICATION_STATES = ("unverified", "verified", "failed")
 VERIFICATION_FIELDS = ("verification", "verification_record")
 ARTIFACT_FILE = "artifact.pgolf"
+NOT_SCORED = "result has a score"
+"""The check a result without a score fails (any status but ok): nothing is re-scored."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -413,7 +415,7 @@ def verification_record(
     return {
         "format": VERIFY_FORMAT,
         "format_version": VERIFY_FORMAT_VERSION,
-        "status": "verified" if checks and all(c.ok for c in checks) else "failed",
+        "status": VERIFIED if checks and all(c.ok for c in checks) else FAILED,
         "result_sha256": result_digest(result),
         "run_dir": str(run_dir),
         "verified_unix_s": time.time(),
@@ -442,10 +444,10 @@ def verify_result(
     code_dir, data_dir = resolve_inputs(run_dir, result, submission, data)
     checks = receipt_checks(result, run_dir, code_dir, data_dir)
     checks += track_checks(result, data_dir, data_given=data is not None)
-    scored = result.get("status") in ("ok", "over_eval_budget") and "score" in (result.get("phases") or {})
+    scored = result.get("status") in SCORED and "score" in (result.get("phases") or {})
     if not scored:
         checks.append(
-            Check("result has a score", False, "a scored result", f"status {result.get('status')!r}")
+            Check(NOT_SCORED, False, "a scored result", f"status {result.get('status')!r}")
         )
     elif code_dir is not None and data_dir is not None and (run_dir / ARTIFACT_FILE).is_file():
         new, tail = rescore(result, run_dir, code_dir, data_dir, cfg)

@@ -192,3 +192,24 @@ def test_a_reported_rescore_failure_cannot_pass():
     record["checks"] = record["checks"][: len(RECEIPT)] + failed
     record["differences"] = []
     assert "a failed re-score reported as passed" in accept_report(json.dumps(record), record, expect)
+
+
+@pytest.mark.parametrize("status", ["over_budget", "error", "over_cap", "illegal"])
+def test_a_report_on_a_result_without_a_score_is_accepted_not_a_crash(status):
+    """An over_budget (or any unscored) result has no phases.score: its one re-score check is "result has a
+    score" (failed), and the submitting side accepts that report without recomputing a re-score it never had
+    (it raised KeyError: 'score' and stopped the batch)."""
+    from harness.records.executors import expected_for
+
+    cfg = VerifyConfig()
+    result = {"format": "pg-result", "status": status, "track": "smoke", "phases": {"train": {}}}
+    checks = [*RECEIPT, Check("result has a score", False, "a scored result", f"status {status!r}")]
+    record = verification_record(result, Path("/runs/r1"), None, None, cfg, checks, wall_s=1.0)
+    text = json.dumps(record, sort_keys=True)
+    expect = expected_for(result, Path("/runs/r1"), None, None, cfg)
+    expect = Expected(**{**expect.__dict__, "receipt": json.loads(json.dumps([asdict(c) for c in RECEIPT]))})
+    assert accept_report(text, json.loads(text), expect) == []
+    forged = json.loads(text)
+    forged["checks"][-1]["ok"] = True
+    forged["status"], forged["differences"] = "verified", []
+    assert "a failed re-score reported as passed" in accept_report(json.dumps(forged), forged, expect)
