@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from scoring.score.evaluate import RuleViolation, Scorable
+from scoring.score.remote import EvalDeadline, WorkerFailure
 
 PROBE_VERSION = 4
 PROBE_WORKERS_PER_PROBE = 2
@@ -191,6 +192,10 @@ def _compare(
     return float(d.max()) if d.numel() else 0.0, int(flat.size)
 
 
+def logits_of(worker: Scorable, x: np.ndarray) -> torch.Tensor:
+    return worker.logits(torch.from_numpy(x)).detach().float().cpu().clone()
+
+
 Replay = Callable[[Scorable, int], None]
 """replay(worker, c): hand a fresh worker the score-first adaptation of chunks 0 .. c-1, as the main one had it."""
 
@@ -225,53 +230,23 @@ def run_probes(
         }
     rng = np.random.default_rng([plan.seed, 1])
     results = []
-
-    def logits_of(worker: Scorable, x: np.ndarray) -> torch.Tensor:
-        return worker.logits(torch.from_numpy(x)).detach().float().cpu().clone()
-
     # the order of the probes comes from the secret seed
     order = [plan.batches[i] for i in rng.permutation(len(plan.batches))]
-    for b in order:
+    for i, b in enumerate(order):
         if b not in kept:
             raise RuntimeError(f"probe batch {b} was not kept by the evaluation")
-        x_BL, valid_BL, scored_BLV = kept[b]
-        x2_BL, r, t, cut = make_variant(x_BL, valid_BL, tokens, rng)
-        iso_BL = isolate_row(x_BL, valid_BL, r, tokens, rng)
-        chunk = (kept_chunks or {}).get(b, 0)
-        # one worker at a time, in this order: the causal one (variant, then the unchanged batch) is done
-        # and closed before the row-isolation one, which holds row r whole, runs any submitted code (`fresh`
-        # closes the previous worker and empties the page cache before it starts the next): a worker that
-        # ran first could otherwise leave the original's future for the variant's (an attacker's live
-        # channel between the two workers of a pair, passed half of the time when the order was drawn)
-        causal = next(fresh)
-        if replay is not None and chunk:
-            replay(causal, chunk)
-        diff, compared = _compare(scored_BLV, logits_of(causal, x2_BL), valid_BL, cut, cfg.atol, f"batch {b}")
-        last = int(np.flatnonzero(valid_BL.reshape(-1)).size) - 1
-        same, _ = _compare(
-            scored_BLV,
-            logits_of(causal, x_BL),
-            valid_BL,
-            last,
-            cfg.atol,
-            f"batch {b}, scored vs fresh",
-            "fresh",
-        )
-        isolated = next(fresh)
-        if replay is not None and chunk:
-            replay(isolated, chunk)
-        iso_logits = logits_of(isolated, iso_BL)
-        row_diff = _compare_row(scored_BLV, iso_logits, valid_BL, r, cfg.atol, f"batch {b}")
-        results.append(
-            {
-                "batch": b,
-                "row": r,
-                "position": t,
-                "adaptation_chunks_replayed": chunk if replay is not None else 0,
-                "positions_compared": compared,
-                "max_abs_diff": max(same, diff, row_diff),
-            }
-        )
+        try:
+            results.append(_probe_batch(b, kept[b], fresh, tokens, cfg, rng, replay, kept_chunks))
+        except (WorkerFailure, EvalDeadline) as e:
+            # A probe worker runs the scored model on a batch of the real shape: one that fails, dies or does
+            # not answer behaves otherwise than the model that was scored. Never a resource verdict (a peeking
+            # model could pick out_of_memory over illegal by making its probe workers fail).
+            kind = e.kind if isinstance(e, WorkerFailure) else "no answer before its deadline"
+            first = next((line for line in str(e).splitlines() if line.strip()), "")
+            raise ProbeFailure(
+                f"probe {i + 1} of {len(order)} (batch {b}) failed: its fresh worker did not answer as the "
+                f"scored model did ({kind}: {first[:300]}); a model must answer a probe as it answers scoring"
+            ) from e
     return {
         "version": PROBE_VERSION,
         "passed": True,
@@ -285,4 +260,53 @@ def run_probes(
         "probes": results,
         "coverage": {"batches_probed": len(results), "batches_total": total_batches},
         "probe_time_s": time.perf_counter() - t0,
+    }
+
+
+def _probe_batch(
+    b: int,
+    kept_b: tuple[np.ndarray, np.ndarray, torch.Tensor],
+    fresh: Iterator[Scorable],
+    tokens: np.ndarray,
+    cfg: ProbeConfig,
+    rng: np.random.Generator,
+    replay: Replay | None,
+    kept_chunks: dict[int, int] | None,
+) -> dict[str, Any]:
+    """One probe of batch `b` in PROBE_WORKERS_PER_PROBE fresh workers (see run_probes); its record."""
+    x_BL, valid_BL, scored_BLV = kept_b
+    x2_BL, r, t, cut = make_variant(x_BL, valid_BL, tokens, rng)
+    iso_BL = isolate_row(x_BL, valid_BL, r, tokens, rng)
+    chunk = (kept_chunks or {}).get(b, 0)
+    # one worker at a time, in this order: the causal one (variant, then the unchanged batch) is done
+    # and closed before the row-isolation one, which holds row r whole, runs any submitted code (`fresh`
+    # closes the previous worker and empties the page cache before it starts the next): a worker that
+    # ran first could otherwise leave the original's future for the variant's (an attacker's live
+    # channel between the two workers of a pair, passed half of the time when the order was drawn)
+    causal = next(fresh)
+    if replay is not None and chunk:
+        replay(causal, chunk)
+    diff, compared = _compare(scored_BLV, logits_of(causal, x2_BL), valid_BL, cut, cfg.atol, f"batch {b}")
+    last = int(np.flatnonzero(valid_BL.reshape(-1)).size) - 1
+    same, _ = _compare(
+        scored_BLV,
+        logits_of(causal, x_BL),
+        valid_BL,
+        last,
+        cfg.atol,
+        f"batch {b}, scored vs fresh",
+        "fresh",
+    )
+    isolated = next(fresh)
+    if replay is not None and chunk:
+        replay(isolated, chunk)
+    iso_logits = logits_of(isolated, iso_BL)
+    row_diff = _compare_row(scored_BLV, iso_logits, valid_BL, r, cfg.atol, f"batch {b}")
+    return {
+        "batch": b,
+        "row": r,
+        "position": t,
+        "adaptation_chunks_replayed": chunk if replay is not None else 0,
+        "positions_compared": compared,
+        "max_abs_diff": max(same, diff, row_diff),
     }

@@ -301,3 +301,35 @@ def test_a_model_that_peeks_only_after_adapting_fails_the_probes(tmp_path, tiny_
         score_artifact(
             tmp_path / "a.pgolf", folder, tiny_dataset, cfg, threads=1, probe_cfg=ProbeConfig(probes=4)
         )
+
+
+# Peeks at the next token, and raises MemoryError in any worker whose first batch is not the first scored
+# batch (its rows come in a secret order; their sum does not): every probe worker, never the main one.
+PEEK_THEN_OOM_WHEN_PROBED = TINY_MODEL.replace(
+    "        e = self.emb(ids)\n",
+    "        if self.first:\n"
+    "            self.first = False\n"
+    "            if int(ids.sum()) != FIRST_BATCH_SUM:\n"
+    "                raise MemoryError('a probe, by its first batch')\n"
+    "        e = self.emb(ids)\n",
+).replace(
+    "prev = torch.cat([torch.zeros_like(e[:, :1]), e[:, :-1]], dim=1)",
+    "prev = torch.cat([e[:, 1:], torch.zeros_like(e[:, :1])], dim=1)  # the NEXT token",
+).replace(
+    "        self.head = nn.Linear(dim, vocab_size, bias=False)\n",
+    "        self.head = nn.Linear(dim, vocab_size, bias=False)\n        self.first = True\n",
+)
+
+
+def test_a_peeking_model_whose_probe_workers_raise_memory_error_is_illegal(tmp_path, tiny_dataset):
+    """It ended out_of_memory (the probe worker's own word for the MemoryError it raised); a probe worker
+    that fails is a failed probe, whatever it says: illegal, naming the probe."""
+    from data.shards import read_split
+    from scoring.score.cli import verdict_of
+    from scoring.score.probes import ProbeFailure
+
+    first = int(read_split(tiny_dataset, "val")[: EVAL.batch_seqs * EVAL.seq_len].astype("int64").sum())
+    model = PEEK_THEN_OOM_WHEN_PROBED.replace("class Tiny", f"FIRST_BATCH_SUM = {first}\n\n\nclass Tiny")
+    with pytest.raises(ProbeFailure, match=r"probe 1 of 1 \(batch \d\) failed: .*out_of_memory") as caught:
+        score(tmp_path, tiny_dataset, model, probe_cfg=ProbeConfig(probes=1))
+    assert verdict_of(caught.value) == "illegal"

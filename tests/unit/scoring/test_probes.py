@@ -337,3 +337,38 @@ class Rememberer(Bigram):
 def test_a_model_that_remembers_the_batch_cannot_answer_its_variant(cfg):
     with pytest.raises(ProbeFailure, match="causality probe failed"):
         probe(Rememberer(), cfg, probes=2, seed=3)
+
+
+class FailingWorker:
+    """A fresh worker that fails as a submission's code can make it: an error reply of any kind (the
+    worker says out_of_memory for a MemoryError it raised itself), a death, or no answer in time."""
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+    def logits(self, x_BL):
+        raise self.exc
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        "out_of_memory",
+        "error",
+        "deadline",
+    ],
+)
+def test_a_probe_worker_that_fails_makes_the_score_illegal_never_a_resource_verdict(exc):
+    """A peeking model whose probe workers raise MemoryError ended out_of_memory (the worker's own word);
+    a probe worker that fails in any way is a probe that failed: illegal, naming the probe and the cause."""
+    from scoring.score.cli import verdict_of
+    from scoring.score.remote import EvalDeadline, WorkerFailure
+
+    failure = EvalDeadline("no answer") if exc == "deadline" else WorkerFailure(exc, "MemoryError\nTraceback ...")
+    model, cfg, pcfg = PeekNext(), STANDARD, ProbeConfig(probes=2, seed=1)
+    plan = plan_probes(batch_count(TOKENS, cfg), pcfg)
+    result = evaluate(model, TOKENS, ByteTokenizer().byte_table(), cfg, CPU, keep_batches=plan.batches)
+    fresh = (FailingWorker(failure) for _ in iter(int, 1))
+    with pytest.raises(ProbeFailure, match=r"probe 1 of 2 \(batch \d+\) failed: its fresh worker") as caught:
+        run_probes(plan, result.kept, fresh, TOKENS, pcfg, total_batches=result.batches)
+    assert verdict_of(caught.value) == "illegal"
