@@ -66,7 +66,7 @@ from isolation.processes import die_with_parent, kill_session, reap_token_proces
 from isolation.sandbox import TOKEN_ENV, WARNING_PREFIX, SandboxPlan, parse_layers, plan_sandbox
 from isolation.world import PageCacheReset
 from scoring.worker.env import names, sandbox_env
-from scoring.worker.process import OOM_MARKERS
+from scoring.worker.process import OOM_MARKERS, kernel_oom_kills, oom_killed_since
 
 PACK_STARTUP_S = 30.0
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -355,6 +355,7 @@ def run_train_phase(
         cache.reset()
         isolation["page_cache"] = cache.describe()
         cache.close()
+    oom_kills = kernel_oom_kills()  # the kernel's count before: a rank's SIGKILL is its only if it rose
     outcome = supervise(
         plan.wrap(torchrun_command(launch, stage / "spec.json"), policy),
         out,
@@ -437,8 +438,10 @@ def run_train_phase(
         }
         record["rank_failures"] = rank_failures(log_text)
         killed = [f"rank {f['rank']} killed by {f['signal']}" for f in record["rank_failures"] if f["signal"]]
+        record["kernel_oom_kill"] = oom_killed_since(oom_kills)
         if killed and outcome.status == "error":
-            record["detail"] = f"{outcome.detail}: {', '.join(killed)}"
+            by = "" if record["kernel_oom_kill"] else " (not by the kernel's OOM killer: its count did not rise)"
+            record["detail"] = f"{outcome.detail}: {', '.join(killed)}{by}"
         if record["status"] == "error" and ran_out_of_memory(record):
             limit = plan.memory_limit_bytes
             record.update(
@@ -455,13 +458,16 @@ def run_train_phase(
 
 def ran_out_of_memory(record: dict[str, Any]) -> bool:
     """A failed train phase whose ranks failed for want of memory: an allocation refused (the address-space
-    limit, or the machine's), or a rank killed by SIGKILL that the supervisor did not send (the kernel's OOM
-    killer). The rank's own text only picks between two failures; it can never make a run ok."""
+    limit, or the machine's), or a rank killed by SIGKILL while the kernel's OOM kill count rose
+    (`kernel_oom_kill`, the supervisor's reading of /proc/vmstat). A rank that SIGKILLs itself is an error:
+    the signal alone does not say who sent it. The rank's own text only picks between two failures; it can
+    never make a run ok."""
     texts = list(record.get("errors", {}).values())
     if any(marker in text for text in texts for marker in (*OOM_MARKERS, "MemoryError")):
         return True
     # SIGKILL with no rank reporting an exception (torchrun may SIGKILL the others after one failed)
-    return not texts and any(f.get("signal") == "SIGKILL" for f in record.get("rank_failures", []))
+    killed = any(f.get("signal") == "SIGKILL" for f in record.get("rank_failures", []))
+    return not texts and killed and record.get("kernel_oom_kill") is True
 
 
 # ---- A submission's codec: encoded on the clock, in the sandbox ----

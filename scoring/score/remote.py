@@ -37,7 +37,7 @@ from isolation.processes import die_with_parent, kill_group_reaped
 from isolation.sandbox import SandboxPlan, plan_sandbox
 from scoring.worker.confined import PRIVATE_DIRS, PROJECT_ROOT, WORKER_ISOLATION, OutputTail, worker_env
 from scoring.worker.env import names
-from scoring.worker.process import WORKER_SPEC_FORMAT, WORKER_SPEC_VERSION
+from scoring.worker.process import WORKER_SPEC_FORMAT, WORKER_SPEC_VERSION, kernel_oom_kills, oom_killed_since
 from scoring.worker.wire import Reply, SharedBuffer, WireError, WorkerGone, recv, send, socket_pair
 
 READY_TIMEOUT_S = 300.0
@@ -131,6 +131,7 @@ class WorkerModel:
         cmd = [sys.executable, "-P", "-B", "-m", "scoring.worker", json.dumps(spec)]
         policy = self._tmp.with_name(self._tmp.name + "-policy.json")  # outside the worker's own folder
         self.env = worker_env(self._tmp, cfg.threads)  # an allow-list: nothing else of the official's
+        self._oom_kills = kernel_oom_kills()  # the kernel's count before: a SIGKILL is its only if it rose
         self.proc = subprocess.Popen(
             self.plan.wrap(cmd, policy),
             stdin=subprocess.DEVNULL,
@@ -195,9 +196,16 @@ class WorkerModel:
         self._drain.join(timeout=2)
         tail = self.output.text()[-2000:]
         if code is not None and code < 0 and -code == signal.SIGKILL:
-            # the kernel's OOM killer ends a process with SIGKILL; so does nobody else here
+            # the kernel's OOM killer ends a process with SIGKILL, but so can the worker itself: out_of_memory
+            # only when the kernel's own count of OOM kills rose meanwhile (this side's reading, not the worker's)
+            if oom_killed_since(self._oom_kills):
+                return WorkerFailure(
+                    "out_of_memory", f"the model worker was killed by the kernel's OOM killer (SIGKILL):\n{tail}"
+                )
             return WorkerFailure(
-                "out_of_memory", f"the model worker was killed (SIGKILL, out of memory?):\n{tail}"
+                "error",
+                "the model worker died by SIGKILL that neither the scorer nor the kernel's OOM killer sent "
+                f"(/proc/vmstat oom_kill did not rise):\n{tail}",
             )
         return WorkerFailure("error", f"the model worker exited with status {code}:\n{tail}")
 

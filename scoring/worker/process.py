@@ -37,6 +37,27 @@ WORKER_SPEC_VERSION = 1
 OOM_MARKERS = ("can't allocate memory", "out of memory", "CUDA out of memory", "Cannot allocate memory")
 
 
+def kernel_oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has killed since boot (/proc/vmstat `oom_kill`, Linux >= 4.13;
+    None: unreadable). Read by the trusted side before and after a phase: a process of the phase that died
+    by SIGKILL was the OOM killer's only if this count rose (a process can SIGKILL itself; that is no
+    out_of_memory). The count is the machine's, so another process's OOM kill meanwhile also counts."""
+    try:
+        with open("/proc/vmstat", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def oom_killed_since(before: int | None) -> bool | None:
+    """Whether the kernel's OOM killer killed anything since the reading `before` (None: cannot tell)."""
+    now = kernel_oom_kills()
+    return None if before is None or now is None else now > before
+
+
 def error_kind(exc: BaseException) -> str:
     """ "out_of_memory", "illegal" (a broken scoring rule) or "error"."""
     from scoring.codecheck import CodeCheckFailure

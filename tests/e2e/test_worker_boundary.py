@@ -333,3 +333,18 @@ def test_a_peeking_model_whose_probe_workers_raise_memory_error_is_illegal(tmp_p
     with pytest.raises(ProbeFailure, match=r"probe 1 of 1 \(batch \d\) failed: .*out_of_memory") as caught:
         score(tmp_path, tiny_dataset, model, probe_cfg=ProbeConfig(probes=1))
     assert verdict_of(caught.value) == "illegal"
+
+
+def test_a_worker_that_sigkills_itself_is_an_error_not_out_of_memory(tmp_path, tiny_dataset):
+    """SIGKILL was read as the kernel's OOM killer: a model could pick out_of_memory over error by killing
+    its own worker. Only a rise of the kernel's OOM kill count (the scorer's reading) makes it one. (In its
+    PID namespace the worker is PID 1, whose own SIGKILL the kernel ignores: the attack needs a machine
+    without that namespace, as sandbox 'off' gives.)"""
+    from scoring.score.remote import WorkerFailure
+
+    model = TINY_MODEL.replace(
+        "        e = self.emb(ids)\n", "        SMUGGLED.kill(SMUGGLED.getpid(), 9)\n        e = self.emb(ids)\n"
+    ) + SMUGGLE.format(code="__import__('os')")
+    with pytest.raises(WorkerFailure, match="neither the scorer nor the kernel's OOM killer") as caught:
+        score(tmp_path, tiny_dataset, model, sandbox="off")
+    assert caught.value.kind == "error"

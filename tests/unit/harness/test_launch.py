@@ -266,6 +266,29 @@ def test_rank_failures_parses_torchrun_summary():
     assert rank_failures(log) == [{"rank": 1, "local_rank": 1, "exitcode": -9, "signal": "SIGKILL"}]
 
 
+
+def test_a_rank_killed_by_sigkill_is_out_of_memory_only_when_the_kernel_oom_killer_did_it():
+    """A rank that SIGKILLs itself read as out_of_memory (the signal was taken for the OOM killer's): now the
+    supervisor's reading of the kernel's OOM kill count decides; a rank's MemoryError still picks it."""
+    from harness.run.train_phase import ran_out_of_memory
+
+    killed = {"errors": {}, "rank_failures": [{"rank": 0, "local_rank": 0, "exitcode": -9, "signal": "SIGKILL"}]}
+    assert not ran_out_of_memory({**killed, "kernel_oom_kill": False})  # it sent the signal itself
+    assert not ran_out_of_memory({**killed, "kernel_oom_kill": None})  # cannot tell: error, not a resource
+    assert ran_out_of_memory({**killed, "kernel_oom_kill": True})
+    assert ran_out_of_memory({"errors": {"train_error_rank0.txt": "MemoryError"}, "rank_failures": []})
+
+
+def test_the_kernel_oom_kill_count_is_read_from_proc_vmstat():
+    from scoring.worker.process import kernel_oom_kills, oom_killed_since
+
+    n = kernel_oom_kills()
+    if n is None:
+        pytest.skip("/proc/vmstat has no oom_kill on this kernel")
+    assert n >= 0 and oom_killed_since(n) is False and oom_killed_since(n - 1) is True
+    assert oom_killed_since(None) is None
+
+
 # ---- sandbox plans ----
 
 NO_LANDLOCK = MachineCaps(landlock_abi=0, root=False, unshare=None)
