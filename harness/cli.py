@@ -48,6 +48,10 @@ COMMANDS: dict[str, str] = {
 """Command -> the module whose `register(sub)` adds it (imported lazily)."""
 
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, TypeError)
+CODEC_CLOCK_MARKER = b"[pgolf pack] the submission's codec starts now (on the clock)"
+"""`pgolf pack --codec submission` prints this line before it imports codec.py: the sealed pack's clock
+starts when the orchestrator reads it (harness/run/train_phase.py run_sealed_pack), never by a time the
+process reports."""
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -85,6 +89,9 @@ def cmd_pack(args: argparse.Namespace) -> int:
     model_config = model_config_of(meta)
     if model_config is None:
         model_config = load_config(args.submission, args.preset).model
+    if args.codec == "submission":  # from here on submitted code runs in this process: the clock's start
+        sys.stdout.buffer.write(CODEC_CLOCK_MARKER + b"\n")
+        sys.stdout.flush()
     record = pack_state(
         state,
         args.submission,

@@ -208,7 +208,8 @@ def build_result(
         phase_times_s={
             "data": phases.get("data", {}).get("time_s"),
             "train_wall": train.get("wall_s"),
-            "pack_encode": pack.get("encode_time_s"),
+            "pack_encode": pack.get("encode_time_s"),  # the orchestrator's clock for a submission's codec
+            "pack_wall": pack.get("wall_s"),
             "score_wall": score.get("score_wall_s"),
             "pipeline": pipeline_s,
         },

@@ -514,18 +514,30 @@ LOG_LIMIT_BYTES = 64 << 20
 
 
 def pump_output(
-    proc: subprocess.Popen, log_path: Path, limit_bytes: int = LOG_LIMIT_BYTES
+    proc: subprocess.Popen,
+    log_path: Path,
+    limit_bytes: int = LOG_LIMIT_BYTES,
+    *,
+    marker: bytes = b"",
+    seen: list[float] | None = None,
 ) -> threading.Thread:
     """Copy `proc`'s stdout pipe into `log_path` from a thread of this (trusted) process.
 
     The untrusted processes write into a pipe only: they cannot truncate, rewrite or fill the log
     beyond `limit_bytes` (a rank holding the log file as its stdout could ftruncate it).
+    `marker`: when these bytes first come through, this process's time.monotonic() is appended to `seen`
+    (a clock started by the harness's own line, printed before any submitted code runs).
     """
 
     def run() -> None:
         kept = dropped = 0
+        tail = b""
         with open(log_path, "ab") as log:
             for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
+                if marker and seen is not None and not seen:
+                    if marker in tail + chunk:
+                        seen.append(time.monotonic())
+                    tail = (tail + chunk)[-len(marker) :]
                 if kept + len(chunk) <= limit_bytes:
                     log.write(chunk)
                     log.flush()

@@ -20,6 +20,7 @@ import math
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from data.embedded import ensure_embedded_dataset
-from data.io import read_json, write_json_atomic
+from data.io import read_json, sha256_file, write_json_atomic
 from data.manifest import Manifest, load_manifest, make_split_view
 from harness.cli import pack_command
 from harness.config import PackConfig, ResolvedConfig, validate_run
@@ -43,11 +44,13 @@ from harness.run.train_phase import run_sealed_pack, run_train_phase
 from harness.train.rank import METRICS_FILE, STATE_FILE
 from isolation.processes import die_with_parent
 from isolation.sandbox import missing_layers, parse_layers, probe_machine, require_layers
+from scoring.artifact.cap import code_bytes, counted_files
+from scoring.artifact.format import ArtifactError, read_artifact
 from scoring.artifact.pack import PackRecord
 from scoring.codecheck import lint_scored_code
 from scoring.score.audit import KNOWN_TOKENIZER_SHA256
 from scoring.score.cli import EXIT_CODES, STATUS_OF_EXIT, ScoreRequest
-from scoring.score.record import ScoreFailure, ScoreRecord, read_score_record
+from scoring.score.record import ScoreFailure, ScoreRecord, cause_line, read_score_record
 from scoring.score.remote import WORKER_ISOLATION
 from scoring.tracks import Track, get_track
 
@@ -174,11 +177,19 @@ def run_pipeline(
             tracker,
         )
     except Exception as e:  # noqa: BLE001 - every run that started ends with a result record
-        phases.setdefault("harness", {})["traceback"] = "".join(traceback.format_exception(e))[-4000:]
-        print(f"error: the run failed: {e}", file=sys.stderr)
-        result = _finish(
-            run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="error", hint=str(e)
-        )
+        # the detail: one line naming the cause and where; the traceback in RUN_DIR/harness_error.log
+        full = "".join(traceback.format_exception(e))
+        (run_dir / "harness_error.log").write_text(full, encoding="utf-8", errors="replace")
+        where = traceback.extract_tb(e.__traceback__)[-1:]
+        at = f" at {Path(where[0].filename).name}:{where[0].lineno}" if where else ""
+        detail = cause_line(f"the harness failed ({type(e).__name__}{at}): {e}")
+        phases["harness"] = {
+            "status": "error",
+            "detail": f"{detail} (traceback: {run_dir / 'harness_error.log'})",
+            "traceback": full[-4000:],
+        }
+        print(f"error: the run failed: {detail}", file=sys.stderr)
+        result = _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="error")
     print(f"[log] {finish_tracking(tracker, run_dir, result)}", flush=True)  # after the verdict
     return result
 
@@ -310,9 +321,8 @@ def _phases(
             run_dir / STATE_FILE, Path(packed), artifact, codec=cfg.section("pack").codec,
             cap_bytes=track.cap_bytes, json_out=run_dir / "pack.json",
         )  # fmt: skip
-        if (
-            cfg.section("pack").codec == "submission"
-        ):  # its encode is training-side code: on the clock, sandboxed
+        sealed_pack = cfg.section("pack").codec == "submission"
+        if sealed_pack:  # its encode is training-side code: on the clock, sandboxed
             returncode, sealed = run_sealed_pack(
                 run_dir=run_dir,
                 submission_dir=Path(packed),  # the staged copy: what is counted is what runs
@@ -325,15 +335,23 @@ def _phases(
                 base_env=_subprocess_env(),
             )
             phases["train"]["codec_encode"] = sealed
+            pack_wall_s = sealed["wall_s"]
             if sealed["status"] != "ok":
                 phases["train"].update(status=sealed["status"], detail=sealed.get("detail", ""))
                 return _finish(
                     run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=sealed["status"]
                 )
         else:
+            t_pack = time.monotonic()
             returncode = _run_phase("pack", cmd, run_dir / "pack.log")
-        if not (run_dir / "pack.json").is_file():
-            phases["pack"] = {"status": "error", "detail": _tail(run_dir / "pack.log")}
+            pack_wall_s = time.monotonic() - t_pack
+        if not (run_dir / "pack.json").is_file() or not artifact.is_file():
+            what = "no pack.json" if not (run_dir / "pack.json").is_file() else "no artifact"
+            phases["pack"] = {
+                "status": "error",
+                "detail": f"the pack wrote {what}",
+                "log_tail": _tail(run_dir / "pack.log"),
+            }
             return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="error")
         try:
             phases["pack"] = PackRecord.from_json(
@@ -342,9 +360,38 @@ def _phases(
         except ValueError as e:  # written by the pack process (for a custom codec, beside submitted code)
             phases["pack"] = {"status": "error", "detail": f"pack.json: {e}"}
             return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="error")
+        # every figure from this side: the artifact's bytes and hash from the file, the code's from the staged copy
+        measured, disagree = measure_pack(phases["pack"], artifact, Path(packed), track.cap_bytes)
+        phases["pack"] = {**phases["pack"], **measured, "wall_s": pack_wall_s}
+        if sealed_pack:  # its clock is the orchestrator's (run_sealed_pack), never the record's own figure
+            encode = phases["train"]["codec_encode"]
+            phases["pack"].update(
+                encode_time_s=encode["encode_clock_s"],
+                reported_encode_time_s=encode["reported_encode_time_s"],
+            )
+        if disagree:
+            # written by the process that ran the submission's codec (illegal), or by the harness's own pack (error)
+            phases["pack"].update(
+                status="illegal" if sealed_pack else "error",
+                detail="the pack record disagrees with the artifact on disk: " + "; ".join(disagree),
+            )
+            return _finish(
+                run_dir,
+                cfg,
+                meta,
+                track,
+                phases,
+                manifest,
+                ledger,
+                t_pipeline,
+                status=phases["pack"]["status"],
+            )
         keep_packed_code(views / "packed_code", phases["pack"]["code_files"], run_dir / "code")
-        if returncode != 0 or not phases["pack"]["within_cap"]:
+        if not phases["pack"]["within_cap"]:
             return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="over_cap")
+        if returncode != 0:
+            phases["pack"].update(status="error", detail=f"the pack process exited with status {returncode}")
+            return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="error")
 
         # ---- 4. score ----
         staged = stage_model_code(submission_dir, views / "model_code", cap_bytes=track.cap_bytes)
@@ -387,10 +434,17 @@ def _phases(
             elif status == "ok":  # exit 0 without a readable score
                 status = "error"
             detail = (record.detail if isinstance(record, ScoreFailure) else "") or malformed
-            detail = detail or _tail(run_dir / "score.log")
+            if isinstance(record, ScoreFailure) and record.origin != "submission":
+                detail = f"a harness failure, not the entry's ({record.origin}): {detail}"
+            detail = detail or (
+                f"the scorer wrote no readable record (exit status {returncode})"
+                if returncode is not None
+                else f"the scorer was killed at its deadline ({outer_s:.0f} s)"
+            )
             phases["score"] = {
                 "status": status,
-                "detail": detail,
+                "detail": f"{cause_line(detail)} (the whole output: {run_dir / 'score.log'})",
+                "origin": record.origin if isinstance(record, ScoreFailure) else "scorer",
                 "returncode": returncode,
                 "machine_load": score_load,
             }
@@ -400,6 +454,51 @@ def _phases(
         phases["score"] = {**phases["score"], "machine_load": score_load}  # the harness's, not the scorer's
         status = "ok"
         return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=status)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else value
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def measure_pack(
+    pack: dict[str, Any], artifact: Path, packed: Path, cap_bytes: int
+) -> tuple[dict[str, Any], list[str]]:
+    """The pack's figures as this process measures them, and where the pack record says otherwise.
+
+    The artifact's size and sha256 come from the file on disk (lstat: a regular file), the counted code's
+    files, sha256 and bytes from the staged copy that was packed, and the cap verdict from those; the
+    artifact header's own record of the code must name the same files. A pack record is written by the
+    pack process, which for a custom codec runs submitted code: it is compared, never believed."""
+    st = os.lstat(artifact)
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{artifact} is not a regular file")
+    files = counted_files(packed)
+    n_code, n_model = code_bytes(packed, files), st.st_size
+    measured: dict[str, Any] = {
+        "artifact_sha256": sha256_file(artifact),
+        "code_files": files,
+        "bytes_code": n_code,
+        "bytes_model": n_model,
+        "bytes_total": n_code + n_model,
+        "cap_bytes": cap_bytes,
+    }
+    measured["within_cap"] = measured["bytes_total"] <= cap_bytes
+    disagree = [
+        f"{k} {_short(pack.get(k))} in the record, {_short(v)} measured"
+        for k, v in measured.items()
+        if pack.get(k) != v
+    ]
+    try:
+        header_files = read_artifact(artifact).header.get("code_files")
+    except ArtifactError as e:
+        header_files = f"unreadable ({e})"
+    if header_files != files:
+        disagree.append(f"the artifact header's code files {_short(header_files)}, {_short(files)} counted")
+    measured["measured_by"] = "orchestrator"
+    if disagree:
+        measured["reported"] = {k: pack.get(k) for k in measured if k in pack and pack.get(k) != measured[k]}
+    return measured, disagree
 
 
 def _finish(

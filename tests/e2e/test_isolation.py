@@ -157,3 +157,56 @@ def test_a_custom_codec_encodes_sandboxed_and_on_the_clock(tiny_dataset, tmp_pat
     assert (
         rec["status"] == "over_budget" and rec["train_plus_encode_s"] > 11.0
     )  # 10.8 s of training + 0.5 s of encode
+
+
+def test_a_slow_codec_that_forges_its_pack_record_is_over_budget_and_illegal(tiny_dataset, tmp_path):
+    """A codec slept past the time left and rewrote pack.json as its process exited (encode_time_s 0.01,
+    bytes_model 2000, within the cap): the record's time was believed (ok), its bytes too. Now the time is the
+    orchestrator's, from the pack's own line before codec.py to the exit, and every byte figure is measured
+    from the file on disk and the staged code: the record is compared, and a disagreement names both."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from harness.run.launch import LaunchConfig
+    from harness.run.pipeline import measure_pack
+    from harness.run.train_phase import run_sealed_pack
+    from harness.train.clock import BudgetConfig
+    from harness.train.rank import STATE_FILE
+
+    sub = tmp_path / "codec_forge"
+    shutil.copytree(FIXTURES / "codec_peek", sub)
+    (sub / "sleep_s.txt").write_text("2.0")
+    (sub / "forge.txt").write_text("yes")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    import torch
+
+    save_file(
+        {
+            "emb.weight": torch.zeros(260, 8),
+            "head.weight": torch.zeros(260, 8),
+            "head.bias": torch.zeros(260),
+        },
+        str(run_dir / STATE_FILE),
+        metadata={"model_config": json.dumps({"vocab_size": 260, "dim": 8})},
+    )
+    rc, rec = run_sealed_pack(
+        run_dir=run_dir,
+        submission_dir=sub,
+        data_root=tiny_dataset,
+        budget=BudgetConfig(train_s=10.0, grace_s=1.0),
+        launch=LaunchConfig(device="cpu"),
+        train_time_s=9.5,  # 1.5 s left: the 2 s sleep is past it; the forged record says 0.01 s
+        cap_bytes=16_000_000,
+        log_path=run_dir / "pack.log",
+    )
+    assert rc == 0 and rec["reported_encode_time_s"] == "0.01", rec
+    assert rec["encode_clock_from"] == "the pack's line before codec.py"
+    assert rec["encode_time_s"] >= 2.0 and rec["status"] == "over_budget", rec
+    assert "0.01" in rec["detail"] and "by the harness's clock" in rec["detail"]
+    pack = json.loads((run_dir / "pack.json").read_text())
+    assert pack["bytes_model"] == 2000 and pack["within_cap"] is True  # what it claims
+    measured, disagree = measure_pack(pack, run_dir / "artifact.pgolf", sub, 16_000_000)
+    assert measured["bytes_model"] == (run_dir / "artifact.pgolf").stat().st_size != 2000
+    assert any(d.startswith("bytes_model 2000 in the record, ") for d in disagree), disagree
