@@ -29,14 +29,16 @@ from scoring.artifact.pack import unpack_artifact
 from scoring.codecheck import CodeCheckFailure
 from scoring.score.evaluate import EVAL_DTYPES, EVAL_MODES, EvalConfig, RuleViolation
 from scoring.score.probes import ProbeConfig
-from scoring.score.record import ScoreFailure
+from scoring.score.record import ScoreFailure, cause_line
 from scoring.score.remote import EvalDeadline, WorkerFailure
-from scoring.score.scorer import score_artifact
+from scoring.score.scorer import DeviceUnavailable, score_artifact
+from scoring.statuses import ERROR, ILLEGAL, OK, OUT_OF_MEMORY, OVER_EVAL_BUDGET
 
-EXIT_CODES = {"ok": 0, "error": 1, "illegal": 3, "over_eval_budget": 4, "out_of_memory": 5}
+EXIT_CODES = {OK: 0, ERROR: 1, ILLEGAL: 3, OVER_EVAL_BUDGET: 4, OUT_OF_MEMORY: 5}
 """The scorer's exit status per verdict (2 is a usage error: bad arguments or inputs)."""
 STATUS_OF_EXIT = {v: k for k, v in EXIT_CODES.items()}
 SANDBOX_MODES = ("auto", "required", "off")
+OUTPUT_TRACEBACK_CHARS = 20_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,44 +99,59 @@ class ScoreRequest:
             stride=args.stride or None,
             adapt_chunk_tokens=args.adapt_chunk_tokens,
         )
+        # every path absolute: the model workers run in folders of their own (a relative artifact failed there)
         return ScoreRequest(
-            artifact=Path(args.artifact),
-            code_dir=Path(args.submission),
-            data_dir=Path(args.data),
+            artifact=Path(args.artifact).absolute(),
+            code_dir=Path(args.submission).absolute(),
+            data_dir=Path(args.data).absolute(),
             eval=cfg,
             device=args.device,
             threads=args.threads,
             sandbox="off" if args.no_confine else args.sandbox,
             confine=not args.no_confine,
-            protect=tuple(Path(p) for p in args.protect),
+            protect=tuple(Path(p).absolute() for p in args.protect),
             eval_budget_s=float(args.eval_budget_s),
             probes=args.probes,
             memory_limit_bytes=args.memory_limit_bytes,
             allow_missing_layers=parse_layers(args.allow_missing_layer, "--allow-missing-layer"),
-            json_out=Path(args.json_out) if args.json_out else None,
+            json_out=Path(args.json_out).absolute() if args.json_out else None,
         )
 
 
 def verdict_of(exc: BaseException) -> str:
     """The status a failed score gets: illegal (a broken rule), over_eval_budget, out_of_memory, or error."""
     if isinstance(exc, RuleViolation | CodeCheckFailure):
-        return "illegal"
+        return ILLEGAL
     if isinstance(exc, EvalDeadline):
-        return "over_eval_budget"
+        return OVER_EVAL_BUDGET
     if isinstance(exc, WorkerFailure):
         return exc.kind
     if isinstance(exc, MemoryError):
-        return "out_of_memory"
-    return "error"
+        return OUT_OF_MEMORY
+    return ERROR
+
+
+def origin_of(exc: BaseException) -> str:
+    """Who a failure is on (scoring/score/record.py FAILURE_ORIGINS): the submission when its worker failed or
+    a rule was broken, the input when the scorer refused what it was given, else the scorer itself."""
+    if isinstance(exc, RuleViolation | CodeCheckFailure | EvalDeadline | WorkerFailure):
+        return "submission"
+    if isinstance(exc, FileNotFoundError | ArtifactError | SandboxRefused | DeviceUnavailable):
+        return "input"
+    return "scorer"
 
 
 def failure_record(status: str, exc: BaseException) -> dict[str, Any]:
-    detail = (
-        str(exc)
-        if status != "error" or isinstance(exc, WorkerFailure | ArtifactError)
-        else ("".join(traceback.format_exception(exc))[-4000:])
-    )
-    return ScoreFailure(status=status, detail=detail).to_json()
+    """The record of a failed score: one line naming the cause (the worker's message or the traceback's last
+    line, with where the scorer's own failure happened); the whole traceback goes to stderr (the score log)."""
+    origin = origin_of(exc)
+    detail = cause_line(str(exc)) or type(exc).__name__
+    if origin == "scorer":
+        where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+        at = f" at {Path(where[0].filename).name}:{where[0].lineno}" if where else ""
+        detail = cause_line(f"the scorer failed ({type(exc).__name__}{at}): {exc}")
+    print("".join(traceback.format_exception(exc))[-OUTPUT_TRACEBACK_CHARS:], file=sys.stderr, flush=True)
+    return ScoreFailure(status=status, detail=detail, origin=origin).to_json()
 
 
 def cmd_score(args: argparse.Namespace) -> int:
@@ -163,15 +180,17 @@ def cmd_score(args: argparse.Namespace) -> int:
         FileNotFoundError,
         ArtifactError,
         SandboxRefused,
+        DeviceUnavailable,
     ) as e:  # bad input: one line, exit 2 (and a record)
         if req.json_out:
             write_json_atomic(req.json_out, failure_record("error", e))
         raise ValueError(str(e)) from e
     except Exception as e:  # noqa: BLE001 - the verdict boundary: every failure ends in a record and a status
         status = verdict_of(e)
+        failure = failure_record(status, e)
         if req.json_out:
-            write_json_atomic(req.json_out, failure_record(status, e))
-        print(f"score {status}: {e}", file=sys.stderr)
+            write_json_atomic(req.json_out, failure)
+        print(f"score {status}: {failure['detail']}", file=sys.stderr)
         return EXIT_CODES[status]
     if req.json_out:
         write_json_atomic(req.json_out, record)

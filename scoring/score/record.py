@@ -143,14 +143,39 @@ _NON_NEGATIVE = frozenset(
 )
 
 
+FAILURE_ORIGINS = ("submission", "scorer", "input")
+"""Who a failed score is on: the submission (its worker failed or broke a rule: a verdict on the entry), the
+scorer itself (a harness failure), or its input (an artifact, code folder or dataset it refused)."""
+DETAIL_MAX_CHARS = 500
+
+
+def cause_line(text: str, limit: int = DETAIL_MAX_CHARS) -> str:
+    """One line naming the cause of a failure whose text may hold a traceback: its first line, and the
+    traceback's last line (the exception and its message) when there is one; bounded."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    first, last = lines[0], lines[-1]
+    if first.startswith("Traceback (most recent call last)"):  # a bare traceback: the exception it ends with
+        line = last
+    elif any(x.startswith("Traceback (most recent call last)") for x in lines):  # a line, then a traceback
+        line = f"{first.rstrip(':')}: {last}"
+    else:
+        line = " ".join(lines)
+    line = " ".join(line.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ScoreFailure:
-    """A failed score: its verdict (error, illegal, over_eval_budget, out_of_memory) and why."""
+    """A failed score: its verdict (error, illegal, over_eval_budget, out_of_memory), why in one line, and
+    who it is on (`origin`, FAILURE_ORIGINS). The traceback goes to the scorer's stderr (the score log)."""
 
     format: str = SCORE_FORMAT
     format_version: int = SCORE_FORMAT_VERSION
     status: str
     detail: str
+    origin: str = "submission"
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -159,7 +184,12 @@ class ScoreFailure:
     def from_json(cls, d: object) -> Self:
         what = "score failure record"
         d = require_format(d, what, SCORE_FORMAT, SCORE_FORMAT_VERSION)
-        return cls(status=field(d, "status", str, what), detail=field(d, "detail", str, what))
+        origin = field(d, "origin", str, what, required=False) or "submission"
+        if origin not in FAILURE_ORIGINS:
+            raise ValueError(
+                f"{what} field 'origin' = {origin[:80]!r} is not one of {', '.join(FAILURE_ORIGINS)}"
+            )
+        return cls(status=field(d, "status", str, what), detail=field(d, "detail", str, what), origin=origin)
 
 
 def read_score_record(d: object) -> ScoreRecord | ScoreFailure:

@@ -78,6 +78,10 @@ ENFORCEMENT = {
 """Which layer enforces which rule (recorded in every score)."""
 
 
+class DeviceUnavailable(ValueError):
+    """The device asked for is not on this machine (bad input: exit 2, never a verdict on the entry)."""
+
+
 def check_staged_code(artifact_header: dict[str, Any], code_dir: Path) -> list[str]:
     """Every file of the staged code must be one the artifact recorded, with the recorded sha256.
 
@@ -155,10 +159,17 @@ def score_artifact(
     """Score one artifact (see the module docstring). `sandbox` is the workers' (auto, required, off);
     `confine` restricts this process too once it has read the data (irreversible: one score per process)."""
     t_start = time.perf_counter()
-    code_dir, data_dir = Path(code_dir), Path(data_dir)
+    # absolute: the workers run in folders of their own, so a relative path would name another file there
+    code_dir, data_dir, artifact_path = (
+        Path(code_dir).absolute(),
+        Path(data_dir).absolute(),
+        Path(artifact_path).absolute(),
+    )
     if threads:
         torch.set_num_threads(threads)
     dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():  # the machine's, not the entry's: refused input
+        raise DeviceUnavailable(f"--device {device}: this machine has no CUDA device torch can use")
     allocator = tune_cpu_allocator() if dev.type == "cpu" else "torch caching allocator"
     probe_cfg = probe_cfg or ProbeConfig()
     artifact = read_artifact(artifact_path)

@@ -145,18 +145,29 @@ class Int8Zlib:
             blob = zlib.decompress(payload)
         except zlib.error as e:
             raise ValueError(f"int8_zlib payload does not decompress ({e}): corrupt artifact") from e
-        tensors = st_load(blob)
-        layout = json.loads(_metadata(blob)["layout"])
-        if layout.get("__quant_format__") != QUANT_FORMAT:
+        try:
+            tensors = st_load(blob)
+            layout = json.loads(_metadata(blob)["layout"])
+        except Exception as e:  # the safetensors parser's own error types, JSON, a missing key
             raise ValueError(
-                f"int8_zlib payload has format {layout.get('__quant_format__')!r}, expected {QUANT_FORMAT}"
-            )
+                f"int8_zlib payload holds no safetensors container ({type(e).__name__}: {str(e)[:200]}): corrupt artifact"
+            ) from e
+        if not isinstance(layout, dict) or layout.get("__quant_format__") != QUANT_FORMAT:
+            got = layout.get("__quant_format__") if isinstance(layout, dict) else type(layout).__name__
+            raise ValueError(f"int8_zlib payload has format {str(got)[:80]!r}, expected {QUANT_FORMAT}")
         out: StateDict = {}
-        for name, meta in layout["quantized"].items():
-            out[name] = dequantize_tensor(tensors[f"q.{name}"], tensors[f"s.{name}"], _dtype(meta["dtype"]))
-        for name, orig in layout["passthrough"].items():
-            t = tensors[f"p.{name}"]
-            out[name] = t.to(_dtype(orig)).contiguous() if orig else t
+        try:
+            for name, meta in layout["quantized"].items():
+                out[name] = dequantize_tensor(
+                    tensors[f"q.{name}"], tensors[f"s.{name}"], _dtype(meta["dtype"])
+                )
+            for name, orig in layout["passthrough"].items():
+                t = tensors[f"p.{name}"]
+                out[name] = t.to(_dtype(orig)).contiguous() if orig else t
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(
+                f"int8_zlib payload's layout does not match its tensors ({type(e).__name__}: {e})"
+            ) from e
         return out
 
 

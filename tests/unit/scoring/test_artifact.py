@@ -118,3 +118,63 @@ def test_a_custom_codec_is_imported_only_if_it_is_the_packed_one(submission, tmp
     (submission / "codec.py").write_text(CODEC_SRC + "\nraise RuntimeError('a changed codec.py ran')\n")
     with pytest.raises(ArtifactError, match=r"codec\.py differs from the code packed into the artifact"):
         artifact_codec(art, submission)
+
+
+def test_the_pipeline_measures_every_pack_figure_and_names_a_forged_one(tmp_path):
+    """A 21 MB artifact ended ok with the pack record's bytes_model 2000: the orchestrator now takes the size
+    and sha256 from the file, the code's files and bytes from the staged copy, and the cap verdict from those."""
+    import json as _json
+
+    from harness.run.pipeline import measure_pack
+    from tests.unit.scoring.test_eval_support import pack_tiny, write_submission
+
+    folder = write_submission(tmp_path / "sub")
+    record = pack_tiny(folder, tmp_path / "a.pgolf")
+    measured, disagree = measure_pack(record, tmp_path / "a.pgolf", folder, 16_000_000)
+    assert disagree == [] and measured["bytes_model"] == (tmp_path / "a.pgolf").stat().st_size
+    with open(
+        tmp_path / "a.pgolf", "ab"
+    ) as f:  # the artifact grows past the cap after the record was written
+        f.write(b"\0" * 16_000_000)
+    forged = _json.loads(_json.dumps(record))
+    measured, disagree = measure_pack(forged, tmp_path / "a.pgolf", folder, 16_000_000)
+    assert measured["within_cap"] is False and measured["reported"]["within_cap"] is True
+    assert any(f"bytes_model {record['bytes_model']} in the record" in d for d in disagree), disagree
+    assert any(d.startswith("artifact_sha256 ") for d in disagree)
+    (folder / "extra.py").write_text("X = 1\n")  # code that the record and the header do not name
+    _, disagree = measure_pack(record, tmp_path / "a.pgolf", folder, 16_000_000)
+    assert any("the artifact header's code files" in d for d in disagree), disagree
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"\x00\x01garbage", "zlib-of-garbage", "zlib-of-wrong-layout"],
+    ids=["not-zlib", "not-st", "layout"],
+)
+def test_unpack_of_a_payload_that_is_not_a_container_is_one_line(submission, tmp_path, payload):
+    """`pgolf unpack` of a payload that is not safetensors gave the safetensors parser's traceback."""
+    import zlib
+
+    from safetensors.torch import save
+
+    from data.io import sha256_bytes
+    from harness.cli import main
+    from scoring.artifact.format import write_artifact
+
+    state = {"w": torch.randn(4, 4)}
+    pack_state(
+        state, submission, tmp_path / "a.pgolf", codec_name="int8_zlib", model_config={}, cap_bytes=10**8
+    )
+    a = read_artifact(tmp_path / "a.pgolf")
+    if payload == "zlib-of-garbage":
+        payload = zlib.compress(b"not a safetensors blob")
+    elif payload == "zlib-of-wrong-layout":
+        payload = zlib.compress(
+            save({"x": torch.zeros(1)}, metadata={"layout": '{"__quant_format__": "int8_clean_per_row_v1"}'})
+        )
+    header = {**a.header, "payload_bytes": len(payload), "payload_sha256": sha256_bytes(payload)}
+    write_artifact(tmp_path / "bad.pgolf", header, payload)
+    with pytest.raises(ValueError, match="int8_zlib payload") as caught:
+        unpack_artifact(tmp_path / "bad.pgolf", tmp_path / "out.safetensors")
+    assert "\n" not in str(caught.value)
+    assert main(["unpack", str(tmp_path / "bad.pgolf"), "--out", str(tmp_path / "o.safetensors")]) == 2

@@ -187,8 +187,14 @@ def test_pack_state_returns_the_record(tmp_path):
 
 def test_the_score_failure_record():
     f = ScoreFailure(status="illegal", detail="peeked")
-    assert f.to_json() == {"format": "pg-score", "format_version": 2, "status": "illegal", "detail": "peeked"}
+    assert f.to_json() == {
+        "format": "pg-score", "format_version": 2, "status": "illegal", "detail": "peeked", "origin": "submission"
+    }  # fmt: skip
     assert read_score_record(f.to_json()) == f
+    old = {k: v for k, v in f.to_json().items() if k != "origin"}  # a record from before `origin`
+    assert read_score_record(old) == f
+    with pytest.raises(ValueError, match="origin"):
+        read_score_record({**f.to_json(), "origin": "the moon"})
     assert isinstance(read_score_record(score_json()), ScoreRecord)
     with pytest.raises(ValueError, match="detail"):
         read_score_record({**f.to_json(), "detail": None})
