@@ -29,10 +29,12 @@ another `pgolf` on the same ledger). A job's report is accepted only when (`acce
   here, from the result as read here and the re-score's measured numbers (each check's `actual`),
   gives the same checks: expectations, tolerances and ok flags are never taken from the job.
 So a job can only contribute the re-score's measured numbers, computed by the harness's code on
-the allocation. Anything else (a job that failed, timed out, was cancelled, or reported something else)
-is a "failed" verdict whose difference says what happened, with the job id and its scheduler state;
-a later `pgolf verify` that succeeds supersedes it (the leaderboard reads the latest verification of
-a result). The job's result pickle is written by the job process, never by submission code (the
+the allocation. A report that is not accepted (it does not recompute) is a "failed" verdict whose
+difference says what happened, with the job id and its scheduler state; a later `pgolf verify` that
+succeeds supersedes it (the leaderboard reads the latest verification of a result). A job that ended
+without a record (it failed, timed out, was cancelled, or the harness failed in it) gives no verdict: an
+"error" line naming the job and its state, and result.json, verification.json and the ledger keep the
+earlier verdict. A path that is no result is one "error" line of its own; the other paths are verified. The job's result pickle is written by the job process, never by submission code (the
 re-score runs in the sealed scorer process, which may write only beneath its own output folder).
 """
 
@@ -56,8 +58,11 @@ from harness.records.verify import (
     VERIFY_FORMAT,
     VERIFY_FORMAT_VERSION,
     Check,
+    HarnessFailure,
     VerifyConfig,
     commit_verdict,
+    harness_error,
+    not_a_result,
     read_result,
     receipt_checks,
     resolve_inputs,
@@ -67,7 +72,7 @@ from harness.records.verify import (
     verification_record,
     verify_result,
 )
-from scoring.statuses import FAILED, SCORED, VERIFIED
+from scoring.statuses import FAILED, SCORED, VERIFIED, VERIFY_ERROR
 from scoring.tracks import TRACKS
 
 EXECUTORS = ("inline", "local", "slurm")
@@ -184,6 +189,8 @@ def verify_job(task_json: str) -> str:
     record = verify_result(
         task["run_dir"], submission=task["submission"], data=task["data"], cfg=cfg, write=False
     )
+    if record["status"] == VERIFY_ERROR:  # no verdict: the job fails, and verification.json stays as it was
+        raise HarnessFailure(f"{record['detail']} (log: {record.get('log')})")
     write_json_atomic(Path(task["run_dir"]) / "verification.json", record)
     return json.dumps(record, sort_keys=True, allow_nan=False)
 
@@ -410,10 +417,17 @@ def finish(
             written = read_json(item.run_dir / "verification.json", what="the job's verification.json")
         except (FileNotFoundError, ValueError):
             written = None  # missing or malformed: it cannot match the job's record
-        if why is not None:
-            problems = [f"the job ended without a record: {why}"]
-        else:
-            problems = accept_report(reported, written, expect)
+        if why is not None:  # it died, timed out, was cancelled, or the harness failed in it: no verdict
+            record = harness_error(
+                run_dir,
+                f"{ecfg.kind} job {job.job_id} ({state}) ended without a record: {why}",
+                why,
+                time.perf_counter() - t0,
+            )
+            record["executor"] = {"kind": ecfg.kind, "job_id": str(job.job_id), "state": state,
+                                  "resources": asdict(item.resources)}  # fmt: skip
+            return record
+        problems = accept_report(reported, written, expect)
     if problems:
         code_dir, data_dir = resolve_inputs(run_dir, result, submission, data)
         checks = receipt_checks(result, run_dir, code_dir, data_dir)
@@ -480,8 +494,13 @@ def run_verifications(
     from tqdm import tqdm
 
     items: list[Item] = []
-    for p in paths:
-        result_path, run_dir, result = read_result(p)
+    not_results: dict[int, dict[str, Any]] = {}  # position -> the line of a path that is no result
+    for i, p in enumerate(paths):
+        try:
+            result_path, run_dir, result = read_result(p)
+        except (FileNotFoundError, ValueError) as e:
+            not_results[i] = not_a_result(p, e)
+            continue
         resolve_inputs(run_dir, result, submission, data)  # user errors (--submission, --data) now
         items.append(
             Item(
@@ -492,6 +511,8 @@ def run_verifications(
                 resources=resources_for(result, vcfg, ecfg),
             )
         )
+    if not items:
+        return [not_results[i] for i in sorted(not_results)]
     folder = default_folder(ecfg, items[0].run_dir)
     folder.mkdir(parents=True, exist_ok=True)
     executor = make_executor(ecfg, folder)
@@ -541,4 +562,6 @@ def run_verifications(
         for item in items:
             if item.job is not None and item.record is None:
                 item.job.cancel(check=False)  # interrupted: leave nothing running on the cluster
-    return [i.record for i in items if i.record is not None]
+    verified = iter(items)
+    ordered = [not_results[i] if i in not_results else next(verified).record for i in range(len(paths))]
+    return [r for r in ordered if r is not None]

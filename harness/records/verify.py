@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -53,8 +54,8 @@ from scoring.artifact.cap import code_bytes, counted_files
 from scoring.artifact.format import ArtifactError, read_artifact
 from scoring.score.cli import ScoreRequest
 from scoring.score.evaluate import EvalConfig
-from scoring.score.record import ScoreRecord, read_score_record
-from scoring.statuses import FAILED, SCORED, VERIFIED
+from scoring.score.record import ScoreFailure, cause_line, read_score_record
+from scoring.statuses import FAILED, SCORED, UNVERIFIED, VERIFIED, VERIFY_ERROR
 from scoring.tracks import TRACKS
 
 VERIFY_FORMAT = "pg-verification"
@@ -109,8 +110,8 @@ def result_digest(result: dict[str, Any]) -> str:
 
 
 def locate(path: str | os.PathLike[str]) -> tuple[Path, Path]:
-    """(result.json, run folder) from either."""
-    p = Path(path)
+    """(result.json, run folder) from either, absolute (the re-score's processes run in folders of their own)."""
+    p = Path(path).absolute()
     result_path = p / "result.json" if p.is_dir() else p
     if not result_path.is_file():
         raise FileNotFoundError(f"no result at {result_path}; pass a run folder or its result.json")
@@ -126,7 +127,7 @@ def code_folder(
             raise FileNotFoundError(
                 f"--submission {submission} is not a folder; pass the submission folder the result was packed from"
             )
-        return Path(submission)
+        return Path(submission).absolute()
     if (run_dir / "code").is_dir():
         return run_dir / "code"
     recorded = (result.get("provenance") or {}).get("submission_dir")
@@ -296,10 +297,21 @@ def verify_sandbox(result: dict[str, Any]) -> str:
     return track.sandbox if track is not None else "auto"
 
 
+class HarnessFailure(RuntimeError):
+    """The verification could not be carried out for a reason that is the harness's, not the entry's: the
+    re-score's scorer refused its input (exit 2), failed itself, or left no readable record. `log` holds the
+    whole output, for verify_error.log."""
+
+    def __init__(self, message: str, log: str = ""):
+        super().__init__(message)
+        self.log = log
+
+
 def rescore(
     result: dict[str, Any], run_dir: Path, code_dir: Path, data_dir: Path, cfg: VerifyConfig
 ) -> tuple[dict[str, Any] | None, str]:
-    """Score the artifact again in a fresh process; (score record or None, the process's output tail)."""
+    """Score the artifact again in a fresh process; (score record, or None when the entry's re-score failed,
+    and the process's output tail). HarnessFailure when the failure is the harness's (see the class)."""
     with tempfile.TemporaryDirectory(prefix="pgolf-verify-") as tmp:
         t = Path(tmp)
         staged = t / "model_code"
@@ -321,15 +333,22 @@ def rescore(
             timeout=cfg.timeout_s,
             check=False,
         )
-        tail = (proc.stdout + proc.stderr)[-3000:]
-        if proc.returncode != 0 or not out.is_file():
-            return None, tail
+        output = proc.stdout + proc.stderr
+        tail = output[-3000:]
+        if not out.is_file():
+            raise HarnessFailure(f"the re-score wrote no record (exit status {proc.returncode})", output)
         try:
             record = read_score_record(read_json(out, what="re-score record"))
-        except ValueError as e:  # a malformed score.json: a failed check that says why, never a traceback
-            return None, f"{tail}\nthe re-score's score.json is malformed: {e}"
-        if not isinstance(record, ScoreRecord):
-            return None, f"{tail}\nre-score {record.status}: {record.detail}"
+        except ValueError as e:  # a malformed score.json: the scorer is the harness's
+            raise HarnessFailure(f"the re-score's score.json is malformed: {e}", output) from None
+        if isinstance(record, ScoreFailure) and (record.origin != "submission" or proc.returncode == 2):
+            raise HarnessFailure(f"the re-score failed ({record.origin}): {record.detail}", output)
+        if isinstance(record, ScoreFailure):  # the entry's own failure on re-scoring: a verdict
+            return None, f"re-score {record.status}: {record.detail}"
+        if proc.returncode != 0:
+            raise HarnessFailure(
+                f"the re-score wrote a score but exited with status {proc.returncode}", output
+            )
         return record.to_json(), tail
 
 
@@ -378,7 +397,7 @@ def resolve_inputs(
     if data is not None and not (Path(data) / MANIFEST_NAME).is_file():
         raise FileNotFoundError(f"--data {data} is not a dataset folder (no {MANIFEST_NAME})")
     recorded = (result.get("provenance") or {}).get("data_dir")
-    data_dir: Path | None = Path(data) if data else (Path(recorded) if recorded else None)
+    data_dir: Path | None = Path(data).absolute() if data else (Path(recorded) if recorded else None)
     data_dir = data_dir if data_dir is not None and data_dir.is_dir() else None
     return code_dir, data_dir
 
@@ -437,27 +456,76 @@ def verify_result(
     ledger: str | os.PathLike[str] | None = None,
     write: bool = True,
 ) -> dict[str, Any]:
-    """Verify one result; returns the "pg-verification" record (status "verified" or "failed")."""
+    """Verify one result; returns the "pg-verification" record: "verified" or "failed" (a verdict, written
+    when `write`), or "error" (the harness could not verify it: never written over the earlier verdict)."""
     cfg = cfg or VerifyConfig()
     result_path, run_dir, result = read_result(path)
     t0 = time.perf_counter()
     code_dir, data_dir = resolve_inputs(run_dir, result, submission, data)
-    checks = receipt_checks(result, run_dir, code_dir, data_dir)
-    checks += track_checks(result, data_dir, data_given=data is not None)
-    scored = result.get("status") in SCORED and "score" in (result.get("phases") or {})
-    if not scored:
-        checks.append(
-            Check(NOT_SCORED, False, "a scored result", f"status {result.get('status')!r}")
+    try:
+        checks = receipt_checks(result, run_dir, code_dir, data_dir)
+        checks += track_checks(result, data_dir, data_given=data is not None)
+        scored = result.get("status") in SCORED and "score" in (result.get("phases") or {})
+        if not scored:
+            checks.append(Check(NOT_SCORED, False, "a scored result", f"status {result.get('status')!r}"))
+        elif code_dir is not None and data_dir is not None and (run_dir / ARTIFACT_FILE).is_file():
+            try:
+                new, tail = rescore(result, run_dir, code_dir, data_dir, cfg)
+            except HarnessFailure as e:
+                if all(c.ok for c in checks):  # nothing found against the entry: no verdict can be given
+                    return harness_error(run_dir, str(e), e.log, time.perf_counter() - t0)
+                new, tail = None, f"a harness failure: {e}"  # a difference already found is the verdict
+            checks += score_checks(result, new, tail, cfg)
+        record = verification_record(
+            result, run_dir, code_dir, data_dir, cfg, checks, wall_s=time.perf_counter() - t0
         )
-    elif code_dir is not None and data_dir is not None and (run_dir / ARTIFACT_FILE).is_file():
-        new, tail = rescore(result, run_dir, code_dir, data_dir, cfg)
-        checks += score_checks(result, new, tail, cfg)
-    record = verification_record(
-        result, run_dir, code_dir, data_dir, cfg, checks, wall_s=time.perf_counter() - t0
-    )
+    except Exception as e:  # noqa: BLE001 - the harness's own failure is never a verdict on the entry
+        where = traceback.extract_tb(e.__traceback__)[-1:]
+        at = f" at {Path(where[0].filename).name}:{where[0].lineno}" if where else ""
+        return harness_error(
+            run_dir,
+            f"the harness failed ({type(e).__name__}{at}): {e}",
+            "".join(traceback.format_exception(e)),
+            time.perf_counter() - t0,
+        )
     if write:
         commit_verdict(result_path, result, record, ledger)
     return record
+
+
+VERIFY_ERROR_LOG = "verify_error.log"
+
+
+def harness_error(run_dir: Path, why: str, log: str, wall_s: float) -> dict[str, Any]:
+    """The record of a verification the harness could not carry out: status "error", one line naming the
+    cause, the whole output or traceback in RUN_DIR/verify_error.log. It is never committed: result.json,
+    verification.json and the ledger keep the earlier verdict (scoring/statuses.py VERIFY_ERROR)."""
+    log_path: Path | None = run_dir / VERIFY_ERROR_LOG
+    try:
+        assert log_path is not None
+        log_path.write_text(log or why, encoding="utf-8", errors="replace")
+    except OSError:
+        log_path = None
+    return {
+        "format": VERIFY_FORMAT,
+        "format_version": VERIFY_FORMAT_VERSION,
+        "status": VERIFY_ERROR,
+        "run_dir": str(run_dir),
+        "detail": cause_line(why),
+        "log": str(log_path) if log_path else None,
+        "verified_unix_s": time.time(),
+        "verify_wall_s": wall_s,
+        "checks": [],
+        "differences": [],
+    }
+
+
+def earlier_verdict(run_dir: Path) -> str:
+    """The verdict result.json holds now (for the line of an error: it stands)."""
+    try:
+        return str(read_json(run_dir / "result.json", what="result").get("verification") or UNVERIFIED)
+    except (OSError, ValueError):
+        return "none (no readable result.json)"
 
 
 def print_record(rec: dict[str, Any], *, as_json: bool, all_checks: bool) -> None:
@@ -466,12 +534,37 @@ def print_record(rec: dict[str, Any], *, as_json: bool, all_checks: bool) -> Non
         return
     job = rec.get("executor")
     where = f" [{job['kind']} job {job['job_id']}, {job['state']}]" if job else ""
+    if rec["status"] == VERIFY_ERROR:
+        log = f"; log: {rec['log']}" if rec.get("log") else ""
+        print(
+            f"verify {rec['run_dir']}: ERROR (the harness could not verify it: {rec['detail']}){where}; "
+            f"the earlier verdict stands ({earlier_verdict(Path(rec['run_dir']))}){log}"
+        )
+        return
     print(
         f"verify {rec['run_dir']}: {rec['status'].upper()} ({len(rec['checks'])} checks, "
         f"{len(rec['differences'])} difference(s)){where}"
     )
     for c in rec["checks"] if all_checks else rec["differences"]:
         print(Check(**c).line())
+
+
+def not_a_result(path: str | os.PathLike[str], e: Exception) -> dict[str, Any]:
+    """The error record of a path in a batch that is no result (no result.json, not a pg-result): one line."""
+    run_dir = Path(path).absolute()
+    run_dir = run_dir.parent if run_dir.name == "result.json" else run_dir
+    return {
+        "format": VERIFY_FORMAT,
+        "format_version": VERIFY_FORMAT_VERSION,
+        "status": VERIFY_ERROR,
+        "run_dir": str(run_dir),
+        "detail": cause_line(str(e)),
+        "log": None,
+        "verified_unix_s": time.time(),
+        "verify_wall_s": 0.0,
+        "checks": [],
+        "differences": [],
+    }
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -483,12 +576,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
     )
     paths: list[str] = args.result
     if args.executor == "inline":
-        for p in paths:  # every path is a result before any is verified
-            read_result(p)
-        records = [
-            verify_result(p, submission=args.submission, data=args.data, cfg=cfg, ledger=args.ledger)
-            for p in paths
-        ]
+        records = []
+        for p in paths:  # a folder that is no result is one line of its own; the others are verified
+            try:
+                read_result(p)
+            except (FileNotFoundError, ValueError) as e:
+                records.append(not_a_result(p, e))
+                continue
+            records.append(
+                verify_result(p, submission=args.submission, data=args.data, cfg=cfg, ledger=args.ledger)
+            )
     else:
         from harness.records.executors import ExecutorConfig, run_verifications
 
@@ -507,10 +604,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
         )
     for rec in records:  # one folder: every check; several: each verdict and its differences
         print_record(rec, as_json=args.json, all_checks=len(paths) == 1)
-    failed = sum(r["status"] != "verified" for r in records)
+    failed = sum(r["status"] == FAILED for r in records)
+    errors = sum(r["status"] == VERIFY_ERROR for r in records)
     if len(records) > 1 and not args.json:
-        print(f"{len(records) - failed} of {len(records)} verified, {failed} failed")
-    return 0 if failed == 0 else 1
+        print(
+            f"{len(records) - failed - errors} of {len(records)} verified, {failed} failed"
+            + (
+                f", {errors} not verified for a harness error (their earlier verdicts stand)"
+                if errors
+                else ""
+            )
+        )
+    return 1 if failed else (3 if errors else 0)  # 3: no verdict failed, but some could not be verified
 
 
 def register(sub: argparse._SubParsersAction) -> None:

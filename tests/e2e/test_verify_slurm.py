@@ -155,7 +155,7 @@ def finish_with(job, run: Path, ledger: Path, digest: str | None = None) -> dict
     return finish(item, ExecutorConfig(kind="slurm"), VerifyConfig(), None, None, ledger)
 
 
-def test_a_job_that_died_or_a_result_edited_meanwhile_is_a_failed_verdict(one_run, tmp_path):
+def test_a_job_that_died_is_no_verdict_and_a_result_edited_meanwhile_is_a_failed_one(one_run, tmp_path):
     from submitit.core.utils import UncompletedJobError
 
     r0, r1 = run_folders(one_run, tmp_path / "runs", 2, tamper=None)
@@ -168,11 +168,11 @@ def test_a_job_that_died_or_a_result_edited_meanwhile_is_a_failed_verdict(one_ru
         def result(self):
             raise UncompletedJobError("Job 77 (task: 0) has not produced any output (state: TIMEOUT)")
 
-    rec = finish_with(DeadJob(), r0, ledger)
-    assert rec["status"] == "failed" and rec["executor"]["state"] == "TIMEOUT"
-    (diff,) = rec["differences"]  # every receipt check still passes: only the job is at fault
-    assert diff["name"] == "verification job"
-    assert diff["actual"].startswith("slurm job 77 (TIMEOUT): the job ended without a record: Job 77")
+    before = (r0 / "result.json").read_text()
+    rec = finish_with(DeadJob(), r0, ledger)  # a harness failure, not the entry's: error, nothing written
+    assert rec["status"] == "error" and rec["executor"]["state"] == "TIMEOUT"
+    assert rec["detail"].startswith("slurm job 77 (TIMEOUT) ended without a record: Job 77")
+    assert (r0 / "result.json").read_text() == before and "Job 77" in (r0 / "verify_error.log").read_text()
 
     class HonestJob:
         job_id = "78"
@@ -183,7 +183,7 @@ def test_a_job_that_died_or_a_result_edited_meanwhile_is_a_failed_verdict(one_ru
 
     rec = finish_with(HonestJob(), r1, ledger, digest="0" * 64)  # the digest when it was submitted
     assert rec["differences"][-1]["actual"].endswith("result.json changed while its verification ran")
-    assert {k: v["status"] for k, v in ledger_verdicts(ledger).items()} == {"r0": "failed", "r1": "failed"}
+    assert {k: v["status"] for k, v in ledger_verdicts(ledger).items()} == {"r1": "failed"}
 
 
 @pytest.fixture(scope="module")
