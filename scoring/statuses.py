@@ -17,7 +17,16 @@ OUT_OF_MEMORY = "out_of_memory"
 OVER_CAP = "over_cap"
 INVALID_DATA = "invalid_data"
 
-STATUSES: tuple[str, ...] = (OK, ERROR, ILLEGAL, OVER_BUDGET, OVER_EVAL_BUDGET, OUT_OF_MEMORY, OVER_CAP, INVALID_DATA)
+STATUSES: tuple[str, ...] = (
+    OK,
+    ERROR,
+    ILLEGAL,
+    OVER_BUDGET,
+    OVER_EVAL_BUDGET,
+    OUT_OF_MEMORY,
+    OVER_CAP,
+    INVALID_DATA,
+)
 """Every status of a result (result.json `status`), a phase's record or the scorer's record."""
 SCORED: frozenset[str] = frozenset({OK})
 """The statuses whose result carries a score (val_bpb, val_loss) that verify can re-derive; only these rank."""

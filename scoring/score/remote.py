@@ -200,7 +200,8 @@ class WorkerModel:
             # only when the kernel's own count of OOM kills rose meanwhile (this side's reading, not the worker's)
             if oom_killed_since(self._oom_kills):
                 return WorkerFailure(
-                    "out_of_memory", f"the model worker was killed by the kernel's OOM killer (SIGKILL):\n{tail}"
+                    "out_of_memory",
+                    f"the model worker was killed by the kernel's OOM killer (SIGKILL):\n{tail}",
                 )
             return WorkerFailure(
                 "error",

@@ -305,19 +305,23 @@ def test_a_model_that_peeks_only_after_adapting_fails_the_probes(tmp_path, tiny_
 
 # Peeks at the next token, and raises MemoryError in any worker whose first batch is not the first scored
 # batch (its rows come in a secret order; their sum does not): every probe worker, never the main one.
-PEEK_THEN_OOM_WHEN_PROBED = TINY_MODEL.replace(
-    "        e = self.emb(ids)\n",
-    "        if self.first:\n"
-    "            self.first = False\n"
-    "            if int(ids.sum()) != FIRST_BATCH_SUM:\n"
-    "                raise MemoryError('a probe, by its first batch')\n"
-    "        e = self.emb(ids)\n",
-).replace(
-    "prev = torch.cat([torch.zeros_like(e[:, :1]), e[:, :-1]], dim=1)",
-    "prev = torch.cat([e[:, 1:], torch.zeros_like(e[:, :1])], dim=1)  # the NEXT token",
-).replace(
-    "        self.head = nn.Linear(dim, vocab_size, bias=False)\n",
-    "        self.head = nn.Linear(dim, vocab_size, bias=False)\n        self.first = True\n",
+PEEK_THEN_OOM_WHEN_PROBED = (
+    TINY_MODEL.replace(
+        "        e = self.emb(ids)\n",
+        "        if self.first:\n"
+        "            self.first = False\n"
+        "            if int(ids.sum()) != FIRST_BATCH_SUM:\n"
+        "                raise MemoryError('a probe, by its first batch')\n"
+        "        e = self.emb(ids)\n",
+    )
+    .replace(
+        "prev = torch.cat([torch.zeros_like(e[:, :1]), e[:, :-1]], dim=1)",
+        "prev = torch.cat([e[:, 1:], torch.zeros_like(e[:, :1])], dim=1)  # the NEXT token",
+    )
+    .replace(
+        "        self.head = nn.Linear(dim, vocab_size, bias=False)\n",
+        "        self.head = nn.Linear(dim, vocab_size, bias=False)\n        self.first = True\n",
+    )
 )
 
 
@@ -343,7 +347,8 @@ def test_a_worker_that_sigkills_itself_is_an_error_not_out_of_memory(tmp_path, t
     from scoring.score.remote import WorkerFailure
 
     model = TINY_MODEL.replace(
-        "        e = self.emb(ids)\n", "        SMUGGLED.kill(SMUGGLED.getpid(), 9)\n        e = self.emb(ids)\n"
+        "        e = self.emb(ids)\n",
+        "        SMUGGLED.kill(SMUGGLED.getpid(), 9)\n        e = self.emb(ids)\n",
     ) + SMUGGLE.format(code="__import__('os')")
     with pytest.raises(WorkerFailure, match="neither the scorer nor the kernel's OOM killer") as caught:
         score(tmp_path, tiny_dataset, model, sandbox="off")

@@ -266,13 +266,15 @@ def test_rank_failures_parses_torchrun_summary():
     assert rank_failures(log) == [{"rank": 1, "local_rank": 1, "exitcode": -9, "signal": "SIGKILL"}]
 
 
-
 def test_a_rank_killed_by_sigkill_is_out_of_memory_only_when_the_kernel_oom_killer_did_it():
     """A rank that SIGKILLs itself read as out_of_memory (the signal was taken for the OOM killer's): now the
     supervisor's reading of the kernel's OOM kill count decides; a rank's MemoryError still picks it."""
     from harness.run.train_phase import ran_out_of_memory
 
-    killed = {"errors": {}, "rank_failures": [{"rank": 0, "local_rank": 0, "exitcode": -9, "signal": "SIGKILL"}]}
+    killed = {
+        "errors": {},
+        "rank_failures": [{"rank": 0, "local_rank": 0, "exitcode": -9, "signal": "SIGKILL"}],
+    }
     assert not ran_out_of_memory({**killed, "kernel_oom_kill": False})  # it sent the signal itself
     assert not ran_out_of_memory({**killed, "kernel_oom_kill": None})  # cannot tell: error, not a resource
     assert ran_out_of_memory({**killed, "kernel_oom_kill": True})

@@ -364,7 +364,9 @@ def test_a_probe_worker_that_fails_makes_the_score_illegal_never_a_resource_verd
     from scoring.score.cli import verdict_of
     from scoring.score.remote import EvalDeadline, WorkerFailure
 
-    failure = EvalDeadline("no answer") if exc == "deadline" else WorkerFailure(exc, "MemoryError\nTraceback ...")
+    failure = (
+        EvalDeadline("no answer") if exc == "deadline" else WorkerFailure(exc, "MemoryError\nTraceback ...")
+    )
     model, cfg, pcfg = PeekNext(), STANDARD, ProbeConfig(probes=2, seed=1)
     plan = plan_probes(batch_count(TOKENS, cfg), pcfg)
     result = evaluate(model, TOKENS, ByteTokenizer().byte_table(), cfg, CPU, keep_batches=plan.batches)
