@@ -24,6 +24,7 @@ from data.tokenizer import load_tokenizer
 from harness.api import API_VERSION
 from harness.config import ResolvedConfig
 from harness.records.provenance import git_commit, hardware, library_versions
+from harness.records.text import NAME_MAX_CHARS, visible
 from scoring.score.evaluate import unigram_bpb
 from scoring.statuses import SCORED, UNVERIFIED, VERIFICATION_STATES, require_status
 from scoring.tracks import Track
@@ -176,6 +177,7 @@ def build_result(
     scored = status in SCORED and "val_bpb" in score
     return ResultRecord(
         status=status,
+        detail=None if status == "ok" else failing_detail(phases),
         verification=UNVERIFIED,
         submission={
             k: meta.get(k)
@@ -313,12 +315,15 @@ def _fmt(v: Any, spec: str) -> str:
 
 
 def card(result: dict[str, Any]) -> str:
+    """The human card. Every line passes through text.visible: a name, a detail or any other text from a
+    submission or a rank shows its control characters as escapes, so it can neither rewrite the terminal
+    nor forge a line; a name shows at most NAME_MAX_CHARS characters."""
     r = result
-    name = r["submission"].get("name") or "?"
+    name = visible(r["submission"].get("name") or "?", NAME_MAX_CHARS)
+    preset = visible(r["preset"], 40)
     lines = [
-        "",
-        f"┌─ pgolf result: {name} ({r['track']}, preset {r['preset']}, seed {r['seed']})",
-        f"│ status        {r['status']}  ({r['verification']})",
+        f"┌─ pgolf result: {name} ({r['track']}, preset {preset}, seed {r['seed']})",
+        f"│ status        {r['status']}  ({r['verification']}){_isolation_status(r)}",
         *_why_lines(r),
         f"│ val_bpb       {_fmt(r['val_bpb'], '.4f')} bits/byte   val_loss {_fmt(r['val_loss'], '.4f')} nats/token",
         f"│ unigram_bpb   {_fmt(r['unigram_bpb'], '.4f')} bits/byte (context: a unigram model of the training tokens)",
@@ -340,23 +345,57 @@ def card(result: dict[str, Any]) -> str:
         *_plot_lines(r),
         f"└─ {r['run_dir']}/result.json",
     ]
-    return "\n".join(lines)
+    return "\n" + "\n".join(visible(line, CARD_LINE_MAX_CHARS) for line in lines)
+
+
+CARD_LINE_MAX_CHARS = 1000
+_ISOLATION_KEYS = ("launch.sandbox", "launch.network", "launch.sandbox_read_paths")
+
+
+def _isolation_status(r: dict[str, Any]) -> str:
+    """What the status line says when the run was not fully isolated: the sandbox off (by the run's config or
+    an unsandboxed machine), a track rule that loosens isolation, or an official's missing-layer override."""
+    phases = r.get("phases") or {}
+    train = (phases.get("train") or {}).get("isolation") or {}
+    workers = [w.get("isolation") or {} for w in (phases.get("score") or {}).get("workers") or []]
+    sandbox = ((r.get("config") or {}).get("launch") or {}).get("sandbox")
+    loosened = [x for x in (phases.get("command") or {}).get("loosened") or [] if isinstance(x, dict)]
+    notes = []
+    if train.get("mode") == "off" or any(w.get("mode") == "off" for w in workers) or sandbox == "off":
+        notes.append(
+            f"NOT ISOLATED: the sandbox was off (launch.sandbox {sandbox!r}): training and scored code could "
+            "read any file, the validation data included"
+        )
+    elif train and not train.get("verified", True):
+        notes.append("ISOLATION NOT VERIFIED: the sandbox's own probe did not hold on this machine")
+    loose = [x for x in loosened if x.get("key") in _ISOLATION_KEYS and x.get("key") != "launch.sandbox"]
+    if loose:
+        notes.append("ISOLATION LOOSENED: " + ", ".join(f"{x['key']} = {x.get('value')!r}" for x in loose))
+    other = [str(x.get("key")) for x in loosened if x.get("key") not in _ISOLATION_KEYS]
+    if other:
+        notes.append("track rules loosened: " + ", ".join(other))
+    missing = sorted({m for p in (train, *workers) for m in p.get("missing_layers") or []})
+    if missing and not notes:
+        notes.append(f"without isolation layer(s) {', '.join(missing)}")
+    return "".join(f"  — {n}" for n in notes)
+
+
+def failing_detail(phases: dict[str, Any]) -> str | None:
+    """The first failing phase's detail, as "PHASE: detail" (None: no phase failed with one)."""
+    for name, phase in phases.items():
+        if isinstance(phase, dict) and phase.get("status") not in (None, "ok") and phase.get("detail"):
+            return f"{name}: {phase['detail']}"
+    return None
 
 
 def _why_lines(r: dict[str, Any], limit: int = 220) -> list[str]:
     """A run that did not end ok says why on its card: the result's detail, else the failing phase's."""
     if r["status"] == "ok":
         return []
-    detail = r.get("detail")
-    if not detail:
-        for name, phase in (r.get("phases") or {}).items():
-            if isinstance(phase, dict) and phase.get("status") not in (None, "ok") and phase.get("detail"):
-                detail = f"{name}: {phase['detail']}"
-                break
+    detail = r.get("detail") or failing_detail(r.get("phases") or {})
     if not detail:
         return []
-    text = " ".join(str(detail).split())
-    return [f"│ why           {text if len(text) <= limit else text[: limit - 1] + '…'}"]
+    return [f"│ why           {visible(' '.join(str(detail).split()), limit)}"]
 
 
 def _isolation_lines(r: dict[str, Any]) -> list[str]:
@@ -411,7 +450,8 @@ def _cpu_lines(r: dict[str, Any]) -> list[str]:
 def print_card(result: dict[str, Any]) -> None:
     if "phases" not in result:  # a minimal result (harness/records/result.py minimal_result)
         print(
-            f"\n── pgolf result: {result['status']}: {result.get('detail', '')}\n└─ {result['run_dir']}/result.json",
+            f"\n── pgolf result: {visible(result['status'], 40)}: {visible(result.get('detail', ''))}\n"
+            f"└─ {visible(result['run_dir'], CARD_LINE_MAX_CHARS)}/result.json",
             flush=True,
         )
         return

@@ -36,6 +36,7 @@ from harness.cli import pack_command
 from harness.config import PackConfig, ResolvedConfig, validate_run
 from harness.records.plot import plot_run
 from harness.records.result import build_result, minimal_result, print_card, write_result
+from harness.records.text import NAME_MAX_CHARS, visible
 from harness.records.tracking import Tracker, finish_tracking
 from harness.run.launch import LaunchConfig
 from harness.run.load import load_between, read_load
@@ -149,7 +150,8 @@ def run_pipeline(
     run_dir.mkdir(parents=True, exist_ok=True)
     run_dir = run_dir.resolve()
     write_json_atomic(run_dir / "config.json", cfg.record())  # with the track rules it loosened
-    phases: dict[str, Any] = {"command": {"overrides": list(overrides or [])}}  # as given
+    # as given, and the track rules they loosened (an unranked track: recorded, shown on the card and the board)
+    phases: dict[str, Any] = {"command": {"overrides": list(overrides or []), "loosened": cfg.loosened}}
 
     # ---- 1. data ----
     t0 = time.perf_counter()
@@ -157,7 +159,7 @@ def run_pipeline(
     manifest = load_manifest(data_root)
     phases["data"] = {"dir": str(data_root), "time_s": time.perf_counter() - t0, **data_identity(manifest)}
     # wandb (off unless [log] / --wandb asks): init in its own thread, bounded; never blocks or fails the run
-    tags = [track.name, preset or "default", str(meta.get("name") or "")]
+    tags = [track.name, visible(preset or "default", 40), visible(meta.get("name") or "", NAME_MAX_CHARS)]
     tracker = Tracker(cfg.section("log"), run_dir, tags=tags)
     tracker.start()
     try:
@@ -501,12 +503,17 @@ def measure_pack(
     return measured, disagree
 
 
+def plot_title(name: Any, track: str, preset: Any, seed: Any) -> str:
+    """The training plot's title: the name is data, escaped and bounded (a 60,000-character name cost 36 s)."""
+    return f"{visible(name, NAME_MAX_CHARS)} · {track} · preset {visible(preset, 40)} · seed {seed}"
+
+
 def _finish(
     run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, *, status: str, hint: str = ""
 ) -> dict[str, Any]:
     if "train" in phases:  # drawn after training, off the clock; a plot that fails is noted, never a verdict
         seed = cfg.tables["run"]["seed"]
-        title = f"{meta.get('name') or run_dir.name} · {track.name} · preset {cfg.preset} · seed {seed}"
+        title = plot_title(meta.get("name") or run_dir.name, track.name, cfg.preset, seed)
         phases["plot"] = plot_run(run_dir, phases, title=title)
     ledger_path = Path(ledger) if ledger else run_dir.parent / "ledger.jsonl"
     try:
