@@ -36,6 +36,10 @@ REQUIRED_FIELDS: dict[str, type] = {
 }
 OPTIONAL_FIELDS: dict[str, type] = {"builds_on": str, "claimed": dict, "schema_version": int}
 DATA_VARIANT_RE = re.compile(r"sp[1-9]\d*|byte260")
+TEXT_LIMITS = {"name": 200, "author": 200, "github_id": 100, "builds_on": 200, "blurb": 10_000}
+"""The most characters each text field may hold; none may hold a control or format character (a blurb may
+hold newlines and tabs). Shown anywhere, text is escaped too (harness/records/text.py): this is the early word."""
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
 """The dataset variants (data/download.py names them the same way: fineweb10B_<variant>)."""
 
 
@@ -76,6 +80,18 @@ def validate_metadata(meta: Any, where: str) -> dict[str, Any]:
         raise ValueError(
             f"{where}: unknown field(s) {sorted(unknown)}; allowed: {sorted(REQUIRED_FIELDS) + sorted(OPTIONAL_FIELDS)}"
         )
+    for key, limit in TEXT_LIMITS.items():
+        text = meta.get(key)
+        if not isinstance(text, str):
+            continue
+        if len(text) > limit:
+            raise ValueError(f"{where}: field {key!r} is {len(text):,} characters; at most {limit:,}")
+        bad = _CONTROL_RE.search(text) or (None if key == "blurb" else re.search(r"[\n\t]", text))
+        if bad:
+            raise ValueError(
+                f"{where}: field {key!r} holds the control character {bad.group()!r} at {bad.start()}; "
+                "text fields are plain text"
+            )
     try:
         dt.date.fromisoformat(meta["date"])
     except ValueError as e:

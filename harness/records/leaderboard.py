@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import html
 import json
 import math
@@ -39,7 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from data.io import write_bytes_atomic, write_json_atomic
+from harness.records.text import NAME_MAX_CHARS, html_text, markdown_cell, visible
 from harness.records.verify import result_digest
+from scoring.score.bpb import METRIC_VERSION
+from scoring.statuses import OK, UNVERIFIED, VERIFIED
+from scoring.tracks import TRACKS
 
 LEADERBOARD_FORMAT = "pg-leaderboard"
 LEADERBOARD_FORMAT_VERSION = 1
@@ -73,12 +78,15 @@ UNRANKED_COLUMNS = [
     ("bytes_total", "Bytes"),
     ("run_time", "Run (UTC)"),
     ("builds_on", "Builds on"),
+    ("why", "Why not ranked"),
     ("plots", "Plot"),
     ("run_dir", "Run"),
 ]
 _NUM_KEYS = ("seed", "val_bpb", "bytes_total")
 OVERRIDES_SHORT_CHARS = 60
 """The overrides column shows this many characters (the whole list on hover and in the JSON)."""
+CELL_MAX_CHARS = {"overrides": OVERRIDES_SHORT_CHARS, "run_dir": 200, "why": 200, "status": 40, "preset": 40}
+"""What a cell shows of a value (NAME_MAX_CHARS for the others); the JSON keeps every value whole."""
 
 
 # ---- Reading the ledger ----
@@ -139,6 +147,48 @@ def _plot(r: dict[str, Any]) -> dict[str, Any] | None:
     return {"seed": r.get("seed"), "path": str(Path(str(r["run_dir"])) / name)}
 
 
+def entry_id(r: dict[str, Any]) -> str:
+    """The entry a result belongs to, never its free-text name alone: sha256 of its name, author and GitHub
+    id with the counted code it ran (the receipt's code files and their sha256), first 12 hex digits. Two
+    entries with one name are two rows; one entry's seeds (the same code) are one."""
+    sub = r.get("submission") or {}
+    ident = {k: sub.get(k) for k in ("name", "author", "github_id")}
+    ident["code_files"] = (r.get("provenance") or {}).get("code_files")
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def rules_problem(r: dict[str, Any]) -> str | None:
+    """Why a result was not scored under its track's rules (None: it was): the validation subset it scored
+    against the track's, a loosened track rule, another metric version. A board ranks one rule set."""
+    track = TRACKS.get(str(r.get("track")))
+    if track is None:
+        return f"track {visible(r.get('track'), 40)!r} is not one this harness knows"
+    score = (r.get("phases") or {}).get("score") or {}
+    subset = score.get("eval_subset_max_tokens") or None
+    if subset != track.eval_max_tokens:
+        scored = f"the first {subset:,} validation tokens" if isinstance(subset, int) else "the full split"
+        rule = f"the first {track.eval_max_tokens:,}" if track.eval_max_tokens else "the full split"
+        return f"scored on {scored}; the track {track.name} scores {rule}"
+    loosened = ((r.get("phases") or {}).get("command") or {}).get("loosened") or []
+    if loosened:
+        keys = ", ".join(str(x.get("key")) for x in loosened if isinstance(x, dict))
+        return f"the track's rules were loosened ({visible(keys, 120)})"
+    version = score.get("metric_version", METRIC_VERSION)
+    if version != METRIC_VERSION:
+        return f"scored with metric version {visible(version, 20)}, this board ranks version {METRIC_VERSION}"
+    return None
+
+
+def _why_unranked(r: dict[str, Any], verification: str, rules: str | None) -> str:
+    if r.get("status") != OK:
+        return f"status {visible(r.get('status'), 40)}"
+    if not r.get("within_cap"):
+        return "over the cap"
+    if verification != VERIFIED:
+        return f"verification {visible(verification, 40)}"
+    return rules or "not scored"
+
+
 def build(
     results: Iterable[dict[str, Any]], verifications: dict[str, dict[str, Any]], track: str | None
 ) -> dict[str, Any]:
@@ -150,20 +200,24 @@ def build(
             continue
         sub = r.get("submission") or {}
         ver = verifications.get(result_digest(r))
-        verification = ver["status"] if ver else "unverified"
+        verification = ver["status"] if ver else UNVERIFIED
         name = str(sub.get("name") or "?")
+        rules = rules_problem(r)
         if (
-            verification == "verified"
-            and r.get("status") == "ok"
+            verification == VERIFIED
+            and r.get("status") == OK
             and r.get("within_cap")
             and r.get("val_bpb") is not None
+            and rules is None
         ):
-            key = (name, str(r.get("track")), str(r.get("preset")), _overrides(r))
+            key = (entry_id(r), str(r.get("track")), str(r.get("preset")), _overrides(r))
             groups.setdefault(key, []).append(r)
             continue
         plot = _plot(r)
         unranked.append(
             {
+                "entry_id": entry_id(r),
+                "why": _why_unranked(r, verification, rules),
                 "name": name,
                 "preset": r.get("preset"),
                 "overrides": _overrides(r),
@@ -182,13 +236,14 @@ def build(
             }
         )
     rows = []
-    for (name, tr, preset, overrides), rs in groups.items():
+    for (eid, tr, preset, overrides), rs in groups.items():
         bpb = [float(r["val_bpb"]) for r in rs]
         sub = rs[0].get("submission") or {}
         times = [t for t in map(_run_unix_s, rs) if t is not None]
         rows.append(
             {
-                "name": name,
+                "entry_id": eid,
+                "name": str(sub.get("name") or "?"),
                 "track": tr,
                 "preset": preset,
                 "overrides": overrides,
@@ -208,9 +263,11 @@ def build(
                 "seed_list": [r.get("seed") for r in rs],
             }
         )
-    rows.sort(key=lambda row: (row["val_bpb"], row["bytes_total"], row["name"]))
-    for i, row in enumerate(rows, start=1):
-        row["rank"] = i
+    # ranks within a track: a board without --track holds several rule sets, each ranked on its own
+    rows.sort(key=lambda row: (row["track"], row["val_bpb"], row["bytes_total"], row["entry_id"]))
+    ranks: dict[str, int] = {}
+    for row in rows:
+        ranks[row["track"]] = row["rank"] = ranks.get(row["track"], 0) + 1
     return {
         "format": LEADERBOARD_FORMAT,
         "format_version": LEADERBOARD_FORMAT_VERSION,
@@ -225,12 +282,9 @@ def build(
 
 
 def _fmt(v: Any, key: str) -> str:
+    """A value as a cell's plain text (escaped for markdown or HTML by the caller)."""
     if v is None or v == "" or v == []:
         return "-"
-    if key == "plots":
-        return " ".join(f"[seed {p['seed']}]({p['path']})" for p in v)
-    if key == "overrides" and len(str(v)) > OVERRIDES_SHORT_CHARS:
-        return str(v)[: OVERRIDES_SHORT_CHARS - 1] + "…"
     if key in ("val_bpb", "val_loss"):
         return f"{float(v):.4f}"
     if key == "val_bpb_std":
@@ -240,11 +294,24 @@ def _fmt(v: Any, key: str) -> str:
     return str(v)
 
 
+def _md(row: dict[str, Any], key: str) -> str:
+    """A markdown cell: the value as text that renders as itself (harness/records/text.py), bounded."""
+    v = row.get(key)
+    if key == "plots":
+        links = [
+            f"[seed {markdown_cell(p.get('seed'), 20)}](<{markdown_cell(p.get('path'), 300)}>)"
+            for p in v or []
+        ]
+        return " ".join(links) or "-"
+    return markdown_cell(_fmt(v, key), CELL_MAX_CHARS.get(key, NAME_MAX_CHARS))
+
+
 def markdown(board: dict[str, Any]) -> str:
-    title = f"# Leaderboard{' — ' + board['track'] if board['track'] else ''}\n\nOnly verified results rank (`pgolf verify`)."
+    track = f" — {markdown_cell(board['track'], 40)}" if board["track"] else ""
+    title = f"# Leaderboard{track}\n\nOnly verified results rank (`pgolf verify`)."
     lines = [title, "", "| " + " | ".join(h for _, h, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in board["ranked"]:
-        lines.append("| " + " | ".join(_fmt(row.get(k), k).replace("|", "\\|") for k, _, _ in COLUMNS) + " |")
+        lines.append("| " + " | ".join(_md(row, k) for k, _, _ in COLUMNS) + " |")
     lines += [
         "",
         f"## Not ranked ({len(board['unranked'])})",
@@ -253,9 +320,7 @@ def markdown(board: dict[str, Any]) -> str:
         "|" + "---|" * len(UNRANKED_COLUMNS),
     ]
     for row in board["unranked"]:
-        lines.append(
-            "| " + " | ".join(_fmt(row.get(k), k).replace("|", "\\|") for k, _ in UNRANKED_COLUMNS) + " |"
-        )
+        lines.append("| " + " | ".join(_md(row, k) for k, _ in UNRANKED_COLUMNS) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -334,7 +399,7 @@ def svg_plot(
             out.append(f'<path d="{" ".join(path)}" class="frontier"/>')
     for p in pts:
         cls = "pt ranked" if p.get("ranked") else "pt unranked"
-        tip = f"{p['name']}: {float(p['val_bpb']):.4f} bpb, {xfmt(float(p[xkey]))}"
+        tip = f"{visible(p['name'], NAME_MAX_CHARS)}: {float(p['val_bpb']):.4f} bpb, {xfmt(float(p[xkey]))}"
         out.append(
             f'<circle cx="{sx(float(p[xkey])):.1f}" cy="{sy(float(p["val_bpb"])):.1f}" r="5" class="{cls}"><title>{html.escape(tip)}</title></circle>'
         )
@@ -343,7 +408,7 @@ def svg_plot(
             right = x > ml + 0.6 * (W - ml - mr)  # near the right edge: label to the left of the point
             out.append(
                 f'<text x="{x - 7 if right else x + 7:.1f}" y="{sy(float(p["val_bpb"])) - 6:.1f}" class="label" '
-                f'text-anchor="{"end" if right else "start"}">{html.escape(str(p["name"]))}</text>'
+                f'text-anchor="{"end" if right else "start"}">{html_text(p["name"], 40)}</text>'
             )
     out.append(
         f'<circle cx="{ml - 40}" cy="{H - 12}" r="4" class="pt ranked legend"/><text x="{ml - 32}" y="{H - 8}" class="tick">ranked</text>'
@@ -415,21 +480,24 @@ def _href(path: str, base: Path | None) -> str:
     return p.resolve().as_uri()
 
 
-def _cell(row: dict[str, Any], key: str, typ: str, names: set[str], base: Path | None = None) -> str:
+def _cell(row: dict[str, Any], key: str, typ: str, links: dict[str, str], base: Path | None = None) -> str:
+    """A table cell: every value escaped (harness/records/text.py html_text) and bounded; `links` maps an
+    entry's name to the id of its best ranked row (what a lineage links to)."""
     v = row.get(key)
     if key == "plots":
-        links = [
+        anchors = [
             f'<a class="plot-link" href="{html.escape(_href(p["path"], base))}">'
-            f"{'seed ' + html.escape(str(p['seed'])) if len(v or []) > 1 else 'plot'}</a>"
+            f"{'seed ' + html_text(p['seed'], 20) if len(v or []) > 1 else 'plot'}</a>"
             for p in v or []
         ]
-        return f'<td class="str" data-sort="{len(links)}">{" ".join(links) or "-"}</td>'
-    sort = "" if v is None or v == "" else (repr(float(v)) if typ == "num" else str(v))
-    text = html.escape(_fmt(v, key))
-    if key == "builds_on" and v and v in names:
-        text = f'<a href="#row-{html.escape(str(v))}">{text}</a>'
-    title = f' title="{html.escape(str(v))}"' if key == "overrides" and v else ""
-    wrap = " wrap" if key in ("overrides", "run_dir") else ""
+        return f'<td class="str" data-sort="{len(anchors)}">{" ".join(anchors) or "-"}</td>'
+    limit = CELL_MAX_CHARS.get(key, NAME_MAX_CHARS)
+    sort = "" if v is None or v == "" else (repr(float(v)) if typ == "num" else visible(v, limit))
+    text = html_text(_fmt(v, key), limit)
+    if key == "builds_on" and v and str(v) in links:
+        text = f'<a href="#{html.escape(links[str(v)])}">{text}</a>'
+    title = f' title="{html_text(v, 2000)}"' if key == "overrides" and v else ""
+    wrap = " wrap" if key in ("overrides", "run_dir", "why") else ""
     return f'<td class="{typ}{wrap}" data-sort="{html.escape(sort)}"{title}>{text}</td>'
 
 
@@ -442,25 +510,29 @@ def _bytes_label(pts: list[dict[str, Any]]) -> Callable[[float], str]:
 
 
 def _row_ids(ranked: list[dict[str, Any]]) -> list[str]:
-    """One id per ranked row: row-NAME for an entry's best row (what lineage links to), then row-NAME-2, ..."""
+    """One id per ranked row: row-ENTRY_ID (an entry's rows of other presets or overrides: -2, -3, ...)."""
     seen: dict[str, int] = {}
     ids = []
     for r in ranked:
-        seen[r["name"]] = seen.get(r["name"], 0) + 1
-        ids.append(f"row-{r['name']}" + (f"-{seen[r['name']]}" if seen[r["name"]] > 1 else ""))
+        seen[r["entry_id"]] = seen.get(r["entry_id"], 0) + 1
+        n = seen[r["entry_id"]]
+        ids.append(f"row-{r['entry_id']}" + (f"-{n}" if n > 1 else ""))
     return ids
 
 
 def page(board: dict[str, Any], base: Path | None = None) -> str:
     """The HTML page; `base` is the folder it is written to (links to the runs' plots are relative to it)."""
     ranked, unranked = board["ranked"], board["unranked"]
-    names = {r["name"] for r in ranked}
+    ids = _row_ids(ranked)
+    links: dict[str, str] = {}
+    for r, rid in zip(ranked, ids, strict=True):  # a name's best row (rows are sorted best first)
+        links.setdefault(str(r["name"]), rid)
     head = "".join(f'<th data-key="{k}" data-type="{t}">{html.escape(h)}</th>' for k, h, t in COLUMNS)
     body = "".join(
-        f'<tr id="{html.escape(rid)}">'
-        + "".join(_cell(r, k, t, names, base) for k, _, t in COLUMNS)
+        f'<tr id="{html.escape(rid)}" data-name="{html_text(r["name"])}">'
+        + "".join(_cell(r, k, t, links, base) for k, _, t in COLUMNS)
         + "</tr>"
-        for r, rid in zip(ranked, _row_ids(ranked), strict=True)
+        for r, rid in zip(ranked, ids, strict=True)
     )
     uhead = "".join(
         f'<th data-key="{k}" data-type="{"num" if k in _NUM_KEYS else "str"}">{html.escape(h)}</th>'
@@ -468,7 +540,7 @@ def page(board: dict[str, Any], base: Path | None = None) -> str:
     )
     ubody = "".join(
         "<tr>"
-        + "".join(_cell(r, k, "num" if k in _NUM_KEYS else "str", names, base) for k, _ in UNRANKED_COLUMNS)
+        + "".join(_cell(r, k, "num" if k in _NUM_KEYS else "str", links, base) for k, _ in UNRANKED_COLUMNS)
         + "</tr>"
         for r in unranked
     )
@@ -500,7 +572,7 @@ def page(board: dict[str, Any], base: Path | None = None) -> str:
         xticks=lambda lo, hi: t_ticks,
         xpad_min=10 * _MINUTE_S,
     )
-    title = f"Parameter golf leaderboard{' — ' + board['track'] if board['track'] else ''}"
+    title = f"Parameter golf leaderboard{' — ' + visible(board['track'], 40) if board['track'] else ''}"
     return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>{_CSS}</style></head>
 <body><h1>{html.escape(title)}</h1><p class="note">Only verified results rank (pgolf verify); val_bpb is the mean over verified seeds, lower is better.
 Click a header to sort.</p>

@@ -186,14 +186,15 @@ def browse(url: str, *args: str) -> subprocess.CompletedProcess:
 
 def ranked_names(dom: str) -> list[str]:
     table = dom[dom.index('id="ranked"') : dom.index("</table>", dom.index('id="ranked"'))]
-    return re.findall(r'<tr id="row-([^"]+)"', table)
+    return re.findall(r'<tr id="row-[0-9a-f]{12}(?:-\d+)?" data-name="([^"]+)"', table)
 
 
 def test_page_in_a_real_browser_sorts_and_shows_both_plots(board_dir, tmp_path):
     url = (board_dir / "index.html").as_uri()
     dom = browse(url, "--dump-dom").stdout
     assert ranked_names(dom) == ["int6_mlp3x", "longer_context", "naive_baseline", "tiny_vocab"]
-    assert 'href="#row-longer_context"' in dom  # lineage links to the row it builds on
+    target = re.search(r'<tr id="(row-[0-9a-f]{12})" data-name="longer_context"', dom)
+    assert target and f'href="#{target.group(1)}"' in dom  # lineage links to the row it builds on
     for plot in ("plot-bytes", "plot-date"):
         svg = dom[dom.index(f'id="{plot}"') : dom.index("</svg>", dom.index(f'id="{plot}"'))]
         assert svg.count('class="pt ranked"') == 4 and svg.count('class="pt unranked"') == 3
