@@ -49,6 +49,7 @@ class ScoreRecord:
     eval_windows: int
     eval_batches: int
     eval_time_s: float
+    """Seconds on the eval clock: the main worker's decode, build and warm-up, then scoring (eval_clock)."""
     eval_budget_s: float | None
     probes: dict[str, Any]
     rows_shuffled: bool
@@ -70,6 +71,8 @@ class ScoreRecord:
     data_manifest_sha256: str
     tokenizer_sha256: str
     torch: str
+    eval_clock: dict[str, Any] | None = None
+    """The scorer's readings behind eval_time_s: build_time_s, scoring_time_s, the probes' allowance."""
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -82,7 +85,15 @@ class ScoreRecord:
         if d.get("status") != "ok":
             raise ValueError(f"{what} field 'status' = {str(d.get('status'))[:80]!r} is not 'ok'")
         values = {
-            name: field(d, name, types, what, finite=True, non_negative=name in _NON_NEGATIVE)
+            name: field(
+                d,
+                name,
+                types,
+                what,
+                finite=True,
+                non_negative=name in _NON_NEGATIVE,
+                required=name not in _OPTIONAL,
+            )
             for name, types in _SCORE_FIELDS.items()
         }
         if not all(isinstance(w, dict) for w in values["workers"]):
@@ -136,8 +147,11 @@ _SCORE_FIELDS: dict[str, Types] = {
     "data_manifest_sha256": str,
     "tokenizer_sha256": str,
     "torch": str,
+    "eval_clock": _DICT_OR_NONE,
 }
 """Each field of ScoreRecord with the JSON types it may hold (numbers must be finite)."""
+_OPTIONAL = frozenset({"eval_clock"})
+"""Fields a record from before them may lack."""
 _NON_NEGATIVE = frozenset(
     {"val_tokens", "val_bytes", "val_tokens_available", "val_loss_sum_nats", "eval_time_s", "score_wall_s"}
 )

@@ -28,10 +28,12 @@ audit and adaptation records, how each worker was confined, and which layer enfo
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 import os
 import platform
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
@@ -61,7 +63,7 @@ from scoring.score.evaluate import (
 )
 from scoring.score.probes import PROBE_WORKERS_PER_PROBE, ProbeConfig, ProbeFailure, plan_probes, run_probes
 from scoring.score.record import ScoreRecord
-from scoring.score.remote import WorkerConfig, WorkerModel, start_worker
+from scoring.score.remote import EvalDeadline, WorkerConfig, WorkerModel, start_worker
 from scoring.worker.child import default_memory_limit_bytes, tune_cpu_allocator
 
 ENFORCEMENT = {
@@ -123,6 +125,34 @@ def tokenizer_audit(tokenizer: Tokenizer, tokenizer_sha256: str, tokens: np.ndar
     if not report.passed:
         raise ProbeFailure(f"the dataset's tokenizer failed the byte-table audit:\n{report.summary()}")
     return {"ran": True, "reason": "tokenizer brought by the dataset/submission", **report.as_dict()}
+
+
+PROBE_SLACK_S = 60.0
+"""The probe workers' allowance beyond what the main worker's build and forward passes took."""
+
+
+def probe_allowance(build_s: float, scoring_s: float, batches: int, workers: int) -> float:
+    """Seconds the probe workers get, all together, to build and answer their probes: each build as long as the
+    main worker's (they run one at a time), a few forward passes each at the main worker's pace, and
+    PROBE_SLACK_S."""
+    per_forward = scoring_s / max(batches, 1)
+    return PROBE_SLACK_S + workers * (build_s + 2 * per_forward)
+
+
+def _wait_ready_in_background(worker: WorkerModel) -> concurrent.futures.Future[float]:
+    """Wait for the worker's ready in a thread while this one reads the data; the future holds the time the
+    ready arrived (this process's monotonic clock), or the worker's failure. The thread only reads the socket."""
+    future: concurrent.futures.Future[float] = concurrent.futures.Future()
+
+    def wait() -> None:
+        try:
+            worker.wait_ready()
+            future.set_result(time.monotonic())
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            future.set_exception(e)
+
+    threading.Thread(target=wait, name="worker-ready", daemon=True).start()
+    return future
 
 
 def _one_at_a_time(workers: Iterable[WorkerModel], cache: PageCacheReset) -> Iterator[WorkerModel]:
@@ -197,10 +227,16 @@ def score_artifact(
         allow_missing_layers=allow_missing_layers,
     )
     n_probe_workers = probe_cfg.probes * PROBE_WORKERS_PER_PROBE
+    finite = math.isfinite(eval_budget_s)
     with ExitStack() as stack:
         main = start_worker(worker_cfg)
         stack.callback(main.close)
+        # The eval clock starts now: decoding the artifact, building the model and any warm-up in the worker
+        # count against the budget (a model that fitted itself at build time ran 62 s off every clock).
+        t_clock = time.monotonic()
+        main.deadline = t_clock + eval_budget_s if finite else None
         main.start()  # decodes and builds while this process reads the data; probe workers wait idle
+        ready = _wait_ready_in_background(main)
         # the probe workers get the main one's spec (adaptation included): nothing tells them apart
         probe_workers = [
             start_worker(dataclasses.replace(worker_cfg, role="probe")) for _ in range(n_probe_workers)
@@ -226,9 +262,10 @@ def score_artifact(
                 workdir=workdir,
             )
         audit = tokenizer_audit(tokenizer, tokenizer_sha256, eval_tokens(tokens, cfg))
-        main.wait_ready()
+        build_s = ready.result() - t_clock  # when the worker's ready came, by this process's clock
         plan = plan_probes(batch_count(tokens, cfg, tokenizer.bos_id, adapting), probe_cfg)
-        main.deadline = time.monotonic() + eval_budget_s if math.isfinite(eval_budget_s) else None
+        # the rest of the budget, from now: this process's own preparation after the build is not the entry's
+        main.deadline = time.monotonic() + eval_budget_s - build_s if finite else None
         result = evaluate(
             main,
             tokens,
@@ -240,11 +277,23 @@ def score_artifact(
             keep_batches=plan.batches,
             shuffle_seed=plan.seed,
         )
+        eval_clock_s = build_s + result.eval_time_s
+        if finite and eval_clock_s > eval_budget_s:  # it ended between two looks at the deadline
+            raise EvalDeadline(
+                f"the evaluation took {eval_clock_s:.1f} s (build {build_s:.1f} s + scoring {result.eval_time_s:.1f} s) "
+                f"by the scorer's clock: past its budget of {eval_budget_s:.1f} s"
+            )
+        # The probe workers repeat the build and a few forward passes: bounded by an allowance, recorded, from
+        # what the main worker took (a probe worker past it is a failed probe: scoring/score/probes.py).
+        probe_allowance_s = probe_allowance(build_s, result.eval_time_s, result.batches, n_probe_workers)
         # the main worker is gone before any probe worker runs submitted code: nothing of it is alive to hold
         # a lock, a socket or a page for them, and it never learns which of its batches are compared
         main_described = main.describe()
         main.close()
         cache.reset()
+        t_probes = time.monotonic()
+        for w in probe_workers:  # one deadline for them all: the allowance is for every probe worker together
+            w.deadline = t_probes + probe_allowance_s
         fresh = _one_at_a_time(probe_workers, cache)
         scored_toks = eval_tokens(tokens, cfg)
 
@@ -264,6 +313,7 @@ def score_artifact(
             kept_chunks=result.kept_chunks,
             total_batches=result.batches,
         )
+        probe_wall_s = time.monotonic() - t_probes
         for w in probe_workers:  # the last of them gone, the page cache emptied: nothing for a later run
             w.close()
         cache.reset()
@@ -288,8 +338,16 @@ def score_artifact(
         eval_batch_seqs=cfg.batch_seqs,
         eval_windows=result.windows,
         eval_batches=result.batches,
-        eval_time_s=result.eval_time_s,
-        eval_budget_s=eval_budget_s if math.isfinite(eval_budget_s) else None,
+        eval_time_s=eval_clock_s,
+        eval_budget_s=eval_budget_s if finite else None,
+        eval_clock={
+            "measured_by": "scorer",
+            "build_time_s": build_s,
+            "scoring_time_s": result.eval_time_s,
+            "from": "the main worker told to decode and build, to its last scored batch",
+            "probe_allowance_s": probe_allowance_s if probe_workers else None,
+            "probe_wall_s": probe_wall_s,
+        },
         probes=probes,
         rows_shuffled=True,
         tokenizer_audit=audit,

@@ -353,3 +353,25 @@ def test_a_worker_that_sigkills_itself_is_an_error_not_out_of_memory(tmp_path, t
     with pytest.raises(WorkerFailure, match="neither the scorer nor the kernel's OOM killer") as caught:
         score(tmp_path, tiny_dataset, model, sandbox="off")
     assert caught.value.kind == "error"
+
+
+# A model whose build does work (here: sleeps, as a model fitting itself at build time would compute).
+SLOW_BUILD = TINY_MODEL.replace(
+    "def build_model(config):\n", "def build_model(config):\n    SMUGGLED.sleep(2.0)\n"
+) + SMUGGLE.format(code="__import__('time')")
+
+
+def test_building_the_model_counts_on_the_eval_clock(tmp_path, tiny_dataset):
+    """A model that fitted itself at build time ran 62 s in each of 5 workers while the record said
+    eval_time_s 0.2: the build was off every clock. Now the clock starts when the main worker is told to
+    decode and build; the probe workers' builds get a bounded, recorded allowance."""
+    from scoring.score.remote import EvalDeadline
+
+    rec = score(tmp_path / "a", tiny_dataset, SLOW_BUILD, probe_cfg=ProbeConfig(probes=1))
+    clock = rec["eval_clock"]
+    assert (
+        clock["build_time_s"] >= 2.0 and rec["eval_time_s"] == clock["build_time_s"] + clock["scoring_time_s"]
+    )
+    assert clock["probe_allowance_s"] >= 60.0 and clock["probe_wall_s"] >= 2.0  # each probe worker builds too
+    with pytest.raises(EvalDeadline):  # a budget the scoring alone would keep, the build not
+        score(tmp_path / "b", tiny_dataset, SLOW_BUILD, eval_budget_s=1.5)
