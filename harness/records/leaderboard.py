@@ -267,7 +267,8 @@ def build(
     rows.sort(key=lambda row: (row["track"], row["val_bpb"], row["bytes_total"], row["entry_id"]))
     ranks: dict[str, int] = {}
     for row in rows:
-        ranks[row["track"]] = row["rank"] = ranks.get(row["track"], 0) + 1
+        tr = str(row["track"])
+        ranks[tr] = row["rank"] = ranks.get(tr, 0) + 1
     return {
         "format": LEADERBOARD_FORMAT,
         "format_version": LEADERBOARD_FORMAT_VERSION,
