@@ -530,7 +530,12 @@ def _finish(
         write_result(run_dir, result, ledger_path)
     except Exception as e:  # noqa: BLE001 - a record whose parts cannot be written still ends the run with one
         result = minimal_result(
-            run_dir, cfg, meta, track, status="error", detail=f"the result could not be built: {e}"
+            run_dir,
+            cfg,
+            meta,
+            track,
+            status="error",
+            detail=cause_line(f"the result could not be built: {e}"),
         )
         write_result(run_dir, result, ledger_path)
     print_card(result)
