@@ -131,12 +131,14 @@ PROBE_SLACK_S = 60.0
 """The probe workers' allowance beyond what the main worker's build and forward passes took."""
 
 
-def probe_allowance(build_s: float, scoring_s: float, batches: int, workers: int) -> float:
+def probe_allowance(
+    build_s: float, scoring_s: float, batches: int, workers: int, adapt_s: float = 0.0
+) -> float:
     """Seconds the probe workers get, all together, to build and answer their probes: each build as long as the
-    main worker's (they run one at a time), a few forward passes each at the main worker's pace, and
-    PROBE_SLACK_S."""
-    per_forward = scoring_s / max(batches, 1)
-    return PROBE_SLACK_S + workers * (build_s + 2 * per_forward)
+    main worker's (they run one at a time), each replay of the score-first adaptation as long as the main
+    worker's whole adaptation, a few forward passes each at the main worker's pace, and PROBE_SLACK_S."""
+    per_forward = max(scoring_s - adapt_s, 0.0) / max(batches, 1)
+    return PROBE_SLACK_S + workers * (build_s + adapt_s + 2 * per_forward)
 
 
 def _wait_ready_in_background(worker: WorkerModel) -> concurrent.futures.Future[float]:
@@ -285,7 +287,9 @@ def score_artifact(
             )
         # The probe workers repeat the build and a few forward passes: bounded by an allowance, recorded, from
         # what the main worker took (a probe worker past it is a failed probe: scoring/score/probes.py).
-        probe_allowance_s = probe_allowance(build_s, result.eval_time_s, result.batches, n_probe_workers)
+        probe_allowance_s = probe_allowance(
+            build_s, result.eval_time_s, result.batches, n_probe_workers, result.adapt_time_s
+        )
         # the main worker is gone before any probe worker runs submitted code: nothing of it is alive to hold
         # a lock, a socket or a page for them, and it never learns which of its batches are compared
         main_described = main.describe()
