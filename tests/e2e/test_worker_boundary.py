@@ -357,7 +357,7 @@ def test_a_worker_that_sigkills_itself_is_an_error_not_out_of_memory(tmp_path, t
 
 # A model whose build does work (here: sleeps, as a model fitting itself at build time would compute).
 SLOW_BUILD = TINY_MODEL.replace(
-    "def build_model(config):\n", "def build_model(config):\n    SMUGGLED.sleep(2.0)\n"
+    "def build_model(config):\n", "def build_model(config):\n    SMUGGLED.sleep(1.0)\n"
 ) + SMUGGLE.format(code="__import__('time')")
 
 
@@ -374,33 +374,23 @@ def test_building_the_model_counts_on_the_eval_clock(tmp_path, tiny_dataset):
     )
     assert clock["probe_allowance_s"] >= 60.0 and clock["probe_wall_s"] >= 2.0  # each probe worker builds too
     with pytest.raises(EvalDeadline):  # a budget the scoring alone would keep, the build not
-        score(tmp_path / "b", tiny_dataset, SLOW_BUILD, eval_budget_s=1.5)
+        score(tmp_path / "b", tiny_dataset, SLOW_BUILD, eval_budget_s=0.8)
 
 
-def test_relative_paths_work_in_pack_unpack_score_and_leaderboard(tmp_path, tiny_dataset):
+def test_relative_paths_work_in_score(tmp_path, tiny_dataset):
     """`pgolf score` with a relative artifact failed: the model worker runs in a folder of its own, where
-    the path named nothing. Every path a command takes is made absolute before a process of its own sees it."""
+    the path named nothing. The scorer makes every path absolute before a process of its own sees it."""
     import shutil
 
     folder = write_submission(tmp_path / "sub")
     pack_clean(folder, tmp_path / "a.pgolf")
     shutil.copytree(tiny_dataset, tmp_path / "data")
-
-    def pgolf(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, cwd=tmp_path,
-            timeout=300, check=False, env={**os.environ, "PYTHONPATH": str(REPO)},
-        )  # fmt: skip
-
-    for args in (
-        ["unpack", "a.pgolf", "--out", "out/state.safetensors"],
-        ["pack", "out/state.safetensors", "--submission", "sub", "--out", "out/b.pgolf"],
-        ["score", "out/b.pgolf", "--submission", "sub", "--data", "data", "--seq-len", "32", "--batch-seqs",
-         "8", "--max-tokens", "512", "--threads", "1", "--probes", "1", "--json-out", "out/score.json"],
-    ):  # fmt: skip
-        r = pgolf(*args)
-        assert r.returncode == 0, (args, r.stdout[-1000:], r.stderr[-2000:])
+    r = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "score", "a.pgolf", "--submission", "sub", "--data", "data",
+         "--seq-len", "32", "--batch-seqs", "8", "--max-tokens", "512", "--threads", "1", "--probes", "1",
+         "--json-out", "out/score.json"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert r.returncode == 0, (r.stdout[-1000:], r.stderr[-2000:])
     assert json.loads((tmp_path / "out" / "score.json").read_text())["status"] == "ok"
-    (tmp_path / "ledger.jsonl").write_text("")
-    r = pgolf("leaderboard", "--ledger", "ledger.jsonl", "--out", "site")
-    assert r.returncode == 0 and (tmp_path / "site" / "index.html").is_file(), r.stderr
