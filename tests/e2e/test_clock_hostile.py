@@ -8,7 +8,8 @@ is stopped (fixtures in tests/fixtures/submissions/):
   the gate through the loader, and by path: it gets none, and the warm-up stays off the clock;
 - `warmup_cheat` (before) takes a real batch first and trains a second model on it during the
   "warm-up": none of that warm-up is off the clock;
-- `read_shards` opens the training shards by path at import: PermissionError (with Landlock).
+- `read_shards` opens the training shards by path at import: PermissionError (with Landlock), or
+  FileNotFoundError in a world of its own (isolation/world.py), where they do not exist at all.
 Each run writes result.json and its ledger line, whatever the status.
 """
 
@@ -22,6 +23,8 @@ import pytest
 
 from harness.run.pipeline import run_pipeline
 from isolation.landlock import landlock_abi
+
+from tests.e2e.test_isolation import REFUSED  # the protected path does not exist in a world
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "submissions"
 
@@ -64,7 +67,7 @@ def test_no_real_tokens_reach_a_warmup(tiny_dataset, tmp_path):
     assert cheat["loader"].startswith("WireError: the supervisor refused 'data'"), cheat
     assert "closed during ctx.clock.warmup()" in cheat["loader"]
     if landlock_abi():
-        assert cheat["path"].startswith("PermissionError"), cheat
+        assert cheat["path"].startswith(REFUSED), cheat
     assert train["clock"]["requests_refused"] == {"training data is closed during ctx.clock.warmup()": 1}
     # nothing leaked, so the warm-up (3 steps of 0.1 s) stays off the clock
     assert 0.3 <= train["off_clock_s"] < 2.0 and train["clock"]["first_data_after_start_s"] > 0.3
@@ -85,6 +88,6 @@ def test_reading_the_training_shards_by_path_is_refused(tiny_dataset, tmp_path):
     train = result["phases"]["train"]
     assert result["status"] == "error" and result["val_bpb"] is None
     error = train["errors"]["train_error_rank0.txt"]
-    assert "PermissionError" in error and "fineweb_train_" in error, error
+    assert REFUSED in error and "fineweb_train_" in error, error
     attempt = next(a for a in train["isolation"]["attempts"] if "fineweb_train_" in a["path"])
     assert attempt["submission_frame"].startswith("train.py:")
