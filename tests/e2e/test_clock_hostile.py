@@ -23,7 +23,6 @@ import pytest
 
 from harness.run.pipeline import run_pipeline
 from isolation.landlock import landlock_abi
-
 from tests.e2e.test_isolation import REFUSED  # the protected path does not exist in a world
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "submissions"
