@@ -382,6 +382,9 @@ class PageCacheReset:
     def __init__(self, fd: int | None, roots: Sequence[str] = ()) -> None:
         self.fd = fd
         self.roots = tuple(roots)
+        self.how = (
+            "drop_caches" if fd is not None else ("posix_fadvise over the read roots" if roots else "none")
+        )
         self.resets = 0
         self.seconds = 0.0
 
