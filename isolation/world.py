@@ -412,9 +412,7 @@ class PageCacheReset:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "how": "drop_caches"
-            if self.fd is not None or not self.roots
-            else "posix_fadvise over the read roots",
+            "how": self.how,
             "resets": self.resets,
             "seconds": round(self.seconds, 3),
         }
