@@ -290,7 +290,10 @@ class SandboxPlan:
             "namespaces": list(self.namespaces),
             "capabilities_dropped": self.drop_caps,
             "signals_scoped": self.scope_signals,
-            "seccomp": "worker" if self.seccomp else ("world" if self.world else "none"),
+            # enter() gives every sandbox the "world" profile wherever seccomp exists, world or not
+            "seccomp": "worker"
+            if self.seccomp
+            else ("world" if seccomp_supported() and self.mode != "off" else "none"),
             "separate_user": self.world is not None,
             "world": self.world.describe() if self.world else None,
             "read_roots": sorted(r.path for r in self.rules if r.access in ("ro", "dev")),

@@ -110,25 +110,15 @@ def test_the_attempts_are_reported_with_the_submission_line(peek_run):
     )  # the walk around its data
 
 
-def test_a_custom_codec_encodes_sandboxed_and_on_the_clock(tiny_dataset, tmp_path):
-    import shutil
-
+def _trained_run(tmp_path: Path) -> Path:
+    """A run folder holding the trained state a codec_peek pack reads (the fixture's tiny model, zeros)."""
+    import torch
     from safetensors.torch import save_file
 
-    from harness.run.launch import LaunchConfig
-    from harness.run.train_phase import run_sealed_pack
-    from harness.train.clock import BudgetConfig
     from harness.train.rank import STATE_FILE
 
-    sub = tmp_path / "codec_peek"
-    shutil.copytree(FIXTURES / "codec_peek", sub)
-    val = sorted(tiny_dataset.glob("fineweb_val_*.bin"))
-    (sub / "peek.txt").write_text("\n".join(map(str, val)))
-    (sub / "sleep_s.txt").write_text("0.5")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    import torch
-
     save_file(
         {
             "emb.weight": torch.zeros(260, 8),
@@ -138,6 +128,22 @@ def test_a_custom_codec_encodes_sandboxed_and_on_the_clock(tiny_dataset, tmp_pat
         str(run_dir / STATE_FILE),
         metadata={"model_config": json.dumps({"vocab_size": 260, "dim": 8})},
     )
+    return run_dir
+
+
+def test_a_custom_codec_encodes_sandboxed_and_on_the_clock(tiny_dataset, tmp_path):
+    import shutil
+
+    from harness.run.launch import LaunchConfig
+    from harness.run.train_phase import run_sealed_pack
+    from harness.train.clock import BudgetConfig
+
+    sub = tmp_path / "codec_peek"
+    shutil.copytree(FIXTURES / "codec_peek", sub)
+    val = sorted(tiny_dataset.glob("fineweb_val_*.bin"))
+    (sub / "peek.txt").write_text("\n".join(map(str, val)))
+    (sub / "sleep_s.txt").write_text("0.5")
+    run_dir = _trained_run(tmp_path)
     budget = BudgetConfig(train_s=10.0, grace_s=1.0)
     rc, rec = run_sealed_pack(
         run_dir=run_dir,
@@ -166,31 +172,16 @@ def test_a_slow_codec_that_forges_its_pack_record_is_over_budget_and_illegal(tin
     from the file on disk and the staged code: the record is compared, and a disagreement names both."""
     import shutil
 
-    from safetensors.torch import save_file
-
     from harness.run.launch import LaunchConfig
     from harness.run.pipeline import measure_pack
     from harness.run.train_phase import run_sealed_pack
     from harness.train.clock import BudgetConfig
-    from harness.train.rank import STATE_FILE
 
     sub = tmp_path / "codec_forge"
     shutil.copytree(FIXTURES / "codec_peek", sub)
     (sub / "sleep_s.txt").write_text("2.0")
     (sub / "forge.txt").write_text("yes")
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    import torch
-
-    save_file(
-        {
-            "emb.weight": torch.zeros(260, 8),
-            "head.weight": torch.zeros(260, 8),
-            "head.bias": torch.zeros(260),
-        },
-        str(run_dir / STATE_FILE),
-        metadata={"model_config": json.dumps({"vocab_size": 260, "dim": 8})},
-    )
+    run_dir = _trained_run(tmp_path)
     rc, rec = run_sealed_pack(
         run_dir=run_dir,
         submission_dir=sub,
