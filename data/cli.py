@@ -19,6 +19,7 @@ import sys
 from data.build import DEFAULT_SHARD_TOKENS, DEFAULT_VAL_DOCS, build_dataset, summarize
 from data.download import DEFAULT_REPO_ID, DownloadError, download_variant
 from data.overlap import DEFAULT_SAMPLE, DEFAULT_THRESHOLD
+from data.proof import CANONICALS, TRANSFORMS
 from data.sources import DEFAULT_HF_CONFIG, DocumentSource, source_from_path
 from data.verify import verify_dataset
 
@@ -50,6 +51,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         tokenizer_train_docs=args.tokenizer_train_docs,
         overwrite=args.overwrite,
         drop_val_duplicates=args.drop_val_duplicates,
+        canonical=args.canonical,
+        transform=None if args.transform == "none" else args.transform,
     )
     print(summarize(out))
     return 0
@@ -106,6 +109,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--tokenizer-train-docs", type=int, help="train the tokenizer on at most N training documents"
+    )
+    p.add_argument(
+        "--canonical",
+        choices=("auto", *CANONICALS),
+        default="auto",
+        help="the text every document is tokenized from, and must decode back to, and whose bytes bpb counts: "
+        "sp1024 (as the official sp1024 normalises it; the record tracks' text), raw (as given); auto: sp1024 "
+        "for a tokenizer that normalises as sp1024 does, else raw",
+    )
+    p.add_argument(
+        "--transform",
+        choices=("none", *TRANSFORMS),
+        default="none",
+        help="a reversible text transform, part of the tokenizer (case: CaseOps-style case markers); with "
+        "--vocab-size the tokenizer is trained on the transformed text with the markers as pieces",
     )
     p.add_argument(
         "--val-docs",

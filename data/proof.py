@@ -79,6 +79,17 @@ def sp1024_canonical(texts: list[str]) -> list[str]:
     return [t.replace(SPACE_MARK, " ") for t in _sp1024_normalizer.normalize(texts)]
 
 
+CANONICAL_DESCRIPTIONS = {
+    "sp1024": "the document as the official sp1024 normalises it (nmt_nfkc: NFKC, newlines and runs of whitespace "
+    "to one space, no leading or trailing space)",
+    "raw": "the document exactly as given",
+}
+
+
+def canonical_description(name: str) -> str:
+    return CANONICAL_DESCRIPTIONS[name]
+
+
 def raw_canonical(texts: list[str]) -> list[str]:
     """The documents exactly as given."""
     return list(texts)
@@ -509,3 +520,63 @@ def prove_tokenizer(
                     rep.first = failure
     rep.seconds = time.perf_counter() - t0
     return rep
+
+
+# ---- the build's proof: every document, and the bytes each token covers ----
+
+
+def attribute_documents(
+    canonical_texts: Sequence[str],
+    ids_list: Sequence[Sequence[int]],
+    decoded: Sequence[str],
+    spell: PieceLengths,
+) -> tuple[list[np.ndarray], list[int], DocFailure | None]:
+    """The proof `pgolf data build` runs on every document it tokenizes, and the byte counts it keeps.
+
+    Per document: the tokens' decoding (`decoded`, the transform undone) must be its canonical text byte
+    for byte, and the bytes each token's piece spells (`spell`: markers 0, a leading "▁" after BOS
+    nothing) must sum to the canonical text's UTF-8 byte count. Returns each document's per-token counts
+    and canonical byte count up to the first failure, and that failure (None when all hold); the
+    failure's `doc` is the index in `canonical_texts`.
+    """
+    per_doc: list[np.ndarray] = []
+    doc_bytes: list[int] = []
+    for d, (text, ids_raw, dec) in enumerate(zip(canonical_texts, ids_list, decoded, strict=True)):
+        try:
+            cb = text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return (
+                per_doc,
+                doc_bytes,
+                DocFailure(d, "text", None, f"not valid Unicode text ({e.reason} at {e.start})"),
+            )
+        db = dec.encode("utf-8", errors="surrogatepass")
+        if db != cb:
+            at = _first_difference(cb, db)
+            return (
+                per_doc,
+                doc_bytes,
+                DocFailure(
+                    d,
+                    "decode",
+                    at,
+                    f"decoding differs from the canonical text at byte {at:,} (canonical {len(cb):,} bytes, decoded "
+                    f"{len(db):,}): canonical {_around(cb, at)} vs decoded {_around(db, at)}",
+                ),
+            )
+        ids = np.asarray(ids_raw, dtype=np.int64)
+        per = spell.of(ids) if ids.size else np.zeros(0, np.int64)
+        if int(per.sum()) != len(cb):
+            return (
+                per_doc,
+                doc_bytes,
+                DocFailure(
+                    d,
+                    "count",
+                    None,
+                    f"the tokens' pieces spell {int(per.sum()):,} bytes, the canonical text has {len(cb):,}",
+                ),
+            )
+        per_doc.append(per)
+        doc_bytes.append(len(cb))
+    return per_doc, doc_bytes, None
