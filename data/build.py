@@ -785,3 +785,124 @@ def summarize(out: str | os.PathLike[str]) -> str:
         f"{raw['docs']['train']} train docs / {raw['tokens']['train']} tokens in {n['train']} shard(s), "
         f"tokenizer {raw['tokenizer']['file']} (vocab {raw['tokenizer']['vocab_size']})"
     )
+
+
+# ---- Proving a dataset built elsewhere ----
+
+
+def prove_dataset(
+    directory: str | os.PathLike[str],
+    texts: Iterable[str],
+    *,
+    canonical: str = "auto",
+    transform: str | None = None,
+    workers: int | None = None,
+    progress: bool | None = None,
+) -> dict[str, Any]:
+    """Prove a dataset this harness did not build (the official cached shards): its validation documents,
+    given in order, are tokenized from their canonical text again and must give the validation shards' tokens
+    exactly, document by document; each is proved (data/proof.py) and counted, and `val_bytes.bin` plus the
+    manifest's `canonical` block and `split_sha256.val` are written (manifest version 3). Returns the block.
+
+    A document whose tokens differ from the shards', or that fails the proof, is `TokenizerProofError` naming
+    it (and the first differing token); nothing is written then. Only the first `docs.val` documents of
+    `texts` are read.
+    """
+    from data.manifest import load_manifest
+
+    root = Path(directory)
+    m = load_manifest(root)
+    if (m.raw.get("view") or {}).get("split") == "train":
+        raise ValueError(f"{root} is a training view: prove the dataset folder it was made from")
+    val = np.asarray(read_split_tokens(root))
+    n_docs = int(m.raw["docs"]["val"])
+    tok = load_tokenizer(m.tokenizer_path)
+    if canonical == "auto":
+        canonical = choose_canonical(
+            tok if transform is None else TransformedTokenizer(tok, TRANSFORMS[transform]())
+        )
+    spec = EncodeSpec(str(m.tokenizer_path), canonical, transform)
+    ProvingEncoder(spec)
+    workers = default_workers() if workers is None else workers
+    selection = SelectionHash()
+    val_hash = SelectionHash()
+    token_bytes = np.zeros(val.size, dtype=TOKEN_BYTES_DTYPE)
+    doc_bytes: list[np.ndarray] = []
+    at = 0
+    from itertools import islice
+
+    docs_iter = islice(iter(texts), n_docs)
+    with (
+        tqdm(
+            total=n_docs, desc="prove", unit="doc", disable=None if progress is None else not progress
+        ) as bar,
+        closing(encode_proved_ordered(spec, _batches(docs_iter, n_docs, selection), workers)) as encoded,
+    ):
+        for batch, enc in encoded:
+            if enc.failure is not None:
+                d, detail = enc.failure
+                raise TokenizerProofError(
+                    f"{root}: the tokenizer fails its proof on validation document {batch.start + d}: {detail}"
+                )
+            got = val[at : at + enc.flat.size]
+            if not np.array_equal(got, enc.flat):
+                k = int(np.flatnonzero(got != enc.flat[: got.size])[0]) if got.size else 0
+                if got.size < enc.flat.size and np.array_equal(got, enc.flat[: got.size]):
+                    k = got.size
+                d = int(np.searchsorted(np.cumsum(enc.lens), k, side="right"))
+                raise TokenizerProofError(
+                    f"{root}: validation document {batch.start + d} tokenizes to other tokens than the shards hold "
+                    f"(first difference at validation token {at + k:,}): these are not the documents the shards "
+                    "were made from, or not in their order, or not this canonical text"
+                )
+            assert enc.token_bytes is not None
+            token_bytes[at : at + enc.flat.size] = enc.token_bytes
+            doc_bytes.append(enc.doc_bytes)
+            for t in batch.texts:
+                val_hash.update(t)
+            at += enc.flat.size
+            bar.update(len(batch.texts))
+    if selection.docs != n_docs or at != val.size:
+        raise TokenizerProofError(
+            f"{root}: {selection.docs:,} documents given give {at:,} tokens; the validation split holds {n_docs:,} "
+            f"documents and {val.size:,} tokens. HINT: pass the validation documents, in order (the first "
+            f"{n_docs:,} of the selection)"
+        )
+    counts = np.concatenate(doc_bytes) if doc_bytes else np.zeros(0, np.int64)
+    sha = write_val_bytes(root / VAL_BYTES_NAME, token_bytes, counts)
+    block = {
+        "text": canonical,
+        "description": canonical_description(canonical),
+        "transform": transform,
+        "fed_to_tokenizer": "the canonical text"
+        + ("" if transform is None else f", {transform}-transformed"),
+        "val_bytes": {
+            "file": VAL_BYTES_NAME,
+            "sha256": sha,
+            "tokens": int(token_bytes.size),
+            "docs": int(counts.size),
+            "total_bytes": int(counts.sum()),
+        },
+        "canonical_bytes": {"val": int(counts.sum())},
+        "proof": {
+            "format": PROOF_FORMAT,
+            "format_version": PROOF_FORMAT_VERSION,
+            "passed": True,
+            "docs": {"val": n_docs},
+            "checks": "every validation document: tokenized again from its canonical text it gives the shards' "
+            "tokens; decode(tokens) is its canonical text byte for byte; the bytes its tokens' pieces spell sum to "
+            "its canonical UTF-8 byte count",
+            "proved_after_the_build": True,
+        },
+    }
+    raw = {k: v for k, v in m.raw.items() if k not in ("format", "format_version")}
+    raw["canonical"] = block
+    raw["split_sha256"] = {**(raw.get("split_sha256") or {}), "val": val_hash.hexdigest()}
+    write_manifest(root, raw)
+    return block
+
+
+def read_split_tokens(root: Path) -> np.ndarray:
+    from data.shards import read_split
+
+    return read_split(root, "val")

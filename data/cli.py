@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from data.build import DEFAULT_SHARD_TOKENS, DEFAULT_VAL_DOCS, build_dataset, summarize
+from data.build import DEFAULT_SHARD_TOKENS, DEFAULT_VAL_DOCS, build_dataset, prove_dataset, summarize
 from data.download import DEFAULT_REPO_ID, DownloadError, download_variant
 from data.overlap import DEFAULT_SAMPLE, DEFAULT_THRESHOLD
 from data.proof import CANONICALS, TRANSFORMS
@@ -58,6 +58,23 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_prove(args: argparse.Namespace) -> int:
+    src = source_from_path(args.docs, field=args.field)
+    block = prove_dataset(
+        args.dir,
+        src,
+        canonical=args.canonical,
+        transform=None if args.transform == "none" else args.transform,
+        workers=args.workers,
+    )
+    vb = block["val_bytes"]
+    print(
+        f"{args.dir}: proved {vb['docs']:,} validation documents ({vb['tokens']:,} tokens, {vb['total_bytes']:,} "
+        f"canonical bytes, canonical {block['text']}); wrote {vb['file']} and the manifest's canonical block"
+    )
+    return 0
+
+
 def cmd_download(args: argparse.Namespace) -> int:
     try:
         out = download_variant(
@@ -90,6 +107,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "prove",
+        help="prove a dataset built elsewhere (the official shards) against its validation documents, and "
+        "write the canonical byte counts bpb divides by",
+    )
+    p.add_argument("dir", help="the dataset folder (its manifest.json)")
+    p.add_argument(
+        "--docs", required=True, help="the documents, in order (the validation ones first): .jsonl etc."
+    )
+    p.add_argument("--field", default="text", help="field / column holding the text (default: text)")
+    p.add_argument("--canonical", choices=("auto", *CANONICALS), default="auto", help="as for build")
+    p.add_argument("--transform", choices=("none", *TRANSFORMS), default="none", help="as for build")
+    p.add_argument("--workers", type=int, default=None, help="tokenizing processes (default: all cores)")
+    p.set_defaults(func=cmd_prove)
+
     p = sub.add_parser("build", help="tokenize documents into shards + manifest")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--docs", help="a .jsonl, .parquet or .txt file, or a folder of .parquet / .txt files")

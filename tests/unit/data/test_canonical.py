@@ -297,3 +297,26 @@ def test_the_built_split_is_named_by_what_differs(built):
         problem = official_data_problem(TRACKS["cpu_10min_16mb"], data_identity(load_manifest(ds)))
         assert problem is not None and "has 12 documents; the official validation split" in problem
         assert official_data_problem(TRACKS["smoke"], data_identity(load_manifest(ds))) is None
+
+
+def test_shards_built_elsewhere_are_proved_against_their_documents(small, tmp_path):
+    """`pgolf data prove`: a folder without counts (as downloaded) gets the very counts its build would have
+    written, from its validation documents; documents out of order are refused, naming the first that differs."""
+    from data.build import prove_dataset
+
+    texts = prose_documents(20, 1500)
+    want = read_val_bytes(small / VAL_BYTES_NAME)
+    m = json.loads((small / MANIFEST_NAME).read_text())
+    for name in ("canonical", "split_sha256"):
+        del m[name]
+    m["format_version"] = 1
+    (small / MANIFEST_NAME).write_text(json.dumps(m))
+    (small / VAL_BYTES_NAME).unlink()
+    with pytest.raises(TokenizerProofError, match="validation document 1 tokenizes to other tokens"):
+        prove_dataset(small, [texts[0], texts[2], texts[1], *texts[3:]], workers=1)
+    assert not (small / VAL_BYTES_NAME).exists()
+    block = prove_dataset(small, texts, workers=1)
+    got = read_val_bytes(small / VAL_BYTES_NAME)
+    assert np.array_equal(got.token_bytes, want.token_bytes) and np.array_equal(got.doc_bytes, want.doc_bytes)
+    assert block["text"] == "raw" and load_manifest(small).format_version == 3
+    assert np.array_equal(counts_of(small).counts, want.token_bytes.astype(np.int64))
