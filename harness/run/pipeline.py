@@ -226,7 +226,12 @@ def official_data_problem(track: Track, identity: dict[str, Any]) -> str | None:
             "ships with Python). HINT: pgolf data download, then --data DIR; or run on the smoke track"
         )
     problem = dataset_problem(track.documents, identity)
-    return None if problem is None else f"track {track.name} is a record track: {problem}"
+    if problem is None:
+        return None
+    return (
+        f"track {track.name} is a record track: {problem}. HINT: on other documents, run unranked: "
+        "--set run.track='non_record_16mb'"
+    )
 
 
 def _phases(
