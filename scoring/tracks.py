@@ -121,7 +121,8 @@ class Track:
     (every isolation layer the machine offers, each missing one recorded)."""
     network: str = "auto"
     """launch.network: "auto" (one node, as root: loopback only) or "host"."""
-    version: int = 1
+    version: int = 2
+    """2: record tracks name documents (DocumentSet), any proven tokenizer; 1 named the sp1024 data variant."""
 
     def __post_init__(self) -> None:
         if self.sandbox not in ("auto", "required") or self.network not in ("auto", "host"):
