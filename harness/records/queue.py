@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.records.executors import ExecutorConfig, JobResources
+from harness.records.executors import INCOMPLETE_STATES, ExecutorConfig, JobResources
 from harness.records.reproduce import (
     COULD_NOT_RUN,
     NOT_REPRODUCED,
@@ -339,7 +339,10 @@ def job_record(j: Job, ecfg: ExecutorConfig) -> dict[str, Any]:
                "job_id": str(j.handle.job_id), "status": "job_failed", "job_failed": True, "harness_failed": True,
                "detail": f"{ecfg.kind} job {j.handle.job_id} ({_state(j.handle)}) ended without a record: "
                          f"{str(e).strip()[-300:]}"}  # fmt: skip
-    rec["job_state"] = _state(j.handle)
+    state = _state(j.handle)
+    if ecfg.kind == "slurm" and state.split(" ")[0] in INCOMPLETE_STATES and not rec.get("job_failed"):
+        state = f"{state.split(' ')[0]} (the scheduler's word; the job's result is written)"
+    rec["job_state"] = state
     rec["submitted_unix_s"] = j.submitted_unix_s
     rec["seen_unix_s"] = time.time()
     return rec

@@ -96,3 +96,34 @@ def test_build_chain_reads_the_latest_verdict_per_entry_from_a_ledger(tmp_path):
     assert text[-1] == "record chain (2): A -> B" and "ACCEPTED: beats A by +0.100000" in text[1]
     with pytest.raises(ValueError, match="--rule 'loose' is not one of challenge, practised"):
         build_chain(ledger, track=None, rule="loose", order={})
+
+
+def test_a_track_whose_policy_takes_verified_results(tmp_path, monkeypatch):
+    from harness.records import chain as chain_mod
+    from harness.records.verify import result_digest
+
+    monkeypatch.setitem(chain_mod.TRACK_POLICIES, "smoke", chain_mod.TrackPolicy(evidence="verified"))
+
+    def result(name: str, seed: int, loss: float) -> dict:
+        return {"format": "pg-result", "status": "ok", "within_cap": True, "track": "smoke", "preset": "tiny",
+                "seed": seed, "val_loss": loss, "val_bpb": loss / 1.386, "val_tokens": 1000, "val_bytes": 2000,
+                "submission": {"name": name, "author": "x", "github_id": "x", "date": "2026-01-0" + name[-1]},
+                "provenance": {"code_files": {"model.py": name}, "tokenizer_sha256": "t"},
+                "phases": {"command": {"overrides": []}}}  # fmt: skip
+
+    rows = [result("e1", s, x) for s, x in ((1, 5.0), (2, 5.01))] + [
+        result("e2", s, x) for s, x in ((1, 4.0), (2, 4.01))
+    ]
+    rows.append(result("e3", 1, 1.0))  # never verified: not a candidate at all
+    lines_out = [json.dumps(r) for r in rows]
+    lines_out += [
+        json.dumps({"format": "pg-verification", "status": "verified", "result_sha256": result_digest(r)})
+        for r in rows[:4]
+    ]
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text("\n".join(lines_out) + "\n")
+    chain = build_chain(ledger, track="smoke", rule=None, order={})
+    assert [(r["name"], r["accepted"], r["evidence"]) for r in chain["rows"]] == [
+        ("e1", True, "verified"),
+        ("e2", True, "verified"),
+    ]
