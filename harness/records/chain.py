@@ -211,10 +211,10 @@ def accept_in_order(cands: list[Candidate], rule_override: str | None = None) ->
             "test": None,
             "accepted": False,
         }
-        if track is None:
-            row["reason"] = f"track {visible(c.track, 40)!r} is not one this harness knows"
-        elif c.verdict != REPRODUCED:
+        if c.verdict != REPRODUCED:
             row["reason"] = f"verdict {c.verdict}" + (f" ({c.why_verdict})" if c.why_verdict else "")
+        elif track is None:
+            row["reason"] = f"track {visible(c.track, 40)!r} is not one this harness knows"
         elif len(c.val_bpb) < rule.min_seeds:
             row["reason"] = f"{len(c.val_bpb)} seed(s); rule {rule.name} needs at least {rule.min_seeds}"
         elif rule.one_config and c.configs != 1:

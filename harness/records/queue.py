@@ -187,6 +187,17 @@ def folder_digest(root: Path) -> str:
     return h.hexdigest()
 
 
+def raw_meta(root: Path) -> dict[str, Any]:
+    """The text fields of a submission.json that did not pass its schema, for the board's row (best effort)."""
+    try:
+        meta = json.loads((root / "submission.json").read_text(encoding="utf-8")[: 1 << 20])
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(meta, dict):
+        return {}
+    return {k: v[:200] for k, v in meta.items() if k in ("name", "date", "track") and isinstance(v, str)}
+
+
 def refused_record(
     root: Path, digest: str, key: str, track: str, meta: dict[str, Any], why: list[tuple[str, str]]
 ):
@@ -227,9 +238,12 @@ def triage(
                "failed": [["entry", why]], "time_s": time.perf_counter() - t0}  # fmt: skip
         if digest not in st.verdicts:
             append_ledger(ledger, rec)
-            verdict = refused_record(root, digest, key, "?", {}, [("entry", why)])
+            meta = raw_meta(root)
+            verdict = refused_record(root, digest, key, str(meta.get("track", "?")), meta, [("entry", why)])
             append_ledger(ledger, verdict)
             st.verdicts[digest] = verdict
+        else:
+            rec["cached"] = True  # refused before, and its verdict is in the ledger
         return None, rec
     cached = st.triage.get(entry.digest)
     if cached is not None:
@@ -237,7 +251,9 @@ def triage(
     from harness.preflight import PASSING, run_checks
 
     checks = run_checks(root, entry.preset, sandbox=sandbox)
-    failed = [[c.name, f"{c.status}: {c.detail}"[:400]] for c in checks if c.status not in PASSING]
+    not_passing = [c for c in checks if c.status not in PASSING]
+    causes = [c for c in not_passing if c.status != "skip"] or not_passing  # a skip follows from a FAIL
+    failed = [[c.name, f"{c.status}: {c.detail}"[:400]] for c in causes]
     rec = {"format": TRIAGE_FORMAT, "format_version": FORMAT_VERSION, "entry_digest": entry.digest,
            "entry_key": entry.key, "entry_dir": str(root), "ok": not failed, "failed": failed,
            "checks": [[c.name, c.status] for c in checks], "time_s": time.perf_counter() - t0}  # fmt: skip

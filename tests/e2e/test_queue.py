@@ -52,13 +52,16 @@ def check_verdicts(ledger: Path) -> dict[str, dict]:
     v = verdicts(ledger)
     assert {k: r["verdict"] for k, r in v.items()} == EXPECTED
     assert [d["name"] for d in v["broken"]["differences"]] == ["triage entry"]
+    assert v["broken"]["submission"]["date"] == "2026-03-02"  # read from the JSON that failed its schema
     assert "author" in v["broken"]["differences"][0]["actual"]
     assert [d["name"] for d in v["lint"]["differences"]] == ["triage lint"]
     names = {d["name"] for d in v["edited"]["differences"]}
     assert {"seed 1 steps (within 10%)", "seed 1 train_time_s (within 50% + 5 s, budget 600)"} <= names
     assert any(n.startswith("seed 1 val_bpb") for n in names)
     peek = {d["name"]: d["actual"] for d in v["peeker"]["differences"]}
-    assert peek["seed 1 run"].startswith("error: ") and "out of reach" in peek["seed 1 run"]
+    assert peek["seed 1 run"] == "error: train: torchrun exited with status 1"
+    train_log = Path(v["peeker"]["reproduced"][0]["run_dir"]) / "train.log"
+    assert "RuntimeError: the validation shards are out of reach" in train_log.read_text()  # its hunt failed
     assert peek["seed 1 claim ran this folder's code"] == "differs in ['train.py']"
     return v
 
