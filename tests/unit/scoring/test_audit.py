@@ -156,12 +156,15 @@ def test_cli_passes_on_a_good_tokenizer_and_prints_json(tmp_path):
 
 
 def test_the_scorer_audits_a_tokenizer_brought_with_the_data(tmp_path, monkeypatch):
-    """A dataset tokenized with a tokenizer that is not the official one is audited on the scored
-    documents with every score; a planted over-count fails the score, naming the document."""
+    """A dataset with canonical byte counts (manifest v3) is scored on them: a byte table that over-counts
+    changes nothing, and no audit is needed. A dataset without them, tokenized with a tokenizer that is not
+    the official one, is audited on the scored documents with every score; a planted over-count then fails
+    the score, naming the document."""
     require_shared(SP8192, SAMPLE_JSONL)
     import scoring.score.scorer as score_mod
     from data.build import build_dataset
     from scoring.score.evaluate import EvalConfig
+    from scoring.score.probes import ProbeConfig
     from tests.unit.scoring.test_eval_support import pack_tiny, write_submission
 
     docs = read_jsonl_texts(SAMPLE_JSONL)[:6]
@@ -169,15 +172,26 @@ def test_the_scorer_audits_a_tokenizer_brought_with_the_data(tmp_path, monkeypat
     folder = write_submission(tmp_path / "sub")
     pack_tiny(folder, tmp_path / "a.pgolf", model_config={"vocab_size": 8192, "dim": 8})
     cfg = EvalConfig(seq_len=64, max_tokens=2048)
-    from scoring.score.probes import ProbeConfig
 
-    rec = score_mod.score_artifact(
-        tmp_path / "a.pgolf", folder, ds, cfg, threads=1, probe_cfg=ProbeConfig(probes=0)
-    )
+    def score(**kw):
+        return score_mod.score_artifact(tmp_path / "a.pgolf", folder, ds, cfg, threads=1, **kw)
+
+    honest = score(probe_cfg=ProbeConfig(probes=0))
+    assert honest["denominator"]["source"] == "canonical" and honest["tokenizer_audit"]["ran"] is False
+    with monkeypatch.context() as m:
+        m.setattr(score_mod, "load_tokenizer", lambda path: SpaceBytesCounted(path))
+        planted = score(probe_cfg=ProbeConfig(probes=0))
+    assert planted["val_bytes"] == honest["val_bytes"] and planted["val_bpb"] == honest["val_bpb"]
+
+    manifest = json.loads((ds / "manifest.json").read_text())  # as built before manifest version 3
+    del manifest["canonical"]
+    (ds / "manifest.json").write_text(json.dumps(manifest))
+    rec = score(probe_cfg=ProbeConfig(probes=0))
+    assert rec["denominator"]["source"] == "piece_table" and rec["val_bytes"] == honest["val_bytes"]
     assert rec["tokenizer_audit"]["ran"] is True and rec["tokenizer_audit"]["passed"] is True
     assert rec["tokenizer_audit"]["docs"] >= 1 and rec["tokenizer_audit"]["tokens"] > 1000
     monkeypatch.setattr(score_mod, "load_tokenizer", lambda path: SpaceBytesCounted(path))
     with pytest.raises(
         score_mod.ProbeFailure, match=r"failed the byte-table audit[\s\S]*document 0: the byte table counts"
     ):
-        score_mod.score_artifact(tmp_path / "a.pgolf", folder, ds, cfg, threads=1)
+        score(probe_cfg=ProbeConfig(probes=0))
