@@ -421,7 +421,7 @@ def _plot_lines(r: dict[str, Any]) -> list[str]:
 
 def _cpu_lines(r: dict[str, Any]) -> list[str]:
     """The CPU's flags and step mode (CPU runs), and the machine's load (every run that measured it)."""
-    from harness.run.load import describe
+    from harness.run.load import describe, describe_threads
 
     lines = []
     cpu = r.get("cpu")
@@ -431,6 +431,9 @@ def _cpu_lines(r: dict[str, Any]) -> list[str]:
             f"native bfloat16 {cpu.get('native_bf16')}; step mode {cpu.get('mode_chosen') or '-'}"
             f" ({cpu.get('mode_chosen_by') or '-'})"
         )
+    threads = ((r.get("phases") or {}).get("train") or {}).get("threads")
+    if isinstance(threads, dict):
+        lines.append(f"│ threads       {describe_threads(threads)}")
     load = r.get("machine_load")
     if load:
         for phase in ("train", "score"):

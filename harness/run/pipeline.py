@@ -14,6 +14,7 @@ and the result records the status (error, over_budget, over_cap) instead of a sc
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +41,14 @@ from harness.records.result import build_result, minimal_result, print_card, wri
 from harness.records.text import NAME_MAX_CHARS, visible
 from harness.records.tracking import Tracker, finish_tracking
 from harness.run.launch import LaunchConfig
-from harness.run.load import load_between, read_load
+from harness.run.load import (
+    choose_threads,
+    describe_threads,
+    load_between,
+    measure_load,
+    read_load,
+    threads_set,
+)
 from harness.run.staging import folder_verdict, stage_folder, stage_model_code
 from harness.run.train_phase import run_sealed_pack, run_train_phase
 from harness.train.rank import METRICS_FILE, STATE_FILE
@@ -196,6 +205,20 @@ def run_pipeline(
     return result
 
 
+def choose_launch_threads(
+    launch: LaunchConfig, device: str, measure: Callable[[], dict[str, Any]] = measure_load
+) -> tuple[LaunchConfig, dict[str, Any] | None]:
+    """On CPU, the torch threads per rank: launch.threads where set, else from the cores other processes
+    leave free over a short window (harness/run/load.py choose_threads); the launch to train with and the
+    record of the choice (None on CUDA, where the ranks' threads only feed the GPU)."""
+    if device != "cpu":
+        return launch, None
+    if launch.threads:
+        return launch, threads_set(launch.threads)
+    rec = choose_threads(measure(), launch.nproc_per_node)
+    return dataclasses.replace(launch, threads=rec["threads_per_rank"]), rec
+
+
 def data_identity(manifest: Manifest) -> dict[str, Any]:
     """What the result records of the dataset: its tokenizer, its selection, whether it is the embedded corpus."""
     tok = manifest.raw.get("tokenizer") or {}
@@ -269,6 +292,10 @@ def _phases(
         print(detail, file=sys.stderr)
         return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="illegal")
 
+    launch, threads = choose_launch_threads(launch, device)
+    if threads is not None:
+        print(f"[threads] {describe_threads(threads)}", flush=True)
+
     with tempfile.TemporaryDirectory(prefix="pgolf-views-") as views_tmp:
         views = Path(views_tmp)
         # ---- 2. train ----
@@ -290,6 +317,8 @@ def _phases(
             base_env=_subprocess_env(),
             gptq=_gptq_spec(cfg.section("pack")),
         )
+        if threads is not None:
+            phases["train"]["threads"] = threads
         if phases["train"]["status"] != "ok":
             return _finish(
                 run_dir,
