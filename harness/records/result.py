@@ -342,6 +342,7 @@ def card(result: dict[str, Any]) -> str:
         ),
         *_isolation_lines(r),
         *_cpu_lines(r),
+        *_remedy_lines(r),
         *_plot_lines(r),
         f"└─ {r['run_dir']}/result.json",
     ]
@@ -448,6 +449,25 @@ def _cpu_lines(r: dict[str, Any]) -> list[str]:
                 "│ contended     other processes shared the CPUs: speeds here are below the machine's"
             )
     return lines
+
+
+def _remedy_lines(r: dict[str, Any]) -> list[str]:
+    """What to do about a run that ended over budget or ran on a busy machine (one line; none otherwise)."""
+    load = r.get("machine_load") or {}
+    threads = ((r.get("phases") or {}).get("train") or {}).get("threads") or {}
+    by_hand = threads.get("chosen_by") == "launch.threads"
+    if r["status"] == "over_budget":
+        return [
+            "│ remedy        a step ran past the budget's stop tolerance: on a busy machine stop the other work"
+            + (" or lower launch.threads" if by_hand else "")
+            + "; else make a step shorter (smaller train.train_batch_tokens) or give budget.train_s more"
+        ]
+    if load.get("contended"):
+        return [
+            "│ remedy        for speeds that compare, rerun when nothing else runs (see `load` above)"
+            + ("; launch.threads was set by hand: unset it to let the load choose" if by_hand else "")
+        ]
+    return []
 
 
 def print_card(result: dict[str, Any]) -> None:
