@@ -48,6 +48,8 @@ COMMANDS: dict[str, str] = {
 """Command -> the module whose `register(sub)` adds it (imported lazily)."""
 
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, TypeError)
+EXIT_INTERRUPTED = 130
+"""The exit status after Ctrl-C (128 + SIGINT, as a shell reports it)."""
 CODEC_CLOCK_MARKER = b"[pgolf pack] the submission's codec starts now (on the clock)"
 """`pgolf pack --codec submission` prints this line before it imports codec.py: the sealed pack's clock
 starts when the orchestrator reads it (harness/run/train_phase.py run_sealed_pack), never by a time the
@@ -76,7 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides=[*launch, *([f"log.wandb={args.wandb!r}"] if args.wandb else []), *args.set],
         ledger=args.ledger,
     )
-    return 0 if result["status"] == "ok" else 1
+    return {"ok": 0, "interrupted": EXIT_INTERRUPTED}.get(result["status"], 1)
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
@@ -207,6 +209,9 @@ def run_command(args: argparse.Namespace) -> int:
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before a run started (or a command without a record): one line, no traceback
+        print(f"interrupted: pgolf {args.command} stopped by Ctrl-C", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -603,6 +603,7 @@ def supervise(
     """
     wire.open()
     pidfd: int | None = None
+    proc: subprocess.Popen[bytes] | None = None
     load_start = read_load()  # two readings, at the ends: nothing on the measured path
     try:
         t_launch = time.monotonic()
@@ -660,6 +661,11 @@ def supervise(
         leftovers = reap_token_processes(token, leftover_wait_s)
         load = load_between(load_start, read_load())
         state_problem = wire.verify_state()  # every process of the phase is gone: no writer is left
+    except KeyboardInterrupt:  # Ctrl-C: the phase's processes go before the pipeline writes its record
+        if proc is not None:
+            kill_session(proc, signal.SIGKILL)
+        reap_token_processes(token, leftover_wait_s)
+        raise
     finally:
         if pidfd is not None:
             os.close(pidfd)

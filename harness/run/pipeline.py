@@ -105,6 +105,10 @@ def _run_phase(name: str, cmd: list[str], log_path: Path, timeout_s: float | Non
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             return None
+        except KeyboardInterrupt:  # Ctrl-C: the phase's process group goes with the run
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -201,6 +205,24 @@ def run_pipeline(
         }
         print(f"error: the run failed: {detail}", file=sys.stderr)
         result = _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="error")
+    except KeyboardInterrupt:  # Ctrl-C: the phase's processes are gone; the run still ends with a record
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut the record short
+        try:
+            during = next((p for p in ("train", "pack", "score") if p not in phases), "report")
+            phases["interrupted"] = {
+                "status": "interrupted",
+                "detail": f"stopped by SIGINT (Ctrl-C) during the {during} phase",
+                "phase": during,
+            }
+            print(
+                f"interrupted: the run stopped during the {during} phase; record in {run_dir}",
+                file=sys.stderr,
+            )
+            result = _finish(
+                run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="interrupted"
+            )
+        finally:
+            signal.signal(signal.SIGINT, previous)
     print(f"[log] {finish_tracking(tracker, run_dir, result)}", flush=True)  # after the verdict
     return result
 
