@@ -40,6 +40,7 @@ from harness.records.plot import plot_run
 from harness.records.result import build_result, minimal_result, print_card, write_result
 from harness.records.text import NAME_MAX_CHARS, visible
 from harness.records.tracking import Tracker, finish_tracking
+from harness.run.datacheck import refuse_mismatched_data
 from harness.run.launch import LaunchConfig
 from harness.run.load import (
     choose_threads,
@@ -160,17 +161,24 @@ def run_pipeline(
     run_dir = Path(out_dir) if out_dir else default_run_dir(submission_dir, preset)
     if run_dir.exists() and any(run_dir.iterdir()):
         raise FileExistsError(f"run folder {run_dir} already exists and is not empty; pass a new --out")
+
+    # ---- 1. data: found and held to the model before the run folder exists (a refusal leaves nothing) ----
+    t0 = time.perf_counter()
+    data_root = Path(data_dir).resolve() if data_dir else ensure_embedded_dataset()
+    manifest = load_manifest(data_root)
+    data_warnings = refuse_mismatched_data(cfg.model, manifest)  # a model that cannot embed its tokens
+    data_s = time.perf_counter() - t0
+
     run_dir.mkdir(parents=True, exist_ok=True)
     run_dir = run_dir.resolve()
     write_json_atomic(run_dir / "config.json", cfg.record())  # with the track rules it loosened
     # as given, and the track rules they loosened (an unranked track: recorded, shown on the card and the board)
     phases: dict[str, Any] = {"command": {"overrides": list(overrides or []), "loosened": cfg.loosened}}
-
-    # ---- 1. data ----
-    t0 = time.perf_counter()
-    data_root = Path(data_dir).resolve() if data_dir else ensure_embedded_dataset()
-    manifest = load_manifest(data_root)
-    phases["data"] = {"dir": str(data_root), "time_s": time.perf_counter() - t0, **data_identity(manifest)}
+    phases["data"] = {"dir": str(data_root), "time_s": data_s, **data_identity(manifest)}
+    if data_warnings:
+        phases["data"]["warnings"] = data_warnings
+        for text in data_warnings:
+            print(f"[data] warning: {text}", file=sys.stderr, flush=True)
     # wandb (off unless [log] / --wandb asks): init in its own thread, bounded; never blocks or fails the run
     tags = [track.name, visible(preset or "default", 40), visible(meta.get("name") or "", NAME_MAX_CHARS)]
     tracker = Tracker(cfg.section("log"), run_dir, tags=tags)
