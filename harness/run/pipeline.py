@@ -87,8 +87,19 @@ def _subprocess_env() -> dict[str, str]:
     return env
 
 
-def _run_phase(name: str, cmd: list[str], log_path: Path, timeout_s: float | None = None) -> int | None:
-    """Run one phase's process, its output into `log_path`; its exit status (None: killed at `timeout_s`)."""
+PROGRESS_EVERY_S = 30.0
+"""A phase that runs longer says so this often (`[score] 60 s of ...`)."""
+
+
+def _run_phase(
+    name: str,
+    cmd: list[str],
+    log_path: Path,
+    timeout_s: float | None = None,
+    progress: Callable[[float], str] | None = None,
+) -> int | None:
+    """Run one phase's process, its output into `log_path`; its exit status (None: killed at `timeout_s`).
+    `progress(elapsed_s)`: the line printed every PROGRESS_EVERY_S while it runs."""
     print(f"[{name}] {' '.join(cmd[1:4])} ...", flush=True)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
@@ -100,8 +111,19 @@ def _run_phase(name: str, cmd: list[str], log_path: Path, timeout_s: float | Non
             start_new_session=True,
             preexec_fn=die_with_parent,  # the harness killed: the phase dies with it
         )
+        t0 = time.monotonic()
         try:
-            return proc.wait(timeout=timeout_s)
+            while True:
+                left = None if timeout_s is None else timeout_s - (time.monotonic() - t0)
+                try:
+                    return proc.wait(
+                        timeout=PROGRESS_EVERY_S if left is None else max(min(PROGRESS_EVERY_S, left), 0)
+                    )
+                except subprocess.TimeoutExpired:
+                    if left is not None and left <= PROGRESS_EVERY_S:
+                        raise
+                    if progress is not None:
+                        print(progress(time.monotonic() - t0), flush=True)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -233,6 +255,19 @@ def run_pipeline(
             signal.signal(signal.SIGINT, previous)
     print(f"[log] {finish_tracking(tracker, run_dir, result)}", flush=True)  # after the verdict
     return result
+
+
+def score_progress(eval_deadline_s: float) -> Callable[[float], str]:
+    """The score phase's progress line: seconds so far and what is left of the eval budget (with its grace)."""
+
+    def line(elapsed_s: float) -> str:
+        if not math.isfinite(eval_deadline_s):
+            return f"[score] {elapsed_s:.0f} s (untimed)"
+        return (
+            f"[score] {elapsed_s:.0f} s; {max(eval_deadline_s - elapsed_s, 0):.0f} s of the eval budget left"
+        )
+
+    return line
 
 
 def choose_launch_threads(
@@ -478,7 +513,9 @@ def _phases(
         cmd = [sys.executable, "-m", "scoring", *request.to_argv()]
         outer_s = eval_deadline_s + SCORER_STARTUP_S if math.isfinite(eval_deadline_s) else None
         load_start = read_load()  # the machine's load over scoring (harness/run/load.py), at its two ends
-        returncode = _run_phase("score", cmd, run_dir / "score.log", timeout_s=outer_s)
+        returncode = _run_phase(
+            "score", cmd, run_dir / "score.log", timeout_s=outer_s, progress=score_progress(eval_deadline_s)
+        )
         score_load = load_between(load_start, read_load())
         record: ScoreRecord | ScoreFailure | None = None
         malformed = ""
