@@ -610,7 +610,14 @@ def _finish(
     if "train" in phases:  # drawn after training, off the clock; a plot that fails is noted, never a verdict
         seed = cfg.tables["run"]["seed"]
         title = plot_title(meta.get("name") or run_dir.name, track.name, cfg.preset, seed)
-        phases["plot"] = plot_run(run_dir, phases, title=title)
+        budget_s = cfg.tables.get("budget", {}).get("train_s")
+        phases["plot"] = plot_run(
+            run_dir,
+            phases,
+            title=title,
+            budget_s=budget_s if isinstance(budget_s, int | float) else None,
+            status=status,
+        )
     ledger_path = Path(ledger) if ledger else run_dir.parent / "ledger.jsonl"
     try:
         result = build_result(
