@@ -435,6 +435,11 @@ def _cpu_lines(r: dict[str, Any]) -> list[str]:
     threads = ((r.get("phases") or {}).get("train") or {}).get("threads")
     if isinstance(threads, dict):
         lines.append(f"│ threads       {describe_threads(threads)}")
+    scoring = ((r.get("phases") or {}).get("score") or {}).get("threads_choice")
+    if isinstance(scoring, dict):
+        lines.append(
+            f"│ score threads {scoring.get('threads_per_rank')}, chosen from the load ({scoring.get('why')})"
+        )
     load = r.get("machine_load")
     if load:
         for phase in ("train", "score"):

@@ -496,13 +496,18 @@ def _phases(
         score_out = views / "score_out" / "score.json"  # the one folder the confined scorer may write
         score_out.parent.mkdir()
         eval_deadline_s = track.eval_budget_s + budget.grace_s
+        score_threads, score_choice = os.cpu_count() or 1, None
+        if threads is not None and threads["chosen_by"] == "load":  # measured again: the load moves
+            score_choice = choose_threads(measure_load(), 1)
+            score_threads = score_choice["threads_per_rank"]
+            print(f"[threads] scoring: {describe_threads(score_choice)}", flush=True)
         request = ScoreRequest(
             artifact=artifact,
             code_dir=staged,
             data_dir=val_view,
             eval=ev,
             device=device,
-            threads=os.cpu_count() or 1,
+            threads=score_threads,
             sandbox=launch.sandbox,  # the model worker's: off only when the whole run is unsandboxed (recorded)
             confine=launch.sandbox != "off",
             protect=(data_root,),
@@ -545,11 +550,16 @@ def _phases(
                 "origin": record.origin if isinstance(record, ScoreFailure) else "scorer",
                 "returncode": returncode,
                 "machine_load": score_load,
+                "threads_choice": score_choice,
             }
             return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=status)
         phases["score"] = record.to_json()
         write_json_atomic(run_dir / "score.json", phases["score"])
-        phases["score"] = {**phases["score"], "machine_load": score_load}  # the harness's, not the scorer's
+        phases["score"] = {
+            **phases["score"],
+            "machine_load": score_load,
+            "threads_choice": score_choice,
+        }  # the harness's
         status = "ok"
         return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=status)
 

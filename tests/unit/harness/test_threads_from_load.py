@@ -74,3 +74,14 @@ def test_the_card_says_the_choice_and_why() -> None:
         "│ threads       1 per rank, chosen from the load (2 cores less 1.02 busy with other processes over "
         "1.0 s = 0.98 free, divided among 1 rank(s)); --set launch.threads=N fixes it"
     ]
+
+
+def test_the_card_names_the_scorers_threads_when_the_load_chose_them() -> None:
+    measure, _ = injected(1.5)
+    rec = choose_threads(measure(), 1)
+    lines = _cpu_lines({"phases": {"score": {"threads_choice": rec}}})
+    assert lines == [
+        "│ score threads 1, chosen from the load (2 cores less 1.50 busy with other processes over 1.0 s "
+        "= 0.50 free, divided among 1 rank(s))"
+    ]
+    assert _cpu_lines({"phases": {"score": {"threads_choice": None}}}) == []
