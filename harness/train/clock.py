@@ -98,10 +98,12 @@ class HarnessClock:
         wire: WireClient | None = None,
         warmup_max_s: float = 0.0,
         *,
-        now: Callable[[], float] = time.monotonic,
+        now: Callable[[], float] | None = None,
     ):
         self.budget_s = float(budget_s)
-        self._now = now  # injectable for tests; the wire's clock_start is relative to it
+        # injectable for tests; by default time.monotonic looked up at each reading, as before (what the rank
+        # reads is the rank's word either way: the supervisor's own clock is the record's)
+        self._now: Callable[[], float] = now if now is not None else (lambda: time.monotonic())
         self._last_tick_s: float | None = None
         self.step_s: float | None = None
         """The last step's duration (between the last two ticks, this rank's clock): the next step's estimate."""
