@@ -490,7 +490,7 @@ def time_axis(lo_s: float, hi_s: float, n: int = 6) -> tuple[list[float], Callab
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#1b1f24}h1{font-size:22px}h2{font-size:17px;margin-top:28px}
 table{border-collapse:collapse;font-size:13px;margin:8px 0}th,td{border-bottom:1px solid #d0d7de;padding:4px 6px;text-align:left;white-space:nowrap}
-td.wrap{white-space:normal;max-width:16em;overflow-wrap:anywhere}.mark{font-size:11px;padding:0 4px;border-radius:3px;color:#fff}
+td.wrap{white-space:normal;min-width:6em;max-width:16em;overflow-wrap:anywhere}.mark{font-size:11px;padding:0 4px;border-radius:3px;color:#fff}
 .mark.failed{background:#cf222e}.mark.contended{background:#9a6700}tr.failed td{color:#6e7781}tr.empty td{color:#57606a;font-style:italic}
 th{cursor:pointer;background:#f6f8fa;user-select:none}th[aria-sort=ascending]::after{content:" ▲"}th[aria-sort=descending]::after{content:" ▼"}
 td.num{text-align:right;font-variant-numeric:tabular-nums}.plots{display:flex;flex-wrap:wrap;gap:16px}
@@ -537,8 +537,12 @@ def _cell(row: dict[str, Any], key: str, typ: str, links: dict[str, str], base: 
         text = f'<a href="#{html.escape(links[str(v)])}">{text}</a>'
     if key == "name" and row.get("marks"):
         text += "".join(f' <span class="mark {html.escape(m)}">{html.escape(m)}</span>' for m in row["marks"])
-    title = f' title="{html_text(v, 2000)}"' if key == "overrides" and v else ""
-    wrap = " wrap" if key in ("overrides", "run_dir", "why") else ""
+    if (
+        key == "run_dir" and v
+    ):  # the folder's name; the whole path on hover (a page 1,280 px wide has no room)
+        text = html_text(Path(str(v)).name or str(v), limit)
+    title = f' title="{html_text(v, 2000)}"' if key in ("overrides", "run_dir") and v else ""
+    wrap = " wrap" if key in ("overrides", "run_dir", "why") or (key == "name" and row.get("marks")) else ""
     return f'<td class="{typ}{wrap}" data-sort="{html.escape(sort)}"{title}>{text}</td>'
 
 

@@ -387,11 +387,14 @@ MEASURE = (
 )
 
 
-def test_the_board_fits_1280_px_without_scrolling_sideways(board_dir, tmp_path):
+@pytest.mark.parametrize("which", ["board_dir", "nine_runs"])
+def test_the_board_fits_1280_px_without_scrolling_sideways(which, request):
     """A copy of the page with a measuring script appended (the page itself is unchanged): at a 1,280 px
-    window the document is no wider than the window (it was 1,376 px before the cells were narrowed)."""
-    probe = board_dir / "measure.html"
-    probe.write_text((board_dir / "index.html").read_text() + MEASURE)
+    window the document is no wider than the window (the ranked board was 1,376 px before the cells were
+    narrowed; the runs page, 1,352 px before a run's folder showed its name and its path on hover)."""
+    site = request.getfixturevalue(which)
+    probe = site / "measure.html"
+    probe.write_text((site / "index.html").read_text() + MEASURE)
     dom = browse(probe.as_uri(), "--dump-dom", "--window-size=1280,900").stdout
     found = re.search(r'<div id="measured">([^<]+)</div>', dom)
     assert found, dom[-2000:]
