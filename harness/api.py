@@ -149,7 +149,8 @@ class ClockReading(NamedTuple):
     remaining_s: float
     """budget_s - elapsed_s, at least 0."""
     stop: bool
-    """True on every rank at the same step once the budget is spent: return now."""
+    """True on every rank at the same step once the budget is spent, or once the next step, if it takes as
+    long as the last one did, would end past it (so the last step ends inside the budget): return now."""
 
 
 class WarmupReport(NamedTuple):

@@ -14,7 +14,8 @@
     pgolf bench ...           benchmarks that print figures (harness/bench/, data/bench.py)
 
 Each command lives in the module named in COMMANDS and is imported only when it runs (a plain
-`pgolf score` loads the scorer and nothing of the records or training code); `--help` imports all.
+`pgolf score` loads the scorer and nothing of the records or training code); `pgolf --help` and
+`pgolf --version` import none (SUMMARIES), `pgolf COMMAND --help` that command's module alone.
 The flag set is closed: tests/unit/harness/test_cli.py lists every command and flag, so adding one is a
 deliberate change. User errors print one line naming the input and a fix, and exit with status 2.
 """
@@ -49,8 +50,30 @@ COMMANDS: dict[str, str] = {
     "bench": "harness.bench",
 }
 """Command -> the module whose `register(sub)` adds it (imported lazily)."""
+SUMMARIES: dict[str, str] = {
+    "run": "train, pack, score and report a submission",
+    "pack": "quantize + compress a state into an artifact; enforce the cap",
+    "score": "score an artifact: bits per byte on the validation split",
+    "unpack": "decode an artifact to a safetensors file of the dequantized tensors",
+    "audit-tokenizer": "prove that decoding gives back the canonical text and the byte table counts its bytes",
+    "verify": "recompute a result's hashes and re-score its artifact in a fresh process",
+    "verify-legacy": "score a reference-format record with the trusted scorer",
+    "compare": "one-sided Welch test: does NEW beat OLD by the track's margin at its p-value?",
+    "leaderboard": "build the leaderboard (markdown, JSON, HTML page) from the results ledger",
+    "sample": "generate text from a packed model (what was scored)",
+    "generate": "generate with a packed model on CPU: KV cache, speculative drafting",
+    "tune": "measure the CPU settings that matter for a preset; write the ones that help",
+    "new": "write a new submission folder from a baseline (runs as it is)",
+    "check": "pre-flight a submission folder in seconds: schema, config, folder, lint, model shape, bytes",
+    "data": "datasets: build, download, verify",
+    "bench": "benchmarks that print figures",
+}
+"""`pgolf --help`'s one line per command, without importing any command's module (torch and scipy take
+5-13 s to import on a busy 2-core machine); `pgolf COMMAND --help` prints the module's own."""
 
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, TypeError)
+EXIT_INTERRUPTED = 130
+"""The exit status after Ctrl-C (128 + SIGINT, as a shell reports it)."""
 CODEC_CLOCK_MARKER = b"[pgolf pack] the submission's codec starts now (on the clock)"
 """`pgolf pack --codec submission` prints this line before it imports codec.py: the sealed pack's clock
 starts when the orchestrator reads it (harness/run/train_phase.py run_sealed_pack), never by a time the
@@ -79,7 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides=[*launch, *([f"log.wandb={args.wandb!r}"] if args.wandb else []), *args.set],
         ledger=args.ledger,
     )
-    return 0 if result["status"] == "ok" else 1
+    return {"ok": 0, "interrupted": EXIT_INTERRUPTED}.get(result["status"], 1)
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
@@ -182,9 +205,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_pack)
 
 
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return f"pgolf {dist_version('pgolf')}"
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "pgolf (not installed: version unknown)"
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pgolf", description="The parameter-golf harness.")
+    parser.add_argument("--version", action="version", version=version())
+    return parser
+
+
+def summary_parser() -> argparse.ArgumentParser:
+    """Every command by name and summary line only: `pgolf`, `pgolf --help`, `pgolf --version`, a mistyped
+    command. Imports no command's module."""
+    parser = _top_parser()
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        sub.add_parser(name, help=SUMMARIES[name], add_help=False)
+    return parser
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser with every command, or with `only` that command's module imported."""
-    parser = argparse.ArgumentParser(prog="pgolf", description="The parameter-golf harness.")
+    parser = _top_parser()
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     modules = [COMMANDS[only]] if only in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
     for name in modules:
@@ -210,11 +259,16 @@ def run_command(args: argparse.Namespace) -> int:
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before a run started (or a command without a record): one line, no traceback
+        print(f"interrupted: pgolf {args.command} stopped by Ctrl-C", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     first = next((a for a in argv if not a.startswith("-")), None)
+    if first not in COMMANDS:  # no command, --help, --version, or a mistyped one: answered without imports
+        summary_parser().parse_args(argv)
     args = build_parser(first).parse_args(argv)
     return run_command(args)
 

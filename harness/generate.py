@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from harness.sample import tokenizer_for
+from harness.sample import resolve_run_folder, tokenizer_for
 from scoring.artifact.format import check_code_hashes, read_artifact
 from scoring.worker.child import EXIT_UNSUPPORTED, default_memory_limit_bytes, exit_how, one_line
 from scoring.worker.generate import (
@@ -218,6 +218,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             f"--max-tokens and --context must be positive and --draft-k at least 0, "
             f"got {args.max_tokens}, {args.context}, {args.draft_k}"
         )
+    resolve_run_folder(args)
     tok = tokenizer_for(args)
     prompt = [tok.bos_id] + (tok.encode([args.prompt])[0] if args.prompt else [])
     if len(prompt) + args.max_tokens > args.context:
@@ -272,8 +273,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate with a packed model on CPU: KV cache, speculative drafting")
-    p.add_argument("artifact")
-    p.add_argument("--submission", required=True, help="the submission folder the artifact was packed from")
+    p.add_argument("artifact", help="an artifact file, or a run folder (its artifact, packed code and data)")
+    p.add_argument(
+        "--submission", help="the submission folder the artifact was packed from (a run folder: its code/)"
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--data", help="dataset folder whose tokenizer to use (default: the embedded corpus)")
     src.add_argument("--tokenizer", help="a tokenizer file (.model or byte260.json)")

@@ -1,6 +1,6 @@
 """`pgolf check DIR`: the pre-flight of a submission folder, in seconds, before any training.
 
-    pgolf check DIR [--preset P] [--set SECTION.KEY=VALUE ...] [--json]
+    pgolf check DIR [--preset P] [--set SECTION.KEY=VALUE ...] [--data DATA] [--json]
 
 One line per check, in this order (a check that needs an earlier one's result is skipped when that
 one failed, and says so):
@@ -10,6 +10,8 @@ one failed, and says so):
     config       config.toml, the preset and the overrides, held to the track's rules, and the data
                  variant against the track: exactly what `pgolf run` validates (harness/config.py
                  validate_run)
+    data         with --data only: the dataset against the model's vocab_size, the declared
+                 data_variant and the track (harness/run/datacheck.py), as `pgolf run` refuses it
     folder       the folder rules, judged by lstat before a byte is read (harness/run/staging.py
                  inspect_folder: regular files only, no links or bytecode, sizes against the cap)
     lint         the static check of the scored code (scoring/codecheck.py lint_scored_code)
@@ -70,10 +72,11 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 PASSING = ("ok", "warn")
 """Statuses that pass: warn is a pass with a caveat in its line (exit status 0)."""
 
-CHECKS = ("submission", "config", "folder", "lint", "model", "artifact")
+CHECKS = ("submission", "config", "data", "folder", "lint", "model", "artifact")
 FIXES = {
     "submission": "edit submission.json (schema: submissions/README.md; `pgolf new` writes a valid one)",
     "config": "edit config.toml or the --set named above (keys, types and track rules: docs/RULES.md)",
+    "data": "pass --data a dataset of the model's vocabulary (pgolf data download --variant sp1024), or change [model] vocab_size",
     "folder": "keep only regular source files in the folder (docs/RULES.md, 'The folder')",
     "lint": "scored code may use only the tensors it is given and the allowed imports (submissions/README.md)",
     "model": "fix model.py: build_model(config) -> nn.Module, forward(input_ids [B, L] int64) -> logits [B, L, V]",
@@ -268,6 +271,7 @@ def run_checks(
     overrides: list[str] | None = None,
     *,
     sandbox: str = "auto",
+    data_dir: str | Path | None = None,
 ) -> list[Check]:
     """Every check of the module docstring, in order; never raises for a problem of the folder."""
     import tempfile
@@ -312,6 +316,34 @@ def run_checks(
     c = _guard("config", checks, config)
     cap_bytes = TRACKS[cfg.tables["run"]["track"]].cap_bytes if cfg is not None else None
 
+    def data() -> Check:
+        from data.manifest import load_manifest
+        from harness.run.datacheck import REFUSE, dataset_findings
+
+        if cfg is None:
+            return Check("data", "skip", "skipped: needs config to pass first")
+        manifest = load_manifest(Path(data_dir))  # type: ignore[arg-type]
+        track = TRACKS[cfg.tables["run"]["track"]]
+        found = dataset_findings(cfg.model, meta.get("data_variant"), track, manifest)
+        facts = {"vocab_size": manifest.vocab_size, "findings": [list(f) for f in found]}
+        refused = [f"{what}: {text}" for what, level, text in found if level == REFUSE]
+        if refused:
+            return Check("data", "FAIL", one_line("; ".join(refused)), FIXES["data"], facts)
+        tokens = f"{manifest.split_tokens('train'):,} train / {manifest.split_tokens('val'):,} val tokens"
+        detail = f"{manifest.root}: vocabulary {manifest.vocab_size}, {tokens}"
+        if found:
+            return Check(
+                "data",
+                "warn",
+                one_line(f"{detail}; " + "; ".join(f"{w}: {t}" for w, _, t in found)),
+                facts=facts,
+            )
+        return Check(
+            "data", "ok", f"{detail}; fits the model, the variant and track {track.name}", facts=facts
+        )
+
+    d = _guard("data", checks, data) if data_dir is not None else None
+
     scan: Any = None
 
     def folder() -> Check:
@@ -335,7 +367,7 @@ def run_checks(
 
     lint_check = _guard("lint", checks, lint)
 
-    needs = [x.name for x in (s, c, f) if x.status not in PASSING]
+    needs = [x.name for x in (s, c, f, *([d] if d else [])) if x.status not in PASSING]
     if needs:
         why = f"skipped: needs {', '.join(needs)} to pass first"
         checks += [Check("model", "skip", why), Check("artifact", "skip", why)]
@@ -417,7 +449,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     for text in args.set:
         parse_override(text)  # a malformed --set is a usage error (exit 2), not a failed check
     t0 = time.perf_counter()
-    checks = run_checks(root, args.preset, args.set, sandbox=args.sandbox)
+    if args.data and not Path(args.data).is_dir():
+        raise FileNotFoundError(
+            f"--data {args.data}: no such dataset folder (pgolf data download, or pgolf data build)"
+        )
+    checks = run_checks(root, args.preset, args.set, sandbox=args.sandbox, data_dir=args.data)
     elapsed_s = time.perf_counter() - t0
     failed = [c for c in checks if c.status not in PASSING]
     if args.json:
@@ -466,6 +502,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one config key"
     )
     p.add_argument("--json", action="store_true", help="print the checks as one JSON object (pg-check v1)")
+    p.add_argument(
+        "--data", help="also check this dataset against the model's vocabulary, the variant, the track"
+    )
     p.add_argument(
         "--sandbox",
         choices=("auto", "required", "off"),

@@ -1,5 +1,6 @@
 """`pgolf sample`: run a packed model — decode its artifact and generate text on CPU or GPU.
 
+    pgolf sample RUN_DIR [--prompt TEXT]          a run folder: its artifact, packed code and data
     pgolf sample ARTIFACT --submission DIR (--data DIR | --tokenizer MODEL) [--prompt TEXT]
                  [--tokens N] [--temperature T] [--top-k K] [--seed S] [--context N]
 
@@ -63,6 +64,40 @@ def generate(
     return out
 
 
+RUN_ARTIFACT = "artifact.pgolf"
+RUN_CODE = "code"
+
+
+def resolve_run_folder(args: argparse.Namespace) -> None:
+    """ARTIFACT may be a run folder (`pgolf run`'s RUN_DIR): its artifact.pgolf, the code that was packed
+    (RUN_DIR/code) unless --submission is given, and the tokenizer of the data it was scored on (result.json's
+    provenance.data_dir) unless --data or --tokenizer is. Sets args.artifact, args.submission, args.data."""
+    given = Path(args.artifact)
+    if given.is_dir():
+        if not (given / RUN_ARTIFACT).is_file():
+            raise FileNotFoundError(
+                f"{given}: a folder without {RUN_ARTIFACT}: not a run folder that packed (pass the artifact file)"
+            )
+        args.artifact = str(given / RUN_ARTIFACT)
+        if not args.submission:
+            if not (given / RUN_CODE).is_dir():
+                raise FileNotFoundError(f"{given}: no {RUN_CODE}/ (the packed code); pass --submission DIR")
+            args.submission = str(given / RUN_CODE)
+        if not args.data and not args.tokenizer:
+            from data.io import read_json
+
+            try:
+                data_dir = (read_json(given / "result.json", what="result.json").get("provenance") or {}).get(
+                    "data_dir"
+                )
+            except (OSError, ValueError):
+                data_dir = None
+            if isinstance(data_dir, str) and (Path(data_dir) / "manifest.json").is_file():
+                args.data = data_dir
+    elif not args.submission:
+        raise ValueError(f"{given}: an artifact file needs --submission DIR (or pass the run folder instead)")
+
+
 def tokenizer_for(args: argparse.Namespace) -> Tokenizer:
     """`--tokenizer`, else `--data`'s tokenizer, else the embedded corpus's (`pgolf sample` and `pgolf generate`)."""
     if args.tokenizer:
@@ -77,6 +112,7 @@ def tokenizer_for(args: argparse.Namespace) -> Tokenizer:
 def cmd_sample(args: argparse.Namespace) -> int:
     if args.tokens <= 0 or args.context <= 0:
         raise ValueError(f"--tokens and --context must be positive, got {args.tokens}, {args.context}")
+    resolve_run_folder(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     tok = tokenizer_for(args)
@@ -128,8 +164,10 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sample", help="generate text from a packed model (what was scored)")
-    p.add_argument("artifact")
-    p.add_argument("--submission", required=True, help="the submission folder the artifact was packed from")
+    p.add_argument("artifact", help="an artifact file, or a run folder (its artifact, packed code and data)")
+    p.add_argument(
+        "--submission", help="the submission folder the artifact was packed from (a run folder: its code/)"
+    )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--data", help="dataset folder whose tokenizer to use (default: the embedded corpus)")
     src.add_argument("--tokenizer", help="a tokenizer file (.model or byte260.json)")

@@ -142,17 +142,41 @@ def new_submission(
     return dest
 
 
+FIRST_PRESETS = ("cpu-smoke", "tiny", "cpu")
+"""The preset a new folder's first run suggests: the first of these its config.toml has."""
+
+
+def first_preset(folder: Path) -> str | None:
+    """The preset to suggest for a first CPU run of `folder` (None: it has none of FIRST_PRESETS)."""
+    import tomllib
+
+    try:
+        presets = tomllib.loads((folder / CONFIG_FILE).read_text(encoding="utf-8")).get("presets") or {}
+    except (OSError, ValueError):
+        return None
+    return next((p for p in FIRST_PRESETS if p in presets), None)
+
+
+def _preset_flag(preset: str | None) -> str:
+    return f" --preset {preset}" if preset else ""
+
+
 def _readme(name: str, label: str, dest: Path, cwd: Path) -> str:
     try:
         shown = dest.relative_to(cwd).as_posix()
     except ValueError:
         shown = str(dest)
+    preset = first_preset(dest)
+    flag = _preset_flag(preset)
+    took = (
+        "about 2.5 minutes on 2 CPU cores" if preset == "cpu-smoke" else "a CPU run of the baseline's preset"
+    )
     return (
         f"# {name}\n\n"
         f"Builds on `{label}`. Say here what this entry changes and why (not counted against the cap).\n\n"
         "```bash\n"
-        f"pgolf check {shown} --preset cpu-smoke     # seconds: schema, config, lint, model shape, bytes\n"
-        f"pgolf run {shown} --preset cpu-smoke       # about 2.5 minutes on 2 CPU cores\n"
+        f"pgolf check {shown}{flag}     # seconds: schema, config, lint, model shape, bytes\n"
+        f"pgolf run {shown}{flag}       # {took}\n"
         "```\n\n"
         "The guide from here to an official run and a pull request: docs/SUBMITTING.md.\n"
     )
@@ -165,7 +189,8 @@ def cmd_new(args: argparse.Namespace) -> int:
     except ValueError:
         shown = str(dest)
     print(f"wrote {shown} (from {args.from_baseline}); fill author, github_id and blurb in {SUBMISSION_JSON}")
-    print(f"next: pgolf check {shown} --preset cpu-smoke && pgolf run {shown} --preset cpu-smoke")
+    flag = _preset_flag(first_preset(dest))
+    print(f"next: pgolf check {shown}{flag} && pgolf run {shown}{flag}")
     return 0
 
 

@@ -16,6 +16,7 @@ OVER_EVAL_BUDGET = "over_eval_budget"
 OUT_OF_MEMORY = "out_of_memory"
 OVER_CAP = "over_cap"
 INVALID_DATA = "invalid_data"
+INTERRUPTED = "interrupted"
 
 STATUSES: tuple[str, ...] = (
     OK,
@@ -26,6 +27,7 @@ STATUSES: tuple[str, ...] = (
     OUT_OF_MEMORY,
     OVER_CAP,
     INVALID_DATA,
+    INTERRUPTED,
 )
 """Every status of a result (result.json `status`), a phase's record or the scorer's record."""
 SCORED: frozenset[str] = frozenset({OK})

@@ -7,7 +7,9 @@ The ledger is append-only JSON lines: "pg-result" records (one per run, written 
 verification is the latest verification record for exactly its digest (harness/records/verify.py); a
 "verified" written into a result by hand, without one, counts for nothing.
 
-Only verified results that scored (status ok, within the cap) rank. They are grouped by
+Only verified results that scored (status ok, within the cap) on a record track rank (a smoke or untimed
+track's results are listed, never ranked; an unknown --track is refused). A failed run's row and a run
+measured on a contended machine are marked beside the name; an empty board says "no verified results yet". They are grouped by
 (submission name, track, preset, overrides): a row's val_bpb is the mean over its verified seeds (with
 the standard deviation and the seed count), sorted ascending (bpb is the ranking metric, lower is
 better). Every other result (unverified, failed verification, errors, over budget) is listed apart,
@@ -179,6 +181,27 @@ def rules_problem(r: dict[str, Any]) -> str | None:
     return None
 
 
+def unranked_track(r: dict[str, Any]) -> str | None:
+    """Why a result's track never ranks (None: a record track ranks): smoke runs and untimed tracks are
+    listed, never placed above or below a record."""
+    track = TRACKS.get(str(r.get("track")))
+    if track is not None and not track.record:
+        return f"track {track.name} is not a record track: listed, never ranked"
+    return None
+
+
+def marks(r: dict[str, Any]) -> list[str]:
+    """What a row shows beside its name: `failed` (a status other than ok), `contended` (its CPUs were shared
+    with other processes, harness/run/load.py: its speed is not the machine's)."""
+    out = []
+    if r.get("status") != OK:
+        out.append("failed")
+    load = r.get("machine_load")
+    if isinstance(load, dict) and load.get("contended"):
+        out.append("contended")
+    return out
+
+
 def _why_unranked(r: dict[str, Any], verification: str, rules: str | None) -> str:
     if r.get("status") != OK:
         return f"status {visible(r.get('status'), 40)}"
@@ -193,6 +216,10 @@ def build(
     results: Iterable[dict[str, Any]], verifications: dict[str, dict[str, Any]], track: str | None
 ) -> dict[str, Any]:
     """The leaderboard record: ranked rows (verified groups) and unranked rows (every other run)."""
+    if track and track not in TRACKS:
+        raise ValueError(
+            f"--track {visible(track, 40)!r} is not a track; the tracks: {', '.join(TRACKS)} (or leave --track out)"
+        )
     groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
     unranked = []
     for r in results:
@@ -202,7 +229,7 @@ def build(
         ver = verifications.get(result_digest(r))
         verification = ver["status"] if ver else UNVERIFIED
         name = str(sub.get("name") or "?")
-        rules = rules_problem(r)
+        rules = rules_problem(r) or unranked_track(r)
         if (
             verification == VERIFIED
             and r.get("status") == OK
@@ -233,6 +260,7 @@ def build(
                 "builds_on": sub.get("builds_on") or "",
                 "run_dir": r.get("run_dir"),
                 "track": r.get("track"),
+                "marks": marks(r),
             }
         )
     rows = []
@@ -261,6 +289,7 @@ def build(
                 "builds_on": sub.get("builds_on") or "",
                 "runs": [r.get("run_dir") for r in rs],
                 "seed_list": [r.get("seed") for r in rs],
+                "marks": sorted({m for r in rs for m in marks(r)}),
             }
         )
     # ranks within a track: a board without --track holds several rule sets, each ranked on its own
@@ -304,7 +333,13 @@ def _md(row: dict[str, Any], key: str) -> str:
             for p in v or []
         ]
         return " ".join(links) or "-"
-    return markdown_cell(_fmt(v, key), CELL_MAX_CHARS.get(key, NAME_MAX_CHARS))
+    text = markdown_cell(_fmt(v, key), CELL_MAX_CHARS.get(key, NAME_MAX_CHARS))
+    if key == "name" and row.get("marks"):
+        text += " " + " ".join(f"**[{m}]**" for m in row["marks"])
+    return text
+
+
+NO_RESULTS = "No verified results yet: a result ranks once `pgolf verify` has re-scored it on a record track."
 
 
 def markdown(board: dict[str, Any]) -> str:
@@ -313,6 +348,8 @@ def markdown(board: dict[str, Any]) -> str:
     lines = [title, "", "| " + " | ".join(h for _, h, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in board["ranked"]:
         lines.append("| " + " | ".join(_md(row, k) for k, _, _ in COLUMNS) + " |")
+    if not board["ranked"]:
+        lines += ["", NO_RESULTS]
     lines += [
         "",
         f"## Not ranked ({len(board['unranked'])})",
@@ -452,8 +489,9 @@ def time_axis(lo_s: float, hi_s: float, n: int = 6) -> tuple[list[float], Callab
 # ---- HTML ----
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#1b1f24}h1{font-size:22px}h2{font-size:17px;margin-top:28px}
-table{border-collapse:collapse;font-size:13px;margin:8px 0}th,td{border-bottom:1px solid #d0d7de;padding:4px 10px;text-align:left;white-space:nowrap}
-td.wrap{white-space:normal;max-width:26em;overflow-wrap:anywhere}
+table{border-collapse:collapse;font-size:13px;margin:8px 0}th,td{border-bottom:1px solid #d0d7de;padding:4px 6px;text-align:left;white-space:nowrap}
+td.wrap{white-space:normal;min-width:6em;max-width:16em;overflow-wrap:anywhere}.mark{font-size:11px;padding:0 4px;border-radius:3px;color:#fff}
+.mark.failed{background:#cf222e}.mark.contended{background:#9a6700}tr.failed td{color:#6e7781}tr.empty td{color:#57606a;font-style:italic}
 th{cursor:pointer;background:#f6f8fa;user-select:none}th[aria-sort=ascending]::after{content:" ▲"}th[aria-sort=descending]::after{content:" ▼"}
 td.num{text-align:right;font-variant-numeric:tabular-nums}.plots{display:flex;flex-wrap:wrap;gap:16px}
 .plot{border:1px solid #d0d7de;background:#fff}.frame{fill:none;stroke:#8c959f}.grid{stroke:#eaeef2}.tick{font-size:10px;fill:#57606a}
@@ -497,8 +535,14 @@ def _cell(row: dict[str, Any], key: str, typ: str, links: dict[str, str], base: 
     text = html_text(_fmt(v, key), limit)
     if key == "builds_on" and v and str(v) in links:
         text = f'<a href="#{html.escape(links[str(v)])}">{text}</a>'
-    title = f' title="{html_text(v, 2000)}"' if key == "overrides" and v else ""
-    wrap = " wrap" if key in ("overrides", "run_dir", "why") else ""
+    if key == "name" and row.get("marks"):
+        text += "".join(f' <span class="mark {html.escape(m)}">{html.escape(m)}</span>' for m in row["marks"])
+    if (
+        key == "run_dir" and v
+    ):  # the folder's name; the whole path on hover (a page 1,280 px wide has no room)
+        text = html_text(Path(str(v)).name or str(v), limit)
+    title = f' title="{html_text(v, 2000)}"' if key in ("overrides", "run_dir") and v else ""
+    wrap = " wrap" if key in ("overrides", "run_dir", "why") or (key == "name" and row.get("marks")) else ""
     return f'<td class="{typ}{wrap}" data-sort="{html.escape(sort)}"{title}>{text}</td>'
 
 
@@ -529,18 +573,21 @@ def page(board: dict[str, Any], base: Path | None = None) -> str:
     for r, rid in zip(ranked, ids, strict=True):  # a name's best row (rows are sorted best first)
         links.setdefault(str(r["name"]), rid)
     head = "".join(f'<th data-key="{k}" data-type="{t}">{html.escape(h)}</th>' for k, h, t in COLUMNS)
-    body = "".join(
-        f'<tr id="{html.escape(rid)}" data-name="{html_text(r["name"])}">'
-        + "".join(_cell(r, k, t, links, base) for k, _, t in COLUMNS)
-        + "</tr>"
-        for r, rid in zip(ranked, ids, strict=True)
+    body = (
+        "".join(
+            f'<tr id="{html.escape(rid)}" data-name="{html_text(r["name"])}">'
+            + "".join(_cell(r, k, t, links, base) for k, _, t in COLUMNS)
+            + "</tr>"
+            for r, rid in zip(ranked, ids, strict=True)
+        )
+        or f'<tr class="empty"><td colspan="{len(COLUMNS)}">{html.escape(NO_RESULTS)}</td></tr>'
     )
     uhead = "".join(
         f'<th data-key="{k}" data-type="{"num" if k in _NUM_KEYS else "str"}">{html.escape(h)}</th>'
         for k, h in UNRANKED_COLUMNS
     )
     ubody = "".join(
-        "<tr>"
+        f'<tr class="{html.escape(" ".join(r.get("marks") or []))}">'
         + "".join(_cell(r, k, "num" if k in _NUM_KEYS else "str", links, base) for k, _ in UNRANKED_COLUMNS)
         + "</tr>"
         for r in unranked

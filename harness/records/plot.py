@@ -4,10 +4,12 @@
 
 Two panels: the training loss (nats/token) against the training time (the rank's `elapsed_s`, when its
 metrics carry it) and against the step, with the learning-rate scale (`lr_scale`, when logged) on a
-second axis. The scored point is marked at the end of training: it sits on the loss axis as val_loss
+second axis, and the budget as a dotted line on the time panel. The scored point is marked at the end
+of training (the step the rank ended at, not the last logged one): it sits on the loss axis as val_loss
 (nats/token, the same unit as the training loss) and is labelled with val_bpb (bits/byte), the number
-that ranks. The metrics file is the rank's word, read with the same checks as the live tail
-(harness/records/tracking.py read_metrics); the marked point is the scorer's.
+that ranks. A run that did not end ok says so in red in its title and across both panels. The metrics
+file is the rank's word, read with the same checks as the live tail (harness/records/tracking.py
+read_metrics); the marked point is the scorer's.
 
 Drawn after training, outside the measured path, with matplotlib's Agg backend (no display). A plot
 that cannot be drawn never changes a run's status: the caller records why on the card.
@@ -15,6 +17,7 @@ that cannot be drawn never changes a run's status: the caller records why on the
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +42,15 @@ def write_training_plot(
     val_loss: float | None = None,
     val_bpb: float | None = None,
     train_time_s: float | None = None,
+    final_step: int | None = None,
+    budget_s: float | None = None,
+    status: str = "ok",
 ) -> dict[str, Any]:
     """Draw the curve of `metrics_path` into `out_path` (PNG, PLOT_WIDTH_PX x PLOT_HEIGHT_PX).
+
+    `final_step`: the step training ended at (the rank's count; the scored point is drawn there, not at the
+    last logged step); `budget_s`: the training budget, drawn as a vertical line on the time panel;
+    `status` other than ok: the run failed, said in the title and across both panels.
 
     Returns {"file", "points", "skipped_lines"}; raises ValueError when there is nothing to draw
     (no metrics file, or no line with a train_loss) and OSError when it cannot be written."""
@@ -62,11 +72,13 @@ def write_training_plot(
 
     fig = Figure(figsize=(PLOT_WIDTH_PX / _DPI, PLOT_HEIGHT_PX / _DPI), dpi=_DPI, layout="constrained")
     ax_time, ax_step = fig.subplots(1, 2)
-    fig.suptitle(title, fontsize=11)
+    failed = status != "ok"
+    fig.suptitle(f"{status.upper()} (not scored) · {title}" if failed else title, fontsize=11,
+                 color="#cf222e" if failed else "black")  # fmt: skip
     steps = [r["step"] for r in pts]
     losses = [r[LOSS_KEY] for r in pts]
     timed = [r for r in pts if TIME_KEY in r]
-    end_step = max(steps)
+    end_step = max(steps) if final_step is None else max(final_step, max(steps))
     end_time = train_time_s if train_time_s is not None else (timed[-1][TIME_KEY] if timed else None)
     val_label = None
     if val_loss is not None:
@@ -74,7 +86,13 @@ def write_training_plot(
         val_label += f", val_bpb {val_bpb:.4f} bits/byte" if val_bpb is not None else ""
 
     def panel(
-        ax: Any, xs: list[float], ys: list[float], lr: list[tuple[float, float]], xlabel: str, x_end: Any
+        ax: Any,
+        xs: list[float],
+        ys: list[float],
+        lr: list[tuple[float, float]],
+        xlabel: str,
+        x_end: Any,
+        budget_line: float | None = None,
     ) -> None:
         few = len(xs) < 20  # a handful of logged points (or one) is drawn as points too, never empty axes
         ax.plot(
@@ -89,6 +107,13 @@ def write_training_plot(
         ax.set_xlabel(xlabel)
         ax.set_ylabel("loss (nats/token)")
         ax.grid(True, color="#eaeef2")
+        if budget_line is not None:  # in view even when training stopped well before it
+            ax.axvline(
+                budget_line, color="#9a6700", linewidth=1.5, linestyle=":", label=f"budget {budget_line:g} s"
+            )
+        if failed:
+            ax.text(0.5, 0.5, f"run {status}", transform=ax.transAxes, ha="center", va="center", fontsize=28,
+                    color="#cf222e", alpha=0.25, rotation=20)  # fmt: skip
         if val_label is not None and x_end is not None:
             ax.plot(
                 [x_end],
@@ -99,6 +124,9 @@ def write_training_plot(
                 linestyle="none",
                 label=val_label,
             )
+        if budget_line is not None:  # after every point: fixing the limits ends autoscaling
+            lo, hi = ax.get_xlim()
+            ax.set_xlim(lo, max(hi, budget_line + 0.03 * (budget_line - lo)))
         handles, labels = ax.get_legend_handles_labels()
         top = ax
         if lr:
@@ -125,6 +153,7 @@ def write_training_plot(
             [(r[TIME_KEY], r[LR_KEY]) for r in timed if LR_KEY in r],
             "training time (s, the rank's clock)",
             end_time,
+            budget_s if budget_s is not None and math.isfinite(budget_s) else None,
         )
     else:
         ax_time.set_axis_off()
@@ -136,10 +165,19 @@ def write_training_plot(
     buf = BytesIO()
     fig.savefig(buf, format="png", dpi=_DPI)
     write_bytes_atomic(out_path, buf.getvalue())
-    return {"file": out_path.name, "points": len(pts), "skipped_lines": skipped}
+    return {
+        "file": out_path.name,
+        "points": len(pts),
+        "skipped_lines": skipped,
+        "scored_at_step": end_step if val_label is not None else None,
+        "budget_line_s": budget_s if timed and budget_s is not None and math.isfinite(budget_s) else None,
+        "marked_failed": failed,
+    }
 
 
-def plot_run(run_dir: Path, phases: dict[str, Any], *, title: str) -> dict[str, Any]:
+def plot_run(
+    run_dir: Path, phases: dict[str, Any], *, title: str, budget_s: float | None = None, status: str = "ok"
+) -> dict[str, Any]:
     """The run's plot, drawn from RUN_DIR/metrics.jsonl and the phases' records: {"file", "points",
     "skipped_lines"}, or {"error"} saying why there is none. Never raises: a plot is not a verdict."""
     score, train = phases.get("score") or {}, phases.get("train") or {}
@@ -151,6 +189,9 @@ def plot_run(run_dir: Path, phases: dict[str, Any], *, title: str) -> dict[str, 
             val_loss=score.get("val_loss") if "val_bpb" in score else None,
             val_bpb=score.get("val_bpb"),
             train_time_s=train.get("train_time_s"),
+            final_step=train.get("steps") if isinstance(train.get("steps"), int) else None,
+            budget_s=budget_s,
+            status=status,
         )
     except Exception as e:  # noqa: BLE001 - plotting never changes a run's status; the card says why
         return {"error": " ".join(f"{type(e).__name__}: {e}".split())[:300]}

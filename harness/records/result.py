@@ -347,6 +347,7 @@ def card(result: dict[str, Any]) -> str:
         ),
         *_isolation_lines(r),
         *_cpu_lines(r),
+        *_remedy_lines(r),
         *_plot_lines(r),
         f"└─ {r['run_dir']}/result.json",
     ]
@@ -426,7 +427,7 @@ def _plot_lines(r: dict[str, Any]) -> list[str]:
 
 def _cpu_lines(r: dict[str, Any]) -> list[str]:
     """The CPU's flags and step mode (CPU runs), and the machine's load (every run that measured it)."""
-    from harness.run.load import describe
+    from harness.run.load import describe, describe_threads
 
     lines = []
     cpu = r.get("cpu")
@@ -435,6 +436,14 @@ def _cpu_lines(r: dict[str, Any]) -> list[str]:
             f"│ cpu           {','.join(cpu.get('flags') or []) or '-'}; torch {cpu.get('torch_capability')}, "
             f"native bfloat16 {cpu.get('native_bf16')}; step mode {cpu.get('mode_chosen') or '-'}"
             f" ({cpu.get('mode_chosen_by') or '-'})"
+        )
+    threads = ((r.get("phases") or {}).get("train") or {}).get("threads")
+    if isinstance(threads, dict):
+        lines.append(f"│ threads       {describe_threads(threads)}")
+    scoring = ((r.get("phases") or {}).get("score") or {}).get("threads_choice")
+    if isinstance(scoring, dict):
+        lines.append(
+            f"│ score threads {scoring.get('threads_per_rank')}, chosen from the load ({scoring.get('why')})"
         )
     load = r.get("machine_load")
     if load:
@@ -450,6 +459,25 @@ def _cpu_lines(r: dict[str, Any]) -> list[str]:
                 "│ contended     other processes shared the CPUs: speeds here are below the machine's"
             )
     return lines
+
+
+def _remedy_lines(r: dict[str, Any]) -> list[str]:
+    """What to do about a run that ended over budget or ran on a busy machine (one line; none otherwise)."""
+    load = r.get("machine_load") or {}
+    threads = ((r.get("phases") or {}).get("train") or {}).get("threads") or {}
+    by_hand = threads.get("chosen_by") == "launch.threads"
+    if r["status"] == "over_budget":
+        return [
+            "│ remedy        a step ran past the budget's stop tolerance: on a busy machine stop the other work"
+            + (" or lower launch.threads" if by_hand else "")
+            + "; else make a step shorter (smaller train.train_batch_tokens) or give budget.train_s more"
+        ]
+    if load.get("contended"):
+        return [
+            "│ remedy        for speeds that compare, rerun when nothing else runs (see `load` above)"
+            + ("; launch.threads was set by hand: unset it to let the load choose" if by_hand else "")
+        ]
+    return []
 
 
 def print_card(result: dict[str, Any]) -> None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import math
 import os
 import secrets
@@ -70,6 +71,9 @@ from isolation.sandbox import parse_layers
 
 DEVICES = ("auto", "cpu", "cuda")
 MONITOR_INTERVAL_S = 1.0
+PROGRESS_EVERY_S = 30.0
+"""Where the progress bar is off (output not a terminal: a log, CI), one `[train]` line this often."""
+METRICS_TAIL_BYTES = 4096
 LEFTOVER_WAIT_S = 2.0
 POLL_S = 0.5
 
@@ -585,6 +589,47 @@ class PhaseOutcome:
     """The machine's load over the phase (harness/run/load.py): other processes' CPU use, contended."""
 
 
+def last_metrics(path: Path) -> dict[str, Any] | None:
+    """The last whole line of rank 0's metrics.jsonl (its word: shown as progress, never a figure of the record)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(os.fstat(f.fileno()).st_size - METRICS_TAIL_BYTES, 0))
+            tail = f.read(METRICS_TAIL_BYTES).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in reversed(tail.splitlines()[1:] if len(tail) == METRICS_TAIL_BYTES else tail.splitlines()):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            return rec
+    return None
+
+
+def progress_line(
+    now: float, t_launch: float, start: float | None, warmup_s: float, off_s: float, budget: BudgetConfig,
+    metrics: dict[str, Any] | None,
+) -> str:  # fmt: skip
+    """One `[train]` progress line: starting up, in the warm-up (the CPU start-up trial, compiling), or training."""
+    if start is None:
+        return f"[train] starting up: {now - t_launch:.0f} s of budget.startup_s {budget.startup_s:.0f} s"
+    if warmup_s > 0:
+        return (
+            f"[train] warm-up (start-up trial, compile; off the clock): {warmup_s:.0f} s of at most "
+            f"{budget.warmup_max_s:.0f} s"
+        )
+    clock_s = max(now - start - off_s, 0.0)
+    of = f" of {budget.train_s:.0f} s" if math.isfinite(budget.train_s) else ""
+    line = f"[train] {clock_s:.0f} s{of} on the clock"
+    step, loss = (metrics or {}).get("step"), (metrics or {}).get("train_loss")
+    if isinstance(step, int) and not isinstance(step, bool):
+        line += f", step {step}"
+        if isinstance(loss, int | float) and not isinstance(loss, bool) and math.isfinite(loss):
+            line += f", train_loss {loss:.4f}"
+    return line
+
+
 def supervise(
     cmd: list[str],
     out_dir: Path,
@@ -603,6 +648,7 @@ def supervise(
     """
     wire.open()
     pidfd: int | None = None
+    proc: subprocess.Popen[bytes] | None = None
     load_start = read_load()  # two readings, at the ends: nothing on the measured path
     try:
         t_launch = time.monotonic()
@@ -633,12 +679,18 @@ def supervise(
             if pidfd is not None:
                 wire.watch(pidfd)
             status, detail = "ok", ""
+            next_note = t_launch + PROGRESS_EVERY_S
             while proc.poll() is None:
                 now = time.monotonic()
-                start, off = wire.start, wire.credit()[0] or wire.warmup_running_s(now)
+                warming = 0.0 if wire.credit()[0] else wire.warmup_running_s(now)
+                start, off = wire.start, wire.credit()[0] or warming
                 if start is not None:  # progress on the supervisor's clock
                     bar.n = min(max(now - start - off, 0.0), budget.train_s) if timed else now - start - off
                     bar.refresh()
+                if bar.disable and now >= next_note:  # no bar (not a terminal): a line now and then
+                    metrics = last_metrics(out_dir / "metrics.jsonl") if start is not None else None
+                    print(progress_line(now, t_launch, start, warming, off, budget, metrics), flush=True)
+                    next_note = now + PROGRESS_EVERY_S
                 deadline = (
                     t_launch + budget.startup_s
                     if start is None
@@ -660,6 +712,11 @@ def supervise(
         leftovers = reap_token_processes(token, leftover_wait_s)
         load = load_between(load_start, read_load())
         state_problem = wire.verify_state()  # every process of the phase is gone: no writer is left
+    except KeyboardInterrupt:  # Ctrl-C: the phase's processes go before the pipeline writes its record
+        if proc is not None:
+            kill_session(proc, signal.SIGKILL)
+        reap_token_processes(token, leftover_wait_s)
+        raise
     finally:
         if pidfd is not None:
             os.close(pidfd)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,3 +130,71 @@ def describe(load: dict[str, Any] | None) -> str:
     avg = f", load average {la0:.1f} -> {la1:.1f}" if la0 is not None and la1 is not None else ""
     steal = f", {load['steal_cores']:.2f} stolen" if load.get("steal_cores") else ""
     return f"{load['others_cores']:.2f} of {load['cores']} cores busy with other processes{steal}{avg}"
+
+
+# ---- Thread counts from the measured load ----
+
+THREADS_PROBE_S = 1.0
+"""The window over which the load is measured before training chooses its thread count (off the clock)."""
+
+
+def measure_load(
+    window_s: float = THREADS_PROBE_S,
+    *,
+    read: Callable[[], LoadReading] = read_load,
+    wait: Callable[[float], None] = time.sleep,
+    cores: int | None = None,
+) -> dict[str, Any]:
+    """The machine's load over a short window of doing nothing (this process idle): what others use now."""
+    start = read()
+    wait(window_s)
+    return load_between(start, read(), cores)
+
+
+def choose_threads(load: dict[str, Any], ranks: int) -> dict[str, Any]:
+    """Torch threads per rank from the cores other processes leave free ("pg-threads" record).
+
+    free = cores - others_cores (the cores of this process's affinity less what other processes kept busy
+    over the window), rounded to the nearest whole core, shared among the node's ranks, at least 1 each.
+    OpenMP's threads wait for each other at every parallel region: with 2 threads on 2 cores and one core
+    held by another process, the cpu-smoke run made 18 steps; with 1 thread, 5x more."""
+    cores = int(load.get("cores") or cpu_count())
+    others = load.get("others_cores")
+    free = float(cores) if others is None else max(cores - float(others), 0.0)
+    threads = max(1, min(int(free + 0.5), cores) // max(ranks, 1))
+    if others is None:
+        why = f"{cores} cores, load not measured: the cores divided among {ranks} rank(s)"
+    else:
+        why = (
+            f"{cores} cores less {float(others):.2f} busy with other processes over {load.get('wall_s', 0):.1f} s "
+            f"= {free:.2f} free, divided among {ranks} rank(s)"
+        )
+    return {
+        "format": "pg-threads",
+        "format_version": 1,
+        "threads_per_rank": threads,
+        "chosen_by": "load",
+        "why": why,
+        "load": load,
+    }
+
+
+def threads_set(threads: int) -> dict[str, Any]:
+    """The record when launch.threads was given (nothing measured)."""
+    return {
+        "format": "pg-threads",
+        "format_version": 1,
+        "threads_per_rank": threads,
+        "chosen_by": "launch.threads",
+        "why": "set by launch.threads",
+    }
+
+
+def describe_threads(rec: dict[str, Any] | None) -> str:
+    """One phrase for the card: '1 per rank, chosen from the load (2 cores less 1.01 busy ...)'."""
+    if not rec:
+        return "not recorded"
+    n = rec.get("threads_per_rank")
+    if rec.get("chosen_by") == "launch.threads":
+        return f"{n} per rank (launch.threads)"
+    return f"{n} per rank, chosen from the load ({rec.get('why')}); --set launch.threads=N fixes it"

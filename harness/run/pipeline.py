@@ -14,6 +14,7 @@ and the result records the status (error, over_budget, over_cap) instead of a sc
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +41,16 @@ from harness.records.plot import plot_run
 from harness.records.result import build_result, minimal_result, print_card, write_result
 from harness.records.text import NAME_MAX_CHARS, visible
 from harness.records.tracking import Tracker, finish_tracking
+from harness.run.datacheck import refuse_mismatched_data
 from harness.run.launch import LaunchConfig
-from harness.run.load import load_between, read_load
+from harness.run.load import (
+    choose_threads,
+    describe_threads,
+    load_between,
+    measure_load,
+    read_load,
+    threads_set,
+)
 from harness.run.staging import folder_verdict, stage_folder, stage_model_code
 from harness.run.train_phase import run_sealed_pack, run_train_phase
 from harness.train.rank import METRICS_FILE, STATE_FILE
@@ -77,8 +87,19 @@ def _subprocess_env() -> dict[str, str]:
     return env
 
 
-def _run_phase(name: str, cmd: list[str], log_path: Path, timeout_s: float | None = None) -> int | None:
-    """Run one phase's process, its output into `log_path`; its exit status (None: killed at `timeout_s`)."""
+PROGRESS_EVERY_S = 30.0
+"""A phase that runs longer says so this often (`[score] 60 s of ...`)."""
+
+
+def _run_phase(
+    name: str,
+    cmd: list[str],
+    log_path: Path,
+    timeout_s: float | None = None,
+    progress: Callable[[float], str] | None = None,
+) -> int | None:
+    """Run one phase's process, its output into `log_path`; its exit status (None: killed at `timeout_s`).
+    `progress(elapsed_s)`: the line printed every PROGRESS_EVERY_S while it runs."""
     print(f"[{name}] {' '.join(cmd[1:4])} ...", flush=True)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
@@ -90,12 +111,27 @@ def _run_phase(name: str, cmd: list[str], log_path: Path, timeout_s: float | Non
             start_new_session=True,
             preexec_fn=die_with_parent,  # the harness killed: the phase dies with it
         )
+        t0 = time.monotonic()
         try:
-            return proc.wait(timeout=timeout_s)
+            while True:
+                left = None if timeout_s is None else timeout_s - (time.monotonic() - t0)
+                try:
+                    return proc.wait(
+                        timeout=PROGRESS_EVERY_S if left is None else max(min(PROGRESS_EVERY_S, left), 0)
+                    )
+                except subprocess.TimeoutExpired:
+                    if left is not None and left <= PROGRESS_EVERY_S:
+                        raise
+                    if progress is not None:
+                        print(progress(time.monotonic() - t0), flush=True)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             return None
+        except KeyboardInterrupt:  # Ctrl-C: the phase's process group goes with the run
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -147,17 +183,24 @@ def run_pipeline(
     run_dir = Path(out_dir) if out_dir else default_run_dir(submission_dir, preset)
     if run_dir.exists() and any(run_dir.iterdir()):
         raise FileExistsError(f"run folder {run_dir} already exists and is not empty; pass a new --out")
+
+    # ---- 1. data: found and held to the model before the run folder exists (a refusal leaves nothing) ----
+    t0 = time.perf_counter()
+    data_root = Path(data_dir).resolve() if data_dir else ensure_embedded_dataset()
+    manifest = load_manifest(data_root)
+    data_warnings = refuse_mismatched_data(cfg.model, manifest)  # a model that cannot embed its tokens
+    data_s = time.perf_counter() - t0
+
     run_dir.mkdir(parents=True, exist_ok=True)
     run_dir = run_dir.resolve()
     write_json_atomic(run_dir / "config.json", cfg.record())  # with the track rules it loosened
     # as given, and the track rules they loosened (an unranked track: recorded, shown on the card and the board)
     phases: dict[str, Any] = {"command": {"overrides": list(overrides or []), "loosened": cfg.loosened}}
-
-    # ---- 1. data ----
-    t0 = time.perf_counter()
-    data_root = Path(data_dir).resolve() if data_dir else ensure_embedded_dataset()
-    manifest = load_manifest(data_root)
-    phases["data"] = {"dir": str(data_root), "time_s": time.perf_counter() - t0, **data_identity(manifest)}
+    phases["data"] = {"dir": str(data_root), "time_s": data_s, **data_identity(manifest)}
+    if data_warnings:
+        phases["data"]["warnings"] = data_warnings
+        for text in data_warnings:
+            print(f"[data] warning: {text}", file=sys.stderr, flush=True)
     # wandb (off unless [log] / --wandb asks): init in its own thread, bounded; never blocks or fails the run
     tags = [track.name, visible(preset or "default", 40), visible(meta.get("name") or "", NAME_MAX_CHARS)]
     tracker = Tracker(cfg.section("log"), run_dir, tags=tags)
@@ -192,8 +235,53 @@ def run_pipeline(
         }
         print(f"error: the run failed: {detail}", file=sys.stderr)
         result = _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="error")
+    except KeyboardInterrupt:  # Ctrl-C: the phase's processes are gone; the run still ends with a record
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut the record short
+        try:
+            during = next((p for p in ("train", "pack", "score") if p not in phases), "report")
+            phases["interrupted"] = {
+                "status": "interrupted",
+                "detail": f"stopped by SIGINT (Ctrl-C) during the {during} phase",
+                "phase": during,
+            }
+            print(
+                f"interrupted: the run stopped during the {during} phase; record in {run_dir}",
+                file=sys.stderr,
+            )
+            result = _finish(
+                run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="interrupted"
+            )
+        finally:
+            signal.signal(signal.SIGINT, previous)
     print(f"[log] {finish_tracking(tracker, run_dir, result)}", flush=True)  # after the verdict
     return result
+
+
+def score_progress(eval_deadline_s: float) -> Callable[[float], str]:
+    """The score phase's progress line: seconds so far and what is left of the eval budget (with its grace)."""
+
+    def line(elapsed_s: float) -> str:
+        if not math.isfinite(eval_deadline_s):
+            return f"[score] {elapsed_s:.0f} s (untimed)"
+        return (
+            f"[score] {elapsed_s:.0f} s; {max(eval_deadline_s - elapsed_s, 0):.0f} s of the eval budget left"
+        )
+
+    return line
+
+
+def choose_launch_threads(
+    launch: LaunchConfig, device: str, measure: Callable[[], dict[str, Any]] = measure_load
+) -> tuple[LaunchConfig, dict[str, Any] | None]:
+    """On CPU, the torch threads per rank: launch.threads where set, else from the cores other processes
+    leave free over a short window (harness/run/load.py choose_threads); the launch to train with and the
+    record of the choice (None on CUDA, where the ranks' threads only feed the GPU)."""
+    if device != "cpu":
+        return launch, None
+    if launch.threads:
+        return launch, threads_set(launch.threads)
+    rec = choose_threads(measure(), launch.nproc_per_node)
+    return dataclasses.replace(launch, threads=rec["threads_per_rank"]), rec
 
 
 def data_identity(manifest: Manifest) -> dict[str, Any]:
@@ -277,6 +365,10 @@ def _phases(
         print(detail, file=sys.stderr)
         return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="illegal")
 
+    launch, threads = choose_launch_threads(launch, device)
+    if threads is not None:
+        print(f"[threads] {describe_threads(threads)}", flush=True)
+
     with tempfile.TemporaryDirectory(prefix="pgolf-views-") as views_tmp:
         views = Path(views_tmp)
         # ---- 2. train ----
@@ -298,6 +390,8 @@ def _phases(
             base_env=_subprocess_env(),
             gptq=_gptq_spec(cfg.section("pack")),
         )
+        if threads is not None:
+            phases["train"]["threads"] = threads
         if phases["train"]["status"] != "ok":
             return _finish(
                 run_dir,
@@ -410,13 +504,18 @@ def _phases(
         score_out = views / "score_out" / "score.json"  # the one folder the confined scorer may write
         score_out.parent.mkdir()
         eval_deadline_s = track.eval_budget_s + budget.grace_s
+        score_threads, score_choice = os.cpu_count() or 1, None
+        if threads is not None and threads["chosen_by"] == "load":  # measured again: the load moves
+            score_choice = choose_threads(measure_load(), 1)
+            score_threads = score_choice["threads_per_rank"]
+            print(f"[threads] scoring: {describe_threads(score_choice)}", flush=True)
         request = ScoreRequest(
             artifact=artifact,
             code_dir=staged,
             data_dir=val_view,
             eval=ev,
             device=device,
-            threads=os.cpu_count() or 1,
+            threads=score_threads,
             sandbox=launch.sandbox,  # the model worker's: off only when the whole run is unsandboxed (recorded)
             confine=launch.sandbox != "off",
             protect=(data_root,),
@@ -427,7 +526,9 @@ def _phases(
         cmd = [sys.executable, "-m", "scoring", *request.to_argv()]
         outer_s = eval_deadline_s + SCORER_STARTUP_S if math.isfinite(eval_deadline_s) else None
         load_start = read_load()  # the machine's load over scoring (harness/run/load.py), at its two ends
-        returncode = _run_phase("score", cmd, run_dir / "score.log", timeout_s=outer_s)
+        returncode = _run_phase(
+            "score", cmd, run_dir / "score.log", timeout_s=outer_s, progress=score_progress(eval_deadline_s)
+        )
         score_load = load_between(load_start, read_load())
         record: ScoreRecord | ScoreFailure | None = None
         malformed = ""
@@ -457,11 +558,16 @@ def _phases(
                 "origin": record.origin if isinstance(record, ScoreFailure) else "scorer",
                 "returncode": returncode,
                 "machine_load": score_load,
+                "threads_choice": score_choice,
             }
             return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=status)
         phases["score"] = record.to_json()
         write_json_atomic(run_dir / "score.json", phases["score"])
-        phases["score"] = {**phases["score"], "machine_load": score_load}  # the harness's, not the scorer's
+        phases["score"] = {
+            **phases["score"],
+            "machine_load": score_load,
+            "threads_choice": score_choice,
+        }  # the harness's
         status = "ok"
         return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=status)
 
@@ -522,7 +628,14 @@ def _finish(
     if "train" in phases:  # drawn after training, off the clock; a plot that fails is noted, never a verdict
         seed = cfg.tables["run"]["seed"]
         title = plot_title(meta.get("name") or run_dir.name, track.name, cfg.preset, seed)
-        phases["plot"] = plot_run(run_dir, phases, title=title)
+        budget_s = cfg.tables.get("budget", {}).get("train_s")
+        phases["plot"] = plot_run(
+            run_dir,
+            phases,
+            title=title,
+            budget_s=budget_s if isinstance(budget_s, int | float) else None,
+            status=status,
+        )
     ledger_path = Path(ledger) if ledger else run_dir.parent / "ledger.jsonl"
     try:
         result = build_result(

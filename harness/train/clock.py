@@ -12,7 +12,9 @@ origin, so an honest rank's readings agree with the supervisor's to within a mes
 - `tick()` is one collective per step: each rank reads its own elapsed time (after synchronising its
   device), the ranks all-reduce (elapsed, over-budget flag) with MAX into a preallocated buffer, and
   all get the same reading. So every rank stops at the same step, and LR schedules driven by elapsed
-  time agree. There is no other per-step work, and no message.
+  time agree. There is no other per-step work, and no message. The stop comes before a step that
+  would end past the budget, if it took as long as the last one (the time between the last two
+  ticks): on a busy machine a 5 s step begun at 58 s of 60 used to end the run over budget.
 - `warmup(...)` is the only time off the clock: once, before the first tick and the first batch, on
   synthetic tokens; the named modules, optimizers and RNGs are snapshotted before and restored after,
   then verified bit-identical. Its bounds are sent as `warmup_begin`/`warmup_end`; the supervisor
@@ -90,9 +92,23 @@ class HarnessClock:
     """Implements harness.api.BudgetClock. `wire`: the rank's connection to its supervisor (None: self-timed)."""
 
     def __init__(
-        self, budget_s: float, dist_info: DistInfo, wire: WireClient | None = None, warmup_max_s: float = 0.0
+        self,
+        budget_s: float,
+        dist_info: DistInfo,
+        wire: WireClient | None = None,
+        warmup_max_s: float = 0.0,
+        *,
+        now: Callable[[], float] | None = None,
     ):
         self.budget_s = float(budget_s)
+        # injectable for tests; by default time.monotonic looked up at each reading, as before (what the rank
+        # reads is the rank's word either way: the supervisor's own clock is the record's)
+        self._now: Callable[[], float] = now if now is not None else (lambda: time.monotonic())
+        self._last_tick_s: float | None = None
+        self.step_s: float | None = None
+        """The last step's duration (between the last two ticks, this rank's clock): the next step's estimate."""
+        self.predicted_stop: dict[str, float] | None = None
+        """Set at a stop made before the budget was spent: the elapsed time and the step estimate that made it."""
         self.warmup_max_s = float(warmup_max_s)
         self._dist = dist_info
         self._wire = wire
@@ -116,7 +132,7 @@ class HarnessClock:
             dist.barrier()
         self.sync()
         since = self._wire.clock_start() if self._wire is not None else 0.0
-        self._t0 = time.monotonic() - since
+        self._t0 = self._now() - since
 
     def sync(self) -> None:
         if self._cuda:
@@ -125,12 +141,17 @@ class HarnessClock:
     def elapsed_s(self) -> float:
         if self._t0 is None:
             return 0.0
-        return time.monotonic() - self._t0 - self.off_clock_s
+        return self._now() - self._t0 - self.off_clock_s
 
     def tick(self) -> ClockReading:
         self.sync()
         elapsed = self.elapsed_s()
-        over = 1.0 if elapsed >= self.budget_s else 0.0
+        if self._last_tick_s is not None:
+            self.step_s = max(elapsed - self._last_tick_s, 0.0)
+        self._last_tick_s = elapsed
+        # stop once the budget is spent, or before a step that would end past it (as long as the last one)
+        ahead = self.step_s or 0.0
+        over = 1.0 if elapsed >= self.budget_s or elapsed + ahead > self.budget_s else 0.0
         if self._dist.distributed:
             self._np[0], self._np[1] = elapsed, over
             if self._dev is not self._cpu:
@@ -141,6 +162,12 @@ class HarnessClock:
                 dist.all_reduce(self._cpu, op=dist.ReduceOp.MAX)
             elapsed, over = float(self._np[0]), float(self._np[1])
         stop = over > 0
+        if stop and not self.last.stop and elapsed < self.budget_s:
+            self.predicted_stop = {
+                "elapsed_s": round(elapsed, 3),
+                "step_s": round(ahead, 3),
+                "budget_s": self.budget_s,
+            }
         if self.last.stop:
             self.ticks_after_stop += 1
         elif not stop:
@@ -178,7 +205,7 @@ class HarnessClock:
         if self._dist.distributed:  # begin together: the supervisor credits only time all ranks spend in it
             dist.barrier()
         self.sync()
-        t0 = time.monotonic()
+        t0 = self._now()
         if self._wire is not None:
             self._wire.warmup_begin()
         snap = Snapshot(modules, optimizers, self._cuda)
@@ -196,7 +223,7 @@ class HarnessClock:
             credit = (
                 self._wire.warmup_end()
                 if self._wire is not None
-                else min(time.monotonic() - t0, self.warmup_max_s)
+                else min(self._now() - t0, self.warmup_max_s)
             )
         if not verified:
             raise RuntimeError(

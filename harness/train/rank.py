@@ -69,6 +69,7 @@ RANK_REPORT_FIELDS: dict[str, Types] = {
     "rank_save_s": _NUM,
     "steps": int,
     "stopped_by_clock": bool,
+    "predicted_stop": dict,
     "ticks_after_stop": int,
     "batches_after_stop": int,
     "tokens_seen": int,
@@ -104,6 +105,8 @@ class RankReport:
     rank_save_s: float | None = None
     steps: int | None = None
     stopped_by_clock: bool | None = None
+    predicted_stop: dict[str, Any] | None = None
+    """The clock stopped before its budget was spent: the elapsed time and the last step's duration."""
     ticks_after_stop: int | None = None
     batches_after_stop: int | None = None
     tokens_seen: int | None = None
@@ -356,6 +359,7 @@ def main(spec_path: str) -> int:
             rank_save_s=save_s,
             steps=clock.steps,
             stopped_by_clock=clock.last.stop,
+            predicted_stop=clock.predicted_stop,
             ticks_after_stop=int(ticks_after),
             batches_after_stop=int(after_stop),
             tokens_seen=stream.tokens_consumed,

@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from harness.records.result import write_result
 from harness.run.pipeline import run_pipeline
 from isolation.processes import processes_with_token
 from tests.conftest import REPO
+from tests.waiting import wait_until
 
 TINY_LM = REPO / "tests" / "fixtures" / "submissions" / "tiny_lm"
 
@@ -147,16 +147,15 @@ def test_the_harness_killed_mid_run_leaves_nothing_running_and_a_ledger_that_par
          str(tmp_path / "run"), "--ledger", str(ledger), "--set", "train.steps=1000"],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    token_of, t_end = None, time.monotonic() + 120
-    while token_of is None and time.monotonic() < t_end and proc.poll() is None:
-        token_of = _phase_token(proc.pid)  # the training phase has started
-        time.sleep(0.2)
-    assert token_of is not None, "the training phase never started"
-    time.sleep(3)  # training under way (each step sleeps 1 s; the budget is 60 s)
+    token_of = wait_until(lambda: proc.poll() is None and _phase_token(proc.pid), 120, "the training phase")
+    log = tmp_path / "run" / "train.log"  # training under way: rank 0 has logged (each step sleeps 1 s)
+    wait_until(lambda: log.is_file() and log.stat().st_size > 0, 120, "the rank's first log line")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    time.sleep(3)  # the kernel delivers the parent-death signals; a PID namespace tears down
-    assert processes_with_token(token_of) == [], "a phase process outlived the harness"
+    # the kernel delivers the parent-death signals; a PID namespace tears down
+    wait_until(
+        lambda: processes_with_token(token_of) == [], 60, "the phase's processes to end with the harness"
+    )
     assert [json.loads(line) for line in ledger.read_text().splitlines()] == [
         {"status": "ok", "earlier": True}
     ]

@@ -335,3 +335,68 @@ def test_the_runs_page_in_a_real_browser(nine_runs, tmp_path):
     r = browse(url, f"--screenshot={shot}", "--window-size=1500,1000")
     assert shot.is_file(), r.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---- what people look at: unknown tracks, unranked tracks, marks, an empty board, the page's width ----
+
+
+def test_an_unknown_track_is_refused_in_one_line(tmp_path):
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text(json.dumps(result("a", "2026-01-01", None, 1, 1.1, 10)) + "\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "leaderboard", "--ledger", str(ledger), "--track", "10min_16MB",
+         "--out", str(tmp_path / "site")],
+        capture_output=True, text=True, cwd=REPO, timeout=120, check=False,
+    )  # fmt: skip
+    assert r.returncode == 2 and r.stderr.startswith(
+        "error: --track '10min_16MB' is not a track; the tracks: "
+    )
+    assert not (tmp_path / "site").exists()  # nothing written for a track that does not exist
+
+
+def test_only_record_tracks_rank_and_rows_are_marked():
+    smoke = result("smoke_entry", "2026-01-01", None, 1, 1.0, 10) | {"track": "smoke"}
+    busy = result("busy_entry", "2026-01-02", None, 1, 1.2, 10) | {"machine_load": {"contended": True}}
+    broke = result("broke", "2026-01-03", None, 1, None, None) | {"status": "over_budget"}
+    ver = {result_digest(r): {"status": "verified"} for r in (smoke, busy)}
+    board = build([smoke, busy, broke], ver, track=None)
+    assert [(r["name"], r["marks"]) for r in board["ranked"]] == [("busy_entry", ["contended"])]
+    why = {r["name"]: (r["why"], r["marks"]) for r in board["unranked"]}
+    assert why == {
+        "smoke_entry": ("track smoke is not a record track: listed, never ranked", []),
+        "broke": ("status over_budget", ["failed"]),
+    }
+    from harness.records.leaderboard import NO_RESULTS, markdown, page
+
+    md = markdown(board)
+    assert "| 1 | busy_entry **[contended]** |" in md and "| broke **[failed]** |" in md
+    html_page = page(board)
+    assert '<span class="mark contended">contended</span>' in html_page and '<tr class="failed">' in html_page
+    empty = build([broke], {}, track="10min_16mb")
+    assert NO_RESULTS in markdown(empty) and NO_RESULTS in page(empty)
+    assert (
+        NO_RESULTS
+        == "No verified results yet: a result ranks once `pgolf verify` has re-scored it on a record track."
+    )
+
+
+MEASURE = (
+    "<script>window.addEventListener('load',()=>{const d=document.createElement('div');d.id='measured';"
+    "d.textContent=JSON.stringify({scroll:document.documentElement.scrollWidth,"
+    "client:document.documentElement.clientWidth});document.body.appendChild(d);});</script>"
+)
+
+
+@pytest.mark.parametrize("which", ["board_dir", "nine_runs"])
+def test_the_board_fits_1280_px_without_scrolling_sideways(which, request):
+    """A copy of the page with a measuring script appended (the page itself is unchanged): at a 1,280 px
+    window the document is no wider than the window (the ranked board was 1,376 px before the cells were
+    narrowed; the runs page, 1,352 px before a run's folder showed its name and its path on hover)."""
+    site = request.getfixturevalue(which)
+    probe = site / "measure.html"
+    probe.write_text((site / "index.html").read_text() + MEASURE)
+    dom = browse(probe.as_uri(), "--dump-dom", "--window-size=1280,900").stdout
+    found = re.search(r'<div id="measured">([^<]+)</div>', dom)
+    assert found, dom[-2000:]
+    width = json.loads(found.group(1))
+    assert width["client"] == 1280 and width["scroll"] <= 1280, width

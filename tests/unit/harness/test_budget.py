@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 
 import numpy as np
 import pytest
@@ -22,6 +21,19 @@ from harness.api import DistInfo
 from harness.train.clock import BudgetConfig, DataGate, HarnessClock, Snapshot
 
 ONE = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="none")
+
+
+class FakeTime:
+    """An injected monotonic clock: time moves only when a test advances it (no sleeps, no load)."""
+
+    def __init__(self, t_s: float = 1000.0):
+        self.t_s = t_s
+
+    def __call__(self) -> float:
+        return self.t_s
+
+    def advance(self, dt_s: float) -> None:
+        self.t_s += dt_s
 
 
 class FakeStream:
@@ -61,22 +73,25 @@ class StubWire:
 
 
 def test_clock_reads_stops_and_counts():
-    clock = HarnessClock(0.05, ONE)
+    now = FakeTime()
+    clock = HarnessClock(0.05, ONE, now=now)
     clock.start()
     r = clock.tick()
-    assert not r.stop and r.remaining_s > 0 and clock.steps == 1
-    time.sleep(0.06)
+    assert not r.stop and r.remaining_s == 0.05 and clock.steps == 1
+    now.advance(0.06)
     r = clock.tick()
     assert r.stop and r.remaining_s == 0.0 and clock.steps == 1 and clock.ticks_after_stop == 0
+    assert clock.predicted_stop is None  # the budget was spent: not a predicted stop
     clock.tick()
     assert clock.ticks_after_stop == 1
 
 
 def test_data_gate_counts_batches_after_the_stop_reading():
-    clock = HarnessClock(0.0001, ONE)
+    now = FakeTime()
+    clock = HarnessClock(0.0001, ONE, now=now)
     gate = DataGate(FakeStream(), clock)
     clock.start()
-    time.sleep(0.001)
+    now.advance(0.001)
     gate.next_batch(8, 4)
     assert gate.batches_after_stop == 0
     assert clock.tick().stop
@@ -95,7 +110,8 @@ def _model_and_opt():
 def test_warmup_trains_nothing_and_is_off_the_clock():
     model, opt = _model_and_opt()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    clock = HarnessClock(100.0, ONE, warmup_max_s=60.0)
+    now = FakeTime()
+    clock = HarnessClock(100.0, ONE, warmup_max_s=60.0, now=now)
     gate = DataGate(FakeStream(), clock)
     clock.start()
     rng = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
@@ -112,7 +128,7 @@ def test_warmup_trains_nothing_and_is_off_the_clock():
         torch.rand(3)  # consumes RNG: restored after
         random.random()
         np.random.rand()
-        time.sleep(0.1)
+        now.advance(0.1)
         calls.append(1)
 
     report = clock.warmup(
@@ -123,21 +139,22 @@ def test_warmup_trains_nothing_and_is_off_the_clock():
     assert len(opt.state) == 0 and all(p.grad is None for p in model.parameters())
     assert torch.equal(torch.get_rng_state(), rng[0]) and random.getstate() == rng[1]
     assert np.array_equal(np.random.get_state()[1], rng[2])
-    assert report.off_clock_s >= 0.3 and clock.off_clock_s == report.off_clock_s
-    assert clock.elapsed_s() < 0.2  # the warm-up's time is not on the clock
+    assert report.off_clock_s == pytest.approx(0.3) and clock.off_clock_s == report.off_clock_s
+    assert clock.elapsed_s() == pytest.approx(0.0)  # the warm-up's time is not on the clock
     with pytest.raises(RuntimeError, match="once"):
         clock.warmup(step, modules=[model], steps=1, batch_tokens=8, seq_len=4, vocab_size=16)
 
 
 def test_warmup_credit_is_capped_and_refused_after_a_tick():
     model, opt = _model_and_opt()
-    clock = HarnessClock(100.0, ONE, warmup_max_s=0.01)
+    now = FakeTime()
+    clock = HarnessClock(100.0, ONE, warmup_max_s=0.01, now=now)
     clock.start()
     report = clock.warmup(
-        lambda x, y: time.sleep(0.05), modules=[model], steps=1, batch_tokens=8, seq_len=4, vocab_size=16
+        lambda x, y: now.advance(0.05), modules=[model], steps=1, batch_tokens=8, seq_len=4, vocab_size=16
     )
     assert report.off_clock_s == 0.01
-    assert clock.elapsed_s() >= 0.04  # the excess counts
+    assert clock.elapsed_s() == pytest.approx(0.04)  # the excess counts
     late = HarnessClock(100.0, ONE)
     late.start()
     late.tick()
@@ -166,17 +183,18 @@ def test_snapshot_restores_optimizer_state_in_place_and_detects_changes():
 
 def test_the_readings_take_the_supervisors_origin_and_credit():
     wire = StubWire(since_start_s=5.0)  # the node's clock started 5 s before this rank's
-    clock = HarnessClock(100.0, ONE, wire, warmup_max_s=60.0)  # type: ignore[arg-type]
+    now = FakeTime()
+    clock = HarnessClock(100.0, ONE, wire, warmup_max_s=60.0, now=now)  # type: ignore[arg-type]
     clock.start()
-    assert 5.0 <= clock.tick().elapsed_s < 5.2
-    late = HarnessClock(100.0, ONE, StubWire(credit_s=0.01), warmup_max_s=60.0)  # type: ignore[arg-type]
+    assert clock.tick().elapsed_s == 5.0
+    late = HarnessClock(100.0, ONE, StubWire(credit_s=0.01), warmup_max_s=60.0, now=now)  # type: ignore[arg-type]
     late.start()
     model, _ = _model_and_opt()
     report = late.warmup(
-        lambda x, y: time.sleep(0.05), modules=[model], steps=2, batch_tokens=8, seq_len=4, vocab_size=16
+        lambda x, y: now.advance(0.05), modules=[model], steps=2, batch_tokens=8, seq_len=4, vocab_size=16
     )
     assert report.off_clock_s == 0.01 and late.off_clock_s == 0.01  # the supervisor's say, not 0.1 s
-    assert late.elapsed_s() >= 0.08
+    assert late.elapsed_s() == pytest.approx(0.09)
 
 
 def test_warmup_after_a_batch_is_refused():
@@ -189,3 +207,54 @@ def test_warmup_after_a_batch_is_refused():
     with pytest.raises(RuntimeError, match="before the first ctx.data.next_batch"):
         clock.warmup(lambda x, y: None, modules=[model], steps=1, batch_tokens=8, seq_len=4, vocab_size=16)
     assert wire.calls == ["clock_start"]  # the supervisor was not even asked
+
+
+def test_the_clock_stops_before_a_step_that_would_end_past_the_budget():
+    """Steps of 4 s on a 58 s budget: the tick at 56 s stops (56 + 4 > 58) instead of starting a step that
+    would end at 60 s; without the prediction the run trains on to 60 s, 2 s past its budget."""
+    now = FakeTime()
+    clock = HarnessClock(58.0, ONE, now=now)
+    clock.start()
+    readings = []
+    while not (r := clock.tick()).stop:
+        readings.append(r.elapsed_s)
+        now.advance(4.0)
+    assert readings == [4.0 * i for i in range(14)]  # 0, 4, ..., 52: the step from 52 ends at 56
+    assert r.elapsed_s == 56.0 and r.remaining_s == 2.0 and clock.steps == 14
+    assert clock.step_s == 4.0
+    assert clock.predicted_stop == {"elapsed_s": 56.0, "step_s": 4.0, "budget_s": 58.0}
+    exact = HarnessClock(60.0, ONE, now=now)  # a step that ends on the budget exactly still runs
+    exact.start()
+    while not exact.tick().stop:
+        now.advance(4.0)
+    assert exact.steps == 15 and exact.predicted_stop is None and exact.last.elapsed_s == 60.0
+
+
+def test_the_estimate_follows_the_last_step():
+    """A slow step (the machine got busy) moves the stop earlier; one that fits still runs."""
+    now = FakeTime()
+    clock = HarnessClock(10.0, ONE, now=now)
+    clock.start()
+    assert not clock.tick().stop  # 0 s: no estimate yet
+    now.advance(1.0)
+    assert not clock.tick().stop  # 1 s, steps of 1 s
+    now.advance(6.0)
+    r = clock.tick()  # 7 s, the last step took 6 s: 7 + 6 > 10
+    assert r.stop and clock.predicted_stop == {"elapsed_s": 7.0, "step_s": 6.0, "budget_s": 10.0}
+    quick = HarnessClock(10.0, ONE, now=now)
+    quick.start()
+    quick.tick()
+    now.advance(4.9)
+    assert not quick.tick().stop  # 4.9 + 4.9 = 9.8 <= 10: the step fits
+    now.advance(4.9)
+    assert quick.tick().stop and quick.steps == 2
+
+
+def test_an_untimed_clock_never_predicts_a_stop():
+    now = FakeTime()
+    clock = HarnessClock(math.inf, ONE, now=now)
+    clock.start()
+    for _ in range(3):
+        assert not clock.tick().stop
+        now.advance(1e6)
+    assert clock.predicted_stop is None

@@ -36,3 +36,23 @@ def test_contended_record_track_cpu_run_is_marked() -> None:
     smoke = _machine_load(train, {}, get_track("smoke"))
     assert smoke is not None and smoke["contended"] is True and smoke["record_contended"] is False
     assert _machine_load({}, {}, get_track("smoke")) is None
+
+
+def test_the_card_names_the_remedy_for_over_budget_and_contended_runs() -> None:
+    from harness.records.result import _remedy_lines
+
+    busy = {"train": {**LOAD, "others_cores": 1.1, "contended": True}, "contended": True}
+    over = _remedy_lines({"status": "over_budget", "machine_load": busy, "phases": {}})
+    assert len(over) == 1 and over[0].startswith(
+        "│ remedy        a step ran past the budget's stop tolerance"
+    )
+    assert "smaller train.train_batch_tokens" in over[0] and "launch.threads" not in over[0]
+    by_hand = {"train": {"threads": {"chosen_by": "launch.threads", "threads_per_rank": 2}}}
+    assert "lower launch.threads" in _remedy_lines({"status": "over_budget", "phases": by_hand})[0]
+    contended = _remedy_lines({"status": "ok", "machine_load": busy, "phases": by_hand})
+    assert contended == [
+        "│ remedy        for speeds that compare, rerun when nothing else runs (see `load` above); "
+        "launch.threads was set by hand: unset it to let the load choose"
+    ]
+    quiet = {"train": {**LOAD, "others_cores": 0.01, "contended": False}, "contended": False}
+    assert _remedy_lines({"status": "ok", "machine_load": quiet, "phases": {}}) == []

@@ -74,11 +74,17 @@ def test_a_leader_that_outlives_its_members_is_killed_too() -> None:
         [
             sys.executable,
             "-c",
-            "import signal, time\nsignal.signal(signal.SIGCHLD, signal.SIG_IGN)\ntime.sleep(60)",
+            "import signal, time\nsignal.signal(signal.SIGCHLD, signal.SIG_IGN)\nprint('ready', flush=True)\n"
+            "time.sleep(60)",
         ],
         start_new_session=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
-    time.sleep(0.3)
+    assert (
+        proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    )  # its handler is set: no fixed sleep
+    proc.stdout.close()
     t0 = time.monotonic()
     kill_group_reaped(proc, wait_s=0.5)
     assert proc.returncode == -signal.SIGKILL and time.monotonic() - t0 < 5

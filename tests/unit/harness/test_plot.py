@@ -36,7 +36,8 @@ def test_the_png_is_a_valid_image_of_the_expected_size(tmp_path):
         val_bpb=2.465,
         train_time_s=30.1,
     )
-    assert out == {"file": PLOT_FILE, "points": 120, "skipped_lines": 1}
+    assert out == {"file": PLOT_FILE, "points": 120, "skipped_lines": 1, "scored_at_step": 120,
+                   "budget_line_s": None, "marked_failed": False}  # fmt: skip
     with Image.open(tmp_path / PLOT_FILE) as im:
         im.verify()  # the PNG's structure and checksums
     with Image.open(tmp_path / PLOT_FILE) as im:
@@ -86,7 +87,8 @@ def test_plot_run_marks_the_score_and_the_card_names_the_file(tmp_path):
     write_metrics(tmp_path / "metrics.jsonl")
     phases = {"train": {"train_time_s": 30.0}, "score": {"val_loss": 4.0, "val_bpb": 2.3}}
     rec = plot_run(tmp_path, phases, title="t")
-    assert rec == {"file": PLOT_FILE, "points": 120, "skipped_lines": 1}
+    assert rec == {"file": PLOT_FILE, "points": 120, "skipped_lines": 1, "scored_at_step": 120,
+                   "budget_line_s": None, "marked_failed": False}  # fmt: skip
     assert _plot_lines({"run_dir": str(tmp_path), "phases": {"plot": rec}}) == [
         f"│ plot          {tmp_path}/{PLOT_FILE}  (training loss against time and step)"
     ]
@@ -97,3 +99,34 @@ def test_plot_run_marks_the_score_and_the_card_names_the_file(tmp_path):
 def test_one_or_two_points_draw(tmp_path, n):
     write_metrics(tmp_path / "metrics.jsonl", n=n)
     assert plot_run(tmp_path, {"train": {}}, title="t")["points"] == n
+
+
+def _count(px, rgb, tol=30):
+    return int((abs(px - rgb).sum(axis=2) < tol).sum())
+
+
+def test_the_score_sits_at_the_final_step_and_the_budget_is_drawn(tmp_path):
+    """Logged every step up to 120, trained to 137: the scored point at 137; a dotted budget line at 40 s,
+    on the time panel only."""
+    write_metrics(tmp_path / "metrics.jsonl")
+    phases = {"train": {"train_time_s": 34.5, "steps": 137}, "score": {"val_loss": 4.0, "val_bpb": 2.3}}
+    rec = plot_run(tmp_path, phases, title="t", budget_s=40.0)
+    assert rec["scored_at_step"] == 137 and rec["budget_line_s"] == 40.0 and rec["marked_failed"] is False
+    with Image.open(tmp_path / PLOT_FILE) as im:
+        px = np.asarray(im.convert("RGB")).astype(int)
+    amber = [0x9A, 0x67, 0x00]
+    assert _count(px[:, : PLOT_WIDTH_PX // 2], amber) > 50 and _count(px[:, PLOT_WIDTH_PX // 2 :], amber) < 5
+    plain = plot_run(tmp_path, {"train": {}}, title="t")  # no budget given: no line
+    assert plain["budget_line_s"] is None and plain["scored_at_step"] is None
+
+
+def test_a_failed_run_is_marked(tmp_path):
+    write_metrics(tmp_path / "metrics.jsonl")
+    ok = plot_run(tmp_path, {"train": {}}, title="t")
+    with Image.open(tmp_path / PLOT_FILE) as im:
+        red_ok = _count(np.asarray(im.convert("RGB")).astype(int), [207, 34, 46])
+    rec = plot_run(tmp_path, {"train": {}}, title="t", status="over_budget")
+    assert ok["marked_failed"] is False and rec["marked_failed"] is True
+    with Image.open(tmp_path / PLOT_FILE) as im:
+        red = _count(np.asarray(im.convert("RGB")).astype(int), [207, 34, 46])
+    assert red_ok == 0 and red > 100, (red_ok, red)  # the red title "OVER_BUDGET (not scored) · t"

@@ -67,7 +67,7 @@ def test_bad_submission_json_fails_the_schema_check(
     del meta["blurb"]
     meta["date"] = "yesterday"
     (d / "submission.json").write_text(json.dumps(meta))
-    args = argparse.Namespace(submission=str(d), preset="tiny", set=[], json=True, sandbox="auto")
+    args = argparse.Namespace(submission=str(d), preset="tiny", set=[], json=True, sandbox="auto", data=None)
     assert cmd_check(args) == EXIT_FAILED
     out = json.loads(capsys.readouterr().out)
     assert out["format"] == "pg-check" and out["ok"] is False

@@ -364,3 +364,31 @@ def test_sample_prints_what_the_in_process_sampler_printed(baseline_artifact, sp
     assert r.returncode == 0, r.stderr[-3000:]
     text, _, stats = r.stdout.rpartition("\n\n[")
     assert stats.startswith(f"{n} tokens in") and text == want
+
+
+def test_sample_and_generate_take_a_run_folder(baseline_artifact, sp_dataset, tmp_path):
+    """RUN_DIR stands for its artifact.pgolf, its code/ (what was packed) and the data it was scored on."""
+    import json
+    import shutil
+
+    from scoring.artifact.cap import counted_files
+
+    run = tmp_path / "run"
+    (run / "code").mkdir(parents=True)
+    shutil.copy2(baseline_artifact, run / "artifact.pgolf")
+    for rel in counted_files(BASELINE):
+        shutil.copy2(BASELINE / rel, run / "code" / rel)
+    (run / "result.json").write_text(json.dumps({"provenance": {"data_dir": str(sp_dataset)}}))
+    args = ("--prompt", "The quick brown", "--temperature", "0", "--threads", "1")
+    by_run = pgolf("sample", str(run), "--tokens", "12", *args)
+    by_hand = pgolf("sample", str(baseline_artifact), "--submission", str(BASELINE), "--data", str(sp_dataset),
+                    "--tokens", "12", *args)  # fmt: skip
+    assert by_run.returncode == 0 == by_hand.returncode, by_run.stderr[-3000:]
+    assert by_run.stdout.rpartition("\n\n[")[0] == by_hand.stdout.rpartition("\n\n[")[0] != ""
+    gen = pgolf("generate", str(run), "--prompt", "The quick brown", "--max-tokens", "8", "--threads", "1")
+    assert gen.returncode == 0 and "8 tokens in" in gen.stdout, gen.stderr[-3000:]
+    bare = pgolf("sample", str(baseline_artifact))
+    assert bare.returncode == 2 and "needs --submission DIR (or pass the run folder instead)" in bare.stderr
+    (tmp_path / "code_only").mkdir()
+    empty = pgolf("sample", str(tmp_path / "code_only"), "--data", str(sp_dataset))
+    assert empty.returncode == 2 and "a folder without artifact.pgolf" in empty.stderr

@@ -135,3 +135,20 @@ def test_author_from_git_config_else_placeholder(tmp_path: Path) -> None:
             mp.setenv(k, v)
         dest = new_submission("h", out=tmp_path / "h", today=TODAY, cwd=bare)
     assert json.loads((dest / "submission.json").read_text())["author"] == AUTHOR_PLACEHOLDER
+
+
+def test_the_suggested_first_run_uses_a_preset_the_baseline_has(tmp_path: Path, capsys) -> None:
+    """cpu_mtp has presets cpu and tiny, no cpu-smoke: the next-step line and the README name tiny."""
+    import argparse
+
+    from harness.scaffold import cmd_new, first_preset
+
+    assert first_preset(BASELINE) == "cpu-smoke"
+    assert first_preset(REPO / "baselines" / "cpu_mtp") == "tiny"
+    assert first_preset(tmp_path) is None  # no config.toml: no preset to suggest
+    out = tmp_path / "m"
+    cmd_new(argparse.Namespace(name="m", from_baseline="cpu_mtp", out=str(out)))
+    said = capsys.readouterr().out
+    assert f"next: pgolf check {out} --preset tiny && pgolf run {out} --preset tiny" in said, said
+    assert "cpu-smoke" not in said and "cpu-smoke" not in (out / "README.md").read_text()
+    assert f"pgolf run {out} --preset tiny" in (out / "README.md").read_text()

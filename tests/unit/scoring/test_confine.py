@@ -17,6 +17,7 @@ from scoring.score.confine import plan_rules
 from scoring.score.probes import ProbeConfig
 from tests.conftest import REPO
 from tests.unit.scoring.test_eval_support import FAST_EVAL, _one_thread, pack_tiny, write_submission  # noqa: F401 (fixture)
+from tests.waiting import wait_until
 
 needs_landlock = pytest.mark.skipif(
     landlock_abi() == 0, reason="this kernel has no Landlock: the scorer runs unconfined here"
@@ -80,13 +81,8 @@ def test_a_confined_scorer_cannot_open_the_dataset_but_can_do_its_job(tmp_path, 
         "import a module not yet loaded": "ok",
     }
     assert not (tmp_path / "evil.txt").exists()
-    for _ in range(50):  # the reaper removes the private temp folder once the scorer has ended
-        if not work.exists():
-            break
-        import time
-
-        time.sleep(0.1)
-    assert not work.exists()
+    # the reaper removes the private temp folder once the scorer has ended
+    wait_until(lambda: not work.exists(), 60, f"the reaper to remove {work}")
 
 
 def test_plan_carves_a_dataset_out_of_a_readable_folder_and_refuses_overlaps(tmp_path):

@@ -1,0 +1,61 @@
+"""Ctrl-C (SIGINT) in the middle of `pgolf run`: the phase's processes go, result.json says `interrupted`,
+the ledger has its line, and stderr has one line for it, not a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from isolation.processes import processes_with_token
+from tests.conftest import REPO
+from tests.e2e.test_hostile_runs import _phase_token
+from tests.waiting import wait_until
+
+TINY_LM = REPO / "tests" / "fixtures" / "submissions" / "tiny_lm"
+
+
+def test_ctrl_c_mid_training_ends_the_run_interrupted_with_a_record(tiny_dataset, tmp_path: Path) -> None:
+    folder = tmp_path / "entry"
+    shutil.copytree(TINY_LM, folder)
+    src = (folder / "train.py").read_text()
+    assert "    step_sleep_s: float = 0.0" in src
+    (folder / "train.py").write_text(
+        src.replace("    step_sleep_s: float = 0.0", "    step_sleep_s: float = 0.5")
+    )
+    run_dir, ledger = tmp_path / "run", tmp_path / "ledger.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "run", str(folder), "--data", str(tiny_dataset), "--out",
+         str(run_dir), "--ledger", str(ledger), "--set", "train.steps=100000", "--set", "budget.train_s=300"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        token = wait_until(lambda: proc.poll() is None and _phase_token(proc.pid), 180, "the train phase")
+        # training under way: the rank has ticked (the log's lines come from rank 0 once it trains)
+        log = run_dir / "train.log"
+        wait_until(lambda: log.is_file() and log.stat().st_size > 0, 120, "the rank's first log line")
+        os.kill(
+            proc.pid, signal.SIGINT
+        )  # what a terminal's Ctrl-C sends to the harness (phases: own sessions)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, (proc.returncode, err[-2000:])
+    assert "Traceback" not in err, err[-3000:]
+    said = [line for line in err.splitlines() if line.startswith("interrupted:")]
+    assert said == [f"interrupted: the run stopped during the train phase; record in {run_dir.resolve()}"], (
+        err
+    )
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "interrupted" and result["val_bpb"] is None
+    assert result["detail"] == "interrupted: stopped by SIGINT (Ctrl-C) during the train phase"
+    lines = [json.loads(line) for line in ledger.read_text().splitlines()]
+    assert len(lines) == 1 and lines[0]["status"] == "interrupted"
+    assert "status        interrupted" in out  # the card
+    assert processes_with_token(token) == [], "a training process outlived the interrupt"
