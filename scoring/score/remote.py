@@ -8,9 +8,9 @@ scoring.worker` inside it. Its output goes through a pipe the scorer owns (kept,
 record), never to a file the worker could truncate.
 
 `WorkerModel` is what the evaluator and the probes call (scoring/score/evaluate.py's Scorable):
-`logits(x_BL)` writes the batch into the input buffer, asks for a forward pass, checks the reply's
-shape and returns a view of the output buffer, valid until the next call (the loss copies it into
-its own float64 buffer at once). It is also the score-first adapter: `after_chunk` hands the worker
+`scored_logits(x_BL, ranges)` writes the batch and each row's scored range into the input buffer,
+asks for a forward pass, checks the reply's shape and returns its own copy of the logits at those
+positions only ([N, V]; `logits(x_BL)` asks for every position). It is also the score-first adapter: `after_chunk` hands the worker
 a chunk's tokens only after the scorer has recorded the chunk's scores. Every wait has a deadline:
 past it the worker is killed (EvalDeadline). A worker error reply, a crash, a broken message or a
 death by signal becomes a WorkerFailure with a verdict kind.
@@ -38,7 +38,16 @@ from isolation.sandbox import SandboxPlan, plan_sandbox
 from scoring.worker.confined import PRIVATE_DIRS, PROJECT_ROOT, WORKER_ISOLATION, OutputTail, worker_env
 from scoring.worker.env import names
 from scoring.worker.process import WORKER_SPEC_FORMAT, WORKER_SPEC_VERSION, kernel_oom_kills, oom_killed_since
-from scoring.worker.wire import Reply, SharedBuffer, WireError, WorkerGone, recv, send, socket_pair
+from scoring.worker.wire import (
+    Reply,
+    SharedBuffer,
+    WireError,
+    WorkerGone,
+    check_ranges,
+    recv,
+    send,
+    socket_pair,
+)
 
 READY_TIMEOUT_S = 300.0
 
@@ -152,6 +161,8 @@ class WorkerModel:
         self.deadline: float | None = None
         """time.monotonic() past which a wait kills the worker (EvalDeadline); None: READY_TIMEOUT_S per wait."""
         self.forwards = 0
+        self.bytes_read = 0
+        """Bytes of logits read out of the worker's answers (the scored positions' [N, V] float32)."""
         self._started = False
         self._adapt_s = 0.0
         self.delivered: list[tuple[int, int]] = []
@@ -233,19 +244,36 @@ class WorkerModel:
     # ---- Scorable: what evaluate() and the probes call ----
 
     def logits(self, x_BL: torch.Tensor) -> torch.Tensor:
-        """[B, L, V] float32 logits of the worker's model: the scorer's own copy, read from the shared buffer
-        at once when the worker answers. The worker keeps its mapping of that buffer (a thread of its could go
-        on writing after the answer), so nothing is computed from the buffer itself: every batch is read once,
-        the same way, whether or not it is a probe batch, and what is scored is what the probes compare."""
+        """[B, L, V] float32 logits at every position (tools and benches; the evaluation asks for the
+        scored positions only, `scored_logits`)."""
         B, L = x_BL.shape
+        ranges_B2 = np.zeros((B, 2), dtype=np.int64)
+        ranges_B2[:, 1] = L
+        out_NV = self.scored_logits(x_BL, ranges_B2)
+        return out_NV.view(B, L, out_NV.shape[1])
+
+    def scored_logits(self, x_BL: torch.Tensor, ranges_B2: np.ndarray) -> torch.Tensor:
+        """[N, V] float32 logits of the worker's model at the positions of each row's range [from, to), row
+        by row: the scorer's own copy, read from the shared buffer at once when the worker answers. The worker
+        keeps its mapping of that buffer (a thread of its could go on writing after the answer), so nothing is
+        computed from the buffer itself: every batch is read once, the same way, whether or not it is a probe
+        batch, and what is scored is what the probes compare. Only these positions cross: a sliding window's
+        context does not (`bytes_read` counts what did)."""
+        B, L = x_BL.shape
+        ranges_B2 = check_ranges(ranges_B2, B, L)
         n = B * L
-        if n * 8 > self.inbuf.nbytes:
-            self.inbuf.grow(n * 8)
-        self.inbuf.array(np.int64, n)[:] = x_BL.reshape(-1).cpu().numpy()
+        need = (n + 2 * B) * 8
+        if need > self.inbuf.nbytes:
+            self.inbuf.grow(need)
+        both = self.inbuf.array(np.int64, n + 2 * B)
+        both[:n] = x_BL.reshape(-1).cpu().numpy()
+        both[n:] = ranges_B2.reshape(-1)
         reply = self._ask({"op": "forward", "rows": B, "length": L})
-        _, _, V = reply.shape(B, L, self.cfg.vocab_size, self.max_vocab)
+        N = int((ranges_B2[:, 1] - ranges_B2[:, 0]).sum())
+        _, V = reply.shape(N, self.cfg.vocab_size, self.max_vocab)
         self.forwards += 1
-        out = self.outbuf.tensor(torch.float32, n * V).view(B, L, V)
+        self.bytes_read += N * V * 4
+        out = self.outbuf.tensor(torch.float32, N * V).view(N, V)
         return out.clone() if x_BL.device.type == "cpu" else out.to(x_BL.device)
 
     # ---- ChunkAdapter: score-first adaptation in the worker ----
