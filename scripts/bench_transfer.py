@@ -1,6 +1,7 @@
 """Bytes crossing from a model worker to the scorer per scored token, and the scorer's tokens/s, on two paths.
 
     python scripts/bench_transfer.py                      # the naive (V 1024, L 1024) and sp8192 (V 8192, L 2048) shapes
+    python scripts/bench_transfer.py --shapes int6        # the int6 era's (V 1024, L 2048)
     python scripts/bench_transfer.py --max-tokens 16384 --threads 2 --json
 
 - every position (the path before scored-positions-only transfer): the worker answers [B, L, V] float32 at
@@ -56,7 +57,11 @@ def build_model(config):
     return StandIn(config["vocab_size"], config.get("dim", 32))
 '''
 
-SHAPES = {"naive": (1024, 1024, 62_021_632), "sp8192": (8192, 2048, 40_540_160)}
+SHAPES = {
+    "naive": (1024, 1024, 62_021_632),
+    "int6": (1024, 2048, 62_021_632),
+    "sp8192": (8192, 2048, 40_540_160),
+}
 """name -> (vocab V, seq_len L, validation targets of the full split)."""
 
 
