@@ -71,6 +71,7 @@ from isolation.landlock import (
     device_rules,
     drop_capabilities,
     landlock_abi,
+    loaded_gpu_library_dirs,
     loopback_up,
     own_rules,
     private_tmpfs,
@@ -385,6 +386,8 @@ def plan_sandbox(
     hidden = sorted({*prot, *(os.path.realpath(p) for p in private)})
     tmp = os.path.realpath(tempfile.gettempdir())
     broad = [*SYSTEM_READ_ROOTS, *python_roots(import_path, project_root), *extra_read]
+    if device.startswith("cuda"):  # the CUDA/NCCL libraries the ranks will load, where they are
+        broad += loaded_gpu_library_dirs(broad)
     for path in dict.fromkeys(broad):
         if os.path.exists(path):
             rules += broad_read_rules(path, prot, hidden, tmp, warnings)
