@@ -72,7 +72,11 @@ def error_kind(exc: BaseException) -> str:
 
 
 def _facts(memory: str) -> dict[str, Any]:
-    facts: dict[str, Any] = {"pid": os.getpid(), "memory_limit": memory}
+    facts: dict[str, Any] = {
+        "pid": os.getpid(),
+        "memory_limit": memory,
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+    }
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             key, _, value = line.partition(":")
@@ -111,7 +115,8 @@ class Worker:
         self.model = load_model(artifact, state, code, self.device)
         hook = load_hook(code) if self.spec.get("adapt") else None
         if hook is not None:
-            self.adapter = ScoreFirstAdapter(hook[0], hook[1])
+            # the hook runs under the scoring forward's autocast: its forward and backward see the same numerics
+            self.adapter = ScoreFirstAdapter(hook[0], hook[1], autocast_bf16=self.dtype == "bfloat16")
         return output_kind(self.model)
 
     def forward(self, rows: int, length: int) -> list[int]:
@@ -197,6 +202,9 @@ class Worker:
 def _serve(spec: dict[str, Any], memory: str) -> int:
     if spec["device"] == "cpu":
         tune_cpu_allocator()
+    # the same bits for the same input in every worker, main and probe, adaptation included (the probes compare
+    # them bit for bit); with CUBLAS_WORKSPACE_CONFIG from the scorer (scoring/worker/env.py)
+    torch.use_deterministic_algorithms(True)
     worker = Worker(spec)
     worker.memory = memory
     return worker.serve()
