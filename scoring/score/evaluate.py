@@ -334,7 +334,11 @@ def model_scored_logits(
     ask = getattr(scorable, "scored_logits", None)
     if ask is None:
         return select_scored(model_logits(scorable, x_BL, vocab_size, dtype), ranges_B2)
-    out_NV = ask(x_BL, ranges_B2)
+    return check_scored(ask(x_BL, ranges_B2), ranges_B2, vocab_size)
+
+
+def check_scored(out_NV: Any, ranges_B2: np.ndarray, vocab_size: int) -> torch.Tensor:
+    """An answer at the scored positions, checked to be a [N, V >= vocab_size] tensor."""
     N = int((ranges_B2[:, 1] - ranges_B2[:, 0]).sum())
     if not isinstance(out_NV, torch.Tensor):
         raise ValueError(
@@ -468,6 +472,40 @@ def _batches(plan: WindowPlan, idx: np.ndarray, cfg: EvalConfig) -> list[np.ndar
     return out
 
 
+@dataclass
+class _Batch:
+    """One forward pass's rows as the scorer builds them (before the model is asked)."""
+
+    perm: np.ndarray | None
+    n: int
+    offs: np.ndarray
+    valid_BL: np.ndarray
+    pos_BL: np.ndarray
+    x_BL: np.ndarray
+    y_BL: np.ndarray
+    scored_BL: np.ndarray
+    ranges_B2: np.ndarray
+
+
+def _prepare_batch(
+    toks: np.ndarray, plan: WindowPlan, w: np.ndarray, shuffle: np.random.Generator | None
+) -> _Batch:
+    perm = shuffle.permutation(w.size) if shuffle is not None else None
+    if perm is not None:  # rows in a secret order: the next window of the text is not the next row
+        w = w[perm]
+    starts, lengths, score_from = plan.starts[w], plan.lengths[w], plan.score_from[w]
+    n = int(lengths.max())
+    offs = np.arange(n, dtype=np.int64)
+    valid_BL = offs[None, :] < lengths[:, None]
+    pos_BL = starts[:, None] + offs[None, :]
+    x_BL = np.where(valid_BL, toks[np.where(valid_BL, pos_BL, 0)], PAD_TOKEN).astype(np.int64)
+    y_BL = np.where(valid_BL, toks[np.where(valid_BL, pos_BL + 1, 0)], PAD_TOKEN).astype(np.int64)
+    scored_BL = valid_BL & (offs[None, :] >= score_from[:, None])
+    # only the scored positions are asked for (row b: score_from .. length - 1, the same rows of scored_BL)
+    ranges_B2 = np.stack([score_from, lengths], axis=1).astype(np.int64)
+    return _Batch(perm, n, offs, valid_BL, pos_BL, x_BL, y_BL, scored_BL, ranges_B2)
+
+
 def _score_batch(
     model: nn.Module | Scorable,
     toks: np.ndarray,
@@ -484,21 +522,27 @@ def _score_batch(
     batch_index: int,
     shuffle: np.random.Generator | None = None,
 ) -> None:
-    perm = shuffle.permutation(w.size) if shuffle is not None else None
-    if perm is not None:  # rows in a secret order: the next window of the text is not the next row
-        w = w[perm]
-    starts, lengths, score_from = plan.starts[w], plan.lengths[w], plan.score_from[w]
-    n = int(lengths.max())
-    offs = np.arange(n, dtype=np.int64)
-    valid_BL = offs[None, :] < lengths[:, None]
-    pos_BL = starts[:, None] + offs[None, :]
-    x_BL = np.where(valid_BL, toks[np.where(valid_BL, pos_BL, 0)], PAD_TOKEN).astype(np.int64)
-    y_BL = np.where(valid_BL, toks[np.where(valid_BL, pos_BL + 1, 0)], PAD_TOKEN).astype(np.int64)
-    scored_BL = valid_BL & (offs[None, :] >= score_from[:, None])
-    # only the scored positions are asked for (row b: score_from .. length - 1, the same rows of scored_BL)
-    ranges_B2 = np.stack([score_from, lengths], axis=1).astype(np.int64)
-    x_dev = torch.from_numpy(x_BL).to(device)
-    out_NV = model_scored_logits(model, x_dev, ranges_B2, table.vocab_size, cfg.dtype)
+    bt = _prepare_batch(toks, plan, w, shuffle)
+    x_dev = torch.from_numpy(bt.x_BL).to(device)
+    out_NV = model_scored_logits(model, x_dev, bt.ranges_B2, table.vocab_size, cfg.dtype)
+    _finish_batch(bt, out_NV, table, device, output, sums, on_scored, ws, keep, batch_index)
+
+
+def _finish_batch(
+    bt: _Batch,
+    out_NV: torch.Tensor,
+    table: ByteTable,
+    device: torch.device,
+    output: str,
+    sums: BpbSums,
+    on_scored: ScoredCallback | None,
+    ws: LossWorkspace,
+    keep: dict[int, KeptBatch | None] | None,
+    batch_index: int,
+) -> None:
+    """The scorer's loss on a batch's answer at its scored positions, summed in plan order."""
+    perm, n, offs, valid_BL, pos_BL = bt.perm, bt.n, bt.offs, bt.valid_BL, bt.pos_BL
+    x_BL, y_BL, scored_BL, ranges_B2 = bt.x_BL, bt.y_BL, bt.scored_BL, bt.ranges_B2
     if keep is not None and batch_index in keep:
         # a probe batch: the scorer reads the worker's buffer once, into its own copy, and scores that very
         # copy; a worker that rewrote its buffer after answering (a thread racing the scorer) cannot make
@@ -570,6 +614,8 @@ def evaluate(
     keep: dict[int, KeptBatch | None] = dict.fromkeys(keep_batches)
     shuffle = np.random.default_rng([shuffle_seed, 2]) if shuffle_seed is not None else None
     kept_chunks: dict[int, int] = {}
+    # several workers (scoring/score/remote.py WorkerPool: one per device) score the batches in turn
+    pool: list[Any] = list(getattr(model, "workers", ()) or ())
     b = 0
     scored_upto = 0  # every target at a position <= scored_upto has been scored
     with tqdm(total=plan.num_windows, desc="score", unit="win", disable=None, leave=False) as bar:
@@ -577,7 +623,21 @@ def evaluate(
             if adapter is not None:
                 adapter.before_chunk(model, c)
             with grad_off():
-                for w in _batches(plan, idx, cfg):
+                batches = _batches(plan, idx, cfg)
+                if len(pool) > 1:  # one batch per worker at a time, answers taken and scored in batch order
+                    for g in range(0, len(batches), len(pool)):
+                        group = [_prepare_batch(toks, plan, w, shuffle) for w in batches[g : g + len(pool)]]
+                        for worker, bt in zip(pool, group, strict=False):
+                            worker.submit(torch.from_numpy(bt.x_BL).to(device), bt.ranges_B2)
+                        for worker, bt in zip(pool, group, strict=False):
+                            out_NV = check_scored(worker.collect(), bt.ranges_B2, table.vocab_size)
+                            _finish_batch(bt, out_NV, table, device, output, sums, on_scored, ws, keep, b)
+                            if b in keep:
+                                kept_chunks[b] = c
+                            b += 1
+                            bar.update(int(bt.x_BL.shape[0]))
+                    batches = []
+                for w in batches:
                     _score_batch(
                         model,
                         toks,
