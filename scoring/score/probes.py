@@ -308,8 +308,11 @@ def _probe_batch(
     # ran first could otherwise leave the original's future for the variant's (an attacker's live
     # channel between the two workers of a pair, passed half of the time when the order was drawn)
     causal = next(fresh)
+    replay_s = 0.0
     if replay is not None and chunk:
+        t0 = time.perf_counter()
         replay(causal, chunk)
+        replay_s += time.perf_counter() - t0
     upto = r * L + t
     diff, compared = _compare(
         scored_NV, logits_of(causal, x2_BL, ranges_B2, V), pos_N, L, upto, cfg.atol, f"batch {b}"
@@ -326,7 +329,9 @@ def _probe_batch(
     )
     isolated = next(fresh)
     if replay is not None and chunk:
+        t0 = time.perf_counter()
         replay(isolated, chunk)
+        replay_s += time.perf_counter() - t0
     iso_logits = logits_of(isolated, iso_BL, ranges_B2, V)
     row_diff = _compare_row(scored_NV, iso_logits, pos_N, L, r, cfg.atol, f"batch {b}")
     return {
@@ -334,6 +339,7 @@ def _probe_batch(
         "row": r,
         "position": t,
         "adaptation_chunks_replayed": chunk if replay is not None else 0,
+        "replay_time_s": replay_s,
         "positions_compared": compared,
         "max_abs_diff": max(same, diff, row_diff),
     }
