@@ -318,8 +318,7 @@ def score_artifact(
             total_batches=result.batches,
         )
         probe_wall_s = time.monotonic() - t_probes
-        if probes.get("ran"):  # what bounded the probe workers (replays included), beside what they took
-            probes["allowance_s"] = probe_allowance_s
+        if probes.get("ran"):  # the replays' share of the probes (eval_clock.probe_allowance_s bounded them all)
             probes["replay_time_s"] = sum(p.get("replay_time_s", 0.0) for p in probes["probes"])
         for w in probe_workers:  # the last of them gone, the page cache emptied: nothing for a later run
             w.close()

@@ -210,4 +210,4 @@ def test_score_artifact_runs_the_submission_hook(tmp_path, tiny_dataset):
     replayed = [p for p in probes["probes"] if p["adaptation_chunks_replayed"]]
     assert all(p["replay_time_s"] > 0 for p in replayed)
     assert probes["replay_time_s"] == sum(p["replay_time_s"] for p in probes["probes"])
-    assert probes["allowance_s"] > probes["replay_time_s"]
+    assert rec["eval_clock"]["probe_allowance_s"] > probes["replay_time_s"]
