@@ -95,3 +95,29 @@ def test_two_adapting_workers_score_the_same_bits_as_one(tmp_path):
     finally:
         for w in workers:
             w.close()
+
+
+def test_score_artifact_with_two_scoring_workers_scores_the_same_bits(tmp_path, tiny_dataset):
+    from scoring.score.probes import ProbeConfig
+    from scoring.score.scorer import score_artifact
+
+    folder = write_submission(tmp_path / "sub")
+    pack_tiny(folder, tmp_path / "a.pgolf")
+    cfg = EvalConfig(mode="sliding", seq_len=32, batch_seqs=4, stride=8, max_tokens=1024)
+    recs = [
+        score_artifact(
+            tmp_path / "a.pgolf",
+            folder,
+            tiny_dataset,
+            cfg,
+            threads=1,
+            probe_cfg=ProbeConfig(probes=1, seed=5),
+            scoring_workers=k,
+        )
+        for k in (1, 2)
+    ]
+    one, two = recs
+    assert two["val_loss_sum_nats"] == one["val_loss_sum_nats"] and two["val_bytes"] == one["val_bytes"]
+    assert two["val_bpb"] == one["val_bpb"] and two["probes"]["passed"]
+    assert two["worker_forwards"] == one["worker_forwards"] == one["eval_batches"]
+    assert len(two["workers"]) == len(one["workers"]) + 1  # the shard's isolation recorded too
