@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from data.canonical import TOKEN_BYTES_DTYPE, VAL_BYTES_NAME, write_val_bytes
 from data.disjoint import (
     DIGEST,
     MATCH_EXACT,
@@ -62,12 +63,25 @@ from data.disjoint import (
     TrainGuard,
     ValidationIndex,
     ValidationLeakError,
+    decode_documents,
     document_records,
     split_records,
     write_val_digests,
 )
 from data.io import sha256_file
 from data.manifest import MANIFEST_NAME, shard_entry, write_manifest
+from data.proof import (
+    CANONICALS,
+    PROOF_FORMAT,
+    PROOF_FORMAT_VERSION,
+    TRANSFORMS,
+    TransformedTokenizer,
+    attribute_documents,
+    canonical_description,
+    canonical_function,
+    choose_canonical,
+    piece_lengths,
+)
 from data.shards import TOKEN_DTYPE, shard_name, write_shard
 from data.tokenizer import (
     BYTE260_FILENAME,
@@ -190,6 +204,114 @@ def encode_with_records(tok: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarra
 def _encode_records_in_worker(texts: list[str]) -> tuple[np.ndarray, np.ndarray, bytes]:
     assert _WORKER_TOKENIZER is not None, "worker tokenizer not initialised"
     return encode_with_records(_WORKER_TOKENIZER, texts)
+
+
+@dataclass(frozen=True)
+class EncodeSpec:
+    """What every tokenizing process needs to encode and prove a document (picklable: it goes to workers)."""
+
+    tokenizer_path: str
+    canonical: str
+    """The canonical text (data/proof.py CANONICALS): what is tokenized, what decoding must give back."""
+    transform: str | None = None
+    """A declared reversible transform (data/proof.py TRANSFORMS), applied after the canonical text."""
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One batch, encoded and proved (`failure`: the first document that fails, with its index)."""
+
+    flat: np.ndarray
+    lens: np.ndarray
+    records: bytes
+    token_bytes: np.ndarray | None
+    """uint16 aligned with `flat`, BOS 0: the canonical bytes each token covers (validation batches)."""
+    doc_bytes: np.ndarray
+    failure: tuple[int, str] | None = None
+
+
+class ProvingEncoder:
+    """Tokenizes a document's canonical text (transformed when declared) and runs the proof on it."""
+
+    def __init__(self, spec: EncodeSpec):
+        self.spec = spec
+        self.inner = load_tokenizer(spec.tokenizer_path)
+        self.transform = TRANSFORMS[spec.transform]() if spec.transform else None
+        self.tok: Tokenizer = (
+            TransformedTokenizer(self.inner, self.transform) if self.transform is not None else self.inner
+        )
+        self.canon = canonical_function(spec.canonical)
+        spell = piece_lengths(self.tok)
+        if spell is None:
+            raise ValueError(
+                f"{spec.tokenizer_path}: the harness cannot spell this tokenizer's pieces, so it cannot count the "
+                "bytes each token covers; HINT: a SentencePiece model whose byte pieces are named <0xHH>, or byte260"
+            )
+        self.spell = spell
+
+    def encode(self, texts: Sequence[str], keep_bytes: bool) -> Encoded:
+        canon = self.canon(list(texts))
+        fed = canon if self.transform is None else [self.transform.encode_text(c) for c in canon]
+        flat, lens, ids = _encode(self.inner, fed)
+        if ids is None:  # byte260: the ids are the bytes of what was fed
+            bodies = np.split(flat, np.cumsum(lens)[:-1])
+            ids = [b[1:].astype(np.int64).tolist() for b in bodies]
+        decoded = decode_documents(self.tok, ids)
+        records = document_records(self.tok, texts, ids, decoded)
+        per_doc, doc_bytes, failure = attribute_documents(canon, ids, decoded, self.spell)
+        token_bytes = None
+        if keep_bytes and failure is None:
+            token_bytes = np.zeros(flat.size, dtype=TOKEN_BYTES_DTYPE)
+            starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+            for s0, per in zip(starts.tolist(), per_doc, strict=True):
+                token_bytes[s0 + 1 : s0 + 1 + per.size] = per
+        return Encoded(
+            flat,
+            lens,
+            records,
+            token_bytes,
+            np.asarray(doc_bytes, dtype=np.int64),
+            None if failure is None else (failure.doc, failure.detail),
+        )
+
+
+_WORKER_ENCODER: ProvingEncoder | None = None
+
+
+def _init_proving_worker(spec: EncodeSpec) -> None:
+    global _WORKER_ENCODER
+    _WORKER_ENCODER = ProvingEncoder(spec)
+
+
+def _encode_proving_in_worker(texts: list[str], keep_bytes: bool) -> Encoded:
+    assert _WORKER_ENCODER is not None, "worker encoder not initialised"
+    return _WORKER_ENCODER.encode(texts, keep_bytes)
+
+
+def encode_proved_ordered(
+    spec: EncodeSpec, batches: Iterator[EncodeBatch], workers: int
+) -> Generator[tuple[EncodeBatch, Encoded], None, None]:
+    """Encode and prove batches on `workers` processes; results in input order, at most 2*workers in flight."""
+    if workers <= 1:
+        enc = ProvingEncoder(spec)
+        for b in batches:
+            yield b, enc.encode(b.texts, b.split == "val")
+        return
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    with mp.get_context(method).Pool(workers, initializer=_init_proving_worker, initargs=(spec,)) as pool:
+        pending: deque[tuple[EncodeBatch, Any]] = deque()
+        for b in batches:
+            pending.append((b, pool.apply_async(_encode_proving_in_worker, (b.texts, b.split == "val"))))
+            if len(pending) >= 2 * workers:
+                done, res = pending.popleft()
+                yield done, res.get()
+        while pending:
+            done, res = pending.popleft()
+            yield done, res.get()
+
+
+class TokenizerProofError(ValueError):
+    """A document's tokens do not decode to its canonical text, or do not count its bytes: no dataset."""
 
 
 @dataclass(frozen=True)
@@ -333,7 +455,7 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
     old = [
         p
         for p in out.iterdir()
-        if p.name in (MANIFEST_NAME, VAL_DIGESTS_NAME)
+        if p.name in (MANIFEST_NAME, VAL_DIGESTS_NAME, VAL_BYTES_NAME)
         or (p.name.startswith("fineweb_") and p.suffix == ".bin")
     ]
     if old and not overwrite:
@@ -353,6 +475,7 @@ def _prepare_tokenizer(
     val_docs: int,
     tokenizer_train_docs: int | None,
     policy: str,
+    transform: str | None = None,
 ) -> Path:
     if vocab_size is not None:
         if iter(texts) is texts:
@@ -369,10 +492,18 @@ def _prepare_tokenizer(
             index.add_text(i, text)
         guard = TrainGuard(index, policy)
         stop = None if tokenizer_train_docs is None else val_docs + tokenizer_train_docs
+        train_texts: Iterable[str] = guard.filter_texts(islice(iter(texts), val_docs, stop), val_docs)
+        markers: tuple[str, ...] = ()
+        if transform is not None:  # trained on what it will tokenize: the transformed text, markers as pieces
+            tf = TRANSFORMS[transform]()
+            markers = tf.markers
+            train_texts = (tf.encode_text(t) for t in train_texts)
+        suffix = "" if transform is None else f"_{transform}"
         path = train_sentencepiece(
-            guard.filter_texts(islice(iter(texts), val_docs, stop), val_docs),
+            train_texts,
             vocab_size,
-            out / f"tokenizer_{vocab_size}_bpe.model",
+            out / f"tokenizer_{vocab_size}_bpe{suffix}.model",
+            user_defined_symbols=markers,
         )
         try:
             guard.raise_if_refused()
@@ -409,6 +540,8 @@ def build_dataset(
     overwrite: bool = False,
     progress: bool | None = None,
     drop_val_duplicates: bool = False,
+    canonical: str = "auto",
+    transform: str | None = None,
 ) -> Path:
     """Tokenize `texts` (a list, or a re-iterable such as `DocumentSource`) into a dataset folder.
 
@@ -421,7 +554,18 @@ def build_dataset(
     or equal once tokenized: data/disjoint.py) is refused: `ValidationLeakError`, one line naming both
     source indices and the match, and no dataset. With `drop_val_duplicates` it is left out instead,
     counted and listed in the manifest (`disjoint.dropped`).
+
+    Every document is tokenized from its canonical text (`canonical`: data/proof.py CANONICALS; auto: sp1024
+    for a tokenizer that normalises as sp1024 does, raw otherwise), through `transform` when one is declared,
+    and proved: its tokens decode to the canonical text byte for byte, and the bytes their pieces spell sum
+    to its UTF-8 byte count. A document that fails is `TokenizerProofError` (one line: the split, the
+    document's source index, the byte offset and both texts there) and no dataset is written. The
+    validation tokens' byte counts go to `val_bytes.bin` (data/canonical.py), the denominator of bpb.
     """
+    if canonical != "auto" and canonical not in CANONICALS:
+        raise ValueError(f"--canonical {canonical!r}: expected auto or one of {', '.join(CANONICALS)}")
+    if transform is not None and transform not in TRANSFORMS:
+        raise ValueError(f"--transform {transform!r}: expected none or one of {', '.join(TRANSFORMS)}")
     if (tokenizer is None) == (vocab_size is None):
         raise ValueError("give exactly one of --tokenizer MODEL|byte260 and --vocab-size N")
     if isinstance(texts, Sequence) and not 0 < val_docs < len(texts):
@@ -439,12 +583,20 @@ def build_dataset(
     out = Path(out)
     _prepare_out(out, overwrite)
 
-    tok_path = _prepare_tokenizer(out, texts, tokenizer, vocab_size, val_docs, tokenizer_train_docs, policy)
+    tok_path = _prepare_tokenizer(
+        out, texts, tokenizer, vocab_size, val_docs, tokenizer_train_docs, policy, transform
+    )
     tok = load_tokenizer(tok_path)
     if tok.vocab_size > MAX_VOCAB_SIZE:
         raise ValueError(
             f"a vocabulary of {tok.vocab_size} does not fit uint16 shards (max {MAX_VOCAB_SIZE})"
         )
+    if canonical == "auto":
+        canonical = choose_canonical(
+            tok if transform is None else TransformedTokenizer(tok, TRANSFORMS[transform]())
+        )
+    spec = EncodeSpec(str(tok_path), canonical, transform)
+    ProvingEncoder(spec)  # refuses here, before any worker starts, a tokenizer the proof cannot read
 
     if isinstance(tok, ByteTokenizer):
         workers = 1  # byte260 encoding is a memory copy (~500 MB/s); shipping text to workers costs more
@@ -457,21 +609,36 @@ def build_dataset(
     split_hash = {"val": SelectionHash(), "train": SelectionHash()}
     guard = TrainGuard(ValidationIndex(), policy)
     total = len(texts) if isinstance(texts, Sequence) else None
+    val_token_bytes: list[np.ndarray] = []
+    val_doc_bytes: list[np.ndarray] = []
+    canonical_bytes = {"val": 0, "train": 0}
     t0 = time.perf_counter()
     try:
         with (
             tqdm(
                 total=total, desc="tokenize", unit="doc", disable=None if progress is None else not progress
             ) as bar,
-            closing(
-                encode_records_ordered(tok_path, _batches(texts, val_docs, selection), workers)
-            ) as encoded,
+            closing(encode_proved_ordered(spec, _batches(texts, val_docs, selection), workers)) as encoded,
         ):
-            for batch, flat, lens, records in encoded:
-                flat, lens, text_bytes = _guard_batch(guard, batch, flat, lens, records, split_hash)
+            for batch, enc in encoded:
+                if enc.failure is not None:
+                    d, detail = enc.failure
+                    raise TokenizerProofError(
+                        f"the tokenizer {tok_path.name} (canonical {canonical}, transform {transform or 'none'}) "
+                        f"fails its proof on {batch.split} document {batch.start + d} (source index): {detail}. "
+                        "No dataset was written. HINT: check the tokenizer and transform with `pgolf audit-tokenizer`"
+                    )
+                if batch.split == "val":
+                    assert enc.token_bytes is not None
+                    val_token_bytes.append(enc.token_bytes)
+                    val_doc_bytes.append(enc.doc_bytes)
+                canonical_bytes[batch.split] += int(enc.doc_bytes.sum())
+                flat, lens, text_bytes = _guard_batch(
+                    guard, batch, enc.flat, enc.lens, enc.records, split_hash
+                )
                 writers[batch.split].add(flat, len(lens), text_bytes)
                 bar.update(len(batch.texts))
-    except ValidationLeakError:
+    except (ValidationLeakError, TokenizerProofError):
         _remove_outputs(out)
         raise
     elapsed_s = time.perf_counter() - t0
@@ -488,6 +655,9 @@ def build_dataset(
         )
     shards = writers["val"].close() + writers["train"].close()
     digests_sha256 = write_val_digests(out / VAL_DIGESTS_NAME, guard.index.tokenized)
+    token_bytes = np.concatenate(val_token_bytes)
+    doc_bytes = np.concatenate(val_doc_bytes)
+    val_bytes_sha256 = write_val_bytes(out / VAL_BYTES_NAME, token_bytes, doc_bytes)
     if guard.dropped_count:
         print(
             f"dropped {guard.dropped_count} training document(s) that copy a validation document "
@@ -495,7 +665,8 @@ def build_dataset(
         )
     text_mb = (writers["val"].text_bytes + writers["train"].text_bytes) / 1e6
     print(
-        f"tokenized {selection.docs} documents ({text_mb:.1f} MB) in {elapsed_s:.1f} s on {workers} worker(s): "
+        f"tokenized and proved {selection.docs} documents ({text_mb:.1f} MB, canonical {canonical}, transform "
+        f"{transform or 'none'}) in {elapsed_s:.1f} s on {workers} worker(s): "
         f"{text_mb / max(elapsed_s, 1e-9):.2f} MB/s, {text_mb / max(elapsed_s, 1e-9) / workers:.2f} MB/s per worker"
     )
     write_manifest(
@@ -533,6 +704,32 @@ def build_dataset(
                 "dropped_count": guard.dropped_count,
                 "dropped": [{"train_index": t, "val_index": v, "match": how} for t, v, how in guard.dropped],
             },
+            "canonical": {
+                "text": canonical,
+                "description": canonical_description(canonical),
+                "transform": transform,
+                "fed_to_tokenizer": "the canonical text"
+                + ("" if transform is None else f", {transform}-transformed"),
+                "val_bytes": {
+                    "file": VAL_BYTES_NAME,
+                    "sha256": val_bytes_sha256,
+                    "tokens": int(token_bytes.size),
+                    "docs": int(doc_bytes.size),
+                    "total_bytes": int(doc_bytes.sum()),
+                },
+                "canonical_bytes": canonical_bytes,
+                "proof": {
+                    "format": PROOF_FORMAT,
+                    "format_version": PROOF_FORMAT_VERSION,
+                    "passed": True,
+                    "docs": {
+                        "val": writers["val"].docs,
+                        "train": writers["train"].docs + guard.dropped_count,
+                    },
+                    "checks": "every document: decode(tokens) is its canonical text byte for byte; the bytes its "
+                    "tokens' pieces spell sum to its canonical UTF-8 byte count",
+                },
+            },
             "shard_tokens": shard_tokens,
             "source": source or {},
             "shards": shards,
@@ -547,6 +744,7 @@ def _remove_outputs(out: Path) -> None:
     for p in out.glob("fineweb_*.bin"):
         p.unlink()
     (out / VAL_DIGESTS_NAME).unlink(missing_ok=True)
+    (out / VAL_BYTES_NAME).unlink(missing_ok=True)
 
 
 def _guard_batch(
@@ -587,3 +785,124 @@ def summarize(out: str | os.PathLike[str]) -> str:
         f"{raw['docs']['train']} train docs / {raw['tokens']['train']} tokens in {n['train']} shard(s), "
         f"tokenizer {raw['tokenizer']['file']} (vocab {raw['tokenizer']['vocab_size']})"
     )
+
+
+# ---- Proving a dataset built elsewhere ----
+
+
+def prove_dataset(
+    directory: str | os.PathLike[str],
+    texts: Iterable[str],
+    *,
+    canonical: str = "auto",
+    transform: str | None = None,
+    workers: int | None = None,
+    progress: bool | None = None,
+) -> dict[str, Any]:
+    """Prove a dataset this harness did not build (the official cached shards): its validation documents,
+    given in order, are tokenized from their canonical text again and must give the validation shards' tokens
+    exactly, document by document; each is proved (data/proof.py) and counted, and `val_bytes.bin` plus the
+    manifest's `canonical` block and `split_sha256.val` are written (manifest version 3). Returns the block.
+
+    A document whose tokens differ from the shards', or that fails the proof, is `TokenizerProofError` naming
+    it (and the first differing token); nothing is written then. Only the first `docs.val` documents of
+    `texts` are read.
+    """
+    from data.manifest import load_manifest
+
+    root = Path(directory)
+    m = load_manifest(root)
+    if (m.raw.get("view") or {}).get("split") == "train":
+        raise ValueError(f"{root} is a training view: prove the dataset folder it was made from")
+    val = np.asarray(read_split_tokens(root))
+    n_docs = int(m.raw["docs"]["val"])
+    tok = load_tokenizer(m.tokenizer_path)
+    if canonical == "auto":
+        canonical = choose_canonical(
+            tok if transform is None else TransformedTokenizer(tok, TRANSFORMS[transform]())
+        )
+    spec = EncodeSpec(str(m.tokenizer_path), canonical, transform)
+    ProvingEncoder(spec)
+    workers = default_workers() if workers is None else workers
+    selection = SelectionHash()
+    val_hash = SelectionHash()
+    token_bytes = np.zeros(val.size, dtype=TOKEN_BYTES_DTYPE)
+    doc_bytes: list[np.ndarray] = []
+    at = 0
+    from itertools import islice
+
+    docs_iter = islice(iter(texts), n_docs)
+    with (
+        tqdm(
+            total=n_docs, desc="prove", unit="doc", disable=None if progress is None else not progress
+        ) as bar,
+        closing(encode_proved_ordered(spec, _batches(docs_iter, n_docs, selection), workers)) as encoded,
+    ):
+        for batch, enc in encoded:
+            if enc.failure is not None:
+                d, detail = enc.failure
+                raise TokenizerProofError(
+                    f"{root}: the tokenizer fails its proof on validation document {batch.start + d}: {detail}"
+                )
+            got = val[at : at + enc.flat.size]
+            if not np.array_equal(got, enc.flat):
+                k = int(np.flatnonzero(got != enc.flat[: got.size])[0]) if got.size else 0
+                if got.size < enc.flat.size and np.array_equal(got, enc.flat[: got.size]):
+                    k = got.size
+                d = int(np.searchsorted(np.cumsum(enc.lens), k, side="right"))
+                raise TokenizerProofError(
+                    f"{root}: validation document {batch.start + d} tokenizes to other tokens than the shards hold "
+                    f"(first difference at validation token {at + k:,}): these are not the documents the shards "
+                    "were made from, or not in their order, or not this canonical text"
+                )
+            assert enc.token_bytes is not None
+            token_bytes[at : at + enc.flat.size] = enc.token_bytes
+            doc_bytes.append(enc.doc_bytes)
+            for t in batch.texts:
+                val_hash.update(t)
+            at += enc.flat.size
+            bar.update(len(batch.texts))
+    if selection.docs != n_docs or at != val.size:
+        raise TokenizerProofError(
+            f"{root}: {selection.docs:,} documents given give {at:,} tokens; the validation split holds {n_docs:,} "
+            f"documents and {val.size:,} tokens. HINT: pass the validation documents, in order (the first "
+            f"{n_docs:,} of the selection)"
+        )
+    counts = np.concatenate(doc_bytes) if doc_bytes else np.zeros(0, np.int64)
+    sha = write_val_bytes(root / VAL_BYTES_NAME, token_bytes, counts)
+    block = {
+        "text": canonical,
+        "description": canonical_description(canonical),
+        "transform": transform,
+        "fed_to_tokenizer": "the canonical text"
+        + ("" if transform is None else f", {transform}-transformed"),
+        "val_bytes": {
+            "file": VAL_BYTES_NAME,
+            "sha256": sha,
+            "tokens": int(token_bytes.size),
+            "docs": int(counts.size),
+            "total_bytes": int(counts.sum()),
+        },
+        "canonical_bytes": {"val": int(counts.sum())},
+        "proof": {
+            "format": PROOF_FORMAT,
+            "format_version": PROOF_FORMAT_VERSION,
+            "passed": True,
+            "docs": {"val": n_docs},
+            "checks": "every validation document: tokenized again from its canonical text it gives the shards' "
+            "tokens; decode(tokens) is its canonical text byte for byte; the bytes its tokens' pieces spell sum to "
+            "its canonical UTF-8 byte count",
+            "proved_after_the_build": True,
+        },
+    }
+    raw = {k: v for k, v in m.raw.items() if k not in ("format", "format_version")}
+    raw["canonical"] = block
+    raw["split_sha256"] = {**(raw.get("split_sha256") or {}), "val": val_hash.hexdigest()}
+    write_manifest(root, raw)
+    return block
+
+
+def read_split_tokens(root: Path) -> np.ndarray:
+    from data.shards import read_split
+
+    return read_split(root, "val")

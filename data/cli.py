@@ -16,9 +16,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from data.build import DEFAULT_SHARD_TOKENS, DEFAULT_VAL_DOCS, build_dataset, summarize
+from data.build import DEFAULT_SHARD_TOKENS, DEFAULT_VAL_DOCS, build_dataset, prove_dataset, summarize
 from data.download import DEFAULT_REPO_ID, DownloadError, download_variant
 from data.overlap import DEFAULT_SAMPLE, DEFAULT_THRESHOLD
+from data.proof import CANONICALS, TRANSFORMS
 from data.sources import DEFAULT_HF_CONFIG, DocumentSource, source_from_path
 from data.verify import verify_dataset
 
@@ -50,8 +51,27 @@ def cmd_build(args: argparse.Namespace) -> int:
         tokenizer_train_docs=args.tokenizer_train_docs,
         overwrite=args.overwrite,
         drop_val_duplicates=args.drop_val_duplicates,
+        canonical=args.canonical,
+        transform=None if args.transform == "none" else args.transform,
     )
     print(summarize(out))
+    return 0
+
+
+def cmd_prove(args: argparse.Namespace) -> int:
+    src = source_from_path(args.docs, field=args.field)
+    block = prove_dataset(
+        args.dir,
+        src,
+        canonical=args.canonical,
+        transform=None if args.transform == "none" else args.transform,
+        workers=args.workers,
+    )
+    vb = block["val_bytes"]
+    print(
+        f"{args.dir}: proved {vb['docs']:,} validation documents ({vb['tokens']:,} tokens, {vb['total_bytes']:,} "
+        f"canonical bytes, canonical {block['text']}); wrote {vb['file']} and the manifest's canonical block"
+    )
     return 0
 
 
@@ -87,6 +107,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "prove",
+        help="prove a dataset built elsewhere (the official shards) against its validation documents, and "
+        "write the canonical byte counts bpb divides by",
+    )
+    p.add_argument("dir", help="the dataset folder (its manifest.json)")
+    p.add_argument(
+        "--docs", required=True, help="the documents, in order (the validation ones first): .jsonl etc."
+    )
+    p.add_argument("--field", default="text", help="field / column holding the text (default: text)")
+    p.add_argument("--canonical", choices=("auto", *CANONICALS), default="auto", help="as for build")
+    p.add_argument("--transform", choices=("none", *TRANSFORMS), default="none", help="as for build")
+    p.add_argument("--workers", type=int, default=None, help="tokenizing processes (default: all cores)")
+    p.set_defaults(func=cmd_prove)
+
     p = sub.add_parser("build", help="tokenize documents into shards + manifest")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--docs", help="a .jsonl, .parquet or .txt file, or a folder of .parquet / .txt files")
@@ -106,6 +141,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--tokenizer-train-docs", type=int, help="train the tokenizer on at most N training documents"
+    )
+    p.add_argument(
+        "--canonical",
+        choices=("auto", *CANONICALS),
+        default="auto",
+        help="the text every document is tokenized from, and must decode back to, and whose bytes bpb counts: "
+        "sp1024 (as the official sp1024 normalises it; the record tracks' text), raw (as given); auto: sp1024 "
+        "for a tokenizer that normalises as sp1024 does, else raw",
+    )
+    p.add_argument(
+        "--transform",
+        choices=("none", *TRANSFORMS),
+        default="none",
+        help="a reversible text transform, part of the tokenizer (case: CaseOps-style case markers); with "
+        "--vocab-size the tokenizer is trained on the transformed text with the markers as pieces",
     )
     p.add_argument(
         "--val-docs",

@@ -128,10 +128,20 @@ def decode_documents(tok: Tokenizer, docs: Sequence[np.ndarray] | Sequence[list[
     return [tok.decode(d) for d in lists]
 
 
-def document_records(tok: Tokenizer, texts: Sequence[str], ids: Sequence[list[int]] | None) -> bytes:
+def document_records(
+    tok: Tokenizer,
+    texts: Sequence[str],
+    ids: Sequence[list[int]] | None,
+    decoded: Sequence[str] | None = None,
+) -> bytes:
     """RECORD_BYTES per document: its three digests, the third from the token ids written (`ids`, no
-    BOS; None for byte260, whose tokens decode to the text itself)."""
+    BOS; None for byte260, whose tokens decode to the text itself), or from `decoded`, their decoding
+    when the caller has it already."""
     out = bytearray()
+    if decoded is not None:
+        for t, d in zip(texts, decoded, strict=True):
+            out += digest(t) + normalised_digest(t) + normalised_digest(d)
+        return bytes(out)
     if ids is None:
         if not isinstance(tok, ByteTokenizer):
             raise ValueError(f"token ids are needed to digest documents tokenized by {tok.kind}")

@@ -13,6 +13,12 @@ holding the validation documents' digests, its sha256 and count; data/disjoint.p
 folder has neither. Version 1 manifests are still read; `pgolf data verify` says it cannot prove
 disjointness from them ("built before v2") and checks the folder's validation shards instead.
 
+Version 3 adds `canonical`: the canonical text every document was tokenized from and proved against
+(data/proof.py), a declared transform, the proof's record, and `val_bytes` (the file of per-token byte
+counts that bpb divides by, its sha256 and totals: data/canonical.py). A folder without it is scored with
+the byte table of its tokenizer, which the result records (`byte_source: piece_table`); a record track
+refuses it.
+
 `make_split_view` makes the folder a phase is allowed to see: the training process gets a view
 holding the training shards alone, the scorer a view holding the validation shards alone.
 """
@@ -34,8 +40,10 @@ allow-list, scoring/worker/env.py, that names none of them)."""
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "pg-dataset"
-MANIFEST_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+MANIFEST_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+CANONICAL_SINCE_VERSION = 3
+"""The first version whose builds record the canonical byte counts (`canonical`, data/canonical.py)."""
 DISJOINT_SINCE_VERSION = 2
 """The first version whose builds record the validation documents' digests (`disjoint`)."""
 
@@ -151,6 +159,12 @@ def make_split_view(src: str | os.PathLike[str], dst: str | os.PathLike[str], sp
         raw.pop("train_unigram_counts", None)
     for s in raw["shards"]:
         _link_or_copy(m.root / s["name"], dst / s["name"])
+    canonical = raw.get("canonical")
+    if split == "val" and isinstance(canonical, dict) and isinstance(canonical.get("val_bytes"), dict):
+        name = str(canonical["val_bytes"]["file"])
+        _link_or_copy(
+            m.root / name, dst / name
+        )  # the scorer's denominator travels with the validation shards
     _link_or_copy(m.tokenizer_path, dst / m.raw["tokenizer"]["file"])
     write_json_atomic(dst / MANIFEST_NAME, {k: v for k, v in raw.items()})
     return dst

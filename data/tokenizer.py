@@ -48,6 +48,14 @@ class ByteTable:
         out += self.has_leading_space[target_ids] & ~self.is_boundary[prev_ids]
         return out
 
+    source = "piece_table"
+    """What `target_bytes` counts from (data/canonical.py: the documents' own counts are "canonical")."""
+
+    def target_bytes(self, positions: np.ndarray, prev_ids: np.ndarray, target_ids: np.ndarray) -> np.ndarray:
+        """`token_bytes`, with the targets' positions (unused: the table needs only the ids)."""
+        del positions
+        return self.token_bytes(prev_ids, target_ids)
+
     def count_bytes(self, ids: Sequence[int] | np.ndarray, prev_id: int = BOS_ID) -> int:
         """Total bytes spelled by `ids` when preceded by `prev_id` (a document after its BOS)."""
         ids = np.asarray(ids, dtype=np.int64)
@@ -172,8 +180,10 @@ def train_sentencepiece(
     out_model: str | os.PathLike[str],
     *,
     num_threads: int | None = None,
+    user_defined_symbols: Sequence[str] = (),
 ) -> Path:
-    """Train a BPE SentencePiece model with the reference settings; returns the `.model` path."""
+    """Train a BPE SentencePiece model with the reference settings; returns the `.model` path.
+    `user_defined_symbols`: pieces of their own (a declared transform's markers, data/proof.py)."""
     import sentencepiece as spm
 
     if vocab_size < BYTE260_OFFSET + 256 + 1:
@@ -200,6 +210,7 @@ def train_sentencepiece(
             max_sentence_length=1 << 20,
             num_threads=num_threads or os.cpu_count() or 1,
             minloglevel=2,
+            user_defined_symbols=",".join(user_defined_symbols),
         )
         os.replace(prefix.with_suffix(".model"), out_model)
     return out_model

@@ -12,6 +12,10 @@ shards, and the manifest's digest file where it records one); `--against-docs FI
 training documents against the documents of FILE, by digest and by 50-character windows, for a
 folder built elsewhere. Each overlapping training document is a problem naming both documents.
 
+The canonical byte counts (`val_bytes.bin`, manifest version 3: data/canonical.py) are checked against
+the manifest's sha256 and against the validation tokens: one count per token, 0 at each BOS, each
+document's counts summing to its canonical byte count.
+
 The result is a table, one row per file; the exit status is 0 when every check holds, 1 otherwise
 (2 when the folder is not a dataset at all).
 """
@@ -24,10 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
+from data.canonical import VAL_BYTES_NAME, canonical_entry, load_canonical_bytes
 from data.io import sha256_file
 from data.manifest import MANIFEST_NAME, MANIFEST_VERSION, Manifest, load_manifest
 from data.overlap import DEFAULT_SAMPLE, DEFAULT_THRESHOLD, DisjointReport, check_disjoint
-from data.shards import ShardError, list_shards, parse_shard_name, read_header, read_shard
+from data.shards import ShardError, list_shards, parse_shard_name, read_header, read_shard, read_split
 from data.tokenizer import load_tokenizer
 
 CHECKS = ("header", "size", "count", "bos", "sha256")
@@ -105,6 +110,33 @@ class VerifyReport:
         lines.append(f"{self.root}: " + ("all checks hold" if not bad else f"{len(bad)} problem(s):"))
         lines += [f"  - {p}" for p in bad]
         return "\n".join(lines)
+
+
+def _check_val_bytes(m: Manifest, *, quick: bool) -> FileCheck:
+    """The canonical byte counts (data/canonical.py): the manifest's sha256, and that they belong to the
+    validation tokens (one per token, 0 at each BOS, each document's counts summing to its canonical bytes)."""
+    block = canonical_entry(m.raw)
+    if block is None:
+        # built before version 3, or downloaded: scored with the byte table (unranked), or proved later
+        return FileCheck(name="(no canonical byte counts: pgolf data prove)", split="bytes", results={})
+    name = str((block.get("val_bytes") or {}).get("file", VAL_BYTES_NAME))
+    if quick:
+        return FileCheck(
+            name=name, split="bytes", results={"header": OK if (m.root / name).is_file() else FAIL}
+        )
+    try:
+        tokens = read_split(m.root, "val")
+        load_canonical_bytes(m.root, m.raw, tokens, m.vocab_size, m.bos_id)
+    except (ValueError, FileNotFoundError) as e:
+        return FileCheck(name=name, split="bytes", results={"sha256": FAIL}, problems=(str(e),))
+    vb = block["val_bytes"]
+    return FileCheck(
+        name=name,
+        split="bytes",
+        results={"header": OK, "count": OK, "bos": OK, "sha256": OK},
+        tokens=int(vb.get("tokens", 0)),
+        docs=int(vb.get("docs", 0)),
+    )
 
 
 def _check_shard(m: Manifest, entry: dict[str, object], *, full: bool) -> FileCheck:
@@ -274,6 +306,8 @@ def verify_dataset(
             )
     if not view_split and not bare and not any(e["split"] == "val" for e in entries):
         total_problems.append("no validation shards listed")
+    if not bare and view_split != "train":
+        files.append(_check_val_bytes(m, quick=quick))
     disjoint = None
     if not quick or against_docs is not None:
         failed = [f.name for f in files[: len(entries)] if not f.ok]

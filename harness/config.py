@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.api import CODEC_FILE, CONFIG_FILE, SUBMISSION_JSON
+from harness.api import CODEC_FILE, CONFIG_FILE
 from harness.records.tracking import LogConfig
 from harness.run.launch import LaunchConfig
 from harness.submission import check_submission
@@ -568,16 +568,4 @@ def validate_run(
         except ValueError as e:
             raise ValueError(f"--seed {seed}: {e}") from e
         cfg.tables["run"]["seed"] = seed
-    track = TRACKS[cfg.tables["run"]["track"]]
-    variant = meta["data_variant"]
-    if track.data_variant not in ("any", variant):
-        where = str(Path(submission_dir) / SUBMISSION_JSON)
-        if track.record:
-            raise ValueError(
-                f"{where}: data_variant = {variant!r}, but the track {track.name} is trained and scored on "
-                f"{track.data_variant!r}; allowed: {track.data_variant!r}, or run on an unranked track (--set run.track=smoke)"
-            )
-        cfg.loosened.append(
-            {"key": "data_variant", "value": variant, "track_value": track.data_variant, "origin": where}
-        )
     return meta, cfg

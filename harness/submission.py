@@ -4,11 +4,11 @@
 running it) and validates submission.json against its schema (schema_version 1):
 
     name, author, github_id (str), date (YYYY-MM-DD), track (a known track), data_variant (sp<VOCAB>
-    or byte260, the tokenizations of data/download.py), blurb (str); optional: builds_on (str),
-    claimed (object of numbers; never trusted).
+    or byte260, +case with the case transform: the tokenization the entry trains on), blurb (str);
+    optional: builds_on (str), claimed (object of numbers; never trusted).
 
-Whether the data variant fits the track a run is on is checked with the config (harness/config.py
-validate_run): a record track's variant is required, an unranked track's may be departed from.
+Every tokenization may run on every track: a record track decides by its documents and the proof the
+dataset's build ran (scoring/tracks.py dataset_problem), never by the variant's name.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ REQUIRED_FIELDS: dict[str, type] = {
     "blurb": str,
 }
 OPTIONAL_FIELDS: dict[str, type] = {"builds_on": str, "claimed": dict, "schema_version": int}
-DATA_VARIANT_RE = re.compile(r"sp[1-9]\d*|byte260")
+DATA_VARIANT_RE = re.compile(r"(sp[1-9]\d*|byte260)(\+case)?")
 TEXT_LIMITS = {"name": 200, "author": 200, "github_id": 100, "builds_on": 200, "blurb": 10_000}
 """The most characters each text field may hold; none may hold a control or format character (a blurb may
 hold newlines and tabs). Shown anywhere, text is escaped too (harness/records/text.py): this is the early word."""
@@ -100,7 +100,7 @@ def validate_metadata(meta: Any, where: str) -> dict[str, Any]:
         raise ValueError(f"{where}: unknown track {meta['track']!r}; known: {', '.join(TRACKS)}")
     if not DATA_VARIANT_RE.fullmatch(meta["data_variant"]):
         raise ValueError(
-            f"{where}: data_variant {meta['data_variant']!r} is not a dataset variant; allowed: sp<VOCAB> (e.g. sp1024) or byte260"
+            f"{where}: data_variant {meta['data_variant']!r} is not a dataset variant; allowed: sp<VOCAB> (e.g. sp1024) or byte260, with +case for the case transform (sp8192+case)"
         )
     for k, v in meta.get("claimed", {}).items():
         if not isinstance(v, int | float):

@@ -1,6 +1,6 @@
 """Tracks: the rules a result is held to (budgets, cap, data, hardware, significance).
 
-A track fixes the train and eval budgets, the byte cap, the data variant, the hardware it is
+A track fixes the train and eval budgets, the byte cap, the validation documents, the hardware it is
 meant for and the significance rule for new records; and every rule that decides how strictly an
 entry is judged: the grace before a late run is killed, the startup and warm-up allowances, the
 scored validation subset and the sandbox requirement. A run may use less training time than its
@@ -14,8 +14,83 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from scoring.artifact.cap import ARTIFACT_CAP_BYTES
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DocumentSet:
+    """The validation documents a record track is scored on, and the canonical text bpb counts.
+
+    A track names documents, not a token stream: any tokenizer the harness has proved on them (data/proof.py,
+    run by `pgolf data build`) may be scored, and every score divides by the UTF-8 bytes of the same canonical
+    text (data/canonical.py), so scores of two tokenizers are comparable by construction. A dataset is the
+    track's when its validation split has `docs` documents, its canonical text is `canonical`, the sha256 over
+    the documents' texts in order (the manifest's `split_sha256.val`) is `text_sha256` where that is pinned, and,
+    for an official tokenizer, its validation token count is what the challenge's logs printed.
+    """
+
+    name: str
+    docs: int
+    canonical: str
+    text_sha256: str | None = None
+    """None: not pinned in this version of the harness (the split's hash is recorded with every result, and an
+    official pins it here from the official documents; see docs/RULES.md)."""
+    logged_val_tokens: tuple[tuple[str, int, int], ...] = ()
+    """(tokenizer sha256, tokens, seq_len): the challenge's logs print the validation tokens the reference used,
+    ((total - 1) // seq_len) * seq_len; a dataset of that tokenizer must give the same figure."""
+
+
+SP1024_SHA256 = "4f5e8adb109c66b4886963bc75a7befd73bda36d27fd7102df8e9e66503b0e2a"
+SP8192_SHA256 = "4e979c92754cc9d7bdebd9dfe5edf3fc0b41b38714b394e4297fa851e3afd516"
+OFFICIAL_TOKENIZERS = {SP1024_SHA256: "sp1024", SP8192_SHA256: "sp8192"}
+"""sha256 of the official tokenizer files, by variant (byte260 is built in: data/tokenizer.py)."""
+
+FINEWEB_VAL = DocumentSet(
+    name="fineweb_val_50k",
+    docs=50_000,
+    canonical="sp1024",
+    text_sha256=None,
+    # "val_loader:... fineweb10B_sp1024 ... tokens:62021632" (60 logs) and "val_tokens: 40540160" (sp8192 era,
+    # seq_len 2048) in openai/parameter-golf's records
+    logged_val_tokens=((SP1024_SHA256, 62_021_632, 1024), (SP8192_SHA256, 40_540_160, 2048)),
+)
+"""The challenge's validation split: the first 50,000 documents of its selected FineWeb documents, scored as the
+official sp1024 normalises them (which keeps every sp1024 record's bytes exactly as the reference counted them)."""
+
+
+def dataset_problem(docs: DocumentSet, identity: dict[str, Any]) -> str | None:
+    """Why a dataset is not `docs` (one line naming what differs), or None. `identity`: harness.run.pipeline
+    data_identity (from the manifest)."""
+    where = f"the official validation split ({docs.name})"
+    if identity.get("canonical") is None:
+        return (
+            f"the dataset has no canonical byte counts (built before manifest version 3, or downloaded), so its bpb "
+            f"could not be counted from the documents of {where}. HINT: `pgolf data build` from the documents "
+            "(or `pgolf data prove DIR --docs FILE` for downloaded shards)"
+        )
+    if identity["canonical"] != docs.canonical:
+        return f"the dataset's canonical text is {identity['canonical']!r}; {where} is scored as {docs.canonical!r}"
+    if identity.get("val_docs") != docs.docs:
+        return f"the dataset's validation split has {identity.get('val_docs')} documents; {where} has {docs.docs:,}"
+    if docs.text_sha256 is not None and identity.get("val_text_sha256") != docs.text_sha256:
+        return (
+            f"the dataset's validation documents hash to {str(identity.get('val_text_sha256'))[:16]}…; {where} "
+            f"hashes to {docs.text_sha256[:16]}…"
+        )
+    for sha, logged, seq_len in docs.logged_val_tokens:
+        n = identity.get("val_tokens")
+        if (
+            identity.get("tokenizer_sha256") == sha
+            and isinstance(n, int)
+            and ((n - 1) // seq_len) * seq_len != logged
+        ):
+            return (
+                f"the dataset's {OFFICIAL_TOKENIZERS.get(sha, 'official')} validation split has {n:,} tokens "
+                f"({((n - 1) // seq_len) * seq_len:,} at seq_len {seq_len}); the challenge's logs give {logged:,}"
+            )
+    return None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -26,7 +101,8 @@ class Track:
     eval_budget_s: float
     """Wall-clock evaluation budget in seconds (inf: untimed)."""
     cap_bytes: int
-    data_variant: str
+    documents: DocumentSet | None
+    """The validation documents results are scored on (None: any dataset; an unranked track)."""
     hardware: str
     record: bool
     """Whether results on this track compete for records (and need significance)."""
@@ -45,7 +121,8 @@ class Track:
     (every isolation layer the machine offers, each missing one recorded)."""
     network: str = "auto"
     """launch.network: "auto" (one node, as root: loopback only) or "host"."""
-    version: int = 1
+    version: int = 2
+    """2: record tracks name documents (DocumentSet), any proven tokenizer; 1 named the sp1024 data variant."""
 
     def __post_init__(self) -> None:
         if self.sandbox not in ("auto", "required") or self.network not in ("auto", "host"):
@@ -53,6 +130,8 @@ class Track:
                 f"track {self.name}: sandbox must be 'auto' or 'required' and network 'auto' or 'host', "
                 f"got {self.sandbox!r}, {self.network!r}"
             )
+        if self.record and self.documents is None:
+            raise ValueError(f"track {self.name}: a record track names its validation documents")
         if self.eval_max_tokens is not None and self.eval_max_tokens <= 0:
             raise ValueError(f"track {self.name}: eval_max_tokens must be None or positive")
 
@@ -65,7 +144,7 @@ TRACKS: dict[str, Track] = {
             train_budget_s=600.0,
             eval_budget_s=600.0,
             cap_bytes=ARTIFACT_CAP_BYTES,
-            data_variant="sp1024",
+            documents=FINEWEB_VAL,
             hardware="8xH100 SXM",
             record=True,
             sandbox="required",
@@ -75,7 +154,7 @@ TRACKS: dict[str, Track] = {
             train_budget_s=math.inf,
             eval_budget_s=math.inf,
             cap_bytes=ARTIFACT_CAP_BYTES,
-            data_variant="sp1024",
+            documents=None,
             hardware="any",
             record=False,
         ),
@@ -86,7 +165,7 @@ TRACKS: dict[str, Track] = {
             train_budget_s=600.0,
             eval_budget_s=600.0,
             cap_bytes=ARTIFACT_CAP_BYTES,
-            data_variant="sp1024",
+            documents=FINEWEB_VAL,
             hardware="CPU",
             record=True,
             eval_max_tokens=2_097_152,
@@ -98,7 +177,7 @@ TRACKS: dict[str, Track] = {
             train_budget_s=600.0,
             eval_budget_s=600.0,
             cap_bytes=ARTIFACT_CAP_BYTES,
-            data_variant="any",
+            documents=None,
             hardware="any",
             record=False,
         ),

@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Self
 
+from data.canonical import TargetBytes, load_canonical_bytes
 from data.io import sha256_file, write_json_atomic
 from data.manifest import MANIFEST_NAME, Manifest
 from data.records import Types, field, require_format
@@ -159,7 +160,11 @@ def _unigram(manifest: Manifest, score: dict[str, Any]) -> float | None:
         return None
     table = load_tokenizer(manifest.tokenizer_path).byte_table()
     tokens = read_split(manifest.root, "val")
-    return unigram_bpb(counts, tokens, table, score["eval_seq_len"], score.get("eval_subset_max_tokens"))
+    canonical = load_canonical_bytes(manifest.root, manifest.raw, tokens, table.vocab_size, manifest.bos_id)
+    denominator: TargetBytes = table if canonical is None else canonical  # the score's own bytes
+    return unigram_bpb(
+        counts, tokens, denominator, score["eval_seq_len"], score.get("eval_subset_max_tokens")
+    )
 
 
 def build_result(

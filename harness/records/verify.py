@@ -248,7 +248,9 @@ def track_checks(result: dict[str, Any], data_dir: Path | None, data_given: bool
     _check(checks, "dataset named by the verifier (--data), not by the result", True, data_given)
     if data_dir is not None and (data_dir / MANIFEST_NAME).is_file():
         problem = official_data_problem(track, data_identity(load_manifest(data_dir)))
-        _check(checks, f"official dataset ({track.data_variant})", None, problem)
+        _check(
+            checks, f"official dataset ({track.documents.name if track.documents else 'any'})", None, problem
+        )
     return checks
 
 

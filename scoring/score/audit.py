@@ -1,6 +1,6 @@
 """Tokenizer audit: does the byte table count, document by document, the bytes the tokens spell?
 
-The `pgolf audit-tokenizer` command runs the tokenizer's proof (scoring/score/tokproof.py), which
+The `pgolf audit-tokenizer` command runs the tokenizer's proof (data/proof.py), which
 uses this module's speller to locate a miscount; the scorer runs `audit_token_stream` on the
 validation tokens when the dataset's tokenizer is not a known official one.
 
@@ -26,20 +26,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from data.proof import speller_for
 from data.tokenizer import (
     BOS_ID,
-    BYTE260_OFFSET,
-    SPACE_MARK,
     ByteTable,
     ByteTokenizer,
-    SentencePieceTokenizer,
     Tokenizer,
 )
 
@@ -47,61 +44,6 @@ AUDIT_FORMAT = "pg-tokenizer-audit"
 AUDIT_FORMAT_VERSION = 1
 # sha256 of tokenizer files whose byte tables are audited once and trusted (the official sp1024).
 KNOWN_TOKENIZER_SHA256 = frozenset({"4f5e8adb109c66b4886963bc75a7befd73bda36d27fd7102df8e9e66503b0e2a"})
-_BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
-
-
-@dataclass(frozen=True)
-class Speller:
-    """Per-id spelling: raw bytes (leading "▁" as a space), whether it starts with "▁", the piece."""
-
-    raw: list[bytes]
-    lead_space: np.ndarray  # bool (V,)
-    pieces: list[str]
-    decode: Any  # ids -> bytes, the tokenizer's own decode (None: no cross-check)
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return np.array([len(b) for b in self.raw], dtype=np.int64)
-
-    def token_lengths(self, ids: np.ndarray) -> np.ndarray:
-        """Bytes each token of one document spells (the first token drops its leading space)."""
-        out = self.lengths[ids]
-        if ids.size:
-            out[0] -= int(self.lead_space[ids[0]])
-        return out
-
-    def spell(self, ids: np.ndarray) -> bytes:
-        b = b"".join(self.raw[i] for i in ids.tolist())
-        return b[1:] if ids.size and self.lead_space[ids[0]] else b
-
-
-def speller_for(tok: Tokenizer) -> Speller:
-    """The independent speller of a SentencePiece or byte260 tokenizer."""
-    V = tok.vocab_size
-    if isinstance(tok, ByteTokenizer):
-        raw = [b""] * BYTE260_OFFSET + [bytes([b]) for b in range(256)]
-        pieces = ["<pad>", "<s>", "</s>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)]
-        return Speller(raw, np.zeros(V, dtype=np.bool_), pieces, None)
-    if isinstance(tok, SentencePieceTokenizer):
-        sp = tok.sp
-        raw, lead, pieces = [], np.zeros(V, dtype=np.bool_), []
-        for i in range(V):
-            piece = sp.id_to_piece(i)
-            pieces.append(piece)
-            if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i):
-                raw.append(b"")
-            elif sp.is_byte(i):
-                m = _BYTE_PIECE.match(piece)
-                if m is None:
-                    raise ValueError(f"tokenizer {tok.path}: byte piece {i} is {piece!r}, not <0xHH>")
-                raw.append(bytes([int(m.group(1), 16)]))
-            else:
-                raw.append(piece.replace(SPACE_MARK, " ").encode("utf-8"))
-                lead[i] = piece.startswith(SPACE_MARK)
-        return Speller(raw, lead, pieces, lambda ids: sp.decode([int(i) for i in ids], out_type=bytes))
-    raise ValueError(
-        f"the tokenizer audit reads SentencePiece and byte260 tokenizers, not {type(tok).__name__}"
-    )
 
 
 @dataclass(frozen=True)
@@ -280,10 +222,10 @@ def audit_token_stream(
 
 
 def cmd_audit_tokenizer(args: argparse.Namespace) -> int:
-    """The tokenizer's proof on the documents given (scoring/score/tokproof.py)."""
+    """The tokenizer's proof on the documents given (data/proof.py)."""
     from data.build import read_jsonl_texts
+    from data.proof import TRANSFORMS, prove_tokenizer
     from data.tokenizer import load_tokenizer
-    from scoring.score.tokproof import TRANSFORMS, prove_tokenizer
 
     tok = ByteTokenizer() if args.model == "byte260" else load_tokenizer(args.model)
     texts = read_jsonl_texts(args.docs, field=args.field)
@@ -301,7 +243,7 @@ def cmd_audit_tokenizer(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from scoring.score.tokproof import CANONICALS, TRANSFORMS
+    from data.proof import CANONICALS, TRANSFORMS
 
     p = sub.add_parser(
         "audit-tokenizer",

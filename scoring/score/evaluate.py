@@ -26,8 +26,9 @@ logits never cross from a worker), checks their shape and finiteness, and comput
 float64 (float64 sums); a model never reports its own loss. float64 makes the analytic goldens
 exact: uniform logits over 256 byte pieces score 8.0 bpb. A model that sets
 `pgolf_output = "log_probs"` returns log-probabilities instead; they are used as they are, and
-the normalization probe checks that they sum to one. The byte count of target y_t is
-table.token_bytes(x_t, y_t) (docs/RULES.md, "Exact byte accounting").
+the normalization probe checks that they sum to one. The byte count of the target at position t is
+`table.target_bytes(t, x_t, y_t)`: the dataset's canonical count of that token (data/canonical.py), or,
+for a dataset built without one, the tokenizer's byte table (docs/RULES.md, "Exact byte accounting").
 
 Score-first adaptation (scoring/worker/adapt.py): with an adapter, the plan is cut into chunks of about
 `adapt_chunk_tokens` targets, in order; a chunk is scored completely (the adapter checks that no
@@ -51,7 +52,8 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from data.tokenizer import BOS_ID, ByteTable
+from data.canonical import TargetBytes
+from data.tokenizer import BOS_ID
 from scoring.score.bpb import BpbSums
 from scoring.worker.loading import output_kind
 from scoring.worker.wire import select_scored
@@ -511,7 +513,7 @@ def _score_batch(
     toks: np.ndarray,
     plan: WindowPlan,
     w: np.ndarray,
-    table: ByteTable,
+    table: TargetBytes,
     cfg: EvalConfig,
     device: torch.device,
     output: str,
@@ -531,7 +533,7 @@ def _score_batch(
 def _finish_batch(
     bt: _Batch,
     out_NV: torch.Tensor,
-    table: ByteTable,
+    table: TargetBytes,
     device: torch.device,
     output: str,
     sums: BpbSums,
@@ -561,7 +563,7 @@ def _finish_batch(
         order = np.argsort(rows_BL[scored_BL], kind="stable")
         nats_N = nats_N[torch.from_numpy(order).to(nats_N.device)]
         y_N, x_N, pos_N = y_N[order], x_N[order], pos_N[order]
-    nbytes_N = table.token_bytes(x_N, y_N)
+    nbytes_N = table.target_bytes(pos_N, x_N, y_N)
     sums.add(nats_N, nbytes_N)
     if on_scored is not None:
         on_scored(pos_N, nats_N.detach().cpu(), nbytes_N)
@@ -581,7 +583,7 @@ def _chunks(plan: WindowPlan, chunk_tokens: int | None) -> list[np.ndarray]:
 def evaluate(
     model: nn.Module | Scorable,
     tokens: np.ndarray,
-    table: ByteTable,
+    table: TargetBytes,
     cfg: EvalConfig,
     device: torch.device,
     *,
@@ -684,7 +686,7 @@ def batch_count(tokens: np.ndarray, cfg: EvalConfig, bos_id: int = BOS_ID, adapt
 
 
 def unigram_bpb(
-    counts: np.ndarray, tokens: np.ndarray, table: ByteTable, seq_len: int, max_tokens: int | None = None
+    counts: np.ndarray, tokens: np.ndarray, table: TargetBytes, seq_len: int, max_tokens: int | None = None
 ) -> float:
     """bpb of a unigram model (add-1/2 smoothed training counts) on the standard-mode targets: context for a score."""
     toks, _ = standard_targets(tokens, seq_len, max_tokens)
@@ -694,5 +696,5 @@ def unigram_bpb(
     logp = np.log(counts + 0.5) - math.log(float(counts.sum() + 0.5 * counts.size))
     prev, tgt = toks[:-1].astype(np.int64), toks[1:].astype(np.int64)
     nats = float(-logp[tgt].sum())
-    nbytes = int(table.token_bytes(prev, tgt).sum())
+    nbytes = int(table.target_bytes(np.arange(1, toks.size, dtype=np.int64), prev, tgt).sum())
     return nats / (math.log(2.0) * nbytes)

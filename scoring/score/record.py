@@ -72,6 +72,9 @@ class ScoreRecord:
     tokenizer_sha256: str
     torch: str
     eval_clock: dict[str, Any] | None = None
+    denominator: dict[str, Any] | None = None
+    """What val_bytes counts: the dataset's canonical byte counts (source "canonical", data/canonical.py) or the
+    tokenizer's byte table ("piece_table": a dataset built without counts); None in records from before it."""
     """The scorer's readings behind eval_time_s: build_time_s, scoring_time_s, the probes' allowance."""
 
     def to_json(self) -> dict[str, Any]:
@@ -148,9 +151,10 @@ _SCORE_FIELDS: dict[str, Types] = {
     "tokenizer_sha256": str,
     "torch": str,
     "eval_clock": _DICT_OR_NONE,
+    "denominator": _DICT_OR_NONE,
 }
 """Each field of ScoreRecord with the JSON types it may hold (numbers must be finite)."""
-_OPTIONAL = frozenset({"eval_clock"})
+_OPTIONAL = frozenset({"eval_clock", "denominator"})
 """Fields a record from before them may lack."""
 _NON_NEGATIVE = frozenset(
     {"val_tokens", "val_bytes", "val_tokens_available", "val_loss_sum_nats", "eval_time_s", "score_wall_s"}

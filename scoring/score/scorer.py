@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from data.canonical import BYTE_SOURCE_CANONICAL, TargetBytes, canonical_entry, load_canonical_bytes
 from data.io import sha256_file
 from data.manifest import MANIFEST_NAME, load_manifest
 from data.shards import read_split
@@ -108,6 +109,26 @@ def check_staged_code(artifact_header: dict[str, Any], code_dir: Path) -> list[s
     if "model.py" not in checked:
         raise ArtifactError(f"{code_dir} has no model.py matching the artifact")
     return checked
+
+
+def denominator_record(manifest_raw: dict[str, Any], denominator: TargetBytes) -> dict[str, Any]:
+    """What the score's bytes were counted from (the record's `denominator`)."""
+    block = canonical_entry(manifest_raw) or {}
+    if denominator.source != BYTE_SOURCE_CANONICAL:
+        return {
+            "source": denominator.source,
+            "why": "the dataset has no canonical byte counts (built before manifest version 3, or downloaded): "
+            "the tokenizer's byte table counted each target",
+        }
+    vb = block.get("val_bytes") or {}
+    return {
+        "source": BYTE_SOURCE_CANONICAL,
+        "canonical": block.get("text"),
+        "transform": block.get("transform"),
+        "val_bytes_sha256": vb.get("sha256"),
+        "split_docs": vb.get("docs"),
+        "split_bytes": vb.get("total_bytes"),
+    }
 
 
 def tokenizer_audit(tokenizer: Tokenizer, tokenizer_sha256: str, tokens: np.ndarray) -> dict[str, Any]:
@@ -267,6 +288,8 @@ def score_artifact(
         cache = PageCacheReset.open(roots=[r.path for r in main.plan.rules if r.access == "ro"])
         stack.callback(cache.close)
         tokens = read_split(data_dir, "val")
+        canonical = load_canonical_bytes(data_dir, manifest.raw, tokens, table.vocab_size, tokenizer.bos_id)
+        denominator: TargetBytes = table if canonical is None else canonical
         tokenizer_sha256 = sha256_file(manifest.tokenizer_path)
         artifact_sha256, manifest_sha256 = sha256_file(artifact_path), sha256_file(data_dir / MANIFEST_NAME)
         confinement: dict[str, Any] = {
@@ -281,7 +304,15 @@ def score_artifact(
                 device=dev.type,
                 workdir=workdir,
             )
-        audit = tokenizer_audit(tokenizer, tokenizer_sha256, eval_tokens(tokens, cfg))
+        audit = (
+            tokenizer_audit(tokenizer, tokenizer_sha256, eval_tokens(tokens, cfg))
+            if canonical is None
+            else {
+                "ran": False,
+                "reason": "the denominator is the dataset's canonical byte counts, proved document by document when "
+                "it was built (data/proof.py); the byte table counts nothing",
+            }
+        )
         build_s = max([ready.result(), *(f.result() for f in shards_ready)]) - t_clock  # the last ready
         plan = plan_probes(batch_count(tokens, cfg, tokenizer.bos_id, adapting), probe_cfg)
         # the rest of the budget, from now: this process's own preparation after the build is not the entry's
@@ -292,7 +323,7 @@ def score_artifact(
         result = evaluate(
             scoring,
             tokens,
-            table,
+            denominator,
             cfg,
             dev,
             bos_id=tokenizer.bos_id,
@@ -383,6 +414,7 @@ def score_artifact(
             "probe_allowance_s": probe_allowance_s if probe_workers else None,
             "probe_wall_s": probe_wall_s,
         },
+        denominator=denominator_record(manifest.raw, denominator),
         probes=probes,
         rows_shuffled=True,
         tokenizer_audit=audit,

@@ -134,7 +134,7 @@ def ds(clean, tmp_path):
 
 def test_a_clean_build_records_both_sets_and_verify_proves_them_disjoint(clean, docs, capsys):
     m = read_json(clean / MANIFEST_NAME)
-    assert m["format_version"] == 2
+    assert m["format_version"] == 3
     assert m["split_sha256"] == {"val": selection_sha256(docs[:VAL]), "train": selection_sha256(docs[VAL:])}
     d = m["disjoint"]
     assert d["policy"] == "refuse" and d["dropped_count"] == 0 and d["normalisation"] == "pg-norm/1"

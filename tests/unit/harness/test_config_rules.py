@@ -143,28 +143,21 @@ def test_codec_submission_needs_codec_py(tmp_path):
 
 
 def test_submission_json_data_variant_and_seed(tmp_path):
+    """Any tokenizer may run on a record track (the dataset's proof decides, not the variant's name): byte260 is
+    accepted by the config of a record track, and nothing is loosened; a variant that is not one is refused."""
     sub = tmp_path / "sub"
     shutil.copytree(TINY_LM, sub)
     (sub / "config.toml").write_text('[run]\ntrack = "10min_16mb"\n[model]\ndim = 8\n')
-    with pytest.raises(ValueError) as e:  # byte260 on a sp1024 record track
-        validate_run(sub)
-    assert one_line_error(e).startswith(f"{sub / 'submission.json'}: data_variant = 'byte260'")
-    _, cfg = validate_run(sub, None, ["run.track='non_record_16mb'"])  # unranked: recorded
-    assert cfg.loosened == [
-        {
-            "key": "data_variant",
-            "value": "byte260",
-            "track_value": "sp1024",
-            "origin": str(sub / "submission.json"),
-        }
-    ]
-    assert validate_run(sub, None, ["run.track='smoke'"])[1].loosened == []  # smoke takes any variant
+    assert validate_run(sub)[1].loosened == []
+    assert validate_run(sub, None, ["run.track='non_record_16mb'"])[1].loosened == []
     with pytest.raises(ValueError, match="--seed -1: run.seed = -1 must be >= 0"):
         validate_run(sub, None, ["run.track='smoke'"], seed=-1)
     meta = json.loads((sub / "submission.json").read_text())
     (sub / "submission.json").write_text(json.dumps({**meta, "data_variant": "sp1024x"}))
     with pytest.raises(ValueError, match="data_variant 'sp1024x' is not a dataset variant"):
         validate_run(sub, None, ["run.track='smoke'"])
+    (sub / "submission.json").write_text(json.dumps({**meta, "data_variant": "sp8192+case"}))
+    assert validate_run(sub, None, ["run.track='smoke'"])[1].loosened == []
 
 
 # ---- the track wins ----
@@ -345,4 +338,4 @@ def test_an_untimed_run_on_the_untimed_track(tiny_dataset, tmp_path):
     assert result["status"] == "ok" and result["track"] == "non_record_16mb" and result["steps"] == 12
     config = json.loads((out / "config.json").read_text())
     assert config["tables"]["budget"]["train_s"] == "inf"
-    assert {d["key"] for d in config["loosened"]} == {"eval.max_tokens", "data_variant"}
+    assert {d["key"] for d in config["loosened"]} == {"eval.max_tokens"}

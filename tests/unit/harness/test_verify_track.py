@@ -43,7 +43,7 @@ def test_a_smoke_run_relabelled_as_a_record_fails_its_track(tiny_dataset):
     names = failed(track_checks(forged, tiny_dataset, data_given=False))
     assert "config budget.grace_s is the track's" in names or "config launch.sandbox is the track's" in names
     assert "dataset named by the verifier (--data), not by the result" in names
-    assert "official dataset (sp1024)" in names  # the tiny dataset's tokenizer is not the official one
+    assert "official dataset (fineweb_val_50k)" in names  # 4 validation documents, not the official 50,000
 
 
 def test_a_claimed_eval_subset_fails_on_a_track_without_one():

@@ -1,4 +1,4 @@
-"""A tokenizer's proof (scoring/score/tokproof.py): the honest tokenizers pass on real documents; each
+"""A tokenizer's proof (data/proof.py): the honest tokenizers pass on real documents; each
 hostile one is refused in one line naming the first failing document and the byte offset; a declared
 reversible transform (the reference case transform) passes, a broken one is refused."""
 
@@ -13,14 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data.tokenizer import SPACE_MARK, ByteTable, ByteTokenizer, SentencePieceTokenizer
-from harness.cli import main as pgolf
-from scoring.score.tokproof import (
+from data.proof import (
     CaseTransform,
     TransformedTokenizer,
     prove_tokenizer,
     sp1024_canonical,
 )
+from data.tokenizer import SPACE_MARK, ByteTable, ByteTokenizer, SentencePieceTokenizer
+from harness.cli import main as pgolf
 from tests.conftest import SAMPLE_JSONL, SP1024, SP8192, require_shared
 
 

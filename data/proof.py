@@ -39,7 +39,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from data.tokenizer import SPACE_MARK, ByteTable, ByteTokenizer, SentencePieceTokenizer, Tokenizer
+from data.tokenizer import (
+    BYTE260_OFFSET,
+    SPACE_MARK,
+    ByteTable,
+    ByteTokenizer,
+    SentencePieceTokenizer,
+    Tokenizer,
+)
 
 PROOF_FORMAT = "pg-tokenizer-proof"
 PROOF_FORMAT_VERSION = 1
@@ -70,6 +77,17 @@ def sp1024_canonical(texts: list[str]) -> list[str]:
     if not texts:
         return []
     return [t.replace(SPACE_MARK, " ") for t in _sp1024_normalizer.normalize(texts)]
+
+
+CANONICAL_DESCRIPTIONS = {
+    "sp1024": "the document as the official sp1024 normalises it (nmt_nfkc: NFKC, newlines and runs of whitespace "
+    "to one space, no leading or trailing space)",
+    "raw": "the document exactly as given",
+}
+
+
+def canonical_description(name: str) -> str:
+    return CANONICAL_DESCRIPTIONS[name]
 
 
 def raw_canonical(texts: list[str]) -> list[str]:
@@ -206,6 +224,63 @@ class TransformedTokenizer:
 # ---- the harness's own spelling of the pieces (for (c) and for locating a count failure) ----
 
 
+_BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+@dataclass(frozen=True)
+class Speller:
+    """Per-id spelling: raw bytes (leading "▁" as a space), whether it starts with "▁", the piece."""
+
+    raw: list[bytes]
+    lead_space: np.ndarray  # bool (V,)
+    pieces: list[str]
+    decode: Any  # ids -> bytes, the tokenizer's own decode (None: no cross-check)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.array([len(b) for b in self.raw], dtype=np.int64)
+
+    def token_lengths(self, ids: np.ndarray) -> np.ndarray:
+        """Bytes each token of one document spells (the first token drops its leading space)."""
+        out = self.lengths[ids]
+        if ids.size:
+            out[0] -= int(self.lead_space[ids[0]])
+        return out
+
+    def spell(self, ids: np.ndarray) -> bytes:
+        b = b"".join(self.raw[i] for i in ids.tolist())
+        return b[1:] if ids.size and self.lead_space[ids[0]] else b
+
+
+def speller_for(tok: Tokenizer) -> Speller:
+    """The independent speller of a SentencePiece or byte260 tokenizer."""
+    V = tok.vocab_size
+    if isinstance(tok, ByteTokenizer):
+        raw = [b""] * BYTE260_OFFSET + [bytes([b]) for b in range(256)]
+        pieces = ["<pad>", "<s>", "</s>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)]
+        return Speller(raw, np.zeros(V, dtype=np.bool_), pieces, None)
+    if isinstance(tok, SentencePieceTokenizer):
+        sp = tok.sp
+        raw, lead, pieces = [], np.zeros(V, dtype=np.bool_), []
+        for i in range(V):
+            piece = sp.id_to_piece(i)
+            pieces.append(piece)
+            if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i):
+                raw.append(b"")
+            elif sp.is_byte(i):
+                m = _BYTE_PIECE.match(piece)
+                if m is None:
+                    raise ValueError(f"tokenizer {tok.path}: byte piece {i} is {piece!r}, not <0xHH>")
+                raw.append(bytes([int(m.group(1), 16)]))
+            else:
+                raw.append(piece.replace(SPACE_MARK, " ").encode("utf-8"))
+                lead[i] = piece.startswith(SPACE_MARK)
+        return Speller(raw, lead, pieces, lambda ids: sp.decode([int(i) for i in ids], out_type=bytes))
+    raise ValueError(
+        f"the tokenizer audit reads SentencePiece and byte260 tokenizers, not {type(tok).__name__}"
+    )
+
+
 @dataclass(frozen=True)
 class PieceLengths:
     """Bytes each piece spells (a leading "▁" as one space), and the pieces' names."""
@@ -223,8 +298,6 @@ class PieceLengths:
 
 def piece_lengths(tok: Tokenizer) -> PieceLengths | None:
     """The harness's spelling of a SentencePiece or byte260 tokenizer's pieces; None for other kinds."""
-    from scoring.score.audit import speller_for
-
     inner = tok.inner if isinstance(tok, TransformedTokenizer) else tok
     if not isinstance(inner, SentencePieceTokenizer | ByteTokenizer):
         return None
@@ -447,3 +520,63 @@ def prove_tokenizer(
                     rep.first = failure
     rep.seconds = time.perf_counter() - t0
     return rep
+
+
+# ---- the build's proof: every document, and the bytes each token covers ----
+
+
+def attribute_documents(
+    canonical_texts: Sequence[str],
+    ids_list: Sequence[Sequence[int]],
+    decoded: Sequence[str],
+    spell: PieceLengths,
+) -> tuple[list[np.ndarray], list[int], DocFailure | None]:
+    """The proof `pgolf data build` runs on every document it tokenizes, and the byte counts it keeps.
+
+    Per document: the tokens' decoding (`decoded`, the transform undone) must be its canonical text byte
+    for byte, and the bytes each token's piece spells (`spell`: markers 0, a leading "▁" after BOS
+    nothing) must sum to the canonical text's UTF-8 byte count. Returns each document's per-token counts
+    and canonical byte count up to the first failure, and that failure (None when all hold); the
+    failure's `doc` is the index in `canonical_texts`.
+    """
+    per_doc: list[np.ndarray] = []
+    doc_bytes: list[int] = []
+    for d, (text, ids_raw, dec) in enumerate(zip(canonical_texts, ids_list, decoded, strict=True)):
+        try:
+            cb = text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return (
+                per_doc,
+                doc_bytes,
+                DocFailure(d, "text", None, f"not valid Unicode text ({e.reason} at {e.start})"),
+            )
+        db = dec.encode("utf-8", errors="surrogatepass")
+        if db != cb:
+            at = _first_difference(cb, db)
+            return (
+                per_doc,
+                doc_bytes,
+                DocFailure(
+                    d,
+                    "decode",
+                    at,
+                    f"decoding differs from the canonical text at byte {at:,} (canonical {len(cb):,} bytes, decoded "
+                    f"{len(db):,}): canonical {_around(cb, at)} vs decoded {_around(db, at)}",
+                ),
+            )
+        ids = np.asarray(ids_raw, dtype=np.int64)
+        per = spell.of(ids) if ids.size else np.zeros(0, np.int64)
+        if int(per.sum()) != len(cb):
+            return (
+                per_doc,
+                doc_bytes,
+                DocFailure(
+                    d,
+                    "count",
+                    None,
+                    f"the tokens' pieces spell {int(per.sum()):,} bytes, the canonical text has {len(cb):,}",
+                ),
+            )
+        per_doc.append(per)
+        doc_bytes.append(len(cb))
+    return per_doc, doc_bytes, None

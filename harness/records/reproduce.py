@@ -1,0 +1,542 @@
+"""`pgolf reproduce ENTRY_DIR`: re-train an entry from its folder, as submitted, and test its claim.
+
+    pgolf reproduce ENTRY_DIR [--preset P] [--seeds N] [--data DIR] [--out DIR] [--ledger FILE]
+                    [--k K] [--floor-bpb X] [--json]
+
+`pgolf verify` re-scores the artifact a run produced: it proves the numbers follow from that artifact,
+not that the folder trains to it (a result whose `steps` or `train_time_s` were edited by hand still
+verifies). This command re-trains: every seed through `pgolf run`'s own pipeline (harness/run/pipeline.py
+`run_pipeline`: the clock, the sandbox, the pack, the sealed scorer), then compares what came out with
+what the entry claims (docs/OFFICIALS.md, "Verify or reproduce").
+
+The claim. Every `pg-result` file under ENTRY_DIR/results/ or ENTRY_DIR/runs/ (uncounted folders,
+scoring/artifact/cap.py) with status ok is one claimed seed: its seed, preset, val_bpb, val_loss, steps,
+train_time_s, bytes_total and the code it ran. Without one, submission.json's `claimed.val_bpb` is a
+claimed mean, and `--seeds N` fresh seeds (derived from the entry's digest, so a resumed queue picks the
+same ones) are run. `--seeds N` with claimed results runs N fresh seeds instead of the claimed ones.
+
+The test (`compare_claim`; every number is in the record):
+- val_bpb: the claimed mean must lie within the reproduced mean ± (k · SE + floor_bpb), SE the standard
+  error of the reproduced mean, s_r/sqrt(n_r) (0 for one seed; the claimed seeds' own spread never widens
+  the bound, so one edited seed cannot buy itself room); k = 3, floor_bpb = 0.003 by default. Welch's two-sided t p-value is reported beside it (information,
+  not the rule: a deterministic re-run has no spread to test). Per claimed seed also re-run, the claimed
+  and reproduced values must agree within floor_bpb + k · s_r (s_r the reproduced seeds' spread).
+- steps: per seed, |claimed - reproduced| <= rel_steps (10%) of the reproduced steps.
+- train_time_s: per seed, |claimed - reproduced| <= rel_time (50%) of the reproduced time + 5 s, and
+  never over the track's training budget.
+- bytes_total: per seed, within 2% of the reproduced artifact's.
+- the claim itself: its val_bpb must follow from its own val_loss, val_tokens and val_bytes; it must have
+  run this folder's counted code (sha256 of each file), on this track and the same tokenizer.
+
+Verdicts: `reproduced` (every run ok and every check passes), `not_reproduced` (a check differs, named in
+`differences`, or a run of the entry ended with a status other than ok), `could_not_run` (the harness or
+the machine failed: a run's harness error, a job that died, the official's data refused; nothing is said
+of the entry). The "pg-reproduction" record goes to the ledger; `pgolf chain` reads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from data.io import read_json
+from harness.records.verify import Check, append_ledger
+from scoring.tracks import TRACKS
+
+REPRO_FORMAT = "pg-reproduction"
+REPRO_FORMAT_VERSION = 1
+RUN_FORMAT = "pg-repro-run"
+RUN_FORMAT_VERSION = 1
+REPRODUCED, NOT_REPRODUCED, COULD_NOT_RUN = "reproduced", "not_reproduced", "could_not_run"
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, COULD_NOT_RUN)
+CLAIM_DIRS = ("results", "runs")
+CLAIM_MAX_FILES = 64
+CLAIM_MAX_BYTES = 4 << 20
+CLAIM_MAX_DEPTH = 3
+RUN_NUMBERS = ("val_bpb", "val_loss", "val_tokens", "val_bytes", "steps", "train_time_s", "bytes_total")
+HARNESS_STATUSES = frozenset({"invalid_data"})
+"""Run statuses that are the official's setup, not the entry (the data given was not the track's)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Tolerance:
+    k: float = 3.0
+    """Standard errors of the difference of the means allowed between claimed and reproduced val_bpb."""
+    floor_bpb: float = 0.003
+    """bits/byte always allowed (run-to-run noise of one seed on other hardware)."""
+    rel_steps: float = 0.10
+    rel_time: float = 0.50
+    floor_time_s: float = 5.0
+    rel_bytes: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name in ("k", "floor_bpb", "rel_steps", "rel_time", "floor_time_s", "rel_bytes"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {v!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Claim:
+    source: str
+    seed: int | None
+    preset: str | None
+    track: str | None
+    val_bpb: float
+    val_loss: float | None = None
+    val_tokens: int | None = None
+    val_bytes: int | None = None
+    steps: int | None = None
+    train_time_s: float | None = None
+    bytes_total: int | None = None
+    code_files: dict[str, str] | None = None
+    tokenizer_sha256: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Entry:
+    root: Path
+    meta: dict[str, Any]
+    claims: tuple[Claim, ...]
+    claimed_mean_bpb: float | None
+    """submission.json's claimed.val_bpb (used when no claimed result exists)."""
+    preset: str | None
+    digest: str
+    code_files: dict[str, str]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        name = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(self.meta.get("name", "entry")))
+        return f"{name[:60]}-{self.digest[:12]}"
+
+    @property
+    def track(self) -> str:
+        return str(self.meta.get("track"))
+
+    def seeds(self, fresh: int | None) -> list[int]:
+        """The claimed seeds (in claim order), or `fresh` seeds derived from the digest."""
+        if fresh is None and self.claims and all(c.seed is not None for c in self.claims):
+            return list(dict.fromkeys(int(c.seed) for c in self.claims if c.seed is not None))
+        n = 3 if fresh is None else fresh
+        base = int(self.digest[:8], 16) % 1_000_000
+        return [base + i for i in range(n)]
+
+
+def _claim_files(root: Path) -> list[Path]:
+    found: list[Path] = []
+    for top in CLAIM_DIRS:
+        d = root / top
+        if not d.is_dir() or d.is_symlink():
+            continue
+        for dirpath, dirnames, filenames in os.walk(d, followlinks=False):
+            depth = len(Path(dirpath).relative_to(d).parts)
+            dirnames[:] = sorted(x for x in dirnames if depth < CLAIM_MAX_DEPTH)
+            for f in sorted(filenames):
+                p = Path(dirpath) / f
+                if f == "result.json" or (f.endswith(".json") and Path(dirpath) == d):
+                    if p.is_file() and not p.is_symlink() and p.stat().st_size <= CLAIM_MAX_BYTES:
+                        found.append(p)
+    return found[: CLAIM_MAX_FILES + 1]
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def claim_of(path: Path, rel: str) -> Claim | None:
+    """One claimed result (a pg-result with status ok and a score); None for any other JSON."""
+    try:
+        r = read_json(path, what="claimed result")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(r, dict) or r.get("format") != "pg-result" or r.get("status") != "ok":
+        return None
+    bpb = _num(r.get("val_bpb"))
+    if bpb is None:
+        return None
+    prov: dict[str, Any] = r["provenance"] if isinstance(r.get("provenance"), dict) else {}
+    code = prov.get("code_files")
+    return Claim(
+        source=rel,
+        seed=_int(r.get("seed")),
+        preset=r.get("preset") if isinstance(r.get("preset"), str) else None,
+        track=r.get("track") if isinstance(r.get("track"), str) else None,
+        val_bpb=bpb,
+        val_loss=_num(r.get("val_loss")),
+        val_tokens=_int(r.get("val_tokens")),
+        val_bytes=_int(r.get("val_bytes")),
+        steps=_int(r.get("steps")),
+        train_time_s=_num(r.get("train_time_s")),
+        bytes_total=_int(r.get("bytes_total")),
+        code_files={str(k): str(v) for k, v in code.items()} if isinstance(code, dict) else None,
+        tokenizer_sha256=prov.get("tokenizer_sha256")
+        if isinstance(prov.get("tokenizer_sha256"), str)
+        else None,
+    )
+
+
+def load_entry(entry_dir: str | os.PathLike[str], preset: str | None = None) -> Entry:
+    """The entry folder, its counted code and its claim; a user error (one line) when it is not an entry."""
+    from harness.submission import check_submission
+    from scoring.artifact.cap import counted_files
+
+    root = Path(entry_dir).absolute()
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"{root}: no such entry folder; pass a submission folder holding submission.json"
+        )
+    meta = check_submission(root)
+    code = counted_files(root, cap_bytes=TRACKS[meta["track"]].cap_bytes if meta["track"] in TRACKS else None)
+    files = _claim_files(root)
+    if len(files) > CLAIM_MAX_FILES:
+        raise ValueError(f"{root}: more than {CLAIM_MAX_FILES} claimed result files under results/ and runs/")
+    h = hashlib.sha256()
+    h.update(json.dumps(code, sort_keys=True).encode())
+    h.update((root / "submission.json").read_bytes())
+    claims: list[Claim] = []
+    notes: list[str] = []
+    for p in files:
+        rel = p.relative_to(root).as_posix()
+        h.update(rel.encode() + b"\0" + p.read_bytes())
+        c = claim_of(p, rel)
+        if c is not None:
+            claims.append(c)
+        else:
+            notes.append(f"{rel}: not a scored pg-result with status ok; not a claim")
+    presets = sorted({str(c.preset) for c in claims})
+    if preset is None and len(presets) > 1:
+        raise ValueError(f"{root}: claimed results name presets {presets}; pass --preset to choose one")
+    chosen = preset if preset is not None else (claims[0].preset if claims else None)
+    kept = [c for c in claims if c.preset == chosen]
+    notes += [
+        f"{c.source}: preset {c.preset!r}, not {chosen!r}; not a claim here" for c in claims if c not in kept
+    ]
+    mean = _num((meta.get("claimed") or {}).get("val_bpb"))
+    return Entry(
+        root=root,
+        meta=meta,
+        claims=tuple(kept),
+        claimed_mean_bpb=mean,
+        preset=chosen,
+        digest=h.hexdigest(),
+        code_files=code,
+        notes=tuple(notes),
+    )
+
+
+# ---- The statistics (pure) ----
+
+
+def mean_test(claimed: list[float], reproduced: list[float], tol: Tolerance) -> dict[str, Any]:
+    """Is the claimed mean inside the reproduced mean ± (k·SE + floor)? SE = s_r/sqrt(n_r), the standard error of
+    the reproduced mean: the claimed seeds' own spread never widens the bound (an edited seed would)."""
+    if not reproduced or not claimed:
+        raise ValueError("mean_test needs at least one claimed and one reproduced value")
+    mc, mr = statistics.fmean(claimed), statistics.fmean(reproduced)
+    sc = statistics.stdev(claimed) if len(claimed) > 1 else 0.0
+    sr = statistics.stdev(reproduced) if len(reproduced) > 1 else 0.0
+    se = sr / math.sqrt(len(reproduced))
+    bound = tol.k * se + tol.floor_bpb
+    welch_p: float | None = None
+    if len(claimed) > 1 and len(reproduced) > 1 and (sc > 0 or sr > 0):
+        from scipy import stats
+
+        welch_p = float(stats.ttest_ind(claimed, reproduced, equal_var=False).pvalue)
+    return {
+        "n_claimed": len(claimed),
+        "n_reproduced": len(reproduced),
+        "mean_claimed": mc,
+        "mean_reproduced": mr,
+        "std_claimed": sc,
+        "std_reproduced": sr,
+        "stderr_reproduced": se,
+        "diff": mc - mr,
+        "bound": bound,
+        "k": tol.k,
+        "floor_bpb": tol.floor_bpb,
+        "welch_p_two_sided": welch_p,
+        "ok": abs(mc - mr) <= bound,
+    }
+
+
+def _close(claimed: float, reproduced: float, rel: float, floor: float = 0.0) -> bool:
+    return abs(claimed - reproduced) <= rel * abs(reproduced) + floor
+
+
+def compare_claim(
+    entry: Entry, runs: list[dict[str, Any]], tol: Tolerance
+) -> tuple[list[Check], dict[str, Any]]:
+    """The checks of the module docstring, from the claim and the reproduced runs (ok runs only)."""
+    checks: list[Check] = []
+    track = TRACKS.get(entry.track)
+    ok_runs = [r for r in runs if r.get("status") == "ok" and _num(r.get("val_bpb")) is not None]
+    by_seed = {r["seed"]: r for r in ok_runs}
+    stats_rec: dict[str, Any] = {}
+    claimed_bpb = [c.val_bpb for c in entry.claims] or (
+        [entry.claimed_mean_bpb] if entry.claimed_mean_bpb is not None else []
+    )
+    if not claimed_bpb:
+        checks.append(
+            Check("a claim to test", False, "claimed results or submission.json claimed.val_bpb", "none")
+        )
+    elif ok_runs:
+        stats_rec = mean_test(claimed_bpb, [float(r["val_bpb"]) for r in ok_runs], tol)
+        checks.append(
+            Check(
+                f"val_bpb mean (claimed within reproduced ± {tol.k:g}·SE + {tol.floor_bpb:g})",
+                bool(stats_rec["ok"]),
+                round(stats_rec["mean_claimed"], 6),
+                f"{stats_rec['mean_reproduced']:.6f} ± {stats_rec['bound']:.6f}",
+            )
+        )
+    sr = float(stats_rec.get("std_reproduced") or 0.0)
+    for c in entry.claims:
+        tag = f"seed {c.seed}"
+        if c.val_loss is not None and c.val_tokens and c.val_bytes:
+            implied = c.val_loss * c.val_tokens / (c.val_bytes * math.log(2.0))
+            checks.append(
+                Check(f"{tag} claimed val_bpb follows from its val_loss", abs(implied - c.val_bpb) <= 1e-6,
+                      c.val_bpb, round(implied, 9))
+            )  # fmt: skip
+        if c.code_files is not None:
+            same = c.code_files == entry.code_files
+            diff = sorted(set(c.code_files.items()) ^ set(entry.code_files.items()))
+            checks.append(Check(f"{tag} claim ran this folder's code", same, "the folder's counted files",
+                                "the same" if same else f"differs in {sorted({k for k, _ in diff})}"))  # fmt: skip
+        if c.track is not None:
+            checks.append(Check(f"{tag} claim's track", c.track == entry.track, entry.track, c.track))
+        r = by_seed.get(c.seed)
+        if r is None:
+            continue
+        if c.tokenizer_sha256 is not None:
+            tok = r.get("tokenizer_sha256")
+            checks.append(Check(f"{tag} tokenizer", c.tokenizer_sha256 == tok, c.tokenizer_sha256, tok))
+        bound = tol.floor_bpb + tol.k * sr
+        checks.append(
+            Check(f"{tag} val_bpb (within {bound:.6f})", abs(c.val_bpb - r["val_bpb"]) <= bound, c.val_bpb,
+                  r["val_bpb"])
+        )  # fmt: skip
+        if c.steps is not None and _int(r.get("steps")) is not None:
+            checks.append(
+                Check(f"{tag} steps (within {tol.rel_steps:.0%})", _close(c.steps, r["steps"], tol.rel_steps),
+                      c.steps, r["steps"])
+            )  # fmt: skip
+        rt = _num(r.get("train_time_s"))
+        if c.train_time_s is not None and rt is not None:
+            near = _close(c.train_time_s, rt, tol.rel_time, tol.floor_time_s)
+            budget = track.train_budget_s if track else math.inf
+            checks.append(
+                Check(f"{tag} train_time_s (within {tol.rel_time:.0%} + {tol.floor_time_s:g} s, budget {budget:g})",
+                      near and c.train_time_s <= budget, round(c.train_time_s, 3), round(rt, 3))
+            )  # fmt: skip
+        if c.bytes_total is not None and _int(r.get("bytes_total")) is not None:
+            checks.append(
+                Check(f"{tag} bytes_total (within {tol.rel_bytes:.0%})",
+                      _close(c.bytes_total, r["bytes_total"], tol.rel_bytes), c.bytes_total, r["bytes_total"])
+            )  # fmt: skip
+    return checks, stats_rec
+
+
+# ---- One seed (the unit of work: inline here, or a queue's job) ----
+
+
+def run_failure_kind(run: dict[str, Any]) -> str | None:
+    """None for an ok run; COULD_NOT_RUN for the harness's or the official's failure; else NOT_REPRODUCED."""
+    if run.get("status") == "ok":
+        return None
+    if run.get("harness_failed") or run.get("status") in HARNESS_STATUSES:
+        return COULD_NOT_RUN
+    return NOT_REPRODUCED
+
+
+def reproduce_seed(task: dict[str, Any]) -> dict[str, Any]:
+    """Train, pack and score one seed of an entry through `pgolf run`'s pipeline; the "pg-repro-run" record.
+
+    task: entry_dir, entry_digest, entry_key, seed, preset, data, run_dir, ledger (the results ledger the
+    run appends its pg-result to), set (the official's --set). Never raises for the entry's failure."""
+    from harness.run.pipeline import run_pipeline
+
+    t0 = time.time()
+    rec: dict[str, Any] = {
+        "format": RUN_FORMAT,
+        "format_version": RUN_FORMAT_VERSION,
+        "entry_key": task["entry_key"],
+        "entry_digest": task["entry_digest"],
+        "seed": task["seed"],
+        "run_dir": task["run_dir"],
+        "job_id": task.get("job_id"),
+        "started_unix_s": t0,
+    }
+    try:
+        result = run_pipeline(
+            task["entry_dir"],
+            preset=task.get("preset"),
+            seed=int(task["seed"]),
+            data_dir=task.get("data"),
+            out_dir=task["run_dir"],
+            overrides=list(task.get("set") or []),
+            ledger=task.get("ledger"),
+        )
+        phases = result.get("phases") or {}
+        rec.update(
+            status=result.get("status"),
+            detail=result.get("detail"),
+            harness_failed="harness" in phases,
+            **{k: result.get(k) for k in RUN_NUMBERS},
+            pipeline_s=(result.get("phase_times_s") or {}).get("pipeline"),
+            tokenizer_sha256=(result.get("provenance") or {}).get("tokenizer_sha256"),
+        )
+    except Exception as e:  # noqa: BLE001 - refused before a run started (machine, data): no verdict on the entry
+        where = traceback.extract_tb(e.__traceback__)[-1:]
+        at = f" at {Path(where[0].filename).name}:{where[0].lineno}" if where else ""
+        rec.update(status="not_run", detail=f"{type(e).__name__}{at}: {e}"[:600], harness_failed=True)
+    rec["ended_unix_s"] = time.time()
+    rec["job_wall_s"] = rec["ended_unix_s"] - t0
+    return rec
+
+
+def verdict_of(entry: Entry, runs: list[dict[str, Any]], tol: Tolerance) -> dict[str, Any]:
+    """The "pg-reproduction" record of an entry from its seeds' runs."""
+    checks, stats_rec = compare_claim(entry, runs, tol)
+    kinds = [run_failure_kind(r) for r in runs]
+    for r, kind in zip(runs, kinds, strict=True):
+        if kind is not None:
+            checks.append(
+                Check(f"seed {r['seed']} run", False, "status ok", f"{r.get('status')}: {r.get('detail')}")
+            )
+    if not runs:
+        verdict = COULD_NOT_RUN
+    elif COULD_NOT_RUN in kinds and NOT_REPRODUCED not in kinds:
+        verdict = COULD_NOT_RUN
+    elif all(c.ok for c in checks) and checks:
+        verdict = REPRODUCED
+    else:
+        verdict = NOT_REPRODUCED
+    ok_runs = [r for r in runs if r.get("status") == "ok"]
+    return {
+        "format": REPRO_FORMAT,
+        "format_version": REPRO_FORMAT_VERSION,
+        "verdict": verdict,
+        "entry_key": entry.key,
+        "entry_digest": entry.digest,
+        "entry_dir": str(entry.root),
+        "submission": {k: entry.meta.get(k) for k in ("name", "author", "github_id", "date", "track")},
+        "track": entry.track,
+        "preset": entry.preset,
+        "code_files": entry.code_files,
+        "seeds": [r["seed"] for r in runs],
+        "claimed": [asdict(c) for c in entry.claims],
+        "claimed_mean_bpb": entry.claimed_mean_bpb,
+        "tolerance": asdict(tol),
+        "stats": stats_rec,
+        "reproduced": [
+            {
+                k: r.get(k)
+                for k in (
+                    "seed",
+                    "status",
+                    "detail",
+                    *RUN_NUMBERS,
+                    "tokenizer_sha256",
+                    "run_dir",
+                    "job_id",
+                    "job_wall_s",
+                    "pipeline_s",
+                )
+            }
+            for r in runs
+        ],  # fmt: skip
+        "reproduced_val_bpb": [r["val_bpb"] for r in ok_runs],
+        "reproduced_val_loss": [r["val_loss"] for r in ok_runs],
+        "notes": list(entry.notes),
+        "checks": [asdict(c) for c in checks],
+        "differences": [asdict(c) for c in checks if not c.ok],
+        "decided_unix_s": time.time(),
+    }
+
+
+def describe(rec: dict[str, Any], all_checks: bool = False) -> str:
+    st = rec.get("stats") or {}
+    head = f"reproduce {rec['entry_key']} ({rec['track']}, preset {rec['preset']}, seeds {rec['seeds']}): "
+    head += rec["verdict"].upper().replace("_", " ")
+    if st:
+        head += (
+            f"; claimed mean {st['mean_claimed']:.6f} vs reproduced {st['mean_reproduced']:.6f} "
+            f"(|diff| {abs(st['diff']):.6f}, bound {st['bound']:.6f}"
+            + (f", Welch p {st['welch_p_two_sided']:.3g}" if st.get("welch_p_two_sided") is not None else "")
+            + ")"
+        )
+    lines = [head]
+    for c in rec["checks"] if all_checks else rec["differences"]:
+        lines.append(Check(**c).line())
+    return "\n".join(lines)
+
+
+def default_out(entry: Entry) -> Path:
+    return Path("runs") / "reproduce" / entry.key
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    tol = Tolerance(k=args.k, floor_bpb=args.floor_bpb)
+    if args.seeds is not None and args.seeds < 1:
+        raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
+    entry = load_entry(args.entry, args.preset)
+    out = Path(args.out).absolute() if args.out else default_out(entry).absolute()
+    ledger = Path(args.ledger).absolute() if args.ledger else out / "ledger.jsonl"
+    runs = []
+    for seed in entry.seeds(args.seeds):
+        run_dir = out / f"seed-{seed}"
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise FileExistsError(f"{run_dir} already exists and is not empty; pass a new --out")
+        print(f"[reproduce] {entry.key} seed {seed} -> {run_dir}", file=sys.stderr, flush=True)
+        task = {"entry_dir": str(entry.root), "entry_digest": entry.digest, "entry_key": entry.key, "seed": seed,
+                "preset": entry.preset, "data": args.data, "run_dir": str(run_dir), "ledger": str(ledger),
+                "set": args.set}  # fmt: skip
+        with contextlib.redirect_stdout(sys.stderr):  # the run's card and phases: progress, not the verdict
+            run = reproduce_seed(task)
+        append_ledger(ledger, run)
+        runs.append(run)
+    rec = verdict_of(entry, runs, tol)
+    append_ledger(ledger, rec)
+    print(json.dumps(rec, sort_keys=True) if args.json else describe(rec, all_checks=True))
+    return {REPRODUCED: 0, NOT_REPRODUCED: 1, COULD_NOT_RUN: 3}[rec["verdict"]]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("reproduce", help="re-train an entry from its folder and test its claimed scores")
+    p.add_argument("entry", help="the entry's submission folder (claimed results under results/ or runs/)")
+    p.add_argument("--preset", help="preset to re-train (default: the one its claimed results name)")
+    p.add_argument("--seeds", type=int, help="run N fresh seeds instead of the claimed ones")
+    p.add_argument(
+        "--data", help="dataset folder (default: the embedded corpus; a record track needs its own)"
+    )
+    p.add_argument("--out", help="folder of the reproduced runs (default: runs/reproduce/ENTRY_KEY)")
+    p.add_argument("--ledger", help="ledger for the runs and the verdict (default: OUT/ledger.jsonl)")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="official's override"
+    )
+    p.add_argument(
+        "--k", type=float, default=Tolerance().k, help="standard errors allowed on the val_bpb mean"
+    )
+    p.add_argument("--floor-bpb", type=float, default=Tolerance().floor_bpb, help="bits/byte always allowed")
+    p.add_argument("--json", action="store_true", help="print the pg-reproduction record as one JSON object")
+    p.set_defaults(func=cmd_reproduce)
+
+
+__all__ = ["Claim", "Entry", "Tolerance", "compare_claim", "load_entry", "mean_test", "verdict_of"]

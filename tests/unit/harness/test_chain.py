@@ -1,0 +1,129 @@
+"""Records accepted in order (harness/records/chain.py): exact cases of the frontier and both rules."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from scipy import stats
+
+from harness.records.chain import Candidate, accept_in_order, build_chain, lines
+from harness.records.reproduce import NOT_REPRODUCED, REPRODUCED
+
+
+def cand(key: str, date: str, losses: list[float], verdict: str = REPRODUCED, order: int = 0) -> Candidate:
+    return Candidate(key=key, name=key, date=date, order=order, folder=key, track="smoke", verdict=verdict,
+                     why_verdict="seed 1 steps: claimed 400, found 20" if verdict != REPRODUCED else "",
+                     val_loss=losses, val_bpb=[x / 1.386 for x in losses], val_tokens=1000, val_bytes=2000,
+                     tokenizer="t" * 64)  # fmt: skip
+
+
+A = cand("A", "2026-01-01", [5.00, 5.01, 5.02])
+B = cand("B", "2026-01-03", [4.90, 4.91, 4.92])  # 0.1 nats better than A: a record under both rules
+C = cand("C", "2026-01-05", [4.899, 4.895, 4.891])  # 0.015 better than B, p ~ 0.1: practised only
+D = cand("D", "2026-01-02", [3.0, 3.1, 3.2], verdict=NOT_REPRODUCED)  # edited: never accepted
+E = cand("E", "2026-01-04", [4.0, 4.01])  # two seeds
+
+
+def p_of(new: list[float], old: list[float]) -> float:
+    return float(
+        stats.ttest_ind(old, [x + 0.005 for x in new], equal_var=False, alternative="greater").pvalue
+    )
+
+
+def test_challenge_rule_in_submission_order():
+    rows = accept_in_order([C, E, B, D, A])  # given out of order: taken by date
+    assert [r["entry_key"] for r in rows] == ["A", "D", "B", "E", "C"]
+    assert [r["accepted"] for r in rows] == [True, False, True, True, False]
+    by = {r["entry_key"]: r for r in rows}
+    assert by["A"]["reason"] == "the first reproduced entry on smoke: it sets the frontier"
+    assert by["D"]["reason"] == "verdict not_reproduced (seed 1 steps: claimed 400, found 20)"
+    assert by["B"]["frontier_before"] == "A" and by["B"]["test"]["metric"] == "val_loss"
+    assert by["B"]["test"]["p_value"] == pytest.approx(p_of(B.val_loss, A.val_loss), rel=1e-12)
+    # E (two seeds, 0.9 nats better) is accepted under the challenge rule (2 seeds suffice) ...
+    assert by["E"]["frontier_before"] == "B" and by["E"]["reason"].startswith("beats B by +0.905000 val_loss")
+    # ... and C, submitted after E, is tested against E (the frontier at its time), not B
+    assert by["C"]["frontier_before"] == "E" and by["C"]["reason"].startswith("against E: improvement -")
+
+
+def test_practised_rule_needs_three_seeds_and_takes_p_below_a_quarter():
+    rows = {r["entry_key"]: r for r in accept_in_order([A, B, C, D, E], rule_override="practised")}
+    assert (
+        rows["E"]["accepted"] is False and rows["E"]["reason"] == "2 seed(s); rule practised needs at least 3"
+    )
+    p = p_of(C.val_loss, B.val_loss)
+    assert 0.01 < p < 0.25  # the case that separates the rules
+    assert rows["C"]["accepted"] is True and rows["C"]["frontier_before"] == "B"
+    assert rows["C"]["reason"] == f"beats B by +0.015000 val_loss > margin 0.005000 at p = {p:.3g} < 0.25"
+    challenge = {r["entry_key"]: r for r in accept_in_order([A, B, C])}
+    assert challenge["C"]["accepted"] is False
+    assert challenge["C"]["reason"].endswith(f"p = {p:.3g}, not < 0.01")
+
+
+def test_other_tokens_compare_in_bits_per_byte_with_the_margin_converted():
+    other = cand("F", "2026-01-09", [4.0, 4.01, 4.02])
+    other.tokenizer = "u" * 64
+    rows = accept_in_order([A, other])
+    t = rows[1]["test"]
+    assert t["metric"] == "val_bpb" and t["margin"] == pytest.approx(0.005 * 1000 / 2000 / 0.6931471805599453)
+
+
+def test_zero_spread_on_both_sides_is_not_accepted_and_says_why():
+    flat_a, flat_b = cand("A", "2026-01-01", [5.0, 5.0]), cand("B", "2026-01-02", [4.0, 4.0])
+    rows = accept_in_order([flat_a, flat_b])
+    assert rows[1]["accepted"] is False and "variance is zero" in rows[1]["reason"]
+
+
+def test_build_chain_reads_the_latest_verdict_per_entry_from_a_ledger(tmp_path):
+    def rec(key: str, digest: str, date: str, verdict: str, losses: list[float]) -> dict:
+        runs = [{"seed": i, "status": "ok", "val_loss": x, "val_bpb": x / 1.386, "val_tokens": 1000,
+                 "val_bytes": 2000, "tokenizer_sha256": "t" * 64} for i, x in enumerate(losses)]  # fmt: skip
+        return {"format": "pg-reproduction", "format_version": 1, "entry_key": key, "entry_digest": digest,
+                "entry_dir": f"/e/{key}", "submission": {"name": key, "date": date}, "track": "smoke",
+                "verdict": verdict, "reproduced": runs, "differences": [], "seeds": [0, 1, 2]}  # fmt: skip
+
+    ledger = tmp_path / "ledger.jsonl"
+    lines_in = [
+        rec("A", "1", "2026-01-01", REPRODUCED, A.val_loss),
+        rec("B", "2", "2026-01-02", "could_not_run", []),
+        rec("B", "2", "2026-01-02", REPRODUCED, B.val_loss),  # a later verdict for the same digest wins
+        {"format": "pg-result", "status": "ok"},
+    ]
+    ledger.write_text("".join(json.dumps(x) + "\n" for x in lines_in))
+    chain = build_chain(ledger, track=None, rule=None, order={})
+    assert chain["records"] == ["A", "B"] and chain["format"] == "pg-chain"
+    text = lines(chain)
+    assert text[-1] == "record chain (2): A -> B" and "ACCEPTED: beats A by +0.100000" in text[1]
+    with pytest.raises(ValueError, match="--rule 'loose' is not one of challenge, practised"):
+        build_chain(ledger, track=None, rule="loose", order={})
+
+
+def test_a_track_whose_policy_takes_verified_results(tmp_path, monkeypatch):
+    from harness.records import chain as chain_mod
+    from harness.records.verify import result_digest
+
+    monkeypatch.setitem(chain_mod.TRACK_POLICIES, "smoke", chain_mod.TrackPolicy(evidence="verified"))
+
+    def result(name: str, seed: int, loss: float) -> dict:
+        return {"format": "pg-result", "status": "ok", "within_cap": True, "track": "smoke", "preset": "tiny",
+                "seed": seed, "val_loss": loss, "val_bpb": loss / 1.386, "val_tokens": 1000, "val_bytes": 2000,
+                "submission": {"name": name, "author": "x", "github_id": "x", "date": "2026-01-0" + name[-1]},
+                "provenance": {"code_files": {"model.py": name}, "tokenizer_sha256": "t"},
+                "phases": {"command": {"overrides": []}}}  # fmt: skip
+
+    rows = [result("e1", s, x) for s, x in ((1, 5.0), (2, 5.01))] + [
+        result("e2", s, x) for s, x in ((1, 4.0), (2, 4.01))
+    ]
+    rows.append(result("e3", 1, 1.0))  # never verified: not a candidate at all
+    lines_out = [json.dumps(r) for r in rows]
+    lines_out += [
+        json.dumps({"format": "pg-verification", "status": "verified", "result_sha256": result_digest(r)})
+        for r in rows[:4]
+    ]
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text("\n".join(lines_out) + "\n")
+    chain = build_chain(ledger, track="smoke", rule=None, order={})
+    assert [(r["name"], r["accepted"], r["evidence"]) for r in chain["rows"]] == [
+        ("e1", True, "verified"),
+        ("e2", True, "verified"),
+    ]
