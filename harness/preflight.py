@@ -1,6 +1,9 @@
 """`pgolf check DIR`: the pre-flight of a submission folder, in seconds, before any training.
 
     pgolf check DIR [--preset P] [--set SECTION.KEY=VALUE ...] [--data DATA] [--json]
+    pgolf check --machine      this machine's isolation: per guarantee of a record track's sandbox
+                               (isolation/sandbox.py GUARANTEES), the mechanism that holds it or what is
+                               missing, and whether a record track can run here (exit 0) or is refused (1)
 
 One line per check, in this order (a check that needs an earlier one's result is skipped when that
 one failed, and says so):
@@ -440,7 +443,23 @@ def run_checks(
     return checks
 
 
+def cmd_check_machine() -> int:
+    """`pgolf check --machine`: per guarantee of a record track's sandbox, what holds it on this machine."""
+    from isolation.sandbox import machine_report, probe_machine
+
+    lines = machine_report(probe_machine())
+    for line in lines:
+        print(line)
+    return EXIT_OK if lines[-1].startswith("a record track can run") else EXIT_FAILED
+
+
 def cmd_check(args: argparse.Namespace) -> int:
+    if getattr(args, "machine", False):
+        return cmd_check_machine()
+    if args.submission is None:
+        raise ValueError(
+            "pgolf check: name a submission folder, or pass --machine for this machine's isolation"
+        )
     root = Path(args.submission)
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: no such submission folder (pgolf new NAME writes one)")
@@ -496,7 +515,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
         epilog="exit status: 0 every check passed (ok or warn); 1 a check failed (FAIL) or was skipped; 2 usage error",
     )
-    p.add_argument("submission", help="the submission folder")
+    p.add_argument("submission", nargs="?", help="the submission folder")
+    p.add_argument(
+        "--machine",
+        action="store_true",
+        help="instead: what a record track's sandbox guarantees on this machine, one line per property",
+    )
     p.add_argument("--preset", help="named preset of the folder's config.toml (as for pgolf run)")
     p.add_argument(
         "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override one config key"

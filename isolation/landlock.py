@@ -220,6 +220,72 @@ def python_roots(import_path: Iterable[str], project_root: Path) -> list[str]:
     return sorted(roots)
 
 
+GPU_LIBRARY_PREFIXES = (
+    "libcuda.",
+    "libcudart",
+    "libcublas",
+    "libcudnn",
+    "libcufft",
+    "libcurand",
+    "libcusolver",
+    "libcusparse",
+    "libcupti",
+    "libnvrtc",
+    "libnvJitLink",
+    "libnvToolsExt",
+    "libnvidia-",
+    "libnccl",
+    "libibverbs",
+    "libmlx5",
+    "librdmacm",
+    "libefa",
+    "libfabric",
+)
+"""Basenames of the CUDA, NCCL and fabric libraries a GPU phase loads (the driver's libcuda.so.1, the runtime,
+NCCL and its network plugins, InfiniBand/EFA verbs)."""
+
+
+def gpu_library_dirs(maps_text: str, ld_library_path: str, covered: Iterable[str]) -> list[str]:
+    """Folders of CUDA/NCCL libraries (GPU_LIBRARY_PREFIXES) outside the `covered` read roots: those mapped in
+    a process (`maps_text`: /proc/PID/maps) and the LD_LIBRARY_PATH folders that hold one (the driver's
+    libcuda.so.1 is opened only when CUDA starts; the loader finds it there). Resolved, sorted, each once.
+
+    A cluster's module system keeps CUDA and NCCL under folders of its own (/cm/shared/apps, /software, ...):
+    without a rule for them a sandboxed rank could not load what the supervisor's torch already has."""
+    roots = [os.path.realpath(c) for c in covered]
+    found: set[str] = set()
+
+    def add(folder: str) -> None:
+        real = os.path.realpath(folder)
+        if os.path.isdir(real) and not any(is_beneath(real, r) for r in roots):
+            found.add(real)
+
+    for line in maps_text.splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5].startswith("/"):
+            path = parts[5].strip().removesuffix(" (deleted)")
+            if os.path.basename(path).startswith(GPU_LIBRARY_PREFIXES):
+                add(os.path.dirname(path))
+    for folder in ld_library_path.split(os.pathsep):
+        if folder and os.path.isdir(folder):
+            try:
+                names = os.listdir(folder)
+            except OSError:
+                continue
+            if any(n.startswith(GPU_LIBRARY_PREFIXES) and ".so" in n for n in names):
+                add(folder)
+    return sorted(found)
+
+
+def loaded_gpu_library_dirs(covered: Iterable[str]) -> list[str]:
+    """gpu_library_dirs of this process (/proc/self/maps) and its LD_LIBRARY_PATH."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        maps = ""
+    return gpu_library_dirs(maps, os.environ.get("LD_LIBRARY_PATH", ""), covered)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Rule:
     path: str

@@ -71,6 +71,7 @@ from isolation.landlock import (
     device_rules,
     drop_capabilities,
     landlock_abi,
+    loaded_gpu_library_dirs,
     loopback_up,
     own_rules,
     private_tmpfs,
@@ -98,7 +99,27 @@ KERNEL_LAYERS: dict[str, str] = {
     "seccomp": "the seccomp filter (every world: no page-cache queries or eviction, no keyrings; the model worker: no ptrace, no other process's memory)",
     "world": "a world of its own (root, a mount namespace, overlayfs): private root and inodes, its own uid (isolation/world.py)",
 }
-"""The isolation layers a "required" sandbox insists on, by the name an official uses to allow one missing."""
+"""The isolation layers a sandbox may use, by the name an official uses to allow one missing."""
+GUARANTEES: dict[str, tuple[str, tuple[tuple[str, ...], ...]]] = {
+    "no_network": ("no network but loopback", (("network_namespace",),)),
+    "no_reads_outside": ("no file read outside the allowed roots", (("landlock",),)),
+    "no_signals_or_tracing_outside": (
+        "no signal or ptrace reaches a process outside",
+        (("namespaces",), ("signal_scoping", "landlock")),
+    ),
+    "no_ipc_outside": (
+        "no SysV/POSIX IPC or abstract socket shared with processes outside",
+        (("namespaces", "network_namespace"),),
+    ),
+    "nothing_shared": (
+        "no inode, lock, uid, page-cache state or keyring shared with the host",
+        (("world", "seccomp"),),
+    ),
+}
+"""What a "required" sandbox (every record track) guarantees: property -> (what it means, the mechanisms that
+give it). A mechanism is a set of KERNEL_LAYERS that together give the property; any one mechanism that holds
+is enough (a private PID namespace makes signal scoping moot: no process outside has a PID inside). A missing
+layer refuses a required sandbox only when a property is then left without any mechanism."""
 TOKEN_ENV = "PGOLF_PHASE_TOKEN"
 """Every process of a phase carries this in its environment; the supervisor finds leftovers by it."""
 
@@ -188,17 +209,91 @@ def missing_layers(caps: MachineCaps, *, network: str, multi_node: bool, seccomp
     return tuple(missing)
 
 
+def guarantees(missing: Sequence[str], allowed: Sequence[str] = ()) -> dict[str, str]:
+    """For each GUARANTEES property: the mechanism that holds it ("namespaces", "signal_scoping+landlock"),
+    "allowed missing: L" when the official allowed the missing layers of one of its mechanisms, or "missing"."""
+    out: dict[str, str] = {}
+    for prop, (_, mechanisms) in GUARANTEES.items():
+        held = next((m for m in mechanisms if not set(m) & set(missing)), None)
+        if held is not None:
+            out[prop] = "+".join(held)
+            continue
+        accepted = next((m for m in mechanisms if set(m) & set(missing) <= set(allowed)), None)
+        out[prop] = (
+            "allowed missing: " + "+".join(sorted(set(accepted) & set(missing)))
+            if accepted is not None
+            else "missing"
+        )
+    return out
+
+
+def _recorded_gaps(
+    missing: Sequence[str], allowed: Sequence[str], network: str
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(missing, allowed) for the record: launch.network 'host' (several nodes) is an official's choice, so the
+    loopback-only network it forgoes is recorded as allowed missing, never as held."""
+    if network == "host":
+        return (*missing, "network_namespace"), (*allowed, "network_namespace")
+    return tuple(missing), tuple(allowed)
+
+
+def needed_layers(missing: Sequence[str], allowed: Sequence[str]) -> list[str]:
+    """The missing layers a required sandbox cannot do without: for each property left without a mechanism, the
+    missing layers of its first (for the official to allow, or for the machine to gain)."""
+    need: list[str] = []
+    for prop, state in guarantees(missing, allowed).items():
+        if state == "missing":
+            first = GUARANTEES[prop][1][0]
+            need += [m for m in first if m in missing and m not in allowed and m not in need]
+    return [m for m in KERNEL_LAYERS if m in need]
+
+
 def require_layers(missing: Sequence[str], allowed: Sequence[str], phase: str) -> None:
-    """Raise SandboxRefused when a layer in `missing` is not in `allowed` (mode "required")."""
-    refused = [m for m in missing if m not in allowed]
+    """Raise SandboxRefused when a GUARANTEES property is left without a mechanism (mode "required"): a missing
+    layer whose properties another mechanism gives (signal scoping under a PID namespace) is no refusal."""
+    refused = needed_layers(missing, allowed)
     if refused:
         lines = "; ".join(f"{m}: {KERNEL_LAYERS[m]}" for m in refused)
         flags = " ".join(f"--allow-missing-layer {m}" for m in refused)
         raise SandboxRefused(
             f"the {phase} must run fully isolated (sandbox 'required', every record track) but this machine lacks: "
-            f"{lines}. HINT: run on a machine that has them; or, as an official who accepts the risk, pass "
+            f"{lines} (unmet: {', '.join(p for p, st in guarantees(missing, allowed).items() if st == 'missing')}). HINT: run on a machine that has them; or, as an official who accepts the risk, pass "
             f"{flags} (recorded in the result); or run on an unranked track"
         )
+
+
+def machine_report(caps: MachineCaps, allowed: Sequence[str] = ()) -> list[str]:
+    """What a record track's sandbox would hold on a machine: its layers, then one line per GUARANTEES property
+    (the mechanism that gives it, or what is missing), then the verdict; for `pgolf check --machine`."""
+    missing = tuple(
+        dict.fromkeys(
+            missing_layers(caps, network="auto", multi_node=False, seccomp=False)
+            + missing_layers(caps, network="auto", multi_node=False, seccomp=True)
+        )
+    )
+    lines = [
+        f"machine: Landlock ABI {caps.landlock_abi}, {'root' if caps.root else 'not root'}, namespaces "
+        f"{'yes' if caps.namespaces else 'no'} (network {'yes' if caps.namespaces and caps.net_namespace else 'no'}), "
+        f"overlayfs {'yes' if caps.overlay else 'no'}, seccomp {'yes' if seccomp_supported() else 'no'}; "
+        f"layers missing: {', '.join(missing) or 'none'}"
+    ]
+    for prop, state in guarantees(missing, allowed).items():
+        mark = "FAIL" if state == "missing" else "ok  "
+        if state == "missing":
+            how = "missing: needs " + " or ".join("+".join(m) for m in GUARANTEES[prop][1])
+        else:
+            how = state if state.startswith("allowed") else f"by {state}"
+        lines.append(f"{mark} {prop:30s} {GUARANTEES[prop][0]}: {how}")
+    need = needed_layers(missing, allowed)
+    lines.append(
+        "a record track can run here (sandbox 'required')"
+        if not need
+        else "a record track is refused here: "
+        + ", ".join(f"{m} ({KERNEL_LAYERS[m]})" for m in need)
+        + "; run on an unranked track, or as an official pass "
+        + " ".join(f"--allow-missing-layer {m}" for m in need)
+    )
+    return lines
 
 
 def probe_machine() -> MachineCaps:
@@ -238,6 +333,8 @@ class SandboxPlan:
     """KERNEL_LAYERS this machine could not give the phase."""
     allowed_missing: tuple[str, ...] = ()
     """The layers an official explicitly allowed to be missing (recorded; only these may be skipped)."""
+    guarantees: tuple[tuple[str, str], ...] = ()
+    """(GUARANTEES property, the mechanism that held it / "allowed missing: ..." / "missing"), for the record."""
     memory_limit_bytes: int = 0
     """RLIMIT_AS set before exec, inherited by every process of the phase (each gets it); 0: none."""
     world: WorldPlan | None = None
@@ -301,6 +398,7 @@ class SandboxPlan:
             "protected": list(self.protected),
             "missing_layers": list(self.missing_layers),
             "missing_allowed_by_official": [m for m in self.allowed_missing if m in self.missing_layers],
+            "guarantees": dict(self.guarantees),
             "memory_limit_bytes_per_process": self.memory_limit_bytes or None,
             "warnings": list(self.warnings),
         }
@@ -360,6 +458,14 @@ def plan_sandbox(
         for m in missing
         if m in allowed
     ]
+    if mode == "required":
+        held = guarantees(missing, allowed)
+        warnings += [
+            f"missing layer {m}: its guarantees hold by other means ({', '.join(f'{p}: {held[p]}' for p in props)})"
+            for m in missing
+            if m not in allowed
+            and (props := [p for p, (_, mechs) in GUARANTEES.items() if any(m in mech for mech in mechs)])
+        ]
     if caps.landlock_abi == 0:
         warnings.append(
             "Landlock is not available on this kernel: the phase runs without a filesystem allow-list"
@@ -385,6 +491,8 @@ def plan_sandbox(
     hidden = sorted({*prot, *(os.path.realpath(p) for p in private)})
     tmp = os.path.realpath(tempfile.gettempdir())
     broad = [*SYSTEM_READ_ROOTS, *python_roots(import_path, project_root), *extra_read]
+    if device.startswith("cuda"):  # the CUDA/NCCL libraries the ranks will load, where they are
+        broad += loaded_gpu_library_dirs(broad)
     for path in dict.fromkeys(broad):
         if os.path.exists(path):
             rules += broad_read_rules(path, prot, hidden, tmp, warnings)
@@ -433,6 +541,7 @@ def plan_sandbox(
         seccomp=seccomp and seccomp_supported(),
         missing_layers=missing,
         allowed_missing=allowed,
+        guarantees=tuple(guarantees(*_recorded_gaps(missing, allowed, network)).items()),
         memory_limit_bytes=memory_limit_bytes,
     )
 

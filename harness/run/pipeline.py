@@ -522,6 +522,8 @@ def _phases(
             eval_budget_s=eval_deadline_s,
             allow_missing_layers=parse_layers(launch.allow_missing_layers),
             json_out=score_out,
+            # on a GPU node the windows go over as many GPUs as trained (one worker each); CPU: one worker
+            scoring_workers=launch.nproc_per_node if device.startswith("cuda") else 1,
         )
         cmd = [sys.executable, "-m", "scoring", *request.to_argv()]
         outer_s = eval_deadline_s + SCORER_STARTUP_S if math.isfinite(eval_deadline_s) else None

@@ -67,6 +67,8 @@ class ScoreRequest:
     allow_missing_layers: tuple[str, ...] = ()
     """Isolation layers an official accepts as missing under sandbox 'required' (recorded in score.json)."""
     json_out: Path | None = None
+    scoring_workers: int = 1
+    """Model workers the windows are sharded over (on CUDA one per device, cuda:0 .. cuda:K-1)."""
 
     def to_argv(self) -> list[str]:
         e = self.eval
@@ -77,6 +79,7 @@ class ScoreRequest:
             "--adapt-chunk-tokens", str(e.adapt_chunk_tokens), "--device", self.device,
             "--threads", str(self.threads), "--sandbox", self.sandbox, "--eval-budget-s", repr(self.eval_budget_s),
             "--probes", str(self.probes), "--memory-limit-bytes", str(self.memory_limit_bytes),
+            "--scoring-workers", str(self.scoring_workers),
         ]  # fmt: skip
         if not self.confine:
             argv.append("--no-confine")
@@ -115,6 +118,7 @@ class ScoreRequest:
             memory_limit_bytes=args.memory_limit_bytes,
             allow_missing_layers=parse_layers(args.allow_missing_layer, "--allow-missing-layer"),
             json_out=Path(args.json_out).absolute() if args.json_out else None,
+            scoring_workers=args.scoring_workers,
         )
 
 
@@ -175,6 +179,7 @@ def cmd_score(args: argparse.Namespace) -> int:
             probe_cfg=ProbeConfig(probes=req.probes),
             memory_limit_bytes=None if req.memory_limit_bytes < 0 else req.memory_limit_bytes,
             allow_missing_layers=req.allow_missing_layers,
+            scoring_workers=req.scoring_workers,
         )
     except (
         FileNotFoundError,
@@ -273,6 +278,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="kill the model worker past this (over_eval_budget)",
     )
     p.add_argument("--probes", type=int, default=ProbeConfig().probes, help="probe batches (fresh workers)")
+    p.add_argument(
+        "--scoring-workers",
+        type=int,
+        default=1,
+        help="model workers the windows are sharded over (CUDA: one per device, cuda:0 .. K-1); same bits",
+    )
     p.add_argument(
         "--memory-limit-bytes",
         type=int,

@@ -20,8 +20,9 @@ at offsets f..n-1; the plan is built so that each target of the mode is scored e
 
 Windows are batched (`batch_seqs` windows of L tokens per forward; shorter windows are sorted by
 length and packed to the same token budget, right-padded with token 0, which a causal model never
-sees: the causality probe in scoring/score/probes.py checks exactly that). The scorer takes the model's
-logits, checks their shape and finiteness, and computes log-softmax and the loss itself in
+sees: the causality probe in scoring/score/probes.py checks exactly that). The scorer asks for the model's
+logits at the scored positions only (a sliding window's first L - stride positions are context: their
+logits never cross from a worker), checks their shape and finiteness, and computes log-softmax and the loss itself in
 float64 (float64 sums); a model never reports its own loss. float64 makes the analytic goldens
 exact: uniform logits over 256 byte pieces score 8.0 bpb. A model that sets
 `pgolf_output = "log_probs"` returns log-probabilities instead; they are used as they are, and
@@ -43,7 +44,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -55,6 +56,7 @@ from data.canonical import TargetBytes
 from data.tokenizer import BOS_ID
 from scoring.score.bpb import BpbSums
 from scoring.worker.loading import output_kind
+from scoring.worker.wire import select_scored
 
 EVAL_MODES = ("standard", "sliding", "documents")
 EVAL_DTYPES = ("float32", "bfloat16")
@@ -85,6 +87,10 @@ class Scorable(Protocol):
         """[B, L, V] output for the token ids x_BL (possibly a view valid until the next call)."""
         ...
 
+    # Optional: scored_logits(x_BL, ranges_B2) -> [N, V], the output at each row's positions [from, to) only,
+    # row by row (what the evaluation asks for: a worker then ships only those). A Scorable without it
+    # answers `logits` and the scorer selects the same positions (model_scored_logits).
+
 
 class LocalModel:
     """An nn.Module in this process, behind the Scorable interface (tests, benches, in-process tools).
@@ -100,6 +106,9 @@ class LocalModel:
         on = self.dtype == "bfloat16"
         with torch.autocast(device_type=x_BL.device.type, dtype=torch.bfloat16, enabled=on):
             return self.module(x_BL)
+
+    def scored_logits(self, x_BL: torch.Tensor, ranges_B2: np.ndarray) -> torch.Tensor:
+        return select_scored(self.logits(x_BL), ranges_B2)
 
 
 def as_scorable(model: nn.Module | Scorable, dtype: str) -> Scorable:
@@ -155,6 +164,18 @@ class EvalConfig:
         return max(1, self.seq_len // 2) if self.mode == "sliding" else self.seq_len
 
 
+class KeptBatch(NamedTuple):
+    """A probe batch as it was scored: its inputs, real positions, scored ranges and the scorer's copy of the
+    logits at the scored positions (the only ones that crossed)."""
+
+    x_BL: np.ndarray
+    valid_BL: np.ndarray
+    ranges_B2: np.ndarray
+    """int64 [B, 2]: row b's scored positions are ranges_B2[b, 0] .. ranges_B2[b, 1] - 1."""
+    logits_NV: torch.Tensor
+    """float32 [N, V]: the scored positions, row by row."""
+
+
 @dataclass(frozen=True)
 class EvalResult:
     sums: BpbSums
@@ -166,8 +187,8 @@ class EvalResult:
     chunks: int = 1
     batches: int = 0
     """Forward passes made."""
-    kept: dict[int, tuple[np.ndarray, np.ndarray, torch.Tensor]] = field(default_factory=dict)
-    """Batch index -> (x_BL, valid_BL, float32 logits copy) for the batches asked for in keep_batches."""
+    kept: dict[int, KeptBatch] = field(default_factory=dict)
+    """Batch index -> the batch and its scored logits, for the batches asked for in keep_batches."""
     kept_chunks: dict[int, int] = field(default_factory=dict)
     """Batch index -> the adaptation chunk it was scored in (0 without adaptation)."""
 
@@ -304,6 +325,35 @@ def model_logits(
     return logits_BLV
 
 
+def model_scored_logits(
+    model: nn.Module | Scorable, x_BL: torch.Tensor, ranges_B2: np.ndarray, vocab_size: int, dtype: str
+) -> torch.Tensor:
+    """The model's output at each row's scored positions [from, to), row by row, checked to be [N, V >= vocab_size].
+
+    A Scorable with `scored_logits` (a worker: only these positions cross) is asked for them; one without is
+    asked for every position and the same positions are selected here. Either way the loss is the scorer's."""
+    scorable = as_scorable(model, dtype)
+    ask = getattr(scorable, "scored_logits", None)
+    if ask is None:
+        return select_scored(model_logits(scorable, x_BL, vocab_size, dtype), ranges_B2)
+    return check_scored(ask(x_BL, ranges_B2), ranges_B2, vocab_size)
+
+
+def check_scored(out_NV: Any, ranges_B2: np.ndarray, vocab_size: int) -> torch.Tensor:
+    """An answer at the scored positions, checked to be a [N, V >= vocab_size] tensor."""
+    N = int((ranges_B2[:, 1] - ranges_B2[:, 0]).sum())
+    if not isinstance(out_NV, torch.Tensor):
+        raise ValueError(
+            f"model forward returned {type(out_NV).__name__}; it must return logits [batch, seq, vocab]"
+        )
+    if out_NV.ndim != 2 or out_NV.shape[0] != N or out_NV.shape[1] < vocab_size:
+        raise ValueError(
+            f"model returned logits of shape {tuple(out_NV.shape)} at the scored positions; expected ({N}, V) "
+            f"with V >= {vocab_size}"
+        )
+    return out_NV
+
+
 class LossWorkspace:
     """A reused float64 buffer for the loss, so that no (N, V) float64 tensor is allocated per batch.
 
@@ -424,6 +474,40 @@ def _batches(plan: WindowPlan, idx: np.ndarray, cfg: EvalConfig) -> list[np.ndar
     return out
 
 
+@dataclass
+class _Batch:
+    """One forward pass's rows as the scorer builds them (before the model is asked)."""
+
+    perm: np.ndarray | None
+    n: int
+    offs: np.ndarray
+    valid_BL: np.ndarray
+    pos_BL: np.ndarray
+    x_BL: np.ndarray
+    y_BL: np.ndarray
+    scored_BL: np.ndarray
+    ranges_B2: np.ndarray
+
+
+def _prepare_batch(
+    toks: np.ndarray, plan: WindowPlan, w: np.ndarray, shuffle: np.random.Generator | None
+) -> _Batch:
+    perm = shuffle.permutation(w.size) if shuffle is not None else None
+    if perm is not None:  # rows in a secret order: the next window of the text is not the next row
+        w = w[perm]
+    starts, lengths, score_from = plan.starts[w], plan.lengths[w], plan.score_from[w]
+    n = int(lengths.max())
+    offs = np.arange(n, dtype=np.int64)
+    valid_BL = offs[None, :] < lengths[:, None]
+    pos_BL = starts[:, None] + offs[None, :]
+    x_BL = np.where(valid_BL, toks[np.where(valid_BL, pos_BL, 0)], PAD_TOKEN).astype(np.int64)
+    y_BL = np.where(valid_BL, toks[np.where(valid_BL, pos_BL + 1, 0)], PAD_TOKEN).astype(np.int64)
+    scored_BL = valid_BL & (offs[None, :] >= score_from[:, None])
+    # only the scored positions are asked for (row b: score_from .. length - 1, the same rows of scored_BL)
+    ranges_B2 = np.stack([score_from, lengths], axis=1).astype(np.int64)
+    return _Batch(perm, n, offs, valid_BL, pos_BL, x_BL, y_BL, scored_BL, ranges_B2)
+
+
 def _score_batch(
     model: nn.Module | Scorable,
     toks: np.ndarray,
@@ -436,35 +520,41 @@ def _score_batch(
     sums: BpbSums,
     on_scored: ScoredCallback | None,
     ws: LossWorkspace,
-    keep: dict[int, tuple[np.ndarray, np.ndarray, torch.Tensor]] | None,
+    keep: dict[int, KeptBatch | None] | None,
     batch_index: int,
     shuffle: np.random.Generator | None = None,
 ) -> None:
-    perm = shuffle.permutation(w.size) if shuffle is not None else None
-    if perm is not None:  # rows in a secret order: the next window of the text is not the next row
-        w = w[perm]
-    starts, lengths, score_from = plan.starts[w], plan.lengths[w], plan.score_from[w]
-    n = int(lengths.max())
-    offs = np.arange(n, dtype=np.int64)
-    valid_BL = offs[None, :] < lengths[:, None]
-    pos_BL = starts[:, None] + offs[None, :]
-    x_BL = np.where(valid_BL, toks[np.where(valid_BL, pos_BL, 0)], PAD_TOKEN).astype(np.int64)
-    y_BL = np.where(valid_BL, toks[np.where(valid_BL, pos_BL + 1, 0)], PAD_TOKEN).astype(np.int64)
-    scored_BL = valid_BL & (offs[None, :] >= score_from[:, None])
-    logits_BLV = model_logits(model, torch.from_numpy(x_BL).to(device), table.vocab_size, cfg.dtype)
-    V = logits_BLV.shape[-1]
+    bt = _prepare_batch(toks, plan, w, shuffle)
+    x_dev = torch.from_numpy(bt.x_BL).to(device)
+    out_NV = model_scored_logits(model, x_dev, bt.ranges_B2, table.vocab_size, cfg.dtype)
+    _finish_batch(bt, out_NV, table, device, output, sums, on_scored, ws, keep, batch_index)
+
+
+def _finish_batch(
+    bt: _Batch,
+    out_NV: torch.Tensor,
+    table: TargetBytes,
+    device: torch.device,
+    output: str,
+    sums: BpbSums,
+    on_scored: ScoredCallback | None,
+    ws: LossWorkspace,
+    keep: dict[int, KeptBatch | None] | None,
+    batch_index: int,
+) -> None:
+    """The scorer's loss on a batch's answer at its scored positions, summed in plan order."""
+    perm, n, offs, valid_BL, pos_BL = bt.perm, bt.n, bt.offs, bt.valid_BL, bt.pos_BL
+    x_BL, y_BL, scored_BL, ranges_B2 = bt.x_BL, bt.y_BL, bt.scored_BL, bt.ranges_B2
     if keep is not None and batch_index in keep:
         # a probe batch: the scorer reads the worker's buffer once, into its own copy, and scores that very
         # copy; a worker that rewrote its buffer after answering (a thread racing the scorer) cannot make
         # the values compared by the probes differ from the values scored
-        logits_BLV = logits_BLV.detach().float().clone()
-        keep[batch_index] = (x_BL, valid_BL, logits_BLV.cpu())
+        out_NV = out_NV.detach().float().clone()
+        keep[batch_index] = KeptBatch(x_BL, valid_BL, ranges_B2, out_NV.cpu())
     if scored_BL.all():
-        out_NV, y_N, x_N = logits_BLV.reshape(-1, V), y_BL.reshape(-1), x_BL.reshape(-1)
-        pos_N = pos_BL.reshape(-1) + 1
+        y_N, x_N, pos_N = y_BL.reshape(-1), x_BL.reshape(-1), pos_BL.reshape(-1) + 1
     else:
-        sel = torch.from_numpy(scored_BL).to(device)
-        out_NV, y_N, x_N, pos_N = logits_BLV[sel], y_BL[scored_BL], x_BL[scored_BL], pos_BL[scored_BL] + 1
+        y_N, x_N, pos_N = y_BL[scored_BL], x_BL[scored_BL], pos_BL[scored_BL] + 1
     nats_N = nats_of(out_NV, torch.from_numpy(y_N).to(device), output, ws)
     if (
         perm is not None
@@ -523,9 +613,11 @@ def evaluate(
     chunks = _chunks(plan, cfg.adapt_chunk_tokens if adapter is not None else None)
     grad_off = torch.no_grad if adapter is not None else torch.inference_mode
     ws = LossWorkspace()
-    keep: dict[int, Any] = dict.fromkeys(keep_batches)
+    keep: dict[int, KeptBatch | None] = dict.fromkeys(keep_batches)
     shuffle = np.random.default_rng([shuffle_seed, 2]) if shuffle_seed is not None else None
     kept_chunks: dict[int, int] = {}
+    # several workers (scoring/score/remote.py WorkerPool: one per device) score the batches in turn
+    pool: list[Any] = list(getattr(model, "workers", ()) or ())
     b = 0
     scored_upto = 0  # every target at a position <= scored_upto has been scored
     with tqdm(total=plan.num_windows, desc="score", unit="win", disable=None, leave=False) as bar:
@@ -533,7 +625,21 @@ def evaluate(
             if adapter is not None:
                 adapter.before_chunk(model, c)
             with grad_off():
-                for w in _batches(plan, idx, cfg):
+                batches = _batches(plan, idx, cfg)
+                if len(pool) > 1:  # one batch per worker at a time, answers taken and scored in batch order
+                    for g in range(0, len(batches), len(pool)):
+                        group = [_prepare_batch(toks, plan, w, shuffle) for w in batches[g : g + len(pool)]]
+                        for worker, bt in zip(pool, group, strict=False):
+                            worker.submit(torch.from_numpy(bt.x_BL).to(device), bt.ranges_B2)
+                        for worker, bt in zip(pool, group, strict=False):
+                            out_NV = check_scored(worker.collect(), bt.ranges_B2, table.vocab_size)
+                            _finish_batch(bt, out_NV, table, device, output, sums, on_scored, ws, keep, b)
+                            if b in keep:
+                                kept_chunks[b] = c
+                            b += 1
+                            bar.update(int(bt.x_BL.shape[0]))
+                    batches = []
+                for w in batches:
                     _score_batch(
                         model,
                         toks,

@@ -7,12 +7,12 @@ Causality, the way the scorer checks it:
 - The batches probed are real scoring batches of the real shape, chosen in advance among all the
   forward passes of the evaluation with a seed drawn per run from the operating system (recorded
   only after the run). The scorer keeps its own copy of the logits it scored for them (`kept`).
-- For each, a cut (row r, position t) is drawn among the batch's real positions, and a variant of
+- For each, a cut (row r, position t) is drawn among the batch's scored positions, and a variant of
   the batch replaces everything after it in stream order (the rest of row r and every later row)
   with real validation tokens from elsewhere: the variant is as ordinary as any other batch.
 - The variant goes to a fresh model worker, a new process from the same artifact that has seen no
   data (`fresh`): its first forward pass, like the main worker's first. Its logits at every
-  position up to the cut (every earlier row whole, row r up to t) must equal those the main worker
+  scored position up to the cut (every earlier row's, row r's up to t) must equal those the main worker
   returned when the batch was scored, bit for bit in float32 (`atol`, default 0). A model that
   peeks at a later token, mixes rows, or behaves differently in the run that is scored than in a
   fresh process, fails. Only then does that worker get the unchanged batch, whose logits must equal
@@ -29,7 +29,10 @@ Causality, the way the scorer checks it:
 - Normalization is not sampled: returned log-probabilities are checked at every position of every
   batch (scoring/score/evaluate.py, check_normalized); logits are normalized by the scorer itself.
 
-The comparison runs on plain tensors the scorer copied out of the shared buffers itself. A
+Only the scored positions' logits cross from a worker (every batch asks for them the same way, a
+probe's with the ranges of the batch it varies), so the comparisons run on those: a position that is
+not scored has no logits that count. The comparison runs on plain tensors the scorer copied out of the
+shared buffers itself. A
 ProbeFailure names the batch, the cut and the first position whose logits differ, with the size.
 """
 
@@ -44,10 +47,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from scoring.score.evaluate import RuleViolation, Scorable
+from scoring.score.evaluate import KeptBatch, RuleViolation, Scorable, model_scored_logits
 from scoring.score.remote import EvalDeadline, WorkerFailure
+from scoring.worker.wire import scored_positions
 
-PROBE_VERSION = 4
+PROBE_VERSION = 5
+"""5: logits compared at the scored positions only (the only ones that cross), the cut drawn among them."""
 PROBE_WORKERS_PER_PROBE = 2
 """Fresh workers a probe takes: one for the causality variant (then the unchanged batch), one for the
 row-isolation variant; neither has seen the batch before its variant."""
@@ -92,11 +97,16 @@ def plan_probes(num_batches: int, cfg: ProbeConfig) -> ProbePlan:
 
 
 def make_variant(
-    x_BL: np.ndarray, valid_BL: np.ndarray, tokens: np.ndarray, rng: np.random.Generator
+    x_BL: np.ndarray,
+    valid_BL: np.ndarray,
+    tokens: np.ndarray,
+    rng: np.random.Generator,
+    scored_BL: np.ndarray | None = None,
 ) -> tuple[np.ndarray, int, int, int]:
     """(variant, r, t, cut): every real position after (r, t) in stream order replaced by real tokens from elsewhere.
 
-    `cut` is the flat index of (r, t) among the batch's real positions (row-major order).
+    `cut` is the flat index of (r, t) among the batch's real positions (row-major order); (r, t) is a scored
+    position (`scored_BL`, default every real one): only those cross, so only those are compared.
     """
     flat = np.flatnonzero(valid_BL.reshape(-1))  # real positions, stream order
     if flat.size < 2:
@@ -104,7 +114,12 @@ def make_variant(
     # Anywhere but the batch's last real position: a cut inside a row changes the row's own future, a cut at
     # a row's end changes every later row (the scorer sends rows in a secret order, so a row's text does not
     # continue in the next row; a model that looks across rows is caught either way).
-    cut = int(rng.integers(0, flat.size - 1))
+    where = np.arange(flat.size - 1)  # indices into flat
+    if scored_BL is not None:
+        where = where[scored_BL.reshape(-1)[flat[:-1]]]
+        if where.size == 0:
+            raise ValueError("a probe batch needs a scored position before its last real one")
+    cut = int(where[int(rng.integers(0, where.size))])
     after = flat[cut + 1 :]
     x2 = x_BL.copy().reshape(-1)
     m = after.size
@@ -137,47 +152,49 @@ def isolate_row(
 
 
 def _compare_row(
-    base_BLV: torch.Tensor, other_BLV: torch.Tensor, valid_BL: np.ndarray, r: int, atol: float, what: str
+    base_NV: torch.Tensor, other_NV: torch.Tensor, pos_N: np.ndarray, L: int, r: int, atol: float, what: str
 ) -> float:
-    """Row r's logits must not depend on the other rows of its batch."""
-    n = int(valid_BL[r].sum())
-    a, b = base_BLV[r, :n], other_BLV[r, :n]
+    """Row r's logits (at its scored positions; `pos_N`: their flat indices) must not depend on the other rows."""
+    rows = np.flatnonzero(pos_N // L == r)
+    idx = torch.from_numpy(rows)
+    a, b = base_NV[idx], other_NV[idx]
     d = torch.where(torch.isnan(a) & torch.isnan(b), torch.zeros_like(a), (a - b).abs()).amax(-1)
     bad = torch.isnan(d) | (d > atol)
     if bool(bad.any()):
-        t = int(torch.nonzero(bad)[0])
+        t = int(pos_N[rows[int(torch.nonzero(bad)[0])]] % L)
         raise ProbeFailure(
             f"row-independence probe failed ({what}): changing the other rows of the batch changed the logits at "
-            f"row {r} position {t} (max |Δlogit| = {float(d[t]):.3g} > {atol:g}); rows of a batch must not see each other"
+            f"row {r} position {t} (max |Δlogit| = {float(d[bad].max()):.3g} > {atol:g}); rows of a batch must not see each other"
         )
     return float(d.max()) if d.numel() else 0.0
 
 
 def _compare(
-    base_BLV: torch.Tensor,
-    other_BLV: torch.Tensor,
-    valid_BL: np.ndarray,
-    cut: int,
+    base_NV: torch.Tensor,
+    other_NV: torch.Tensor,
+    pos_N: np.ndarray,
+    L: int,
+    upto: int,
     atol: float,
     what: str,
     kind: str = "variant",
 ) -> tuple[float, int]:
-    """Max |Δlogit| over the real positions up to `cut` (stream order); ProbeFailure beyond `atol`."""
-    flat = np.flatnonzero(valid_BL.reshape(-1))[: cut + 1]
-    B, L, V = base_BLV.shape
-    if tuple(other_BLV.shape) != (B, L, V):
+    """Max |Δlogit| over the scored positions (`pos_N`: flat indices, row by row) at or before the flat index
+    `upto` (stream order); ProbeFailure beyond `atol`."""
+    if tuple(other_NV.shape) != tuple(base_NV.shape):
         raise ProbeFailure(
-            f"causality probe failed ({what}): logits of shape {tuple(other_BLV.shape)}, not {(B, L, V)}"
+            f"causality probe failed ({what}): logits of shape {tuple(other_NV.shape)}, not {tuple(base_NV.shape)}"
         )
-    idx = torch.from_numpy(flat)
-    a, b = base_BLV.reshape(B * L, V)[idx], other_BLV.reshape(B * L, V)[idx]
+    rows = np.flatnonzero(pos_N <= upto)
+    idx = torch.from_numpy(rows)
+    a, b = base_NV[idx], other_NV[idx]
     same_nan = torch.isnan(a) & torch.isnan(b)
     d = torch.where(same_nan, torch.zeros_like(a), (a - b).abs()).amax(-1)  # (P,)
     bad = torch.isnan(d) | (d > atol)
     if bool(bad.any()):
         i = int(torch.nonzero(bad)[0])
-        r, t = divmod(int(flat[i]), L)
-        cr, ct = divmod(int(flat[-1]), L)
+        r, t = divmod(int(pos_N[rows[i]]), L)
+        cr, ct = divmod(upto, L)
         if kind == "fresh":
             raise ProbeFailure(
                 f"consistency probe failed ({what}): a fresh worker given the same batch returned other logits at "
@@ -189,11 +206,13 @@ def _compare(
             f"at row {r} position {t} (max |Δlogit| = {float(d[i]):.3g} > {atol:g}); a model may use only the tokens "
             "at or before the position it predicts, in its own row"
         )
-    return float(d.max()) if d.numel() else 0.0, int(flat.size)
+    return float(d.max()) if d.numel() else 0.0, int(rows.size)
 
 
-def logits_of(worker: Scorable, x: np.ndarray) -> torch.Tensor:
-    return worker.logits(torch.from_numpy(x)).detach().float().cpu().clone()
+def logits_of(worker: Scorable, x: np.ndarray, ranges_B2: np.ndarray, vocab_size: int) -> torch.Tensor:
+    """A fresh worker's logits at the scored positions, asked for as the scored batch's were (same ranges)."""
+    out = model_scored_logits(worker, torch.from_numpy(x), ranges_B2, vocab_size, "float32")
+    return out.detach().float().cpu().clone()
 
 
 Replay = Callable[[Scorable, int], None]
@@ -203,7 +222,7 @@ Replay = Callable[[Scorable, int], None]
 @torch.inference_mode()
 def run_probes(
     plan: ProbePlan,
-    kept: dict[int, tuple[np.ndarray, np.ndarray, torch.Tensor]],
+    kept: dict[int, KeptBatch],
     fresh: Iterator[Scorable],
     tokens: np.ndarray,
     cfg: ProbeConfig,
@@ -265,7 +284,7 @@ def run_probes(
 
 def _probe_batch(
     b: int,
-    kept_b: tuple[np.ndarray, np.ndarray, torch.Tensor],
+    kept_b: KeptBatch,
     fresh: Iterator[Scorable],
     tokens: np.ndarray,
     cfg: ProbeConfig,
@@ -274,9 +293,14 @@ def _probe_batch(
     kept_chunks: dict[int, int] | None,
 ) -> dict[str, Any]:
     """One probe of batch `b` in PROBE_WORKERS_PER_PROBE fresh workers (see run_probes); its record."""
-    x_BL, valid_BL, scored_BLV = kept_b
-    x2_BL, r, t, cut = make_variant(x_BL, valid_BL, tokens, rng)
+    x_BL, valid_BL, ranges_B2, scored_NV = kept_b
+    L = x_BL.shape[1]
+    pos_N = scored_positions(ranges_B2, L)
+    scored_BL = np.zeros(x_BL.size, dtype=bool)
+    scored_BL[pos_N] = True
+    x2_BL, r, t, cut = make_variant(x_BL, valid_BL, tokens, rng, scored_BL.reshape(x_BL.shape))
     iso_BL = isolate_row(x_BL, valid_BL, r, tokens, rng)
+    V = int(scored_NV.shape[1])
     chunk = (kept_chunks or {}).get(b, 0)
     # one worker at a time, in this order: the causal one (variant, then the unchanged batch) is done
     # and closed before the row-isolation one, which holds row r whole, runs any submitted code (`fresh`
@@ -284,29 +308,38 @@ def _probe_batch(
     # ran first could otherwise leave the original's future for the variant's (an attacker's live
     # channel between the two workers of a pair, passed half of the time when the order was drawn)
     causal = next(fresh)
+    replay_s = 0.0
     if replay is not None and chunk:
+        t0 = time.perf_counter()
         replay(causal, chunk)
-    diff, compared = _compare(scored_BLV, logits_of(causal, x2_BL), valid_BL, cut, cfg.atol, f"batch {b}")
-    last = int(np.flatnonzero(valid_BL.reshape(-1)).size) - 1
+        replay_s += time.perf_counter() - t0
+    upto = r * L + t
+    diff, compared = _compare(
+        scored_NV, logits_of(causal, x2_BL, ranges_B2, V), pos_N, L, upto, cfg.atol, f"batch {b}"
+    )
     same, _ = _compare(
-        scored_BLV,
-        logits_of(causal, x_BL),
-        valid_BL,
-        last,
+        scored_NV,
+        logits_of(causal, x_BL, ranges_B2, V),
+        pos_N,
+        L,
+        x_BL.size,
         cfg.atol,
         f"batch {b}, scored vs fresh",
         "fresh",
     )
     isolated = next(fresh)
     if replay is not None and chunk:
+        t0 = time.perf_counter()
         replay(isolated, chunk)
-    iso_logits = logits_of(isolated, iso_BL)
-    row_diff = _compare_row(scored_BLV, iso_logits, valid_BL, r, cfg.atol, f"batch {b}")
+        replay_s += time.perf_counter() - t0
+    iso_logits = logits_of(isolated, iso_BL, ranges_B2, V)
+    row_diff = _compare_row(scored_NV, iso_logits, pos_N, L, r, cfg.atol, f"batch {b}")
     return {
         "batch": b,
         "row": r,
         "position": t,
         "adaptation_chunks_replayed": chunk if replay is not None else 0,
+        "replay_time_s": replay_s,
         "positions_compared": compared,
         "max_abs_diff": max(same, diff, row_diff),
     }

@@ -8,9 +8,9 @@ scoring.worker` inside it. Its output goes through a pipe the scorer owns (kept,
 record), never to a file the worker could truncate.
 
 `WorkerModel` is what the evaluator and the probes call (scoring/score/evaluate.py's Scorable):
-`logits(x_BL)` writes the batch into the input buffer, asks for a forward pass, checks the reply's
-shape and returns a view of the output buffer, valid until the next call (the loss copies it into
-its own float64 buffer at once). It is also the score-first adapter: `after_chunk` hands the worker
+`scored_logits(x_BL, ranges)` writes the batch and each row's scored range into the input buffer,
+asks for a forward pass, checks the reply's shape and returns its own copy of the logits at those
+positions only ([N, V]; `logits(x_BL)` asks for every position). It is also the score-first adapter: `after_chunk` hands the worker
 a chunk's tokens only after the scorer has recorded the chunk's scores. Every wait has a deadline:
 past it the worker is killed (EvalDeadline). A worker error reply, a crash, a broken message or a
 death by signal becomes a WorkerFailure with a verdict kind.
@@ -38,7 +38,16 @@ from isolation.sandbox import SandboxPlan, plan_sandbox
 from scoring.worker.confined import PRIVATE_DIRS, PROJECT_ROOT, WORKER_ISOLATION, OutputTail, worker_env
 from scoring.worker.env import names
 from scoring.worker.process import WORKER_SPEC_FORMAT, WORKER_SPEC_VERSION, kernel_oom_kills, oom_killed_since
-from scoring.worker.wire import Reply, SharedBuffer, WireError, WorkerGone, recv, send, socket_pair
+from scoring.worker.wire import (
+    Reply,
+    SharedBuffer,
+    WireError,
+    WorkerGone,
+    check_ranges,
+    recv,
+    send,
+    socket_pair,
+)
 
 READY_TIMEOUT_S = 300.0
 
@@ -152,6 +161,9 @@ class WorkerModel:
         self.deadline: float | None = None
         """time.monotonic() past which a wait kills the worker (EvalDeadline); None: READY_TIMEOUT_S per wait."""
         self.forwards = 0
+        self._pending: tuple[int, torch.device] | None = None
+        self.bytes_read = 0
+        """Bytes of logits read out of the worker's answers (the scored positions' [N, V] float32)."""
         self._started = False
         self._adapt_s = 0.0
         self.delivered: list[tuple[int, int]] = []
@@ -186,6 +198,12 @@ class WorkerModel:
             self.kill()
             raise WorkerFailure(reply.fields["kind"], reply.fields["message"])
         return reply
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        try:
+            send(self.sock, {**msg, "in_bytes": self.inbuf.nbytes})
+        except (WorkerGone, ConnectionError, OSError):
+            raise self._died() from None
 
     def _died(self) -> WorkerFailure:
         try:
@@ -233,20 +251,50 @@ class WorkerModel:
     # ---- Scorable: what evaluate() and the probes call ----
 
     def logits(self, x_BL: torch.Tensor) -> torch.Tensor:
-        """[B, L, V] float32 logits of the worker's model: the scorer's own copy, read from the shared buffer
-        at once when the worker answers. The worker keeps its mapping of that buffer (a thread of its could go
-        on writing after the answer), so nothing is computed from the buffer itself: every batch is read once,
-        the same way, whether or not it is a probe batch, and what is scored is what the probes compare."""
+        """[B, L, V] float32 logits at every position (tools and benches; the evaluation asks for the
+        scored positions only, `scored_logits`)."""
         B, L = x_BL.shape
+        ranges_B2 = np.zeros((B, 2), dtype=np.int64)
+        ranges_B2[:, 1] = L
+        out_NV = self.scored_logits(x_BL, ranges_B2)
+        return out_NV.view(B, L, out_NV.shape[1])
+
+    def scored_logits(self, x_BL: torch.Tensor, ranges_B2: np.ndarray) -> torch.Tensor:
+        """[N, V] float32 logits of the worker's model at the positions of each row's range [from, to), row
+        by row: the scorer's own copy, read from the shared buffer at once when the worker answers. The worker
+        keeps its mapping of that buffer (a thread of its could go on writing after the answer), so nothing is
+        computed from the buffer itself: every batch is read once, the same way, whether or not it is a probe
+        batch, and what is scored is what the probes compare. Only these positions cross: a sliding window's
+        context does not (`bytes_read` counts what did)."""
+        self.submit(x_BL, ranges_B2)
+        return self.collect()
+
+    def submit(self, x_BL: torch.Tensor, ranges_B2: np.ndarray) -> None:
+        """Send a batch and its scored ranges for a forward pass without waiting for it (`collect` reads the
+        answer): several workers compute at once (WorkerPool)."""
+        B, L = x_BL.shape
+        ranges_B2 = check_ranges(ranges_B2, B, L)
         n = B * L
-        if n * 8 > self.inbuf.nbytes:
-            self.inbuf.grow(n * 8)
-        self.inbuf.array(np.int64, n)[:] = x_BL.reshape(-1).cpu().numpy()
-        reply = self._ask({"op": "forward", "rows": B, "length": L})
-        _, _, V = reply.shape(B, L, self.cfg.vocab_size, self.max_vocab)
+        need = (n + 2 * B) * 8
+        if need > self.inbuf.nbytes:
+            self.inbuf.grow(need)
+        both = self.inbuf.array(np.int64, n + 2 * B)
+        both[:n] = x_BL.reshape(-1).cpu().numpy()
+        both[n:] = ranges_B2.reshape(-1)
+        self._send({"op": "forward", "rows": B, "length": L})
+        self._pending = (int((ranges_B2[:, 1] - ranges_B2[:, 0]).sum()), x_BL.device)
+
+    def collect(self) -> torch.Tensor:
+        """The answer to the batch `submit` sent: [N, V] float32, the scorer's own copy (see scored_logits)."""
+        assert self._pending is not None, "collect() without a submit()"
+        N, device = self._pending
+        self._pending = None
+        reply = self._ask(None)
+        _, V = reply.shape(N, self.cfg.vocab_size, self.max_vocab)
         self.forwards += 1
-        out = self.outbuf.tensor(torch.float32, n * V).view(B, L, V)
-        return out.clone() if x_BL.device.type == "cpu" else out.to(x_BL.device)
+        self.bytes_read += N * V * 4
+        out = self.outbuf.tensor(torch.float32, N * V).view(N, V)
+        return out.clone() if device.type == "cpu" else out.to(device)
 
     # ---- ChunkAdapter: score-first adaptation in the worker ----
 
@@ -311,6 +359,54 @@ class WorkerModel:
             "isolation": {**self.plan.describe(), "environment": names(self.env)},
             "reported": self.facts,
         }
+
+
+class WorkerPool:
+    """Several model workers (one per device) scoring one evaluation: evaluate() sends batch i of each group to
+    worker i, each computes at once, and the answers are scored in batch order, so the sums are the same to the
+    bit as with one worker (every worker computes deterministically: scoring/worker/process.py). As a
+    score-first adapter it hands every chunk to every worker, all at once, so their weights stay the same."""
+
+    def __init__(self, workers: list[WorkerModel]):
+        if not workers:
+            raise ValueError("a worker pool needs at least one worker")
+        kinds = {w.output_kind for w in workers}
+        if len(kinds) != 1:
+            raise WorkerFailure(
+                "error", f"the pool's workers answered different output kinds: {sorted(kinds)}"
+            )
+        self.workers = workers
+        self.output_kind = workers[0].output_kind
+        self._adapt_s = 0.0
+
+    def logits(self, x_BL: torch.Tensor) -> torch.Tensor:
+        return self.workers[0].logits(x_BL)
+
+    def scored_logits(self, x_BL: torch.Tensor, ranges_B2: np.ndarray) -> torch.Tensor:
+        return self.workers[0].scored_logits(x_BL, ranges_B2)
+
+    @property
+    def adapt_time_s(self) -> float:
+        return self._adapt_s
+
+    def before_chunk(self, model: Any, chunk: int) -> None:
+        for w in self.workers:
+            w._send({"op": "chunk_begin", "chunk": chunk})
+        for w in self.workers:
+            w._ask(None)
+
+    def after_chunk(self, model: Any, chunk: int, scored_tokens: np.ndarray, first_position: int) -> None:
+        n = int(scored_tokens.size)
+        t0 = time.perf_counter()
+        for w in self.workers:
+            if n * 8 > w.inbuf.nbytes:
+                w.inbuf.grow(n * 8)
+            w.inbuf.array(np.int64, n)[:] = scored_tokens
+            w._send({"op": "adapt", "chunk": chunk, "n": n, "first_position": first_position})
+        for w in self.workers:
+            w._ask(None)
+            w.delivered.append((first_position, first_position + n))
+        self._adapt_s += time.perf_counter() - t0
 
 
 def start_worker(cfg: WorkerConfig) -> WorkerModel:

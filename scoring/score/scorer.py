@@ -64,7 +64,7 @@ from scoring.score.evaluate import (
 )
 from scoring.score.probes import PROBE_WORKERS_PER_PROBE, ProbeConfig, ProbeFailure, plan_probes, run_probes
 from scoring.score.record import ScoreRecord
-from scoring.score.remote import EvalDeadline, WorkerConfig, WorkerModel, start_worker
+from scoring.score.remote import EvalDeadline, WorkerConfig, WorkerModel, WorkerPool, start_worker
 from scoring.worker.child import default_memory_limit_bytes, tune_cpu_allocator
 
 ENFORCEMENT = {
@@ -208,9 +208,12 @@ def score_artifact(
     probe_cfg: ProbeConfig | None = None,
     memory_limit_bytes: int | None = None,
     allow_missing_layers: tuple[str, ...] = (),
+    scoring_workers: int = 1,
 ) -> dict[str, Any]:
     """Score one artifact (see the module docstring). `sandbox` is the workers' (auto, required, off);
-    `confine` restricts this process too once it has read the data (irreversible: one score per process)."""
+    `confine` restricts this process too once it has read the data (irreversible: one score per process).
+    `scoring_workers` > 1 shards the windows over that many model workers (WorkerPool; on CUDA one per device,
+    cuda:0 .. cuda:K-1): the same sums to the bit, the extra workers closed with the main one before the probes."""
     t_start = time.perf_counter()
     # absolute: the workers run in folders of their own, so a relative path would name another file there
     code_dir, data_dir, artifact_path = (
@@ -251,6 +254,15 @@ def score_artifact(
     )
     n_probe_workers = probe_cfg.probes * PROBE_WORKERS_PER_PROBE
     finite = math.isfinite(eval_budget_s)
+    if scoring_workers < 1:
+        raise ValueError(f"scoring_workers must be >= 1, got {scoring_workers}")
+    if dev.type == "cuda" and scoring_workers > torch.cuda.device_count():
+        raise DeviceUnavailable(
+            f"scoring_workers={scoring_workers}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+        )
+    shard_devices = [
+        worker_cfg.device if dev.type == "cpu" else f"cuda:{k}" for k in range(1, scoring_workers)
+    ]
     with ExitStack() as stack:
         main = start_worker(worker_cfg)
         stack.callback(main.close)
@@ -260,6 +272,12 @@ def score_artifact(
         main.deadline = t_clock + eval_budget_s if finite else None
         main.start()  # decodes and builds while this process reads the data; probe workers wait idle
         ready = _wait_ready_in_background(main)
+        shards = [start_worker(dataclasses.replace(worker_cfg, device=d)) for d in shard_devices]
+        for w in shards:
+            stack.callback(w.close)
+            w.deadline = main.deadline
+            w.start()
+        shards_ready = [_wait_ready_in_background(w) for w in shards]
         # the probe workers get the main one's spec (adaptation included): nothing tells them apart
         probe_workers = [
             start_worker(dataclasses.replace(worker_cfg, role="probe")) for _ in range(n_probe_workers)
@@ -295,18 +313,21 @@ def score_artifact(
                 "it was built (data/proof.py); the byte table counts nothing",
             }
         )
-        build_s = ready.result() - t_clock  # when the worker's ready came, by this process's clock
+        build_s = max([ready.result(), *(f.result() for f in shards_ready)]) - t_clock  # the last ready
         plan = plan_probes(batch_count(tokens, cfg, tokenizer.bos_id, adapting), probe_cfg)
         # the rest of the budget, from now: this process's own preparation after the build is not the entry's
         main.deadline = time.monotonic() + eval_budget_s - build_s if finite else None
+        for w in shards:
+            w.deadline = main.deadline
+        scoring: WorkerModel | WorkerPool = WorkerPool([main, *shards]) if shards else main
         result = evaluate(
-            main,
+            scoring,
             tokens,
             denominator,
             cfg,
             dev,
             bos_id=tokenizer.bos_id,
-            adapter=main if adapting else None,
+            adapter=scoring if adapting else None,
             keep_batches=plan.batches,
             shuffle_seed=plan.seed,
         )
@@ -323,7 +344,13 @@ def score_artifact(
         )
         # the main worker is gone before any probe worker runs submitted code: nothing of it is alive to hold
         # a lock, a socket or a page for them, and it never learns which of its batches are compared
+        if shards:  # the pool timed the adaptation of all its workers at once
+            main._adapt_s = result.adapt_time_s
         main_described = main.describe()
+        shards_described = [w.describe() for w in shards]
+        forwards = main.forwards + sum(w.forwards for w in shards)
+        for w in shards:
+            w.close()
         main.close()
         cache.reset()
         t_probes = time.monotonic()
@@ -349,11 +376,15 @@ def score_artifact(
             total_batches=result.batches,
         )
         probe_wall_s = time.monotonic() - t_probes
+        if probes.get(
+            "ran"
+        ):  # the replays' share of the probes (eval_clock.probe_allowance_s bounded them all)
+            probes["replay_time_s"] = sum(p.get("replay_time_s", 0.0) for p in probes["probes"])
         for w in probe_workers:  # the last of them gone, the page cache emptied: nothing for a later run
             w.close()
         cache.reset()
         probes["page_cache"] = cache.describe()
-        workers = [main_described, *(w.describe() for w in probe_workers[:1])]
+        workers = [main_described, *(w.describe() for w in probe_workers[:1]), *shards_described]
     sums = result.sums
     return ScoreRecord(
         metric_version=METRIC_VERSION,
@@ -392,7 +423,7 @@ def score_artifact(
         else None,
         code_check={"static": "passed", "files": scored_files(code_dir), "code_files_checked": checked},
         workers=workers,
-        worker_forwards=main.forwards,
+        worker_forwards=forwards,
         enforcement=ENFORCEMENT,
         confinement=confinement,
         score_wall_s=time.perf_counter() - t_start,

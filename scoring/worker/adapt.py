@@ -76,6 +76,8 @@ class ScoreFirstAdapter:
 
     hook: AdaptFn
     hook_sha256: str = ""
+    autocast_bf16: bool = False
+    """Run the hook under bfloat16 autocast, as the scoring forward runs (eval dtype bfloat16)."""
     delivered: list[tuple[int, int]] = field(default_factory=list)
     """(first position, one past the last) of every span handed to the hook, in order."""
     _adapt_s: float = 0.0
@@ -108,7 +110,10 @@ class ScoreFirstAdapter:
         chunk_t = torch.tensor(np.asarray(scored_tokens, dtype=np.int64), dtype=torch.int64, device=device)
         self.delivered.append((first_position, first_position + int(chunk_t.numel())))
         t0 = time.perf_counter()
-        with torch.enable_grad():
+        with (
+            torch.enable_grad(),
+            torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.autocast_bf16),
+        ):
             self.hook(model, chunk_t)
         if device.type == "cuda":
             torch.cuda.synchronize()

@@ -33,6 +33,11 @@ SET_BY_HARNESS also holds MKL_DYNAMIC=FALSE: MKL otherwise uses fewer threads th
 machine is busy, and a different thread count sums a matrix product in another order, so a probe
 worker started under load answered 3e-5 away from the main worker on the same batch (a false
 `illegal` of an honest entry).
+
+A model worker (main and probe alike) also gets CUBLAS_WORKSPACE_CONFIG=:4096:8 (WORKER_CUBLAS_WORKSPACE)
+and runs with torch.use_deterministic_algorithms(True) (scoring/worker/process.py): on CUDA, cuBLAS
+otherwise picks its reduction split by workspace and stream, and the backward of an adaptation hook uses
+atomics, so a probe worker replaying the same chunks would answer other bits than the main one did.
 """
 
 from __future__ import annotations
@@ -81,12 +86,16 @@ SET_BY_HARNESS = frozenset(
         "CUDA_CACHE_PATH",
         "OMP_NUM_THREADS",  # the threads the phase was given
         "MKL_DYNAMIC",  # FALSE: the thread count asked is the count used (module docstring)
+        "CUBLAS_WORKSPACE_CONFIG",  # model workers: a fixed cuBLAS workspace, deterministic matmuls (module docstring)
         TOKEN_ENV,  # the phase token: how the supervisor finds a phase's leftover processes
         "GLOO_SOCKET_IFNAME",  # "lo" in a network namespace of its own
         "NCCL_SOCKET_IFNAME",
     }
 )
 """What the harness itself sets (values of its own making, never the official's)."""
+
+WORKER_CUBLAS_WORKSPACE = ":4096:8"
+"""CUBLAS_WORKSPACE_CONFIG of every model worker: what torch.use_deterministic_algorithms needs of cuBLAS >= 10.2."""
 
 ALLOWED = PASSED_THROUGH | SET_BY_HARNESS
 """Every name a sandboxed process's environment may hold (before torchrun adds its own)."""

@@ -11,7 +11,7 @@ score-first adaptation, the tokens of a chunk after the scorer has recorded that
 
 It decodes the artifact with its codec, checks the staged code against the artifact's hashes,
 builds the model (strict load), then answers messages (scoring/worker/wire.py): a `forward` writes
-the model's logits into the shared output buffer, `chunk_begin`/`adapt` run the eval.py hook
+the model's logits at the batch's scored positions into the shared output buffer, `chunk_begin`/`adapt` run the eval.py hook
 score-first (scoring/worker/adapt.py's ScoreFirstAdapter, in this process), `quit` ends it. Any
 failure is answered with an error reply naming its kind (error, illegal, out_of_memory) before the
 process exits; the scorer believes none of what it says beyond the bytes it reads itself. It starts and
@@ -27,10 +27,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from scoring.worker.child import report_failure, run_child, tune_cpu_allocator
-from scoring.worker.wire import WIRE_VERSION, SharedBuffer, recv, send
+from scoring.worker.wire import WIRE_VERSION, SharedBuffer, check_ranges, recv, select_scored, send
 
 WORKER_SPEC_FORMAT = "pg-worker-spec"
 WORKER_SPEC_VERSION = 1
@@ -71,7 +72,11 @@ def error_kind(exc: BaseException) -> str:
 
 
 def _facts(memory: str) -> dict[str, Any]:
-    facts: dict[str, Any] = {"pid": os.getpid(), "memory_limit": memory}
+    facts: dict[str, Any] = {
+        "pid": os.getpid(),
+        "memory_limit": memory,
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+    }
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             key, _, value = line.partition(":")
@@ -110,13 +115,18 @@ class Worker:
         self.model = load_model(artifact, state, code, self.device)
         hook = load_hook(code) if self.spec.get("adapt") else None
         if hook is not None:
-            self.adapter = ScoreFirstAdapter(hook[0], hook[1])
+            # the hook runs under the scoring forward's autocast: its forward and backward see the same numerics
+            self.adapter = ScoreFirstAdapter(hook[0], hook[1], autocast_bf16=self.dtype == "bfloat16")
         return output_kind(self.model)
 
     def forward(self, rows: int, length: int) -> list[int]:
+        """The model's logits at the scored positions (the rows' ranges after the tokens in the input buffer),
+        written row major [N, V] into the output buffer: only what the scorer scores crosses."""
         assert self.model is not None
         n = rows * length
-        x_BL = self.inbuf.tensor(torch.int64, n).view(rows, length).to(self.device, copy=True)
+        both = self.inbuf.array(np.int64, n + 2 * rows)
+        ranges_B2 = check_ranges(both[n:].copy(), rows, length)
+        x_BL = torch.from_numpy(both[:n]).view(rows, length).to(self.device, copy=True)
         grad = torch.no_grad if self.adapter is not None else torch.inference_mode
         with grad(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.dtype == "bfloat16"):
             out = self.model(x_BL)
@@ -129,12 +139,15 @@ class Worker:
                 f"model returned logits of shape {tuple(out.shape)}; expected ({rows}, {length}, V)"
             )
         V = int(out.shape[2])
-        if n * V * 4 > self.outbuf.nbytes:
+        with torch.no_grad():
+            out_NV = select_scored(out, ranges_B2)
+        N = int(out_NV.shape[0])
+        if N * V * 4 > self.outbuf.nbytes:
             raise ValueError(
                 f"model returned V = {V} logits per position: more than the scorer's buffer holds"
             )
-        self.outbuf.tensor(torch.float32, n * V).view(rows, length, V).copy_(out)
-        return [rows, length, V]
+        self.outbuf.tensor(torch.float32, N * V).view(N, V).copy_(out_NV)
+        return [N, V]
 
     def handle(self, msg: dict[str, Any]) -> dict[str, Any] | None:
         op = msg.get("op")
@@ -189,6 +202,9 @@ class Worker:
 def _serve(spec: dict[str, Any], memory: str) -> int:
     if spec["device"] == "cpu":
         tune_cpu_allocator()
+    # the same bits for the same input in every worker, main and probe, adaptation included (the probes compare
+    # them bit for bit); with CUBLAS_WORKSPACE_CONFIG from the scorer (scoring/worker/env.py)
+    torch.use_deterministic_algorithms(True)
     worker = Worker(spec)
     worker.memory = memory
     return worker.serve()

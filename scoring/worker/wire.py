@@ -4,16 +4,22 @@
   JSON object of at most MAX_MESSAGE_BYTES. The scorer treats every reply as hostile input: it is
   size-bounded, parsed, and every field it uses is type- and range-checked (`Reply`).
 - Tensors travel through two anonymous shared-memory files (memfd) that the scorer creates and
-  passes to the worker at start: `inbuf` (int64 token ids the scorer writes: a batch of windows, or
-  the tokens of a scored chunk for adaptation) and `outbuf` (float32 logits the worker writes, row
-  major [B, L, V]). Neither has a path, so no file rule is needed and nothing else can open them.
+  passes to the worker at start: `inbuf` (int64 token ids the scorer writes: a batch of windows and
+  each row's scored range, or the tokens of a scored chunk for adaptation) and `outbuf` (float32
+  logits the worker writes at the scored positions only, row major [N, V]: N = the positions in the
+  rows' ranges, in row order; a sliding window's first L - stride positions never cross). Neither has a path, so no file rule is needed and nothing else can open them.
   After a `forward` reply, the scorer reads the logits out of `outbuf` into its own memory (the
   float64 loss buffer) before it sends the next message: the worker is idle then, and whatever it
   wrote later could only change values the scorer has already copied.
 
-Messages, scorer -> worker (`op`): forward {rows, length}; chunk_begin {chunk}; adapt {chunk, n,
-first_position}; quit. Worker -> scorer: ready {output, pid, facts}; ok {shape} (forward) or ok {}
-(the others); error {kind, message} with kind one of ERROR_KINDS.
+Messages, scorer -> worker (`op`): forward {rows, length} (inbuf: rows x length token ids, then
+rows x 2 scored ranges [from, to) of each row); chunk_begin {chunk}; adapt {chunk, n,
+first_position}; quit. Worker -> scorer: ready {output, pid, facts}; ok {shape: [N, V]} (forward) or
+ok {} (the others); error {kind, message} with kind one of ERROR_KINDS.
+
+Every batch asks for its scored positions the same way (a probe batch too, with the ranges of the
+batch it varies), so the ranges tell a worker nothing about whether it is being probed; what a
+scored position depends on is what the probes check.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2
+"""2: a forward answers the scored positions only ([N, V]); 1 answered [B, L, V]."""
 MAX_MESSAGE_BYTES = 1 << 16
 ERROR_KINDS = ("error", "illegal", "out_of_memory")
 """How a worker says it failed: its code raised, it broke a rule (score-first), or it ran out of memory."""
@@ -92,17 +99,45 @@ class Reply:
                 raise WireError("an error reply without a known kind and a message")
         return Reply(kind, msg)
 
-    def shape(self, rows: int, length: int, vocab_size: int, max_vocab: int) -> tuple[int, int, int]:
-        """The [B, L, V] of a forward reply, checked against the batch sent and the buffer's room."""
+    def shape(self, positions: int, vocab_size: int, max_vocab: int) -> tuple[int, int]:
+        """The [N, V] of a forward reply, checked against the positions asked for and the buffer's room."""
         s = self.fields.get("shape")
-        if not (isinstance(s, list) and len(s) == 3 and all(type(v) is int for v in s)):
-            raise WireError(f"a forward reply without a [B, L, V] shape: {s!r}")
-        if s[0] != rows or s[1] != length or not vocab_size <= s[2] <= max_vocab:
+        if not (isinstance(s, list) and len(s) == 2 and all(type(v) is int for v in s)):
+            raise WireError(f"a forward reply without an [N, V] shape: {s!r}")
+        if s[0] != positions or not vocab_size <= s[1] <= max_vocab:
             raise ValueError(
-                f"model returned logits of shape {tuple(s)}; expected ({rows}, {length}, V) with "
-                f"{vocab_size} <= V <= {max_vocab}"
+                f"model returned logits of shape {tuple(s)} at the scored positions; expected ({positions}, V) "
+                f"with {vocab_size} <= V <= {max_vocab}"
             )
-        return s[0], s[1], s[2]
+        return s[0], s[1]
+
+
+def check_ranges(ranges_B2: np.ndarray, rows: int, length: int) -> np.ndarray:
+    """The scored ranges of a forward, as int64 [rows, 2], each 0 <= from <= to <= length (ValueError otherwise)."""
+    r = np.asarray(ranges_B2, dtype=np.int64).reshape(rows, 2)
+    if r.size and not (np.all(r[:, 0] >= 0) and np.all(r[:, 0] <= r[:, 1]) and np.all(r[:, 1] <= length)):
+        raise ValueError(f"scored ranges outside [0, {length}]: {r[:4].tolist()}...")
+    return r
+
+
+def scored_positions(ranges_B2: np.ndarray, length: int) -> np.ndarray:
+    """Flat indices (row * length + offset) of the positions in the rows' ranges, in row order."""
+    offs = np.arange(length, dtype=np.int64)
+    mask_BL = (offs[None, :] >= ranges_B2[:, :1]) & (offs[None, :] < ranges_B2[:, 1:])
+    return np.flatnonzero(mask_BL.reshape(-1))
+
+
+def select_scored(out_BLV: torch.Tensor, ranges_B2: np.ndarray) -> torch.Tensor:
+    """out_BLV at the positions in each row's range [from, to), row by row: [N, V] (a view when every row
+    has the same range: a standard batch, or a batch of full sliding windows)."""
+    B, L, V = out_BLV.shape
+    if B == 0:
+        return out_BLV.reshape(0, V)
+    a, b = int(ranges_B2[0, 0]), int(ranges_B2[0, 1])
+    if np.all(ranges_B2[:, 0] == a) and np.all(ranges_B2[:, 1] == b):
+        return out_BLV[:, a:b].reshape(B * (b - a), V) if (a, b) != (0, L) else out_BLV.reshape(B * L, V)
+    idx = torch.from_numpy(scored_positions(ranges_B2, L)).to(out_BLV.device)
+    return out_BLV.reshape(B * L, V).index_select(0, idx)
 
 
 class SharedBuffer:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -206,3 +207,56 @@ def test_the_overrides_load_on_every_baseline() -> None:
 def test_an_unknown_baseline_is_a_user_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert gc.main(["--baselines", "naive_baseline,nope"]) == 2
     assert "unknown baseline(s) ['nope']" in capsys.readouterr().err
+
+
+def _lacking_caps():
+    from isolation.sandbox import MachineCaps
+
+    return MachineCaps(landlock_abi=5, root=False, unshare=None)
+
+
+def test_a_record_track_on_a_host_missing_layers_goes_unranked_unless_the_official_says() -> None:
+    from harness.config import load_config
+
+    missing = ("namespaces", "network_namespace", "signal_scoping", "world")
+    record = load_config(REPO / "baselines" / "naive_baseline", "one-gpu", [])
+    assert gc.track_overrides(record, missing, []) == ["run.track='non_record_16mb'"]
+    assert gc.track_overrides(record, (), []) == []  # a host with every layer: the record track as it is
+    assert gc.track_overrides(record, missing, ["launch.allow_missing_layers='signal_scoping'"]) == []
+    smoke = load_config(REPO / "baselines" / "naive_baseline", "tiny", [])
+    assert gc.track_overrides(smoke, missing, []) == []  # already unranked
+    note = gc.isolation_note(missing)
+    assert (
+        len(note.splitlines()) == 1
+        and "signal_scoping (Landlock ABI >= 6" in note
+        and "non_record_16mb" in note
+    )
+
+
+def test_the_check_runs_on_a_host_that_lacks_layers(monkeypatch, capsys, tmp_path) -> None:
+    """The CPU track's preset (a record track: sandbox 'required') on a machine without namespaces, worlds or
+    signal scoping: refused before (SandboxRefused is a ValueError the check did not catch, then sandbox 'off'
+    that a record track refuses); now one line says what is missing and the run trains on the unranked track."""
+    import isolation.sandbox as sandbox
+
+    monkeypatch.setattr(sandbox, "probe_machine", _lacking_caps)
+    small = [
+        "train.cpu_mode='float32'",
+        "model.num_layers=1",
+        "model.model_dim=64",
+        "train.train_seq_len=64",
+        "train.train_batch_tokens=1024",
+    ]
+    argv = ["--device", "cpu", "--preset", "cpu", "--baselines", "naive_baseline", "--train-s", "4"]
+    rc = gc.main([*argv, "--workdir", str(tmp_path), *(a for s in small for a in ("--set", s))])
+    out = capsys.readouterr().out
+    assert "isolation: this host lacks namespaces" in out and "world (" in out, out
+    assert "FAILED" not in out, out
+    assert rc == 0, out
+    assert re.search(r"^naive_baseline +ok ", out, re.M), (
+        out
+    )  # it trained (steps: the machine's load decides)
+    assert "sandbox: landlock True, namespaces []" in out  # sandboxed with what holds
+    assert (
+        "Landlock ABI 5 < 6: training can signal processes outside the sandbox" in out
+    )  # and recorded as such

@@ -13,6 +13,10 @@ from isolation.sandbox import MachineCaps, SandboxRefused
 from tests.conftest import BASELINE
 
 NO_LANDLOCK = MachineCaps(landlock_abi=0, root=True, unshare="/usr/bin/unshare", overlay=True)
+OLD_KERNEL = MachineCaps(
+    landlock_abi=1, root=True, unshare="/usr/bin/unshare", overlay=True
+)  # Linux 5.15, root
+NO_NAMESPACES = MachineCaps(landlock_abi=5, root=False, unshare=None)  # a container without user namespaces
 FULL = MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare", overlay=True)
 
 
@@ -44,7 +48,9 @@ def test_a_record_track_without_a_layer_is_refused_before_anything_starts(tmp_pa
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert "landlock: Landlock" in err and "--allow-missing-layer landlock" in err
-    assert "--allow-missing-layer signal_scoping" in err
+    assert "unmet: no_reads_outside" in err  # the guarantee left without a mechanism
+    # signal scoping is missing too (Landlock ABI 0), but the PID namespace gives its guarantee: not refused for it
+    assert "--allow-missing-layer signal_scoping" not in err
     assert list(tmp_path.iterdir()) == []  # no run folder, no ledger line: nothing started
 
 
@@ -55,9 +61,14 @@ def test_an_official_allowance_lets_it_start_and_names_only_what_was_missing(mon
     )
     pipeline.require_isolation(launch)
     partial = load_config(BASELINE, "cpu", ["launch.allow_missing_layers='landlock'"]).section("launch")
-    with pytest.raises(SandboxRefused, match="signal_scoping") as e:
-        pipeline.require_isolation(partial)
-    assert "--allow-missing-layer landlock" not in str(e.value)
+    pipeline.require_isolation(partial)  # signal scoping's guarantee holds by the PID namespace
+    monkeypatch.setattr(pipeline, "probe_machine", lambda: NO_NAMESPACES)
+    some = load_config(BASELINE, "cpu", ["launch.allow_missing_layers='namespaces,network_namespace'"])
+    with pytest.raises(SandboxRefused, match=r"lacks: world: .*unmet: nothing_shared\)") as e:
+        pipeline.require_isolation(some.section("launch"))
+    assert "--allow-missing-layer namespaces" not in str(e.value)
+    assert "signal_scoping" not in str(e.value)  # its guarantee: the namespaces the official allowed missing
+    monkeypatch.setattr(pipeline, "probe_machine", lambda: NO_LANDLOCK)
     monkeypatch.setattr(pipeline, "probe_machine", lambda: FULL)
     pipeline.require_isolation(load_config(BASELINE, "cpu").section("launch"))
     unranked = load_config(BASELINE, "cpu-smoke").section("launch")  # sandbox auto: never refused
@@ -157,3 +168,47 @@ def test_a_card_says_why_a_run_did_not_end_ok():
     assert any(
         line.startswith("│ why") and line.endswith("…") and len(line) < 250 for line in long.splitlines()
     )
+
+
+def test_required_means_guarantees_each_held_by_any_of_its_mechanisms(tmp_path):
+    """A record track's sandbox requires properties, not layers: on a 5.15 kernel (Landlock ABI 1, no signal
+    scoping) with root and namespaces, every property holds (signals by the PID namespace) and the plan says
+    which mechanism held each; without namespaces, the properties they give are missing and it is refused."""
+    from isolation.sandbox import guarantees, machine_report
+    from tests.unit.harness.test_launch import _plan
+
+    plan, _ = _plan(tmp_path, OLD_KERNEL, mode="required")
+    d = plan.describe()
+    assert d["missing_layers"] == ["signal_scoping"]
+    assert d["guarantees"] == {
+        "no_network": "network_namespace",
+        "no_reads_outside": "landlock",
+        "no_signals_or_tracing_outside": "namespaces",
+        "no_ipc_outside": "namespaces+network_namespace",
+        "nothing_shared": "world+seccomp",
+    }
+    assert any("missing layer signal_scoping: its guarantees hold by other means" in w for w in d["warnings"])
+    with pytest.raises(
+        SandboxRefused, match="unmet: no_network, no_signals_or_tracing_outside, no_ipc_outside"
+    ):
+        _plan(tmp_path, NO_NAMESPACES, mode="required")
+    allowed = guarantees(("namespaces", "network_namespace", "signal_scoping", "world"), ("namespaces",))
+    assert allowed["no_signals_or_tracing_outside"] == "allowed missing: namespaces"
+    assert allowed["no_network"] == "missing"
+    report = machine_report(OLD_KERNEL)
+    assert report[-1] == "a record track can run here (sandbox 'required')"
+    assert "ok   no_signals_or_tracing_outside" in report[3] and report[3].endswith("by namespaces")
+    bad = machine_report(NO_NAMESPACES)
+    assert [line[:4] for line in bad[1:-1]] == ["FAIL", "ok  ", "FAIL", "FAIL", "FAIL"]
+    assert bad[-1].startswith("a record track is refused here: namespaces")
+
+
+def test_pgolf_check_machine_prints_one_line_per_guarantee(capsys, monkeypatch):
+    import isolation.sandbox as sandbox
+
+    monkeypatch.setattr(sandbox, "probe_machine", lambda: NO_NAMESPACES)
+    rc = pgolf_main(["check", "--machine"])
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 1 and len(out) == 7 and out[1].startswith("FAIL no_network"), out
+    monkeypatch.setattr(sandbox, "probe_machine", lambda: OLD_KERNEL)
+    assert pgolf_main(["check", "--machine"]) == 0

@@ -497,61 +497,79 @@ def test_enter_skips_a_refused_layer_with_a_warning_unless_required(tmp_path, mo
 
 
 @pytest.mark.parametrize(
-    ("caps", "kw", "missing"),
+    ("caps", "kw", "missing", "needed"),
     [
         (
             MachineCaps(landlock_abi=0, root=True, unshare="/usr/bin/unshare", overlay=True),
             {},
             ["landlock", "signal_scoping"],
+            ["landlock"],  # signal scoping's guarantee: the PID namespace
         ),
         (
             MachineCaps(landlock_abi=7, root=False, unshare=None),
             {},
             ["namespaces", "network_namespace", "world"],
+            ["namespaces", "network_namespace", "world"],
         ),
-        (MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare", overlay=False), {}, ["world"]),
+        (
+            MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare", overlay=False),
+            {},
+            ["world"],
+            ["world"],
+        ),
         (
             MachineCaps(
                 landlock_abi=7, root=True, unshare="/usr/bin/unshare", overlay=True, net_namespace=False
             ),
             {},
             ["network_namespace"],
+            ["network_namespace"],
         ),
         (
             MachineCaps(landlock_abi=5, root=True, unshare="/usr/bin/unshare", overlay=True),
             {},
             ["signal_scoping"],
+            [],  # a 6.8 kernel with root and namespaces: every guarantee holds
         ),
         (
             MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare", overlay=True),
             {"multi_node": True},
+            ["namespaces", "network_namespace", "world"],
             ["namespaces", "network_namespace", "world"],
         ),
         (
             MachineCaps(landlock_abi=7, root=True, unshare="/usr/bin/unshare", overlay=True),
             {"network": "host"},
             [],
+            [],
         ),
     ],
 )
-def test_a_required_sandbox_names_every_missing_layer_and_takes_only_an_explicit_allowance(
-    tmp_path, caps, kw, missing
+def test_a_required_sandbox_names_every_needed_layer_and_takes_only_an_explicit_allowance(
+    tmp_path, caps, kw, missing, needed
 ):
-    if not missing:
-        assert _plan(tmp_path, caps, mode="required", **kw)[0].describe()["missing_layers"] == []
+    """A required sandbox refuses a machine only for the layers whose guarantees nothing else gives."""
+    if not needed:
+        d = _plan(tmp_path, caps, mode="required", **kw)[0].describe()
+        assert d["missing_layers"] == missing and d["missing_allowed_by_official"] == []
+        held = {k: v for k, v in d["guarantees"].items() if not v.startswith("allowed missing")}
+        assert "missing" not in held.values()
+        if kw.get("network") == "host":  # the official's choice: recorded as such, never as held
+            assert d["guarantees"]["no_network"] == "allowed missing: network_namespace"
         return
     with pytest.raises(SandboxRefused) as refused:
         _plan(tmp_path, caps, mode="required", **kw)
     message = str(refused.value)
-    assert all(f"--allow-missing-layer {m}" in message for m in missing), message
+    assert all(f"--allow-missing-layer {m}" in message for m in needed), message
+    assert not any(f"--allow-missing-layer {m}" in message for m in missing if m not in needed), message
     # allowing all but one still refuses, naming the one
-    if len(missing) > 1:
-        with pytest.raises(SandboxRefused, match=f"--allow-missing-layer {missing[-1]}"):
-            _plan(tmp_path, caps, mode="required", allow_missing=missing[:-1], **kw)
-    plan, _ = _plan(tmp_path, caps, mode="required", allow_missing=missing, **kw)
+    if len(needed) > 1:
+        with pytest.raises(SandboxRefused, match=f"--allow-missing-layer {needed[-1]}"):
+            _plan(tmp_path, caps, mode="required", allow_missing=needed[:-1], **kw)
+    plan, _ = _plan(tmp_path, caps, mode="required", allow_missing=needed, **kw)
     d = plan.describe()
-    assert d["missing_layers"] == missing and d["missing_allowed_by_official"] == missing
-    assert sum("allowed by the official" in w for w in d["warnings"]) == len(missing)
+    assert d["missing_layers"] == missing and d["missing_allowed_by_official"] == needed
+    assert sum("allowed by the official" in w for w in d["warnings"]) == len(needed)
     auto, _ = _plan(tmp_path, caps, mode="auto", **kw)  # auto never refuses, and records the same gaps
     assert (
         auto.describe()["missing_layers"] == missing and auto.describe()["missing_allowed_by_official"] == []

@@ -205,3 +205,9 @@ def test_score_artifact_runs_the_submission_hook(tmp_path, tiny_dataset):
     assert rec["eval_time_s"] >= ad["adapt_time_s"] > 0
     assert ad["where"] == "model worker"
     assert rec["probes"]["passed"] and rec["probes"]["base"].endswith("after replaying the adaptation")
+    # the replays are recorded beside the allowance that bounded them
+    probes = rec["probes"]
+    replayed = [p for p in probes["probes"] if p["adaptation_chunks_replayed"]]
+    assert all(p["replay_time_s"] > 0 for p in replayed)
+    assert probes["replay_time_s"] == sum(p["replay_time_s"] for p in probes["probes"])
+    assert rec["eval_clock"]["probe_allowance_s"] > probes["replay_time_s"]

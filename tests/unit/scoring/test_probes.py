@@ -304,8 +304,11 @@ def test_a_probe_batch_is_scored_from_the_copy_the_probes_compare(monkeypatch):
     some = plan_probes(batch_count(TOKENS, cfg), ProbeConfig(probes=2, seed=1)).batches
     raced = evaluate(racer, TOKENS, table, cfg, CPU, keep_batches=some)
     assert raced.sums.loss_nats < honest.sums.loss_nats  # the rewrite does cheat on batches not kept
-    for x_BL, _, kept in raced.kept.values():
-        assert torch.equal(kept, racer.model(torch.from_numpy(x_BL)).detach())  # kept: what it answered
+    for x_BL, _, _, kept in raced.kept.values():
+        answered = racer.model(torch.from_numpy(x_BL)).detach()
+        assert torch.equal(
+            kept, answered.reshape(kept.shape)
+        )  # kept: what it answered (standard: every position)
     every = range(batch_count(TOKENS, cfg))
     all_kept = evaluate(racer, TOKENS, table, cfg, CPU, keep_batches=every)
     assert all_kept.sums.loss_nats == honest.sums.loss_nats  # kept batches are scored from the kept copy

@@ -1,0 +1,123 @@
+"""Windows sharded over several model workers (scoring/score/remote.py WorkerPool, one per device on a GPU
+node): batch i of each group goes to worker i, all compute at once, and the scorer takes and scores the
+answers in batch order, so the score is the same to the bit as with one worker; with score-first
+adaptation every worker gets every chunk, all at once. Tested with 2 CPU workers."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from data.tokenizer import ByteTokenizer
+from scoring.score.evaluate import EvalConfig, evaluate
+from scoring.score.remote import WorkerConfig, WorkerPool, start_worker
+from tests.unit.scoring.test_eval_support import (
+    TINY_CONFIG,
+    _one_thread,  # noqa: F401 (fixture)
+    pack_tiny,
+    write_submission,
+)
+from tests.unit.scoring.test_probes import TOKENS
+
+CPU = torch.device("cpu")
+V = TINY_CONFIG["vocab_size"]
+HOOK = '''"""Score-first hook: a deterministic nudge of the mix from the chunk's tokens."""
+import torch
+
+
+def adapt(model, tokens):
+    with torch.no_grad():
+        model.mix.add_(tokens.float().mean() * 1e-3)
+'''
+
+
+def _workers(tmp_path, folder, k, **kw):
+    pack_tiny(folder, tmp_path / "a.pgolf")
+    ws = [
+        start_worker(
+            WorkerConfig(
+                code_dir=folder,
+                artifact=tmp_path / "a.pgolf",
+                threads=1,
+                vocab_size=V,
+                max_tokens_per_batch=4 * 32,
+                **kw,
+            )
+        )
+        for _ in range(k)
+    ]
+    for w in ws:
+        w.wait_ready()
+    return ws
+
+
+def _sums(model, cfg, **kw):
+    res = evaluate(model, TOKENS, ByteTokenizer().byte_table(), cfg, CPU, **kw)
+    return (res.sums.loss_nats, res.sums.bytes, res.sums.tokens), res
+
+
+def test_two_workers_score_the_same_bits_as_one(tmp_path):
+    workers = _workers(tmp_path, write_submission(tmp_path / "sub"), 2)
+    try:
+        pool = WorkerPool(workers)
+        for cfg in (
+            EvalConfig(seq_len=32, batch_seqs=4, max_tokens=2000),
+            EvalConfig(mode="sliding", seq_len=32, batch_seqs=4, stride=8, max_tokens=2000),
+            EvalConfig(mode="documents", seq_len=32, batch_seqs=4, max_tokens=2000),
+        ):
+            f0, f1 = workers[0].forwards, workers[1].forwards
+            sharded, res = _sums(pool, cfg, shuffle_seed=3, keep_batches=(0, 3))
+            assert workers[0].forwards > f0 and workers[1].forwards > f1  # both computed
+            single, res1 = _sums(workers[0], cfg, shuffle_seed=3, keep_batches=(0, 3))
+            assert sharded == single, cfg.mode  # bit for bit
+            assert res.batches == res1.batches
+            for k in (0, 3):  # the probes' copies are the same too
+                assert torch.equal(res.kept[k].logits_NV, res1.kept[k].logits_NV)
+    finally:
+        for w in workers:
+            w.close()
+
+
+def test_two_adapting_workers_score_the_same_bits_as_one(tmp_path):
+    folder = write_submission(tmp_path / "sub", eval_src=HOOK)
+    cfg = EvalConfig(
+        mode="sliding", seq_len=32, batch_seqs=4, stride=16, max_tokens=1500, adapt_chunk_tokens=256
+    )
+    workers = _workers(tmp_path, folder, 3, adapt=True)
+    try:
+        pool = WorkerPool(workers[:2])
+        sharded, res = _sums(pool, cfg, adapter=pool)
+        single, res1 = _sums(workers[2], cfg, adapter=workers[2])
+        assert res.chunks == res1.chunks > 3
+        assert sharded == single  # both pool workers adapted exactly as the single one did
+        assert workers[0].delivered == workers[1].delivered == workers[2].delivered
+        assert np.all([w.forwards > 0 for w in workers])
+    finally:
+        for w in workers:
+            w.close()
+
+
+def test_score_artifact_with_two_scoring_workers_scores_the_same_bits(tmp_path, tiny_dataset):
+    from scoring.score.probes import ProbeConfig
+    from scoring.score.scorer import score_artifact
+
+    folder = write_submission(tmp_path / "sub")
+    pack_tiny(folder, tmp_path / "a.pgolf")
+    cfg = EvalConfig(mode="sliding", seq_len=32, batch_seqs=4, stride=8, max_tokens=1024)
+    recs = [
+        score_artifact(
+            tmp_path / "a.pgolf",
+            folder,
+            tiny_dataset,
+            cfg,
+            threads=1,
+            probe_cfg=ProbeConfig(probes=1, seed=5),
+            scoring_workers=k,
+        )
+        for k in (1, 2)
+    ]
+    one, two = recs
+    assert two["val_loss_sum_nats"] == one["val_loss_sum_nats"] and two["val_bytes"] == one["val_bytes"]
+    assert two["val_bpb"] == one["val_bpb"] and two["probes"]["passed"]
+    assert two["worker_forwards"] == one["worker_forwards"] == one["eval_batches"]
+    assert len(two["workers"]) == len(one["workers"]) + 1  # the shard's isolation recorded too
