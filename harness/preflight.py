@@ -72,6 +72,8 @@ BATCH_MAX_LENGTH = 32
 """The tiny batch: 2 rows of min(eval.seq_len, 32) tokens."""
 CHILD_TIMEOUT_S = 120.0
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+CHECK_SKIPPED = "skip"
+"""A check not run because one it needs failed (a check status, not a run status)."""
 PASSING = ("ok", "warn")
 """Statuses that pass: warn is a pass with a caveat in its line (exit status 0)."""
 

@@ -248,11 +248,13 @@ def triage(
     cached = st.triage.get(entry.digest)
     if cached is not None:
         return (entry if cached["ok"] else None), {**cached, "cached": True}
-    from harness.preflight import PASSING, run_checks
+    from harness.preflight import CHECK_SKIPPED, PASSING, run_checks
 
     checks = run_checks(root, entry.preset, sandbox=sandbox)
     not_passing = [c for c in checks if c.status not in PASSING]
-    causes = [c for c in not_passing if c.status != "skip"] or not_passing  # a skip follows from a FAIL
+    causes = [
+        c for c in not_passing if c.status != CHECK_SKIPPED
+    ] or not_passing  # a skip follows from a FAIL
     failed = [[c.name, f"{c.status}: {c.detail}"[:400]] for c in causes]
     rec = {"format": TRIAGE_FORMAT, "format_version": FORMAT_VERSION, "entry_digest": entry.digest,
            "entry_key": entry.key, "entry_dir": str(root), "ok": not failed, "failed": failed,
@@ -352,7 +354,7 @@ def job_record(j: Job, ecfg: ExecutorConfig) -> dict[str, Any]:
     except (FailedJobError, UncompletedJobError, OSError, EOFError, ValueError) as e:
         rec = {"format": RUN_FORMAT, "format_version": FORMAT_VERSION, "entry_key": j.entry.key,
                "entry_digest": j.entry.digest, "seed": j.seed, "run_dir": str(j.run_dir),
-               "job_id": str(j.handle.job_id), "status": "job_failed", "job_failed": True, "harness_failed": True,
+               "job_id": str(j.handle.job_id), "status": "error", "job_failed": True, "harness_failed": True,
                "detail": f"{ecfg.kind} job {j.handle.job_id} ({_state(j.handle)}) ended without a record: "
                          f"{str(e).strip()[-300:]}"}  # fmt: skip
     state = _state(j.handle)

@@ -405,7 +405,9 @@ def reproduce_seed(task: dict[str, Any]) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - refused before a run started (machine, data): no verdict on the entry
         where = traceback.extract_tb(e.__traceback__)[-1:]
         at = f" at {Path(where[0].filename).name}:{where[0].lineno}" if where else ""
-        rec.update(status="not_run", detail=f"{type(e).__name__}{at}: {e}"[:600], harness_failed=True)
+        rec.update(
+            status="error", detail="not run: " + f"{type(e).__name__}{at}: {e}"[:600], harness_failed=True
+        )
     rec["ended_unix_s"] = time.time()
     rec["job_wall_s"] = rec["ended_unix_s"] - t0
     return rec

@@ -29,7 +29,7 @@ from typing import Any
 from isolation.processes import kill_group_reaped
 from isolation.sandbox import SandboxPlan, plan_sandbox
 from scoring.worker.child import error_line
-from scoring.worker.env import WORKER_CUBLAS_WORKSPACE, sandbox_env
+from scoring.worker.env import WORKER_CUBLAS_WORKSPACE, WORKER_MKL_CBWR, sandbox_env
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 OUTPUT_KEEP_BYTES = 64 << 10
@@ -44,8 +44,9 @@ the model worker, the confined one-shot processes, and what `pgolf run` checks t
 def worker_env(tmp: Path, threads: int) -> dict[str, str]:
     """The environment of a model worker or a confined child whose private folder is `tmp`: the allow-list
     of scoring/worker/env.py (nothing else of the official's), the project on the import path, HOME and the
-    caches inside `tmp`, OMP_NUM_THREADS when `threads` > 0, a fixed cuBLAS workspace (deterministic matmuls)."""
-    return sandbox_env(
+    caches inside `tmp`, OMP_NUM_THREADS when `threads` > 0, a fixed cuBLAS workspace (deterministic matmuls),
+    and MKL's strict reproducibility unless the official chose an MKL_CBWR (scoring/worker/env.py)."""
+    env = sandbox_env(
         os.environ,
         pythonpath=[str(PROJECT_ROOT)],
         home=tmp / "home",
@@ -54,6 +55,8 @@ def worker_env(tmp: Path, threads: int) -> dict[str, str]:
         threads=threads,
         extra={"CUBLAS_WORKSPACE_CONFIG": WORKER_CUBLAS_WORKSPACE},
     )
+    env.setdefault("MKL_CBWR", WORKER_MKL_CBWR)
+    return env
 
 
 @dataclass

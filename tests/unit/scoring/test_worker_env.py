@@ -128,3 +128,12 @@ def test_the_training_side_uses_the_allow_list(tmp_path, monkeypatch):
 
 def test_a_record_names_the_variables_never_their_values():
     assert names({"B": SECRET, "A": "x"}) == ["A", "B"]
+
+
+def test_a_model_worker_gets_strict_mkl_reproducibility_unless_the_official_chose(tmp_path, monkeypatch):
+    from scoring.worker.env import WORKER_MKL_CBWR
+
+    monkeypatch.delenv("MKL_CBWR", raising=False)
+    assert worker_env(tmp_path, threads=1)["MKL_CBWR"] == WORKER_MKL_CBWR == "AUTO,STRICT"
+    monkeypatch.setenv("MKL_CBWR", "AVX2,STRICT")  # the golden run's pinning, or an official's choice
+    assert worker_env(tmp_path, threads=1)["MKL_CBWR"] == "AVX2,STRICT"
