@@ -134,7 +134,7 @@ def describe(load: dict[str, Any] | None) -> str:
 
 # ---- Thread counts from the measured load ----
 
-THREADS_PROBE_S = 1.0
+THREADS_PROBE_S = 0.5
 """The window over which the load is measured before training chooses its thread count (off the clock)."""
 
 

@@ -108,7 +108,10 @@ class LocalModel:
             return self.module(x_BL)
 
     def scored_logits(self, x_BL: torch.Tensor, ranges_B2: np.ndarray) -> torch.Tensor:
-        return select_scored(self.logits(x_BL), ranges_B2)
+        out = self.logits(x_BL)
+        if not isinstance(out, torch.Tensor) or out.ndim != 3:  # checked whole, by shape, before any selection
+            return out
+        return select_scored(out, ranges_B2)
 
 
 def as_scorable(model: nn.Module | Scorable, dtype: str) -> Scorable:
