@@ -704,32 +704,15 @@ def build_dataset(
                 "dropped_count": guard.dropped_count,
                 "dropped": [{"train_index": t, "val_index": v, "match": how} for t, v, how in guard.dropped],
             },
-            "canonical": {
-                "text": canonical,
-                "description": canonical_description(canonical),
-                "transform": transform,
-                "fed_to_tokenizer": "the canonical text"
-                + ("" if transform is None else f", {transform}-transformed"),
-                "val_bytes": {
-                    "file": VAL_BYTES_NAME,
-                    "sha256": val_bytes_sha256,
-                    "tokens": int(token_bytes.size),
-                    "docs": int(doc_bytes.size),
-                    "total_bytes": int(doc_bytes.sum()),
-                },
-                "canonical_bytes": canonical_bytes,
-                "proof": {
-                    "format": PROOF_FORMAT,
-                    "format_version": PROOF_FORMAT_VERSION,
-                    "passed": True,
-                    "docs": {
-                        "val": writers["val"].docs,
-                        "train": writers["train"].docs + guard.dropped_count,
-                    },
-                    "checks": "every document: decode(tokens) is its canonical text byte for byte; the bytes its "
-                    "tokens' pieces spell sum to its canonical UTF-8 byte count",
-                },
-            },
+            "canonical": canonical_block(
+                canonical,
+                transform,
+                val_bytes_sha256,
+                token_bytes,
+                doc_bytes,
+                canonical_bytes,
+                {"docs": {"val": writers["val"].docs, "train": writers["train"].docs + guard.dropped_count}},
+            ),
             "shard_tokens": shard_tokens,
             "source": source or {},
             "shards": shards,
@@ -870,31 +853,15 @@ def prove_dataset(
         )
     counts = np.concatenate(doc_bytes) if doc_bytes else np.zeros(0, np.int64)
     sha = write_val_bytes(root / VAL_BYTES_NAME, token_bytes, counts)
-    block = {
-        "text": canonical,
-        "description": canonical_description(canonical),
-        "transform": transform,
-        "fed_to_tokenizer": "the canonical text"
-        + ("" if transform is None else f", {transform}-transformed"),
-        "val_bytes": {
-            "file": VAL_BYTES_NAME,
-            "sha256": sha,
-            "tokens": int(token_bytes.size),
-            "docs": int(counts.size),
-            "total_bytes": int(counts.sum()),
-        },
-        "canonical_bytes": {"val": int(counts.sum())},
-        "proof": {
-            "format": PROOF_FORMAT,
-            "format_version": PROOF_FORMAT_VERSION,
-            "passed": True,
-            "docs": {"val": n_docs},
-            "checks": "every validation document: tokenized again from its canonical text it gives the shards' "
-            "tokens; decode(tokens) is its canonical text byte for byte; the bytes its tokens' pieces spell sum to "
-            "its canonical UTF-8 byte count",
-            "proved_after_the_build": True,
-        },
-    }
+    block = canonical_block(
+        canonical,
+        transform,
+        sha,
+        token_bytes,
+        counts,
+        {"val": int(counts.sum())},
+        {"docs": {"val": n_docs}, "proved_after_the_build": True},
+    )
     raw = {k: v for k, v in m.raw.items() if k not in ("format", "format_version")}
     raw["canonical"] = block
     raw["split_sha256"] = {**(raw.get("split_sha256") or {}), "val": val_hash.hexdigest()}
@@ -906,3 +873,43 @@ def read_split_tokens(root: Path) -> np.ndarray:
     from data.shards import read_split
 
     return read_split(root, "val")
+
+
+def canonical_block(
+    canonical: str,
+    transform: str | None,
+    val_bytes_sha256: str,
+    token_bytes: np.ndarray,
+    doc_bytes: np.ndarray,
+    canonical_bytes: dict[str, int],
+    proof: dict[str, Any],
+) -> dict[str, Any]:
+    """The manifest's `canonical` block (data/manifest.py version 3), for a build and for `prove_dataset`."""
+    return {
+        "text": canonical,
+        "description": canonical_description(canonical),
+        "transform": transform,
+        "fed_to_tokenizer": "the canonical text"
+        + ("" if transform is None else f", {transform}-transformed"),
+        "val_bytes": {
+            "file": VAL_BYTES_NAME,
+            "sha256": val_bytes_sha256,
+            "tokens": int(token_bytes.size),
+            "docs": int(doc_bytes.size),
+            "total_bytes": int(doc_bytes.sum()),
+        },
+        "canonical_bytes": canonical_bytes,
+        "proof": {
+            "format": PROOF_FORMAT,
+            "format_version": PROOF_FORMAT_VERSION,
+            "passed": True,
+            "checks": "every document: decode(tokens) is its canonical text byte for byte; the bytes its tokens' "
+            "pieces spell sum to its canonical UTF-8 byte count"
+            + (
+                "; tokenized again, it gives the shards' tokens"
+                if proof.get("proved_after_the_build")
+                else ""
+            ),
+            **proof,
+        },
+    }
