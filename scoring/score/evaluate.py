@@ -109,7 +109,7 @@ class LocalModel:
 
     def scored_logits(self, x_BL: torch.Tensor, ranges_B2: np.ndarray) -> torch.Tensor:
         out = self.logits(x_BL)
-        if not isinstance(out, torch.Tensor) or out.ndim != 3:  # checked whole, by shape, before any selection
+        if not isinstance(out, torch.Tensor) or out.ndim != 3:  # check_scored refuses it, by its shape
             return out
         return select_scored(out, ranges_B2)
 
