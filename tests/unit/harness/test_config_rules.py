@@ -316,6 +316,7 @@ def test_cli_refusals_are_one_line_and_create_nothing(tmp_path, capsys, monkeypa
 
 
 @pytest.mark.slow
+@pytest.mark.long  # a whole scored run: minutes of the default suite's 10 on 2 cores
 def test_an_untimed_run_on_the_untimed_track(tiny_dataset, tmp_path):
     """budget.train_s = inf end to end: tiny_lm stops by its own step count; config.json stays JSON."""
     out = tmp_path / "run"

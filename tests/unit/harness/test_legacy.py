@@ -137,6 +137,7 @@ def test_malformed_artifacts_are_named(tmp_path):
         load_legacy_artifact(tmp_path / "plain.ptz")
 
 
+@pytest.mark.long  # a whole scored run: minutes of the default suite's 10 on 2 cores
 def test_settings_the_run_made_by_env_var_come_in_with_hparam(tmp_path, tiny_dataset, sentinel):
     make_artifact(tmp_path / "a.ptz", overrides={"NUM_LAYERS": "3"})
     with pytest.raises(LegacyError, match="--hparam"):

@@ -366,6 +366,7 @@ def test_sample_prints_what_the_in_process_sampler_printed(baseline_artifact, sp
     assert stats.startswith(f"{n} tokens in") and text == want
 
 
+@pytest.mark.long  # a whole scored run: minutes of the default suite's 10 on 2 cores
 def test_sample_and_generate_take_a_run_folder(baseline_artifact, sp_dataset, tmp_path):
     """RUN_DIR stands for its artifact.pgolf, its code/ (what was packed) and the data it was scored on."""
     import json

@@ -6,6 +6,7 @@ adaptation every worker gets every chunk, all at once. Tested with 2 CPU workers
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from data.tokenizer import ByteTokenizer
@@ -97,6 +98,7 @@ def test_two_adapting_workers_score_the_same_bits_as_one(tmp_path):
             w.close()
 
 
+@pytest.mark.long  # a whole scored run: minutes of the default suite's 10 on 2 cores
 def test_score_artifact_with_two_scoring_workers_scores_the_same_bits(tmp_path, tiny_dataset):
     from scoring.score.probes import ProbeConfig
     from scoring.score.scorer import score_artifact
