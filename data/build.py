@@ -829,9 +829,8 @@ def prove_dataset(
                 )
             got = val[at : at + enc.flat.size]
             if not np.array_equal(got, enc.flat):
-                k = int(np.flatnonzero(got != enc.flat[: got.size])[0]) if got.size else 0
-                if got.size < enc.flat.size and np.array_equal(got, enc.flat[: got.size]):
-                    k = got.size
+                differ = np.flatnonzero(got != enc.flat[: got.size])
+                k = int(differ[0]) if differ.size else got.size  # or the shards end inside this batch
                 d = int(np.searchsorted(np.cumsum(enc.lens), k, side="right"))
                 raise TokenizerProofError(
                     f"{root}: validation document {batch.start + d} tokenizes to other tokens than the shards hold "

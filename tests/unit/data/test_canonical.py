@@ -320,3 +320,16 @@ def test_shards_built_elsewhere_are_proved_against_their_documents(small, tmp_pa
     assert np.array_equal(got.token_bytes, want.token_bytes) and np.array_equal(got.doc_bytes, want.doc_bytes)
     assert block["text"] == "raw" and load_manifest(small).format_version == 3
     assert np.array_equal(counts_of(small).counts, want.token_bytes.astype(np.int64))
+
+
+def test_documents_beyond_the_shards_are_refused_in_one_line(small):
+    """More documents than the shards hold (their tokens run past the end of the validation split): named,
+    not an IndexError."""
+    from data.build import prove_dataset
+
+    texts = prose_documents(20, 1500)
+    m = json.loads((small / MANIFEST_NAME).read_text())
+    m["docs"]["val"] = 7  # one more than the shards hold
+    (small / MANIFEST_NAME).write_text(json.dumps(m))
+    with pytest.raises(TokenizerProofError, match="validation document 6 tokenizes to other tokens"):
+        prove_dataset(small, texts, workers=1)
