@@ -42,7 +42,7 @@ from collections import deque
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +82,7 @@ from data.proof import (
     choose_canonical,
     piece_lengths,
 )
-from data.shards import TOKEN_DTYPE, shard_name, write_shard
+from data.shards import TOKEN_DTYPE, read_split, shard_name, write_shard
 from data.tokenizer import (
     BYTE260_FILENAME,
     BYTE260_OFFSET,
@@ -482,8 +482,6 @@ def _prepare_tokenizer(
             raise ValueError(
                 "training a tokenizer reads the documents twice; pass a list or a DocumentSource, not an iterator"
             )
-        from itertools import islice
-
         # The tokenizer learns from training documents only, and never from a copy (identical or equal
         # after normalisation; the tokenized digest needs this tokenizer) of a validation document: the
         # validation documents' text digests are taken first (one more read of them).
@@ -797,7 +795,7 @@ def prove_dataset(
     m = load_manifest(root)
     if (m.raw.get("view") or {}).get("split") == "train":
         raise ValueError(f"{root} is a training view: prove the dataset folder it was made from")
-    val = np.asarray(read_split_tokens(root))
+    val = np.asarray(read_split(root, "val"))
     n_docs = int(m.raw["docs"]["val"])
     tok = load_tokenizer(m.tokenizer_path)
     if canonical == "auto":
@@ -812,8 +810,6 @@ def prove_dataset(
     token_bytes = np.zeros(val.size, dtype=TOKEN_BYTES_DTYPE)
     doc_bytes: list[np.ndarray] = []
     at = 0
-    from itertools import islice
-
     docs_iter = islice(iter(texts), n_docs)
     with (
         tqdm(
@@ -866,12 +862,6 @@ def prove_dataset(
     raw["split_sha256"] = {**(raw.get("split_sha256") or {}), "val": val_hash.hexdigest()}
     write_manifest(root, raw)
     return block
-
-
-def read_split_tokens(root: Path) -> np.ndarray:
-    from data.shards import read_split
-
-    return read_split(root, "val")
 
 
 def canonical_block(

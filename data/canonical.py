@@ -125,11 +125,6 @@ class CanonicalBytes:
         return self.counts[np.asarray(positions, dtype=np.int64)]
 
 
-def split_documents_bounds(tokens: np.ndarray, bos_id: int) -> np.ndarray:
-    """Start index of each document (its BOS) in a validation stream."""
-    return np.flatnonzero(np.asarray(tokens) == bos_id)
-
-
 def check_val_bytes(vb: ValBytes, tokens: np.ndarray, bos_id: int, where: str) -> None:
     """The counts belong to these tokens: one per token, 0 at each BOS, each document's sum its total."""
     if vb.token_bytes.size != tokens.size:
@@ -137,7 +132,7 @@ def check_val_bytes(vb: ValBytes, tokens: np.ndarray, bos_id: int, where: str) -
             f"{where}: {vb.token_bytes.size:,} byte counts for {tokens.size:,} validation tokens: the counts "
             "belong to another dataset. HINT: rebuild the dataset with `pgolf data build`"
         )
-    starts = split_documents_bounds(tokens, bos_id)
+    starts = np.flatnonzero(np.asarray(tokens) == bos_id)  # each document's BOS
     if starts.size != vb.doc_bytes.size or (starts.size and starts[0] != 0):
         raise CanonicalBytesError(
             f"{where}: {vb.doc_bytes.size:,} documents counted, the validation tokens hold {starts.size:,} "
