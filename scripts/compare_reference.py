@@ -274,10 +274,10 @@ def reference_worker(spec_path: str) -> int:
     path = Path(spec["reference"])
     source = substitute(path.read_text(encoding="utf-8"), reference_substitutions(spec["precision"]))
 
-    torch.compile = lambda model=None, **_kw: model  # type: ignore[assignment]  # eager
-    torch.cuda.synchronize = lambda *_a, **_kw: None  # type: ignore[assignment]
-    torch.cuda.max_memory_allocated = lambda *_a, **_kw: 0  # type: ignore[assignment]
-    torch.cuda.max_memory_reserved = lambda *_a, **_kw: 0  # type: ignore[assignment]
+    torch.compile = lambda model=None, **_kw: model  # eager
+    torch.cuda.synchronize = lambda *_a, **_kw: None
+    torch.cuda.max_memory_allocated = lambda *_a, **_kw: 0
+    torch.cuda.max_memory_reserved = lambda *_a, **_kw: 0
     if spec["adam"] == "unfused":
         base_adam = torch.optim.Adam
 
@@ -286,7 +286,7 @@ def reference_worker(spec_path: str) -> int:
                 kw["fused"] = False
                 super().__init__(params, **kw)
 
-        torch.optim.Adam = UnfusedAdam  # type: ignore[misc]
+        torch.optim.Adam = UnfusedAdam  # type: ignore[misc, assignment]
 
     module = load_reference_module(path, source)
     micro_losses: list[float] = []

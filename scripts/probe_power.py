@@ -23,6 +23,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from data.canonical import TargetBytes  # noqa: E402
 from data.embedded import ensure_embedded_dataset  # noqa: E402
 from data.manifest import load_manifest  # noqa: E402
 from data.shards import read_split  # noqa: E402
@@ -31,7 +32,8 @@ from scoring.score.evaluate import EvalConfig, LocalModel, batch_count, evaluate
 from scoring.score.probes import ProbeConfig, ProbeFailure, plan_probes, run_probes  # noqa: E402
 
 V = 1024
-CFG = EvalConfig(seq_len=64, batch_seqs=8, max_tokens=64 * 8 * 40)
+MAX_TOKENS = 64 * 8 * 40
+CFG = EvalConfig(seq_len=64, batch_seqs=8, max_tokens=MAX_TOKENS)
 
 
 class PeekSome(nn.Module):
@@ -50,7 +52,7 @@ class PeekSome(nn.Module):
         return out + 8.0 * rows * F.one_hot(nxt, V).float()
 
 
-def caught(model: nn.Module, tokens: np.ndarray, table: object, probes: int, seed: int) -> bool:
+def caught(model: nn.Module, tokens: np.ndarray, table: TargetBytes, probes: int, seed: int) -> bool:
     pcfg = ProbeConfig(probes=probes, seed=seed)
     plan = plan_probes(batch_count(tokens, CFG), pcfg)
     result = evaluate(LocalModel(model), tokens, table, CFG, torch.device("cpu"), keep_batches=plan.batches)
@@ -70,7 +72,7 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(1)
     data = ensure_embedded_dataset()
-    tokens = read_split(data, "val")[: CFG.max_tokens + 1]
+    tokens = read_split(data, "val")[: MAX_TOKENS + 1]
     table = load_tokenizer(load_manifest(data).tokenizer_path).byte_table()
     batches = batch_count(tokens, CFG)
     print(f"{batches} scored batches of 8 x 64 tokens; {args.trials} trials (secret seeds) per row")
