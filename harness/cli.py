@@ -105,7 +105,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides=[*launch, *([f"log.wandb={args.wandb!r}"] if args.wandb else []), *args.set],
         ledger=args.ledger,
     )
-    return {"ok": 0, "interrupted": EXIT_INTERRUPTED}.get(result["status"], 1)
+    if result["status"] == "interrupted":  # 128 + the signal, as a shell reports it: 130 Ctrl-C, 143 SIGTERM
+        return 128 + int(
+            result.get("phases", {}).get("interrupted", {}).get("signal", EXIT_INTERRUPTED - 128)
+        )
+    return 0 if result["status"] == "ok" else 1
 
 
 def cmd_pack(args: argparse.Namespace) -> int:

@@ -51,6 +51,7 @@ from harness.run.load import (
     read_load,
     threads_set,
 )
+from harness.run.signals import how_stopped, stop_signals_ignored, stop_signals_interrupt
 from harness.run.staging import folder_verdict, stage_folder, stage_model_code
 from harness.run.train_phase import run_sealed_pack, run_train_phase
 from harness.train.rank import METRICS_FILE, STATE_FILE
@@ -206,21 +207,22 @@ def run_pipeline(
     tracker = Tracker(cfg.section("log"), run_dir, tags=tags)
     tracker.start()
     try:
-        result = _phases(
-            submission_dir,
-            run_dir,
-            cfg,
-            meta,
-            track,
-            phases,
-            manifest,
-            data_root,
-            folder,
-            device,
-            ledger,
-            t_pipeline,
-            tracker,
-        )
+        with stop_signals_interrupt():  # SIGTERM ends the run as Ctrl-C does (harness/run/signals.py)
+            result = _phases(
+                submission_dir,
+                run_dir,
+                cfg,
+                meta,
+                track,
+                phases,
+                manifest,
+                data_root,
+                folder,
+                device,
+                ledger,
+                t_pipeline,
+                tracker,
+            )
     except Exception as e:  # noqa: BLE001 - every run that started ends with a result record
         # the detail: one line naming the cause and where; the traceback in RUN_DIR/harness_error.log
         full = "".join(traceback.format_exception(e))
@@ -235,14 +237,17 @@ def run_pipeline(
         }
         print(f"error: the run failed: {detail}", file=sys.stderr)
         result = _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="error")
-    except KeyboardInterrupt:  # Ctrl-C: the phase's processes are gone; the run still ends with a record
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut the record short
-        try:
+    except (
+        KeyboardInterrupt
+    ) as e:  # Ctrl-C or SIGTERM: the phase's processes are gone; the run ends with a record
+        with stop_signals_ignored():  # a second Ctrl-C or SIGTERM cannot cut the record short
             during = next((p for p in ("train", "pack", "score") if p not in phases), "report")
+            how, signum = how_stopped(e)
             phases["interrupted"] = {
                 "status": "interrupted",
-                "detail": f"stopped by SIGINT (Ctrl-C) during the {during} phase",
+                "detail": f"stopped by {how} during the {during} phase",
                 "phase": during,
+                "signal": signum,
             }
             print(
                 f"interrupted: the run stopped during the {during} phase; record in {run_dir}",
@@ -251,8 +256,6 @@ def run_pipeline(
             result = _finish(
                 run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="interrupted"
             )
-        finally:
-            signal.signal(signal.SIGINT, previous)
     print(f"[log] {finish_tracking(tracker, run_dir, result)}", flush=True)  # after the verdict
     return result
 

@@ -1,5 +1,6 @@
-"""Ctrl-C (SIGINT) in the middle of `pgolf run`: the phase's processes go, result.json says `interrupted`,
-the ledger has its line, and stderr has one line for it, not a traceback."""
+"""Ctrl-C (SIGINT) or SIGTERM (`kill`, a scheduler's limit) in the middle of `pgolf run`: the phase's processes
+go, result.json says `interrupted` and names the signal, the ledger has its line, stderr has one line for it,
+not a traceback, and the exit status is 128 + the signal's number."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from isolation.processes import processes_with_token
 from tests.conftest import REPO
 from tests.e2e.test_hostile_runs import _phase_token
@@ -19,7 +22,14 @@ from tests.waiting import wait_until
 TINY_LM = REPO / "tests" / "fixtures" / "submissions" / "tiny_lm"
 
 
-def test_ctrl_c_mid_training_ends_the_run_interrupted_with_a_record(tiny_dataset, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("signum", "how"),
+    [(signal.SIGINT, "SIGINT (Ctrl-C)"), (signal.SIGTERM, "SIGTERM")],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_a_stop_mid_training_ends_the_run_interrupted_with_a_record(
+    tiny_dataset, tmp_path: Path, signum: signal.Signals, how: str
+) -> None:
     folder = tmp_path / "entry"
     shutil.copytree(TINY_LM, folder)
     src = (folder / "train.py").read_text()
@@ -38,15 +48,13 @@ def test_ctrl_c_mid_training_ends_the_run_interrupted_with_a_record(tiny_dataset
         # training under way: the rank has ticked (the log's lines come from rank 0 once it trains)
         log = run_dir / "train.log"
         wait_until(lambda: log.is_file() and log.stat().st_size > 0, 120, "the rank's first log line")
-        os.kill(
-            proc.pid, signal.SIGINT
-        )  # what a terminal's Ctrl-C sends to the harness (phases: own sessions)
+        os.kill(proc.pid, signum)  # what a terminal's Ctrl-C or a scheduler sends (phases: own sessions)
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 130, (proc.returncode, err[-2000:])
+    assert proc.returncode == 128 + signum, (proc.returncode, err[-2000:])
     assert "Traceback" not in err, err[-3000:]
     said = [line for line in err.splitlines() if line.startswith("interrupted:")]
     assert said == [f"interrupted: the run stopped during the train phase; record in {run_dir.resolve()}"], (
@@ -54,7 +62,7 @@ def test_ctrl_c_mid_training_ends_the_run_interrupted_with_a_record(tiny_dataset
     )
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "interrupted" and result["val_bpb"] is None
-    assert result["detail"] == "interrupted: stopped by SIGINT (Ctrl-C) during the train phase"
+    assert result["detail"] == f"interrupted: stopped by {how} during the train phase"
     lines = [json.loads(line) for line in ledger.read_text().splitlines()]
     assert len(lines) == 1 and lines[0]["status"] == "interrupted"
     assert "status        interrupted" in out  # the card
