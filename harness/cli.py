@@ -85,6 +85,7 @@ process reports."""
 
 def cmd_run(args: argparse.Namespace) -> int:
     from harness.run.pipeline import run_pipeline
+    from scoring.statuses import Status
 
     launch = [
         f"launch.{key}={value!r}"
@@ -105,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides=[*launch, *([f"log.wandb={args.wandb!r}"] if args.wandb else []), *args.set],
         ledger=args.ledger,
     )
-    return {"ok": 0, "interrupted": EXIT_INTERRUPTED}.get(result["status"], 1)
+    return {Status.OK: 0, Status.INTERRUPTED: EXIT_INTERRUPTED}.get(result["status"], 1)
 
 
 def cmd_pack(args: argparse.Namespace) -> int:

@@ -34,9 +34,9 @@ from scoring.score.remote import EvalDeadline, WorkerFailure
 from scoring.score.scorer import DeviceUnavailable, score_artifact
 from scoring.statuses import ERROR, ILLEGAL, OK, OUT_OF_MEMORY, OVER_EVAL_BUDGET
 
-EXIT_CODES = {OK: 0, ERROR: 1, ILLEGAL: 3, OVER_EVAL_BUDGET: 4, OUT_OF_MEMORY: 5}
+EXIT_CODES: dict[str, int] = {OK: 0, ERROR: 1, ILLEGAL: 3, OVER_EVAL_BUDGET: 4, OUT_OF_MEMORY: 5}
 """The scorer's exit status per verdict (2 is a usage error: bad arguments or inputs)."""
-STATUS_OF_EXIT = {v: k for k, v in EXIT_CODES.items()}
+STATUS_OF_EXIT: dict[int, str] = {v: k for k, v in EXIT_CODES.items()}
 SANDBOX_MODES = ("auto", "required", "off")
 OUTPUT_TRACEBACK_CHARS = 20_000
 
@@ -188,7 +188,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         DeviceUnavailable,
     ) as e:  # bad input: one line, exit 2 (and a record)
         if req.json_out:
-            write_json_atomic(req.json_out, failure_record("error", e))
+            write_json_atomic(req.json_out, failure_record(ERROR, e))
         raise ValueError(str(e)) from e
     except Exception as e:  # noqa: BLE001 - the verdict boundary: every failure ends in a record and a status
         status = verdict_of(e)

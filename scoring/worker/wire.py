@@ -35,10 +35,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from scoring.statuses import Status
+
 WIRE_VERSION = 2
 """2: a forward answers the scored positions only ([N, V]); 1 answered [B, L, V]."""
 MAX_MESSAGE_BYTES = 1 << 16
-ERROR_KINDS = ("error", "illegal", "out_of_memory")
+ERROR_KINDS = (Status.ERROR, Status.ILLEGAL, Status.OUT_OF_MEMORY)
 """How a worker says it failed: its code raised, it broke a rule (score-first), or it ran out of memory."""
 
 

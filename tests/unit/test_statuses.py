@@ -1,9 +1,10 @@
 """Every status the code can write is in docs/RULES.md's status table, and the table has nothing else.
 
 The code's statuses are read from its source (the AST, as tests/unit/test_architecture.py reads imports):
-every string literal in a status position of harness/ and scoring/ (a `status=` argument, a dict's
-"status" value, an assignment to or a comparison with a `status`, a WorkerFailure's kind). Each must be one
-of scoring/statuses.py's names; a new status is a row of the table first. A result refuses any other.
+every string literal or `Status.X` / `Verification.X` member in a status position of harness/ and scoring/
+(a `status=` argument or parameter default, a dict's "status" value, an assignment to or a comparison with a
+`status`, a WorkerFailure's or FolderRefused's status). Each must be one of scoring/statuses.py's names; a
+new status is a row of the table first. A result refuses any other.
 """
 
 from __future__ import annotations
@@ -13,15 +14,26 @@ import re
 
 import pytest
 
-from scoring.statuses import STATUSES, VERIFICATION_STATES, VERIFY_ERROR
+from scoring import statuses
+from scoring.statuses import STATUSES, VERIFICATION_STATES, VERIFY_ERROR, Status, Verification
 from tests.conftest import REPO
 
 RULES = REPO / "docs" / "RULES.md"
+ENUMS = {"Status": Status, "Verification": Verification}
+NAMES = {n: v for n, v in vars(statuses).items() if n.isupper() and isinstance(v, Status | Verification)}
+"""scoring/statuses.py's module-level names of a member (OK, VERIFIED, VERIFY_ERROR, ...)."""
+CONSTRUCTORS = ("WorkerFailure", "FolderRefused", "require_status")
+"""Calls whose first argument is a status."""
 
 
 def _literals(node: ast.AST):
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         yield node.value
+    elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ENUMS:
+        members = ENUMS[node.value.id].__members__
+        yield members[node.attr].value if node.attr in members else f"{node.value.id}.{node.attr}"
+    elif isinstance(node, ast.Name) and node.id in NAMES:
+        yield NAMES[node.id].value
     elif isinstance(node, ast.IfExp):
         yield from _literals(node.body)
         yield from _literals(node.orelse)
@@ -50,7 +62,7 @@ def status_literals() -> list[tuple[str, int, str]]:
             if isinstance(n, ast.Call):
                 values += [kw.value for kw in n.keywords if kw.arg == "status"]
                 name = n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", "")
-                if name in ("WorkerFailure", "require_status") and n.args:
+                if name in CONSTRUCTORS and n.args:
                     values.append(n.args[0])
             elif isinstance(n, ast.Dict):
                 values += [
@@ -64,8 +76,15 @@ def status_literals() -> list[tuple[str, int, str]]:
                         values.append(n.value)
                     elif isinstance(t, ast.Tuple) and isinstance(n.value, ast.Tuple):
                         values += [v for tt, v in zip(t.elts, n.value.elts, strict=False) if _is_status(tt)]
+            elif isinstance(n, ast.AnnAssign) and _is_status(n.target) and n.value is not None:
+                values.append(n.value)
             elif isinstance(n, ast.Compare) and any(_is_status(e) for e in (n.left, *n.comparators)):
                 values += [n.left, *n.comparators]
+            elif isinstance(n, ast.arguments):  # a `status` parameter's default
+                pos = [*n.posonlyargs, *n.args]
+                pairs = [*zip(pos[len(pos) - len(n.defaults) :], n.defaults, strict=True)]
+                pairs += [(a, d) for a, d in zip(n.kwonlyargs, n.kw_defaults, strict=True) if d is not None]
+                values += [d for a, d in pairs if a.arg == "status"]
             found += [(rel, getattr(n, "lineno", 0), lit) for v in values for lit in _literals(v)]
     return found
 
