@@ -44,6 +44,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from scoring.errors import SubmissionError
 from scoring.statuses import Status
 
 ARTIFACT_CAP_BYTES = 16_000_000
@@ -71,7 +72,7 @@ BUNDLE_NAME_RE = re.compile(r"[A-Za-z0-9._+-]{1,255}")
 """One component of a member's path: no control character, space, separator or other script."""
 
 
-class FolderRefused(ValueError):
+class FolderRefused(SubmissionError):
     """A submission folder breaks a folder rule. `.status` is the run's verdict (illegal, over_cap, or
     error when it cannot be read), `.path` the offending path; the message is one line naming the path and the fix."""
 

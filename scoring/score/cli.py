@@ -27,6 +27,7 @@ from isolation.sandbox import KERNEL_LAYERS, SandboxRefused, parse_layers
 from scoring.artifact.format import ArtifactError
 from scoring.artifact.pack import unpack_artifact
 from scoring.codecheck import CodeCheckFailure
+from scoring.errors import exit_code_of
 from scoring.score.evaluate import EVAL_DTYPES, EVAL_MODES, EvalConfig, RuleViolation
 from scoring.score.probes import ProbeConfig
 from scoring.score.record import ScoreFailure, cause_line
@@ -303,16 +304,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_unpack)
 
 
-USER_ERRORS = (ValueError, FileNotFoundError, TypeError)
-
-
 def run_command(args: argparse.Namespace) -> int:
-    """Run a parsed command; user errors become one clear line and exit status 2."""
+    """Run a parsed command; a user error (scoring/errors.py exit_code_of) becomes one clear line and its exit
+    status (2); anything else is a bug and keeps its traceback."""
     try:
         return int(args.func(args) or 0)
-    except USER_ERRORS as e:
+    except Exception as e:
+        code = exit_code_of(e)
+        if code is None:
+            raise
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return code
 
 
 def main(argv: list[str] | None = None) -> int:

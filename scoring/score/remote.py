@@ -40,9 +40,9 @@ from scoring.worker.confined import PRIVATE_DIRS, PROJECT_ROOT, WORKER_ISOLATION
 from scoring.worker.env import names
 from scoring.worker.process import WORKER_SPEC_FORMAT, WORKER_SPEC_VERSION, kernel_oom_kills, oom_killed_since
 from scoring.worker.wire import (
+    ProtocolError,
     Reply,
     SharedBuffer,
-    WireError,
     WorkerGone,
     check_ranges,
     recv,
@@ -192,7 +192,7 @@ class WorkerModel:
             ) from None
         except (WorkerGone, ConnectionError, OSError):
             raise self._died() from None
-        except WireError as e:
+        except ProtocolError as e:
             self.kill()
             raise WorkerFailure(Status.ERROR, f"the model worker broke the protocol: {e}") from None
         if reply.kind == "error":
