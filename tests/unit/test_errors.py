@@ -51,6 +51,10 @@ def test_the_domain_errors_are_the_hierarchys(tmp_path):
         load_config(BASELINE, "cpu-smoke", ["train.matrix_lrr=0.1"])
     with pytest.raises(ConfigError, match="unknown track 'nope'"):
         get_track("nope")
+    from harness.submission import validate_metadata
+
+    with pytest.raises(SubmissionError, match="submission.json: expected a JSON object"):
+        validate_metadata([], "submission.json")
 
 
 @pytest.mark.parametrize("cli", ["harness.cli", "scoring.score.cli"])
