@@ -55,6 +55,7 @@ from harness.run.staging import stage_folder
 from harness.train.clock import BudgetConfig
 from harness.train.rank import (
     METRICS_FILE,
+    RANK_REPORT_FIELDS,
     SPEC_FORMAT,
     SPEC_FORMAT_VERSION,
     STATE_FILE,
@@ -173,29 +174,11 @@ def _probe(
 
 # ---- What a rank says (never believed, only recorded) ----
 
-RANK_RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "role": str,
-    "rank_reported_train_s": (int, float),
-    "rank_reported_off_clock_s": (int, float),
-    "rank_reported_warmup": (dict, type(None)),
-    "rank_setup_s": (int, float),
-    "rank_save_s": (int, float),
-    "steps": int,
-    "stopped_by_clock": bool,
-    "ticks_after_stop": int,
-    "batches_after_stop": int,
-    "tokens_seen": int,
-    "backend": str,
-    "device": str,
-    "threads_per_rank": int,
-    "process": dict,
-    "train_shards_used": int,
-    "train_shard_names": list,
-    "train_tokens_available": int,
-    "cpu": dict,
-    "gptq": (dict, type(None)),
-}
-"""The keys of a rank's train.json the harness keeps, with their types; anything else is dropped."""
+RANK_REPORT_NOT_KEPT = frozenset({"api_version", "status", "world_size", "predicted_stop"})
+"""RankReport fields the train phase's record leaves out: the harness records its own api_version, decides the
+status and knows the world size from the launch; predicted_stop stays in the rank's train.json."""
+RANK_RECORD_FIELDS = tuple(k for k in RANK_REPORT_FIELDS if k not in RANK_REPORT_NOT_KEPT)
+"""The keys of a rank's train.json the harness keeps (their types: RANK_REPORT_FIELDS); anything else is dropped."""
 RANK_RECORD_MAX_BYTES = 1 << 20
 
 
