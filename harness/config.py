@@ -36,6 +36,7 @@ import dataclasses
 import math
 import re
 import tomllib
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,39 +86,58 @@ class DataConfig:
             raise ConfigError(f"data.train_shards = {self.train_shards} must be >= 0 (0: every shard)")
 
 
+def mirrored(source: type, prefix: str = "") -> Callable[[type], type]:
+    """A class decorator under @dataclass: `source`'s dataclass fields, named `prefix` + name, with its types
+    and defaults, after the class's own (a config section that is another module's config, flat for TOML,
+    said once). A `T | None` field of `source` is a T here whose default None is 0: TOML has no null, and
+    0 says "none" (the section's `to_...` method maps it back)."""
+
+    def wrap(cls: type) -> type:
+        hints = typing.get_type_hints(source)
+        for f in dataclasses.fields(source):
+            hint, default = hints[f.name], f.default
+            if type(None) in typing.get_args(hint):
+                (hint,) = [a for a in typing.get_args(hint) if a is not type(None)]
+                default = 0 if default is None else default
+            cls.__annotations__[prefix + f.name] = hint
+            setattr(cls, prefix + f.name, default)
+        return cls
+
+    return wrap
+
+
+def unmirrored(section: Any, source: type, prefix: str = "") -> dict[str, Any]:
+    """A mirrored section's values as `source`'s keyword arguments (a 0 of a `T | None` field: None)."""
+    hints = typing.get_type_hints(source)
+    values = {f.name: getattr(section, prefix + f.name) for f in dataclasses.fields(source)}
+    return {k: (v or None) if type(None) in typing.get_args(hints[k]) else v for k, v in values.items()}
+
+
+GPTQ_PREFIX = "gptq_"
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
+@mirrored(GptqConfig, GPTQ_PREFIX)
 class PackConfig:
+    """[pack]: the codec, and GptqConfig's keys as gptq_batches, gptq_batch_tokens, gptq_seq_len,
+    gptq_reserve_s and gptq_block_size (harness/train/gptq.py has their defaults and meaning)."""
+
     codec: str = "int8_zlib"
     """A built-in codec spec (scoring/artifact/codecs: int8_zlib, QUANT_COMPRESSOR[_shuffle], or a mixed_*
     codec with its role table, e.g. "mixed_brotli11_shuffle:mlp=int5,attention=int6"), or "submission"
     for the folder's codec.py. The role table is checked here: an unknown role or scheme is refused."""
-    gptq_batches: int = 0
-    """GPTQ as a pack step on the training clock (harness/train/gptq.py): training batches read for the
-    Hessians; 0: off. Needs a per-row integer codec (int5-int8, mixed_*)."""
-    gptq_batch_tokens: int = 65536
-    """Tokens a calibration batch (a multiple of gptq_seq_len)."""
-    gptq_seq_len: int = 1024
-    gptq_reserve_s: float = 30.0
-    """Seconds of the training budget kept for the step: the submission's ctx.clock.budget_s is this much shorter."""
-    gptq_block_size: int = 128
-    """Columns rounded together before their error is spread over the rest."""
 
     def gptq(self) -> GptqConfig:
-        return GptqConfig(
-            batches=self.gptq_batches,
-            batch_tokens=self.gptq_batch_tokens,
-            seq_len=self.gptq_seq_len,
-            reserve_s=self.gptq_reserve_s,
-            block_size=self.gptq_block_size,
-        )
+        return GptqConfig(**unmirrored(self, GptqConfig, GPTQ_PREFIX))
 
     def __post_init__(self) -> None:
         self._check_codec()
-        if self.gptq().enabled:  # GptqConfig checks its own values
+        gptq = self.gptq()  # GptqConfig checks its own values
+        if gptq.enabled:
             try:
                 integer_codec(self.codec)
             except ValueError as e:
-                raise ConfigError(f"pack.gptq_batches = {self.gptq_batches}: {e}") from e
+                raise ConfigError(f"pack.gptq_batches = {gptq.batches}: {e}") from e
 
     def _check_codec(self) -> None:
         if self.codec == SUBMISSION_CODEC or self.codec in CODECS:
@@ -134,56 +154,41 @@ class PackConfig:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+@mirrored(EvalConfig)
 class EvalSection:
-    mode: str = "standard"
-    """standard, sliding or documents (scoring/score/evaluate.py EVAL_MODES)."""
-    seq_len: int = 1024
-    """Window length in tokens."""
-    batch_seqs: int = 32
-    """Windows per forward pass (speed only)."""
-    max_tokens: int = 0
-    """Score only the first N validation tokens (0: the full split). The track's (Track.eval_max_tokens)."""
-    dtype: str = "float32"
-    """Forward-pass dtype: float32, or bfloat16 autocast (EVAL_DTYPES)."""
-    stride: int = 0
-    """sliding/documents modes: targets per window after the first (0: the mode's default)."""
-    adapt_chunk_tokens: int = 32_768
-    """score-first adaptation (the submission's eval.py): targets scored before the hook sees them."""
+    """[eval]: scoring/score/evaluate.py's EvalConfig, its keys and defaults, with 0 for its None: max_tokens
+    0 scores the full split (the track's, Track.eval_max_tokens, is applied), stride 0 is the mode's default.
+    The checks here name the key; EvalConfig's own run after them."""
 
     def __post_init__(self) -> None:
-        if self.mode not in EVAL_MODES:
-            raise ConfigError(f"eval.mode = {self.mode!r} is not a mode; allowed: {', '.join(EVAL_MODES)}")
-        if self.dtype not in EVAL_DTYPES:
+        v: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        mode, seq_len, max_tokens, stride = v["mode"], v["seq_len"], v["max_tokens"], v["stride"]
+        if mode not in EVAL_MODES:
+            raise ConfigError(f"eval.mode = {mode!r} is not a mode; allowed: {', '.join(EVAL_MODES)}")
+        if v["dtype"] not in EVAL_DTYPES:
             raise ConfigError(
-                f"eval.dtype = {self.dtype!r} is not allowed; allowed: {', '.join(EVAL_DTYPES)}"
+                f"eval.dtype = {v['dtype']!r} is not allowed; allowed: {', '.join(EVAL_DTYPES)}"
             )
         for name in ("seq_len", "batch_seqs", "adapt_chunk_tokens"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"eval.{name} = {getattr(self, name)} must be positive")
-        if self.max_tokens < 0 or 0 < self.max_tokens <= self.seq_len:
+            if v[name] <= 0:
+                raise ConfigError(f"eval.{name} = {v[name]} must be positive")
+        if max_tokens < 0 or 0 < max_tokens <= seq_len:
             raise ConfigError(
-                f"eval.max_tokens = {self.max_tokens} must be 0 (the full split) or more than eval.seq_len ({self.seq_len})"
+                f"eval.max_tokens = {max_tokens} must be 0 (the full split) or more than eval.seq_len ({seq_len})"
             )
-        if self.stride and self.mode == "standard":
+        if stride and mode == "standard":
             raise ConfigError(
-                f"eval.stride = {self.stride} applies to the sliding and documents modes only; set eval.mode or drop eval.stride"
+                f"eval.stride = {stride} applies to the sliding and documents modes only; set eval.mode or drop eval.stride"
             )
-        if not 0 <= self.stride <= self.seq_len:
+        if not 0 <= stride <= seq_len:
             raise ConfigError(
-                f"eval.stride = {self.stride} must be in [0, eval.seq_len = {self.seq_len}] (0: the mode's default)"
+                f"eval.stride = {stride} must be in [0, eval.seq_len = {seq_len}] (0: the mode's default)"
             )
         self.to_eval_config(None)  # the scorer's own checks, now rather than after training
 
     def to_eval_config(self, track_max_tokens: int | None) -> EvalConfig:
-        return EvalConfig(
-            mode=self.mode,
-            seq_len=self.seq_len,
-            batch_seqs=self.batch_seqs,
-            max_tokens=self.max_tokens or track_max_tokens,
-            dtype=self.dtype,
-            stride=self.stride or None,
-            adapt_chunk_tokens=self.adapt_chunk_tokens,
-        )
+        values = unmirrored(self, EvalConfig)
+        return EvalConfig(**{**values, "max_tokens": values["max_tokens"] or track_max_tokens})
 
 
 HARNESS_SECTIONS: dict[str, type] = {
@@ -218,11 +223,7 @@ SUBMISSION_KEYS: frozenset[str] = frozenset(
         "eval.stride",
         "eval.adapt_chunk_tokens",
         "pack.codec",
-        "pack.gptq_batches",  # GPTQ on the submission's own clock: a submission may ask for it
-        "pack.gptq_batch_tokens",
-        "pack.gptq_seq_len",
-        "pack.gptq_reserve_s",
-        "pack.gptq_block_size",
+        *(f"pack.{GPTQ_PREFIX}{f.name}" for f in dataclasses.fields(GptqConfig)),  # GPTQ on its own clock
         "log.project",  # how the run is named in tracking; never how it is judged
         "log.run_name",
     }
