@@ -53,39 +53,47 @@ def _is_status(e: ast.AST) -> bool:
 
 
 def status_literals() -> list[tuple[str, int, str]]:
-    """(file, line, literal) of every string literal in a status position of harness/ and scoring/."""
+    """(file, line, literal) of every string literal or member in a status position of harness/ and scoring/."""
     found = []
     for f in sorted([*(REPO / "harness").rglob("*.py"), *(REPO / "scoring").rglob("*.py")]):
         rel = str(f.relative_to(REPO))
-        for n in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
-            values: list[ast.AST] = []
-            if isinstance(n, ast.Call):
-                values += [kw.value for kw in n.keywords if kw.arg == "status"]
-                name = n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", "")
-                if name in CONSTRUCTORS and n.args:
-                    values.append(n.args[0])
-            elif isinstance(n, ast.Dict):
-                values += [
-                    v
-                    for k, v in zip(n.keys, n.values, strict=True)
-                    if isinstance(k, ast.Constant) and k.value == "status"
-                ]
-            elif isinstance(n, ast.Assign):
-                for t in n.targets:
-                    if _is_status(t):
-                        values.append(n.value)
-                    elif isinstance(t, ast.Tuple) and isinstance(n.value, ast.Tuple):
-                        values += [v for tt, v in zip(t.elts, n.value.elts, strict=False) if _is_status(tt)]
-            elif isinstance(n, ast.AnnAssign) and _is_status(n.target) and n.value is not None:
-                values.append(n.value)
-            elif isinstance(n, ast.Compare) and any(_is_status(e) for e in (n.left, *n.comparators)):
-                values += [n.left, *n.comparators]
-            elif isinstance(n, ast.arguments):  # a `status` parameter's default
-                pos = [*n.posonlyargs, *n.args]
-                pairs = [*zip(pos[len(pos) - len(n.defaults) :], n.defaults, strict=True)]
-                pairs += [(a, d) for a, d in zip(n.kwonlyargs, n.kw_defaults, strict=True) if d is not None]
-                values += [d for a, d in pairs if a.arg == "status"]
-            found += [(rel, getattr(n, "lineno", 0), lit) for v in values for lit in _literals(v)]
+        found += [(rel, line, lit) for line, lit in statuses_in(ast.parse(f.read_text(encoding="utf-8")))]
+    return found
+
+
+def statuses_in(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, status) of every status position of one module: a literal's text, a member's value, or
+    "Status.NAME" for a member Status does not have."""
+    found = []
+    for n in ast.walk(tree):
+        values: list[ast.AST] = []
+        if isinstance(n, ast.Call):
+            values += [kw.value for kw in n.keywords if kw.arg == "status"]
+            name = n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", "")
+            if name in CONSTRUCTORS and n.args:
+                values.append(n.args[0])
+        elif isinstance(n, ast.Dict):
+            values += [
+                v
+                for k, v in zip(n.keys, n.values, strict=True)
+                if isinstance(k, ast.Constant) and k.value == "status"
+            ]
+        elif isinstance(n, ast.Assign):
+            for t in n.targets:
+                if _is_status(t):
+                    values.append(n.value)
+                elif isinstance(t, ast.Tuple) and isinstance(n.value, ast.Tuple):
+                    values += [v for tt, v in zip(t.elts, n.value.elts, strict=False) if _is_status(tt)]
+        elif isinstance(n, ast.AnnAssign) and _is_status(n.target) and n.value is not None:
+            values.append(n.value)
+        elif isinstance(n, ast.Compare) and any(_is_status(e) for e in (n.left, *n.comparators)):
+            values += [n.left, *n.comparators]
+        elif isinstance(n, ast.arguments):  # a `status` parameter's default
+            pos = [*n.posonlyargs, *n.args]
+            pairs = [*zip(pos[len(pos) - len(n.defaults) :], n.defaults, strict=True)]
+            pairs += [(a, d) for a, d in zip(n.kwonlyargs, n.kw_defaults, strict=True) if d is not None]
+            values += [d for a, d in pairs if a.arg == "status"]
+        found += [(getattr(v, "lineno", 0), lit) for v in values for lit in _literals(v)]
     return found
 
 
@@ -115,6 +123,46 @@ def test_every_status_the_code_can_write_is_in_the_rules_table():
     assert not unknown, "statuses outside docs/RULES.md's table:\n" + "\n".join(unknown)
     assert table_rows("status") == list(STATUSES)
     assert table_rows("verification") == [*VERIFICATION_STATES, VERIFY_ERROR]
+
+
+def test_the_scan_reads_literals_members_and_names_in_every_status_position():
+    src = (
+        "from scoring.statuses import OK, Status\n"
+        "f(status=Status.OK)\n"
+        "d = {'status': Status.NOPE}\n"
+        "if r.status == OK or x.get('status') != 'illegal':\n    pass\n"
+        "status = Status.ERROR if a else Status.OVER_CAP\n"
+        "def g(status: str = 'passed'): ...\n"
+        "raise FolderRefused(Status.OVER_CAP, p, 'm')\n"
+        "r.status: str = Status.INTERRUPTED\n"
+        "h(kind=Status.OK, state='ok')\n"  # not status positions
+    )
+    assert sorted(statuses_in(ast.parse(src))) == [
+        (2, "ok"),
+        (3, "Status.NOPE"),
+        (4, "illegal"),
+        (4, "ok"),
+        (6, "error"),
+        (6, "over_cap"),
+        (7, "passed"),
+        (8, "over_cap"),
+        (9, "interrupted"),
+    ]
+
+
+def test_the_status_type_is_its_strings():
+    import json
+
+    from scoring.statuses import OK, SCORED, require_status
+
+    assert [s.value for s in Status] == list(STATUSES) and OK is Status.OK == "ok"
+    assert json.dumps({"status": Status.OVER_EVAL_BUDGET}) == '{"status": "over_eval_budget"}'
+    assert f"{Status.ERROR} {Status.ERROR!r}" == "error 'error'" and "ok" in SCORED and Status.OK in SCORED
+    assert require_status("illegal") is Status.ILLEGAL
+    for bad in ("passed", None, 1, ["ok"]):
+        with pytest.raises(ValueError, match="is not one of ok, error"):
+            require_status(bad)
+    assert [v.value for v in Verification] == list(VERIFICATION_STATES)
 
 
 def test_the_scorer_and_worker_verdicts_are_statuses():
