@@ -52,6 +52,12 @@ def test_the_domain_errors_are_the_hierarchys(tmp_path):
     with pytest.raises(ConfigError, match="unknown track 'nope'"):
         get_track("nope")
     from harness.submission import validate_metadata
+    from scoring.score.audit import cmd_audit_tokenizer
+
+    (tmp_path / "docs.jsonl").write_text("")
+    args = argparse.Namespace(model="byte260", docs=str(tmp_path / "docs.jsonl"), field="text", max_docs=0)
+    with pytest.raises(DataError, match="docs.jsonl holds no documents with a 'text' field"):
+        cmd_audit_tokenizer(args)
 
     with pytest.raises(SubmissionError, match="submission.json: expected a JSON object"):
         validate_metadata([], "submission.json")
