@@ -23,6 +23,7 @@ deliberate change. User errors print one line naming the input and a fix, and ex
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import json
 import sys
@@ -74,7 +75,6 @@ SUMMARIES: dict[str, str] = {
 """`pgolf --help`'s one line per command, without importing any command's module (torch and scipy take
 5-13 s to import on a busy 2-core machine); `pgolf COMMAND --help` prints the module's own."""
 
-USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, TypeError)
 EXIT_INTERRUPTED = 130
 """The exit status after Ctrl-C (128 + SIGINT, as a shell reports it)."""
 CODEC_CLOCK_MARKER = b"[pgolf pack] the submission's codec starts now (on the clock)"
@@ -85,6 +85,7 @@ process reports."""
 
 def cmd_run(args: argparse.Namespace) -> int:
     from harness.run.pipeline import run_pipeline
+    from scoring.statuses import Status
 
     launch = [
         f"launch.{key}={value!r}"
@@ -105,11 +106,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides=[*launch, *([f"log.wandb={args.wandb!r}"] if args.wandb else []), *args.set],
         ledger=args.ledger,
     )
-    if result["status"] == "interrupted":  # 128 + the signal, as a shell reports it: 130 Ctrl-C, 143 SIGTERM
+    if (
+        result["status"] == Status.INTERRUPTED
+    ):  # 128 + the signal, as a shell reports it: 130 Ctrl-C, 143 SIGTERM
         return 128 + int(
             result.get("phases", {}).get("interrupted", {}).get("signal", EXIT_INTERRUPTED - 128)
         )
-    return 0 if result["status"] == "ok" else 1
+    return 0 if result["status"] == Status.OK else 1
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
@@ -260,12 +263,18 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Run a parsed command; user errors become one clear line and exit status 2."""
+    """Run a parsed command; a user error (scoring/errors.py exit_code_of) becomes one clear line and its exit
+    status (2); anything else is a bug and keeps its traceback."""
+    from scoring.errors import exit_code_of
+
     try:
         return int(args.func(args) or 0)
-    except USER_ERRORS as e:
+    except Exception as e:
+        code = exit_code_of(e)
+        if code is None:
+            raise
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return code
     except KeyboardInterrupt:  # before a run started (or a command without a record): one line, no traceback
         print(f"interrupted: pgolf {args.command} stopped by Ctrl-C", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -275,6 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     first = next((a for a in argv if not a.startswith("-")), None)
     if first not in COMMANDS:  # no command, --help, --version, or a mistyped one: answered without imports
+        near = difflib.get_close_matches(first, COMMANDS, n=1) if argv and argv[0] == first else []
+        if near:
+            summary_parser().error(
+                f"argument COMMAND: invalid choice: {first!r} (did you mean {near[0]}?); "
+                f"choose from {', '.join(COMMANDS)}"
+            )
         summary_parser().parse_args(argv)
     args = build_parser(first).parse_args(argv)
     return run_command(args)

@@ -36,6 +36,7 @@ import dataclasses
 import math
 import re
 import tomllib
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,7 @@ from harness.submission import check_submission
 from harness.train.clock import BudgetConfig
 from harness.train.gptq import GptqConfig, integer_codec
 from scoring.artifact.codecs import CODEC_GRAMMAR, CODECS, check_codec_spec
+from scoring.errors import ConfigError, close_match, did_you_mean
 from scoring.score.evaluate import EVAL_DTYPES, EVAL_MODES, EvalConfig
 from scoring.tracks import TRACKS, Track
 
@@ -67,9 +69,11 @@ class RunSection:
 
     def __post_init__(self) -> None:
         if self.track not in TRACKS:
-            raise ValueError(f"run.track = {self.track!r} is not a track; tracks: {', '.join(TRACKS)}")
+            raise ConfigError(
+                f"run.track = {self.track!r} is not a track{did_you_mean(self.track, TRACKS)}; tracks: {', '.join(TRACKS)}"
+            )
         if self.seed < 0:
-            raise ValueError(f"run.seed = {self.seed} must be >= 0")
+            raise ConfigError(f"run.seed = {self.seed} must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,42 +83,61 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         if self.train_shards < 0:
-            raise ValueError(f"data.train_shards = {self.train_shards} must be >= 0 (0: every shard)")
+            raise ConfigError(f"data.train_shards = {self.train_shards} must be >= 0 (0: every shard)")
+
+
+def mirrored(source: type, prefix: str = "") -> Callable[[type], type]:
+    """A class decorator under @dataclass: `source`'s dataclass fields, named `prefix` + name, with its types
+    and defaults, after the class's own (a config section that is another module's config, flat for TOML,
+    said once). A `T | None` field of `source` is a T here whose default None is 0: TOML has no null, and
+    0 says "none" (the section's `to_...` method maps it back)."""
+
+    def wrap(cls: type) -> type:
+        hints = typing.get_type_hints(source)
+        for f in dataclasses.fields(source):
+            hint, default = hints[f.name], f.default
+            if type(None) in typing.get_args(hint):
+                (hint,) = [a for a in typing.get_args(hint) if a is not type(None)]
+                default = 0 if default is None else default
+            cls.__annotations__[prefix + f.name] = hint
+            setattr(cls, prefix + f.name, default)
+        return cls
+
+    return wrap
+
+
+def unmirrored(section: Any, source: type, prefix: str = "") -> dict[str, Any]:
+    """A mirrored section's values as `source`'s keyword arguments (a 0 of a `T | None` field: None)."""
+    hints = typing.get_type_hints(source)
+    values = {f.name: getattr(section, prefix + f.name) for f in dataclasses.fields(source)}
+    return {k: (v or None) if type(None) in typing.get_args(hints[k]) else v for k, v in values.items()}
+
+
+GPTQ_PREFIX = "gptq_"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+@mirrored(GptqConfig, GPTQ_PREFIX)
 class PackConfig:
+    """[pack]: the codec, and GptqConfig's keys as gptq_batches, gptq_batch_tokens, gptq_seq_len,
+    gptq_reserve_s and gptq_block_size (harness/train/gptq.py has their defaults and meaning)."""
+
     codec: str = "int8_zlib"
     """A built-in codec spec (scoring/artifact/codecs: int8_zlib, QUANT_COMPRESSOR[_shuffle], or a mixed_*
     codec with its role table, e.g. "mixed_brotli11_shuffle:mlp=int5,attention=int6"), or "submission"
     for the folder's codec.py. The role table is checked here: an unknown role or scheme is refused."""
-    gptq_batches: int = 0
-    """GPTQ as a pack step on the training clock (harness/train/gptq.py): training batches read for the
-    Hessians; 0: off. Needs a per-row integer codec (int5-int8, mixed_*)."""
-    gptq_batch_tokens: int = 65536
-    """Tokens a calibration batch (a multiple of gptq_seq_len)."""
-    gptq_seq_len: int = 1024
-    gptq_reserve_s: float = 30.0
-    """Seconds of the training budget kept for the step: the submission's ctx.clock.budget_s is this much shorter."""
-    gptq_block_size: int = 128
-    """Columns rounded together before their error is spread over the rest."""
 
     def gptq(self) -> GptqConfig:
-        return GptqConfig(
-            batches=self.gptq_batches,
-            batch_tokens=self.gptq_batch_tokens,
-            seq_len=self.gptq_seq_len,
-            reserve_s=self.gptq_reserve_s,
-            block_size=self.gptq_block_size,
-        )
+        return GptqConfig(**unmirrored(self, GptqConfig, GPTQ_PREFIX))
 
     def __post_init__(self) -> None:
         self._check_codec()
-        if self.gptq().enabled:  # GptqConfig checks its own values
+        gptq = self.gptq()  # GptqConfig checks its own values
+        if gptq.enabled:
             try:
                 integer_codec(self.codec)
             except ValueError as e:
-                raise ValueError(f"pack.gptq_batches = {self.gptq_batches}: {e}") from e
+                raise ConfigError(f"pack.gptq_batches = {gptq.batches}: {e}") from e
 
     def _check_codec(self) -> None:
         if self.codec == SUBMISSION_CODEC or self.codec in CODECS:
@@ -123,62 +146,49 @@ class PackConfig:
             try:
                 check_codec_spec(self.codec)
             except ValueError as e:
-                raise ValueError(f"pack.codec = {self.codec!r}: {e}") from e
+                raise ConfigError(f"pack.codec = {self.codec!r}: {e}") from e
             return
-        raise ValueError(
+        raise ConfigError(
             f"pack.codec = {self.codec!r} is not a codec; allowed: int8_zlib, {SUBMISSION_CODEC}, or {CODEC_GRAMMAR}"
         )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+@mirrored(EvalConfig)
 class EvalSection:
-    mode: str = "standard"
-    """standard, sliding or documents (scoring/score/evaluate.py EVAL_MODES)."""
-    seq_len: int = 1024
-    """Window length in tokens."""
-    batch_seqs: int = 32
-    """Windows per forward pass (speed only)."""
-    max_tokens: int = 0
-    """Score only the first N validation tokens (0: the full split). The track's (Track.eval_max_tokens)."""
-    dtype: str = "float32"
-    """Forward-pass dtype: float32, or bfloat16 autocast (EVAL_DTYPES)."""
-    stride: int = 0
-    """sliding/documents modes: targets per window after the first (0: the mode's default)."""
-    adapt_chunk_tokens: int = 32_768
-    """score-first adaptation (the submission's eval.py): targets scored before the hook sees them."""
+    """[eval]: scoring/score/evaluate.py's EvalConfig, its keys and defaults, with 0 for its None: max_tokens
+    0 scores the full split (the track's, Track.eval_max_tokens, is applied), stride 0 is the mode's default.
+    The checks here name the key; EvalConfig's own run after them."""
 
     def __post_init__(self) -> None:
-        if self.mode not in EVAL_MODES:
-            raise ValueError(f"eval.mode = {self.mode!r} is not a mode; allowed: {', '.join(EVAL_MODES)}")
-        if self.dtype not in EVAL_DTYPES:
-            raise ValueError(f"eval.dtype = {self.dtype!r} is not allowed; allowed: {', '.join(EVAL_DTYPES)}")
+        v: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        mode, seq_len, max_tokens, stride = v["mode"], v["seq_len"], v["max_tokens"], v["stride"]
+        if mode not in EVAL_MODES:
+            raise ConfigError(f"eval.mode = {mode!r} is not a mode; allowed: {', '.join(EVAL_MODES)}")
+        if v["dtype"] not in EVAL_DTYPES:
+            raise ConfigError(
+                f"eval.dtype = {v['dtype']!r} is not allowed; allowed: {', '.join(EVAL_DTYPES)}"
+            )
         for name in ("seq_len", "batch_seqs", "adapt_chunk_tokens"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"eval.{name} = {getattr(self, name)} must be positive")
-        if self.max_tokens < 0 or 0 < self.max_tokens <= self.seq_len:
-            raise ValueError(
-                f"eval.max_tokens = {self.max_tokens} must be 0 (the full split) or more than eval.seq_len ({self.seq_len})"
+            if v[name] <= 0:
+                raise ConfigError(f"eval.{name} = {v[name]} must be positive")
+        if max_tokens < 0 or 0 < max_tokens <= seq_len:
+            raise ConfigError(
+                f"eval.max_tokens = {max_tokens} must be 0 (the full split) or more than eval.seq_len ({seq_len})"
             )
-        if self.stride and self.mode == "standard":
-            raise ValueError(
-                f"eval.stride = {self.stride} applies to the sliding and documents modes only; set eval.mode or drop eval.stride"
+        if stride and mode == "standard":
+            raise ConfigError(
+                f"eval.stride = {stride} applies to the sliding and documents modes only; set eval.mode or drop eval.stride"
             )
-        if not 0 <= self.stride <= self.seq_len:
-            raise ValueError(
-                f"eval.stride = {self.stride} must be in [0, eval.seq_len = {self.seq_len}] (0: the mode's default)"
+        if not 0 <= stride <= seq_len:
+            raise ConfigError(
+                f"eval.stride = {stride} must be in [0, eval.seq_len = {seq_len}] (0: the mode's default)"
             )
         self.to_eval_config(None)  # the scorer's own checks, now rather than after training
 
     def to_eval_config(self, track_max_tokens: int | None) -> EvalConfig:
-        return EvalConfig(
-            mode=self.mode,
-            seq_len=self.seq_len,
-            batch_seqs=self.batch_seqs,
-            max_tokens=self.max_tokens or track_max_tokens,
-            dtype=self.dtype,
-            stride=self.stride or None,
-            adapt_chunk_tokens=self.adapt_chunk_tokens,
-        )
+        values = unmirrored(self, EvalConfig)
+        return EvalConfig(**{**values, "max_tokens": values["max_tokens"] or track_max_tokens})
 
 
 HARNESS_SECTIONS: dict[str, type] = {
@@ -213,11 +223,7 @@ SUBMISSION_KEYS: frozenset[str] = frozenset(
         "eval.stride",
         "eval.adapt_chunk_tokens",
         "pack.codec",
-        "pack.gptq_batches",  # GPTQ on the submission's own clock: a submission may ask for it
-        "pack.gptq_batch_tokens",
-        "pack.gptq_seq_len",
-        "pack.gptq_reserve_s",
-        "pack.gptq_block_size",
+        *(f"pack.{GPTQ_PREFIX}{f.name}" for f in dataclasses.fields(GptqConfig)),  # GPTQ on its own clock
         "log.project",  # how the run is named in tracking; never how it is judged
         "log.run_name",
     }
@@ -315,7 +321,7 @@ class ResolvedConfig:
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> ResolvedConfig:
         if record.get("format") != CONFIG_FORMAT or record.get("format_version") != CONFIG_FORMAT_VERSION:
-            raise ValueError(
+            raise ConfigError(
                 f"not a {CONFIG_FORMAT} v{CONFIG_FORMAT_VERSION} record: format {record.get('format')!r} "
                 f"v{record.get('format_version')!r}"
             )
@@ -342,23 +348,27 @@ class _Layers:
         tables = self.tables
         section, _, name = key.partition(".")
         if not name or "." in name:
-            raise ValueError(
+            raise ConfigError(
                 f"{origin}: key {key!r} must be SECTION.KEY (sections: {', '.join(sorted(tables))})"
             )
         if section not in tables:
-            raise ValueError(
-                f"{origin}: unknown section {section!r} in {key!r}; sections are {', '.join(sorted(tables))}"
+            raise ConfigError(
+                f"{origin}: unknown section {section!r} in {key!r}{did_you_mean(section, tables)}; "
+                f"sections are {', '.join(sorted(tables))}"
             )
         if name not in tables[section]:
             known = ", ".join(sorted(tables[section])) or "(none)"
-            raise ValueError(f"{origin}: unknown key {key!r}; keys of [{section}] are: {known}")
+            near = close_match(name, tables[section])  # a typo of a key of its section, else one of another's
+            elsewhere = [f"{s}.{n}" for s, t in tables.items() if s != section for n in t]
+            hint = f" (did you mean {section}.{near}?)" if near else did_you_mean(key, elsewhere)
+            raise ConfigError(f"{origin}: unknown key {key!r}{hint}; keys of [{section}] are: {known}")
         old = tables[section][name]
         if not _type_ok(old, value):
-            raise ValueError(
+            raise ConfigError(
                 f"{origin}: {key} = {value!r} has type {type(value).__name__}, but the default {old!r} is {type(old).__name__}"
             )
         if from_file and section in HARNESS_SECTIONS and key not in SUBMISSION_KEYS and key not in TRACK_KEYS:
-            raise ValueError(
+            raise ConfigError(
                 f"{origin}: {key} is not a submission's to set (a fact of the machines the run is launched on); "
                 f"pass it on the command line, e.g. --set {key}=..."
             )
@@ -372,7 +382,7 @@ class _Layers:
     def last_origin(self, key: str, default: str) -> str:
         return self.origins.get(key, [default])[-1]
 
-    def section_error(self, name: str, err: Exception, default: str) -> ValueError:
+    def section_error(self, name: str, err: Exception, default: str) -> ConfigError:
         """A section's validation error, prefixed with the origin of the key it names."""
         msg = " ".join(str(err).split())  # one line
         keys = [k for k in self.origins if k.startswith(f"{name}.")]
@@ -381,7 +391,7 @@ class _Layers:
         origin = self.last_origin(named[0], default) if named else default
         if not named and keys:
             origin = ", ".join(dict.fromkeys(self.last_origin(k, default) for k in keys))
-        return ValueError(f"{origin}: {msg}")
+        return ConfigError(f"{origin}: {msg}")
 
 
 def _flatten(table: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
@@ -398,7 +408,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     """`section.key=value`; value parsed as a Python literal (inf, -inf and nan as floats), else kept as a string."""
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
-        raise ValueError(f"--set {text!r}: expected SECTION.KEY=VALUE, e.g. --set train.matrix_lr=0.02")
+        raise ConfigError(f"--set {text!r}: expected SECTION.KEY=VALUE, e.g. --set train.matrix_lr=0.02")
     raw = raw.strip()
     if raw.lower().lstrip("+") in _NONFINITE:
         return key.strip(), float(raw)
@@ -439,12 +449,12 @@ def _apply_track(layers: _Layers, track: Track, path: Path) -> list[dict[str, An
         if track.record:
             in_file = next((o for o in layers.origins[key] if not o.startswith(SET_ORIGIN)), None)
             if in_file is not None:
-                raise ValueError(
+                raise ConfigError(
                     f"{in_file}: {key} is set by the track {track.name}: {tv!r}; a submission on a record "
                     f"track cannot change how it is judged: remove {key} from the file"
                 )
             if _looser(key, value, tv):
-                raise ValueError(
+                raise ConfigError(
                     f"{origin}: {key} = {value!r} loosens a rule set by the track {track.name}: {tv!r}; "
                     f"a record track's rules are never loosened: run it on {unranked}"
                 )
@@ -457,13 +467,13 @@ def _apply_track(layers: _Layers, track: Track, path: Path) -> list[dict[str, An
     else:
         value, origin = layers.value("budget.train_s"), layers.last_origin("budget.train_s", str(path))
         if value == math.inf and math.isfinite(budget_s):
-            raise ValueError(
+            raise ConfigError(
                 f"{origin}: budget.train_s = inf (untimed), but the track {track.name} is timed ({budget_s:g} s); "
                 f"an untimed run belongs on the track {UNTIMED_TRACK} (--set run.track={UNTIMED_TRACK})"
             )
         if value > budget_s:
             if track.record:
-                raise ValueError(
+                raise ConfigError(
                     f"{origin}: budget.train_s = {value:g} exceeds the training budget set by the track "
                     f"{track.name}: {budget_s:g} s (a run may use less, never more)"
                 )
@@ -481,16 +491,18 @@ def load_config(
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{path} is not valid TOML: {e}") from e
+        raise ConfigError(f"{path} is not valid TOML: {e}") from e
     presets = raw.pop("presets", {})
     unknown = set(raw) - set(HARNESS_SECTIONS) - set(SUBMISSION_SECTIONS)
     if unknown:
-        raise ValueError(
-            f"{path}: unknown table(s) {sorted(unknown)}; allowed: {sorted(HARNESS_SECTIONS) + list(SUBMISSION_SECTIONS)} and [presets.NAME]"
+        tables_allowed = [*HARNESS_SECTIONS, *SUBMISSION_SECTIONS, "presets"]
+        hints = "".join(did_you_mean(u, tables_allowed) for u in sorted(unknown))
+        raise ConfigError(
+            f"{path}: unknown table(s) {sorted(unknown)}{hints}; allowed: {sorted(HARNESS_SECTIONS) + list(SUBMISSION_SECTIONS)} and [presets.NAME]"
         )
     for name, table in [*raw.items(), *((f"presets.{p}", t) for p, t in presets.items())]:
         if not isinstance(table, dict):
-            raise ValueError(f"{path}: {name} must be a table ([{name}]), got {table!r}")
+            raise ConfigError(f"{path}: {name} must be a table ([{name}]), got {table!r}")
     tables: dict[str, dict[str, Any]] = {
         name: {f.name: f.default for f in dataclasses.fields(cls)} for name, cls in HARNESS_SECTIONS.items()
     }
@@ -502,8 +514,9 @@ def load_config(
             layers.apply(key, value, str(path), from_file=True)
     if preset is not None:
         if preset not in presets:
-            raise ValueError(
-                f"{path}: no preset {preset!r}; presets: {', '.join(sorted(presets)) or '(none)'}"
+            raise ConfigError(
+                f"{path}: no preset {preset!r}{did_you_mean(preset, presets)}; "
+                f"presets: {', '.join(sorted(presets)) or '(none)'}"
             )
         for key, value in _flatten(presets[preset]):
             layers.apply(key, value, f"{path} [presets.{preset}]", from_file=True)
@@ -513,7 +526,7 @@ def load_config(
     for key, value in _flatten({n: tables[n] for n in SUBMISSION_SECTIONS}):
         if _nonfinite(value):
             origin = layers.last_origin(key, str(path))
-            raise ValueError(
+            raise ConfigError(
                 f"{origin}: {key} = {value!r}: [model] and [train] values must be finite (records are JSON)"
             )
 
@@ -530,14 +543,14 @@ def load_config(
     validate(*HARNESS_SECTIONS)
     if tables["pack"]["codec"] == SUBMISSION_CODEC and not (Path(submission_dir) / CODEC_FILE).is_file():
         origin = layers.last_origin("pack.codec", str(path))
-        raise ValueError(
+        raise ConfigError(
             f"{origin}: pack.codec = {SUBMISSION_CODEC!r} needs {Path(submission_dir) / CODEC_FILE}, which is missing; "
             f"allowed: int8_zlib, {CODEC_GRAMMAR}, or add {CODEC_FILE}"
         )
     reserve_s = tables["pack"]["gptq_reserve_s"] if tables["pack"]["gptq_batches"] > 0 else 0.0
     if reserve_s >= tables["budget"]["train_s"]:
         origin = layers.last_origin("pack.gptq_reserve_s", str(path))
-        raise ValueError(
+        raise ConfigError(
             f"{origin}: pack.gptq_reserve_s = {reserve_s:g} leaves no training time in budget.train_s = "
             f"{tables['budget']['train_s']:g}; make it smaller than the budget"
         )
@@ -558,7 +571,7 @@ def validate_run(
     """Everything `pgolf run` checks before any process starts: the folder and its submission.json,
     the config held to its track, and the data variant the submission declares against the track's.
 
-    Returns (submission.json, the resolved config). Raises ValueError (one line) on the first problem.
+    Returns (submission.json, the resolved config). Raises ConfigError (a ValueError, one line) on the first problem.
     """
     meta = check_submission(submission_dir)
     cfg = load_config(submission_dir, preset, overrides)
@@ -566,6 +579,6 @@ def validate_run(
         try:
             RunSection(track=cfg.tables["run"]["track"], seed=seed)
         except ValueError as e:
-            raise ValueError(f"--seed {seed}: {e}") from e
+            raise ConfigError(f"--seed {seed}: {e}") from e
         cfg.tables["run"]["seed"] = seed
     return meta, cfg

@@ -22,6 +22,7 @@ from typing import Any
 from data.io import read_json
 from harness.api import SUBMISSION_JSON
 from scoring.artifact.cap import ARTIFACT_CAP_BYTES, CODE_BUNDLE, read_bundle
+from scoring.errors import SubmissionError, did_you_mean
 from scoring.tracks import TRACKS
 
 SCHEMA_VERSION = 1
@@ -63,21 +64,21 @@ def _source(root: Path, fname: str) -> tuple[str, str] | None:
 
 def validate_metadata(meta: Any, where: str) -> dict[str, Any]:
     if not isinstance(meta, dict):
-        raise ValueError(f"{where}: expected a JSON object")
+        raise SubmissionError(f"{where}: expected a JSON object")
     version = meta.get("schema_version", SCHEMA_VERSION)
     if version != SCHEMA_VERSION:
-        raise ValueError(f"{where}: schema_version {version}; this harness reads {SCHEMA_VERSION}")
+        raise SubmissionError(f"{where}: schema_version {version}; this harness reads {SCHEMA_VERSION}")
     for key, typ in REQUIRED_FIELDS.items():
         if not isinstance(meta.get(key), typ):
-            raise ValueError(
+            raise SubmissionError(
                 f"{where}: field {key!r} is required and must be a {typ.__name__} (got {meta.get(key)!r})"
             )
     for key, typ in OPTIONAL_FIELDS.items():
         if key in meta and not isinstance(meta[key], typ):
-            raise ValueError(f"{where}: field {key!r} must be a {typ.__name__}")
+            raise SubmissionError(f"{where}: field {key!r} must be a {typ.__name__}")
     unknown = set(meta) - set(REQUIRED_FIELDS) - set(OPTIONAL_FIELDS)
     if unknown:
-        raise ValueError(
+        raise SubmissionError(
             f"{where}: unknown field(s) {sorted(unknown)}; allowed: {sorted(REQUIRED_FIELDS) + sorted(OPTIONAL_FIELDS)}"
         )
     for key, limit in TEXT_LIMITS.items():
@@ -85,26 +86,28 @@ def validate_metadata(meta: Any, where: str) -> dict[str, Any]:
         if not isinstance(text, str):
             continue
         if len(text) > limit:
-            raise ValueError(f"{where}: field {key!r} is {len(text):,} characters; at most {limit:,}")
+            raise SubmissionError(f"{where}: field {key!r} is {len(text):,} characters; at most {limit:,}")
         bad = _CONTROL_RE.search(text) or (None if key == "blurb" else re.search(r"[\n\t]", text))
         if bad:
-            raise ValueError(
+            raise SubmissionError(
                 f"{where}: field {key!r} holds the control character {bad.group()!r} at {bad.start()}; "
                 "text fields are plain text"
             )
     try:
         dt.date.fromisoformat(meta["date"])
     except ValueError as e:
-        raise ValueError(f"{where}: date {meta['date']!r} must be YYYY-MM-DD") from e
+        raise SubmissionError(f"{where}: date {meta['date']!r} must be YYYY-MM-DD") from e
     if meta["track"] not in TRACKS:
-        raise ValueError(f"{where}: unknown track {meta['track']!r}; known: {', '.join(TRACKS)}")
+        raise SubmissionError(
+            f"{where}: unknown track {meta['track']!r}{did_you_mean(str(meta['track']), TRACKS)}; known: {', '.join(TRACKS)}"
+        )
     if not DATA_VARIANT_RE.fullmatch(meta["data_variant"]):
-        raise ValueError(
+        raise SubmissionError(
             f"{where}: data_variant {meta['data_variant']!r} is not a dataset variant; allowed: sp<VOCAB> (e.g. sp1024) or byte260, with +case for the case transform (sp8192+case)"
         )
     for k, v in meta.get("claimed", {}).items():
         if not isinstance(v, int | float):
-            raise ValueError(f"{where}: claimed.{k} must be a number")
+            raise SubmissionError(f"{where}: claimed.{k} must be a number")
     return meta
 
 
@@ -124,9 +127,9 @@ def check_submission(submission_dir: str | Path) -> dict[str, Any]:
         try:
             ok = _defines(text, where, func)
         except SyntaxError as e:
-            raise ValueError(f"{where} does not parse: {e}") from e
+            raise SubmissionError(f"{where} does not parse: {e}") from e
         if not ok:
-            raise ValueError(f"{where} must define a top-level function {func}(...)")
+            raise SubmissionError(f"{where} must define a top-level function {func}(...)")
     return validate_metadata(
         read_json(root / SUBMISSION_JSON, what="submission metadata"), str(root / SUBMISSION_JSON)
     )

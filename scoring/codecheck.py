@@ -45,6 +45,7 @@ from harness.api import (
     TRAIN_FILE,
 )
 from scoring.artifact.cap import FolderRefused, read_counted, scan_folder
+from scoring.errors import SubmissionError
 
 ENTRY_FILES = SCORED_FILES
 """The files the scorer imports (the static check reads every .py file but train.py; these decide the codec's rules)."""
@@ -148,7 +149,7 @@ CODEC_ALLOWED_ATTRS = frozenset({"load", "frombuffer", "save"})
 """A codec decodes a payload it is handed: safetensors.torch.load(bytes), torch.frombuffer(bytes)."""
 
 
-class CodeCheckFailure(ValueError):
+class CodeCheckFailure(SubmissionError):
     """Submission code running in the scorer broke a rule (static check or tool guard)."""
 
 

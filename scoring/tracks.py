@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scoring.artifact.cap import ARTIFACT_CAP_BYTES
+from scoring.errors import ConfigError, did_you_mean
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -187,5 +188,7 @@ TRACKS: dict[str, Track] = {
 
 def get_track(name: str) -> Track:
     if name not in TRACKS:
-        raise ValueError(f"unknown track {name!r}; known tracks: {', '.join(TRACKS)}")
+        raise ConfigError(
+            f"unknown track {name!r}{did_you_mean(name, TRACKS)}; known tracks: {', '.join(TRACKS)}"
+        )
     return TRACKS[name]

@@ -36,6 +36,7 @@ from torch import nn
 from harness.api import ClockReading, DistInfo, TrainContext, TrainingComplete, WarmupReport
 from harness.train.clock import Snapshot
 from harness.train.cpu import CpuTuner
+from scoring.statuses import Status
 
 BASELINE = Path(__file__).resolve().parents[2] / "baselines" / "naive_baseline"
 
@@ -235,7 +236,7 @@ def run_harness(
         device=device,
         save_state=False,
     )
-    if rec["status"] != "ok":
+    if rec["status"] != Status.OK:
         raise RuntimeError(
             f"the harness run ended {rec['status']}: {rec.get('detail')}\n{(workdir / 'train.log').read_text()[-3000:]}"
         )

@@ -36,6 +36,7 @@ from data.io import write_json_atomic
 from harness.records.compare import welch_test
 from harness.records.reproduce import REPRO_FORMAT, REPRODUCED
 from harness.records.text import visible
+from scoring.statuses import Status, Verification
 from scoring.tracks import TRACKS
 
 CHAIN_FORMAT = "pg-chain"
@@ -105,7 +106,7 @@ def candidates_from_reproductions(
     for r in latest.values():
         sub = r.get("submission") or {}
         folder = Path(str(r.get("entry_dir"))).name
-        ok = [x for x in r.get("reproduced") or [] if x.get("status") == "ok"]
+        ok = [x for x in r.get("reproduced") or [] if x.get("status") == Status.OK]
         diffs = r.get("differences") or []
         why = (
             ""
@@ -142,7 +143,12 @@ def candidates_from_verified(ledger: Path, order: dict[str, int]) -> list[Candid
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in results:
         v = verifications.get(result_digest(r))
-        if r.get("status") != "ok" or not v or v.get("status") != "verified" or not r.get("within_cap"):
+        if (
+            r.get("status") != Status.OK
+            or not v
+            or v.get("status") != Verification.VERIFIED
+            or not r.get("within_cap")
+        ):
             continue
         over = json.dumps(((r.get("phases") or {}).get("command") or {}).get("overrides") or [])
         groups.setdefault((entry_id(r), str(r.get("preset")), over), []).append(r)

@@ -34,6 +34,7 @@ from typing import Any
 from scipy import stats
 
 from data.io import read_json
+from scoring.statuses import Status
 from scoring.tracks import get_track
 
 COMPARE_FORMAT = "pg-compare"
@@ -108,7 +109,7 @@ def load_results(paths: list[str | os.PathLike[str]]) -> list[dict[str, Any]]:
         r = read_json(path, what="result")
         if r.get("format") != "pg-result":
             raise ValueError(f"{path} is not a pg-result record")
-        if r.get("status") != "ok" or r.get("val_loss") is None:
+        if r.get("status") != Status.OK or r.get("val_loss") is None:
             raise ValueError(
                 f"{path} has status {r.get('status')!r} and no score; only scored results can be compared"
             )

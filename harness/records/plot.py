@@ -24,6 +24,7 @@ from typing import Any
 from data.io import write_bytes_atomic
 from harness.records.tracking import read_metrics
 from harness.train.rank import METRICS_FILE
+from scoring.statuses import Status
 
 PLOT_FILE = "train_curve.png"
 PLOT_WIDTH_PX = 1200
@@ -44,7 +45,7 @@ def write_training_plot(
     train_time_s: float | None = None,
     final_step: int | None = None,
     budget_s: float | None = None,
-    status: str = "ok",
+    status: str = Status.OK,
 ) -> dict[str, Any]:
     """Draw the curve of `metrics_path` into `out_path` (PNG, PLOT_WIDTH_PX x PLOT_HEIGHT_PX).
 
@@ -72,7 +73,7 @@ def write_training_plot(
 
     fig = Figure(figsize=(PLOT_WIDTH_PX / _DPI, PLOT_HEIGHT_PX / _DPI), dpi=_DPI, layout="constrained")
     ax_time, ax_step = fig.subplots(1, 2)
-    failed = status != "ok"
+    failed = status != Status.OK
     fig.suptitle(f"{status.upper()} (not scored) · {title}" if failed else title, fontsize=11,
                  color="#cf222e" if failed else "black")  # fmt: skip
     steps = [r["step"] for r in pts]
@@ -176,7 +177,12 @@ def write_training_plot(
 
 
 def plot_run(
-    run_dir: Path, phases: dict[str, Any], *, title: str, budget_s: float | None = None, status: str = "ok"
+    run_dir: Path,
+    phases: dict[str, Any],
+    *,
+    title: str,
+    budget_s: float | None = None,
+    status: str = Status.OK,
 ) -> dict[str, Any]:
     """The run's plot, drawn from RUN_DIR/metrics.jsonl and the phases' records: {"file", "points",
     "skipped_lines"}, or {"error"} saying why there is none. Never raises: a plot is not a verdict."""

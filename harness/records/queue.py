@@ -63,6 +63,7 @@ from harness.records.reproduce import (
     verdict_of,
 )
 from harness.records.verify import append_ledger
+from scoring.statuses import Status
 from scoring.tracks import TRACKS, Track
 
 TRIAGE_FORMAT = "pg-triage"
@@ -354,7 +355,7 @@ def job_record(j: Job, ecfg: ExecutorConfig) -> dict[str, Any]:
     except (FailedJobError, UncompletedJobError, OSError, EOFError, ValueError) as e:
         rec = {"format": RUN_FORMAT, "format_version": FORMAT_VERSION, "entry_key": j.entry.key,
                "entry_digest": j.entry.digest, "seed": j.seed, "run_dir": str(j.run_dir),
-               "job_id": str(j.handle.job_id), "status": "error", "job_failed": True, "harness_failed": True,
+               "job_id": str(j.handle.job_id), "status": Status.ERROR, "job_failed": True, "harness_failed": True,
                "detail": f"{ecfg.kind} job {j.handle.job_id} ({_state(j.handle)}) ended without a record: "
                          f"{str(e).strip()[-300:]}"}  # fmt: skip
     state = _state(j.handle)

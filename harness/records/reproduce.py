@@ -52,6 +52,7 @@ from typing import Any
 
 from data.io import read_json
 from harness.records.verify import Check, append_ledger
+from scoring.statuses import Status
 from scoring.tracks import TRACKS
 
 REPRO_FORMAT = "pg-reproduction"
@@ -165,7 +166,7 @@ def claim_of(path: Path, rel: str) -> Claim | None:
         r = read_json(path, what="claimed result")
     except (OSError, ValueError):
         return None
-    if not isinstance(r, dict) or r.get("format") != "pg-result" or r.get("status") != "ok":
+    if not isinstance(r, dict) or r.get("format") != "pg-result" or r.get("status") != Status.OK:
         return None
     bpb = _num(r.get("val_bpb"))
     if bpb is None:
@@ -285,7 +286,7 @@ def compare_claim(
     """The checks of the module docstring, from the claim and the reproduced runs (ok runs only)."""
     checks: list[Check] = []
     track = TRACKS.get(entry.track)
-    ok_runs = [r for r in runs if r.get("status") == "ok" and _num(r.get("val_bpb")) is not None]
+    ok_runs = [r for r in runs if r.get("status") == Status.OK and _num(r.get("val_bpb")) is not None]
     by_seed = {r["seed"]: r for r in ok_runs}
     stats_rec: dict[str, Any] = {}
     claimed_bpb = [c.val_bpb for c in entry.claims] or (
@@ -358,7 +359,7 @@ def compare_claim(
 
 def run_failure_kind(run: dict[str, Any]) -> str | None:
     """None for an ok run; COULD_NOT_RUN for the harness's or the official's failure; else NOT_REPRODUCED."""
-    if run.get("status") == "ok":
+    if run.get("status") == Status.OK:
         return None
     if run.get("harness_failed") or run.get("status") in HARNESS_STATUSES:
         return COULD_NOT_RUN
@@ -406,7 +407,9 @@ def reproduce_seed(task: dict[str, Any]) -> dict[str, Any]:
         where = traceback.extract_tb(e.__traceback__)[-1:]
         at = f" at {Path(where[0].filename).name}:{where[0].lineno}" if where else ""
         rec.update(
-            status="error", detail="not run: " + f"{type(e).__name__}{at}: {e}"[:600], harness_failed=True
+            status=Status.ERROR,
+            detail="not run: " + f"{type(e).__name__}{at}: {e}"[:600],
+            harness_failed=True,
         )
     rec["ended_unix_s"] = time.time()
     rec["job_wall_s"] = rec["ended_unix_s"] - t0
@@ -430,7 +433,7 @@ def verdict_of(entry: Entry, runs: list[dict[str, Any]], tol: Tolerance) -> dict
         verdict = REPRODUCED
     else:
         verdict = NOT_REPRODUCED
-    ok_runs = [r for r in runs if r.get("status") == "ok"]
+    ok_runs = [r for r in runs if r.get("status") == Status.OK]
     return {
         "format": REPRO_FORMAT,
         "format_version": REPRO_FORMAT_VERSION,

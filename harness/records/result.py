@@ -27,7 +27,7 @@ from harness.config import ResolvedConfig
 from harness.records.provenance import git_commit, hardware, library_versions
 from harness.records.text import NAME_MAX_CHARS, visible
 from scoring.score.evaluate import unigram_bpb
-from scoring.statuses import SCORED, UNVERIFIED, VERIFICATION_STATES, require_status
+from scoring.statuses import SCORED, UNVERIFIED, VERIFICATION_STATES, Status, require_status
 from scoring.tracks import Track
 
 RESULT_FORMAT = "pg-result"
@@ -182,7 +182,7 @@ def build_result(
     scored = status in SCORED and "val_bpb" in score
     return ResultRecord(
         status=status,
-        detail=None if status == "ok" else failing_detail(phases),
+        detail=None if status == Status.OK else failing_detail(phases),
         verification=UNVERIFIED,
         submission={
             k: meta.get(k)
@@ -389,14 +389,14 @@ def _isolation_status(r: dict[str, Any]) -> str:
 def failing_detail(phases: dict[str, Any]) -> str | None:
     """The first failing phase's detail, as "PHASE: detail" (None: no phase failed with one)."""
     for name, phase in phases.items():
-        if isinstance(phase, dict) and phase.get("status") not in (None, "ok") and phase.get("detail"):
+        if isinstance(phase, dict) and phase.get("status") not in (None, Status.OK) and phase.get("detail"):
             return f"{name}: {phase['detail']}"
     return None
 
 
 def _why_lines(r: dict[str, Any], limit: int = 220) -> list[str]:
     """A run that did not end ok says why on its card: the result's detail, else the failing phase's."""
-    if r["status"] == "ok":
+    if r["status"] == Status.OK:
         return []
     detail = r.get("detail") or failing_detail(r.get("phases") or {})
     if not detail:
@@ -466,7 +466,7 @@ def _remedy_lines(r: dict[str, Any]) -> list[str]:
     load = r.get("machine_load") or {}
     threads = ((r.get("phases") or {}).get("train") or {}).get("threads") or {}
     by_hand = threads.get("chosen_by") == "launch.threads"
-    if r["status"] == "over_budget":
+    if r["status"] == Status.OVER_BUDGET:
         return [
             "│ remedy        a step ran past the budget's stop tolerance: on a busy machine stop the other work"
             + (" or lower launch.threads" if by_hand else "")

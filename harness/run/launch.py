@@ -68,6 +68,7 @@ from isolation.processes import (
     reap_token_processes,
 )
 from isolation.sandbox import parse_layers
+from scoring.statuses import Status
 
 DEVICES = ("auto", "cpu", "cuda")
 MONITOR_INTERVAL_S = 1.0
@@ -678,7 +679,7 @@ def supervise(
             pidfd = _pidfd(proc.pid)
             if pidfd is not None:
                 wire.watch(pidfd)
-            status, detail = "ok", ""
+            status, detail = Status.OK, ""
             next_note = t_launch + PROGRESS_EVERY_S
             while proc.poll() is None:
                 now = time.monotonic()
@@ -697,7 +698,7 @@ def supervise(
                     else start + off + budget.train_s + budget.grace_s
                 )
                 if now > deadline:
-                    status = "over_budget"
+                    status = Status.OVER_BUDGET
                     detail = (
                         "the training clock never started within budget.startup_s"
                         if start is None
@@ -721,15 +722,15 @@ def supervise(
         if pidfd is not None:
             os.close(pidfd)
         wire.close()
-    if status == "ok" and proc.returncode != 0:
-        status, detail = "error", f"torchrun exited with status {proc.returncode}"
-    if state_problem and status != "over_budget":
-        status, detail = "error", state_problem
+    if status == Status.OK and proc.returncode != 0:
+        status, detail = Status.ERROR, f"torchrun exited with status {proc.returncode}"
+    if state_problem and status != Status.OVER_BUDGET:
+        status, detail = Status.ERROR, state_problem
     start = wire.start
     off, why = wire.credit()
     end, ended_by = wire.end(t_end)
-    if status == "ok" and start is not None and end - start - off > budget.train_s + budget.grace_s:
-        status = "over_budget"  # it ended between two checks of the deadline
+    if status == Status.OK and start is not None and end - start - off > budget.train_s + budget.grace_s:
+        status = Status.OVER_BUDGET  # it ended between two checks of the deadline
         detail = (
             f"training ran past budget.train_s + budget.grace_s = {budget.train_s + budget.grace_s:.1f} s"
         )

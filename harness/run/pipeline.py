@@ -64,6 +64,7 @@ from scoring.codecheck import lint_scored_code
 from scoring.score.cli import EXIT_CODES, STATUS_OF_EXIT, ScoreRequest
 from scoring.score.record import ScoreFailure, ScoreRecord, cause_line, read_score_record
 from scoring.score.remote import WORKER_ISOLATION
+from scoring.statuses import Status
 from scoring.tracks import Track, dataset_problem, get_track
 
 SCORER_STARTUP_S = 300.0
@@ -231,12 +232,12 @@ def run_pipeline(
         at = f" at {Path(where[0].filename).name}:{where[0].lineno}" if where else ""
         detail = cause_line(f"the harness failed ({type(e).__name__}{at}): {e}")
         phases["harness"] = {
-            "status": "error",
+            "status": Status.ERROR,
             "detail": f"{detail} (traceback: {run_dir / 'harness_error.log'})",
             "traceback": full[-4000:],
         }
         print(f"error: the run failed: {detail}", file=sys.stderr)
-        result = _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="error")
+        result = _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=Status.ERROR)
     except (
         KeyboardInterrupt
     ) as e:  # Ctrl-C or SIGTERM: the phase's processes are gone; the run ends with a record
@@ -244,7 +245,7 @@ def run_pipeline(
             during = next((p for p in ("train", "pack", "score") if p not in phases), "report")
             how, signum = how_stopped(e)
             phases["interrupted"] = {
-                "status": "interrupted",
+                "status": Status.INTERRUPTED,
                 "detail": f"stopped by {how} during the {during} phase",
                 "phase": during,
                 "signal": signum,
@@ -254,7 +255,7 @@ def run_pipeline(
                 file=sys.stderr,
             )
             result = _finish(
-                run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="interrupted"
+                run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=Status.INTERRUPTED
             )
     print(f"[log] {finish_tracking(tracker, run_dir, result)}", flush=True)  # after the verdict
     return result
@@ -347,13 +348,15 @@ def _phases(
     if problem:
         phases["data"]["problem"] = problem
         print(f"data refused: {problem}", file=sys.stderr)
-        return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="invalid_data")
+        return _finish(
+            run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=Status.INVALID_DATA
+        )
     print(
         f"[data] {data_root} ({manifest.split_tokens('train'):,} train / {manifest.split_tokens('val'):,} val tokens)",
         flush=True,
     )
     phases["folder"] = folder
-    if folder["status"] != "ok":  # a verdict on the entry (illegal, over_cap), never a traceback
+    if folder["status"] != Status.OK:  # a verdict on the entry (illegal, over_cap), never a traceback
         print(f"folder refused: {folder['detail']}", file=sys.stderr)
         return _finish(
             run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=folder["status"]
@@ -361,12 +364,12 @@ def _phases(
     # the scorer would refuse this code after training: say so before spending the training budget
     problems = lint_scored_code(submission_dir)
     if problems:
-        phases["code_check"] = {"status": "illegal", "problems": problems}
+        phases["code_check"] = {"status": Status.ILLEGAL, "problems": problems}
         detail = "code check failed: the scorer refuses this submission's scored code:\n  " + "\n  ".join(
             problems[:12]
         )
         print(detail, file=sys.stderr)
-        return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="illegal")
+        return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=Status.ILLEGAL)
 
     launch, threads = choose_launch_threads(launch, device)
     if threads is not None:
@@ -395,7 +398,7 @@ def _phases(
         )
         if threads is not None:
             phases["train"]["threads"] = threads
-        if phases["train"]["status"] != "ok":
+        if phases["train"]["status"] != Status.OK:
             return _finish(
                 run_dir,
                 cfg,
@@ -419,7 +422,7 @@ def _phases(
                 f"[train] done on this node (not the node of rank 0); its record: {run_dir / 'train_phase.json'}",
                 flush=True,
             )
-            return {"status": "ok", "role": "secondary_node", "phases": phases}
+            return {"status": Status.OK, "role": "secondary_node", "phases": phases}
 
         # ---- 3. pack ----
         artifact = run_dir / "artifact.pgolf"
@@ -443,7 +446,7 @@ def _phases(
             )
             phases["train"]["codec_encode"] = sealed
             pack_wall_s = sealed["wall_s"]
-            if sealed["status"] != "ok":
+            if sealed["status"] != Status.OK:
                 phases["train"].update(status=sealed["status"], detail=sealed.get("detail", ""))
                 return _finish(
                     run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=sealed["status"]
@@ -455,18 +458,22 @@ def _phases(
         if not (run_dir / "pack.json").is_file() or not artifact.is_file():
             what = "no pack.json" if not (run_dir / "pack.json").is_file() else "no artifact"
             phases["pack"] = {
-                "status": "error",
+                "status": Status.ERROR,
                 "detail": f"the pack wrote {what}",
                 "log_tail": _tail(run_dir / "pack.log"),
             }
-            return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="error")
+            return _finish(
+                run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=Status.ERROR
+            )
         try:
             phases["pack"] = PackRecord.from_json(
                 read_json(run_dir / "pack.json", what="pack.json")
             ).to_json()
         except ValueError as e:  # written by the pack process (for a custom codec, beside submitted code)
-            phases["pack"] = {"status": "error", "detail": f"pack.json: {e}"}
-            return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="error")
+            phases["pack"] = {"status": Status.ERROR, "detail": f"pack.json: {e}"}
+            return _finish(
+                run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=Status.ERROR
+            )
         # every figure from this side: the artifact's bytes and hash from the file, the code's from the staged copy
         measured, disagree = measure_pack(phases["pack"], artifact, Path(packed), track.cap_bytes)
         phases["pack"] = {**phases["pack"], **measured, "wall_s": pack_wall_s}
@@ -479,7 +486,7 @@ def _phases(
         if disagree:
             # written by the process that ran the submission's codec (illegal), or by the harness's own pack (error)
             phases["pack"].update(
-                status="illegal" if sealed_pack else "error",
+                status=Status.ILLEGAL if sealed_pack else Status.ERROR,
                 detail="the pack record disagrees with the artifact on disk: " + "; ".join(disagree),
             )
             return _finish(
@@ -495,10 +502,16 @@ def _phases(
             )
         keep_packed_code(views / "packed_code", phases["pack"]["code_files"], run_dir / "code")
         if not phases["pack"]["within_cap"]:
-            return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="over_cap")
+            return _finish(
+                run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=Status.OVER_CAP
+            )
         if returncode != 0:
-            phases["pack"].update(status="error", detail=f"the pack process exited with status {returncode}")
-            return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status="error")
+            phases["pack"].update(
+                status=Status.ERROR, detail=f"the pack process exited with status {returncode}"
+            )
+            return _finish(
+                run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=Status.ERROR
+            )
 
         # ---- 4. score ----
         staged = stage_model_code(submission_dir, views / "model_code", cap_bytes=track.cap_bytes)
@@ -544,11 +557,15 @@ def _phases(
                 malformed = f"score.json: {e}"
         if returncode != 0 or not isinstance(record, ScoreRecord):
             # the verdict is the scorer's exit status and its record's status field, never a search of its log
-            status = STATUS_OF_EXIT.get(returncode, "error") if returncode is not None else "over_eval_budget"
+            status: str = (
+                STATUS_OF_EXIT.get(returncode, Status.ERROR)
+                if returncode is not None
+                else Status.OVER_EVAL_BUDGET
+            )
             if isinstance(record, ScoreFailure) and record.status in EXIT_CODES:
                 status = record.status
-            elif status == "ok":  # exit 0 without a readable score
-                status = "error"
+            elif status == Status.OK:  # exit 0 without a readable score
+                status = Status.ERROR
             detail = (record.detail if isinstance(record, ScoreFailure) else "") or malformed
             if isinstance(record, ScoreFailure) and record.origin != "submission":
                 detail = f"a harness failure, not the entry's ({record.origin}): {detail}"
@@ -573,7 +590,7 @@ def _phases(
             "machine_load": score_load,
             "threads_choice": score_choice,
         }  # the harness's
-        status = "ok"
+        status = Status.OK
         return _finish(run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, status=status)
 
 
@@ -660,11 +677,11 @@ def _finish(
             cfg,
             meta,
             track,
-            status="error",
+            status=Status.ERROR,
             detail=cause_line(f"the result could not be built: {e}"),
         )
         write_result(run_dir, result, ledger_path)
     print_card(result)
-    if status != "ok" and hint:
+    if status != Status.OK and hint:
         print(f"--- last lines of {run_dir / 'train.log'} ---\n{hint}", file=sys.stderr)
     return result

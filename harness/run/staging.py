@@ -49,6 +49,7 @@ from scoring.artifact.cap import (
     scan_folder,
 )
 from scoring.codecheck import source_encoding_problem
+from scoring.statuses import Status
 
 __all__ = [
     "FolderRefused",
@@ -89,7 +90,7 @@ def _check_source(root: Path, f: FolderFile, data: bytes) -> None:
     if f.rel.endswith(".py"):
         bad = source_encoding_problem(data)
         if bad is not None:
-            raise FolderRefused("illegal", root / f.rel, f"{root / f.rel} (line {bad[0]}) {bad[1]}")
+            raise FolderRefused(Status.ILLEGAL, root / f.rel, f"{root / f.rel} (line {bad[0]}) {bad[1]}")
 
 
 def inspect_folder(root: str | os.PathLike[str], *, cap_bytes: int | None = None) -> FolderScan:
@@ -114,7 +115,7 @@ def _check_paths(root: Path, names: set[str]) -> None:
         for i in range(1, len(parts)):
             if "/".join(parts[:i]) in names:
                 raise FolderRefused(
-                    "illegal",
+                    Status.ILLEGAL,
                     root / rel,
                     f"{root / rel} needs {'/'.join(parts[:i])!r} to be a folder, but it is a file (in "
                     f"{CODE_BUNDLE} or beside it); rename one of them",
@@ -133,7 +134,7 @@ def _expand(scan: FolderScan, f: FolderFile, data: bytes) -> list[tuple[str, byt
     for rel, content in members:
         if rel in loose and not same_as_member(scan.root, rel, loose[rel].size_bytes, content):
             raise FolderRefused(
-                "illegal",
+                Status.ILLEGAL,
                 scan.root / rel,
                 f"{scan.root / rel} is also in {where} with other bytes; keep one copy (in the bundle or "
                 "beside it)",
@@ -151,7 +152,7 @@ def folder_verdict(root: str | os.PathLike[str], *, cap_bytes: int | None = None
     except FolderRefused as e:
         return {"status": e.status, "path": e.path, "detail": str(e), "time_s": time.perf_counter() - t0}
     return {
-        "status": "ok",
+        "status": Status.OK,
         "files": [f.rel for f in scan.files],
         "bytes_code": scan.bytes_code,
         "skipped": dict(scan.skipped),

@@ -55,6 +55,7 @@ from harness.run.staging import stage_folder
 from harness.train.clock import BudgetConfig
 from harness.train.rank import (
     METRICS_FILE,
+    RANK_REPORT_FIELDS,
     SPEC_FORMAT,
     SPEC_FORMAT_VERSION,
     STATE_FILE,
@@ -65,6 +66,7 @@ from isolation.monitor import parse_attempts
 from isolation.processes import die_with_parent, kill_session, reap_token_processes
 from isolation.sandbox import TOKEN_ENV, WARNING_PREFIX, SandboxPlan, parse_layers, plan_sandbox
 from isolation.world import PageCacheReset
+from scoring.statuses import Status
 from scoring.worker.env import names, sandbox_env
 from scoring.worker.process import OOM_MARKERS, kernel_oom_kills, oom_killed_since
 
@@ -172,29 +174,11 @@ def _probe(
 
 # ---- What a rank says (never believed, only recorded) ----
 
-RANK_RECORD_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "role": str,
-    "rank_reported_train_s": (int, float),
-    "rank_reported_off_clock_s": (int, float),
-    "rank_reported_warmup": (dict, type(None)),
-    "rank_setup_s": (int, float),
-    "rank_save_s": (int, float),
-    "steps": int,
-    "stopped_by_clock": bool,
-    "ticks_after_stop": int,
-    "batches_after_stop": int,
-    "tokens_seen": int,
-    "backend": str,
-    "device": str,
-    "threads_per_rank": int,
-    "process": dict,
-    "train_shards_used": int,
-    "train_shard_names": list,
-    "train_tokens_available": int,
-    "cpu": dict,
-    "gptq": (dict, type(None)),
-}
-"""The keys of a rank's train.json the harness keeps, with their types; anything else is dropped."""
+RANK_REPORT_NOT_KEPT = frozenset({"api_version", "status", "world_size", "predicted_stop"})
+"""RankReport fields the train phase's record leaves out: the harness records its own api_version, decides the
+status and knows the world size from the launch; predicted_stop stays in the rank's train.json."""
+RANK_RECORD_FIELDS = tuple(k for k in RANK_REPORT_FIELDS if k not in RANK_REPORT_NOT_KEPT)
+"""The keys of a rank's train.json the harness keeps (their types: RANK_REPORT_FIELDS); anything else is dropped."""
 RANK_RECORD_MAX_BYTES = 1 << 20
 
 
@@ -400,21 +384,21 @@ def run_train_phase(
         "machine_load": outcome.load,  # the supervisor's readings (harness/run/load.py), not the rank's
     }
     train_json = run_dir / TRAIN_RECORD
-    if outcome.status == "ok":
+    if outcome.status == Status.OK:
         try:
             worker = read_rank_record(train_json)
         except ValueError as e:
-            record.update(status="error", detail=str(e))
+            record.update(status=Status.ERROR, detail=str(e))
             worker = {}
         # the role is the launch's, never the rank's word: one node means this node packs and scores
         worker["role"] = "main" if launch.nnodes == 1 else worker.get("role", "main")
         record.update({k: v for k, v in worker.items() if k not in record})  # never replaces a measured field
         tolerance_s = stop_tolerance_s(budget)
-        if record["status"] != "ok":
+        if record["status"] != Status.OK:
             pass
         elif outcome.train_time_s is not None and outcome.train_time_s > budget.train_s + tolerance_s:
             record.update(
-                status="over_budget",
+                status=Status.OVER_BUDGET,
                 detail=(
                     f"trained {outcome.train_time_s:.1f} s by the supervisor's clock: past budget.train_s = "
                     f"{budget.train_s:g} s + {tolerance_s:.1f} s to finish the last step (the grace period is for "
@@ -423,15 +407,15 @@ def run_train_phase(
             )
         elif worker.get("ticks_after_stop") or worker.get("batches_after_stop"):
             record.update(
-                status="over_budget",
+                status=Status.OVER_BUDGET,
                 detail=(
                     f"kept training after the clock said stop ({worker.get('batches_after_stop')} batches, "
                     f"{worker.get('ticks_after_stop')} ticks after the stop reading)"
                 ),
             )
         elif worker["role"] == "main" and save_state and not (run_dir / STATE_FILE).is_file():
-            record.update(status="error", detail="training wrote no state")
-    if record["status"] != "ok":
+            record.update(status=Status.ERROR, detail="training wrote no state")
+    if record["status"] != Status.OK:
         record["errors"] = {
             p.name: p.read_text(errors="replace")[-4000:]
             for p in sorted(run_dir.glob("train_error_rank*.txt"))
@@ -439,17 +423,17 @@ def run_train_phase(
         record["rank_failures"] = rank_failures(log_text)
         killed = [f"rank {f['rank']} killed by {f['signal']}" for f in record["rank_failures"] if f["signal"]]
         record["kernel_oom_kill"] = oom_killed_since(oom_kills)
-        if killed and outcome.status == "error":
+        if killed and outcome.status == Status.ERROR:
             by = (
                 ""
                 if record["kernel_oom_kill"]
                 else " (not by the kernel's OOM killer: its count did not rise)"
             )
             record["detail"] = f"{outcome.detail}: {', '.join(killed)}{by}"
-        if record["status"] == "error" and ran_out_of_memory(record):
+        if record["status"] == Status.ERROR and ran_out_of_memory(record):
             limit = plan.memory_limit_bytes
             record.update(
-                status="out_of_memory",
+                status=Status.OUT_OF_MEMORY,
                 detail=f"training ran out of memory ({record['detail']}); each process of the phase may use "
                 + (
                     f"{limit:,} bytes of address space (launch.memory_limit_bytes)"
@@ -557,7 +541,7 @@ def run_sealed_pack(
     # this process's readings (without the line: from the launch); what pack.json says is recorded, not used
     clock_s = t_exit - (codec_start[0] if codec_start else t0)
     record: dict[str, Any] = {
-        "status": "ok",
+        "status": Status.OK,
         "wall_s": t_exit - t0,
         "allowed_s": allowed_s,
         "encode_clock_s": clock_s,
@@ -569,7 +553,7 @@ def run_sealed_pack(
     }
     if killed:
         record.update(
-            status="over_budget",
+            status=Status.OVER_BUDGET,
             detail=f"the codec's encode ran past the training budget + grace ({allowed_s:.1f} s left)",
         )
     elif (run_dir / "pack.json").is_file():
@@ -588,7 +572,7 @@ def run_sealed_pack(
         record["train_plus_encode_s"] = train_time_s + clock_s
         if record["train_plus_encode_s"] > budget.train_s + budget.grace_s:
             record.update(
-                status="over_budget",
+                status=Status.OVER_BUDGET,
                 detail=(
                     f"training + the codec's encode took {record['train_plus_encode_s']:.1f} s by the harness's "
                     f"clock ({train_time_s:.1f} s + {clock_s:.1f} s): past train_s + grace_s = "

@@ -48,13 +48,19 @@ DAMP = 0.01
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class GptqConfig:
-    """The [pack] keys of the step (harness/config.py PackConfig); batches = 0 turns it off."""
+    """The [pack] keys of the step, each as pack.gptq_NAME (harness/config.py PackConfig mirrors these
+    fields: their defaults are said here only); batches = 0 turns it off."""
 
     batches: int = 0
+    """GPTQ as a pack step on the training clock: training batches read for the Hessians; 0: off. Needs a
+    per-row integer codec (int5-int8, mixed_*)."""
     batch_tokens: int = 65536
+    """Tokens a calibration batch (a multiple of seq_len)."""
     seq_len: int = 1024
     reserve_s: float = 30.0
+    """Seconds of the training budget kept for the step: the submission's ctx.clock.budget_s is this much shorter."""
     block_size: int = 128
+    """Columns rounded together before their error is spread over the rest."""
 
     def __post_init__(self) -> None:
         if self.batches < 0 or self.batch_tokens <= 0 or self.seq_len <= 0 or self.block_size <= 0:

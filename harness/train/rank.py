@@ -21,6 +21,7 @@ process group: gloo ranks that tear down without one crashed at exit in 3 of 9 r
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import importlib.util
 import json
@@ -29,6 +30,7 @@ import random
 import sys
 import time
 import traceback
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -57,35 +59,6 @@ TRAIN_FORMAT_VERSION = 4
 SPEC_FORMAT = "pg-train-spec"
 SPEC_FORMAT_VERSION = 2
 
-_NUM = (int, float)
-RANK_REPORT_FIELDS: dict[str, Types] = {
-    "api_version": int,
-    "role": str,
-    "status": str,
-    "rank_reported_train_s": _NUM,
-    "rank_reported_off_clock_s": _NUM,
-    "rank_reported_warmup": (dict, type(None)),
-    "rank_setup_s": _NUM,
-    "rank_save_s": _NUM,
-    "steps": int,
-    "stopped_by_clock": bool,
-    "predicted_stop": dict,
-    "ticks_after_stop": int,
-    "batches_after_stop": int,
-    "tokens_seen": int,
-    "world_size": int,
-    "backend": str,
-    "device": str,
-    "threads_per_rank": int,
-    "process": dict,
-    "train_shards_used": int,
-    "train_shard_names": list,
-    "train_tokens_available": int,
-    "cpu": dict,
-    "gptq": (dict, type(None)),
-}
-"""The fields of train.json with their JSON types (numbers finite and non-negative); any other key is dropped."""
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RankReport:
@@ -100,7 +73,8 @@ class RankReport:
     status: str | None = None
     rank_reported_train_s: float | None = None
     rank_reported_off_clock_s: float | None = None
-    rank_reported_warmup: dict[str, Any] | None = None
+    rank_reported_warmup: dict[str, Any] | None = dataclasses.field(default=None, metadata={"null": True})
+    """The warm-up the rank reports; null (written always) when it did none."""
     rank_setup_s: float | None = None
     rank_save_s: float | None = None
     steps: int | None = None
@@ -120,7 +94,7 @@ class RankReport:
     train_tokens_available: int | None = None
     cpu: dict[str, Any] | None = None
     """ctx.cpu's report (harness/train/cpu.py): the CPU's facts and the step mode the run chose."""
-    gptq: dict[str, Any] | None = None
+    gptq: dict[str, Any] | None = dataclasses.field(default=None, metadata={"null": True})
     """The GPTQ pack step's record (harness/train/gptq.py), where pack.gptq_batches asked for it."""
 
     def to_json(self) -> dict[str, Any]:
@@ -151,6 +125,26 @@ class RankReport:
         except ValueError as e:
             raise ValueError(f"{what} holds a non-finite number: {e}") from None
         return report
+
+
+def _json_types(hint: Any, null: bool) -> Types:
+    """The JSON types of a field annotated `hint` (T | None): T's (a float also an int), null where `null`."""
+    (t,) = [a for a in typing.get_args(hint) if a is not type(None)]
+    base = typing.get_origin(t) or t
+    types: tuple[type, ...] = (int, float) if base is float else (base,)
+    if null:
+        return (*types, type(None))
+    return types if len(types) > 1 else types[0]
+
+
+RANK_REPORT_FIELDS: dict[str, Types] = {
+    f.name: _json_types(typing.get_type_hints(RankReport)[f.name], f.metadata.get("null", False))
+    for f in fields(RankReport)
+    if f.name not in ("format", "format_version")
+}
+"""The fields of train.json with their JSON types (numbers finite and non-negative), derived from RankReport's
+annotations (`T | None`: absent is None; present it is a T, or null where the field's metadata says so); any
+other key is dropped."""
 
 
 class RankLogger:

@@ -48,7 +48,8 @@ KINDS = ("hello", "clock_start", "warmup_begin", "warmup_end", "data", "done")
 
 
 class WireError(RuntimeError):
-    """The supervisor refused a request, or the wire broke."""
+    """The supervisor refused a request, or the wire broke. The one WireError: the scorer's wire to its model
+    worker says ProtocolError (scoring/worker/wire.py). Its name shows in a rank's record ("WireError: ...")."""
 
 
 def encode(kind: str, **fields: Any) -> bytes:

@@ -44,6 +44,9 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from scoring.errors import SubmissionError
+from scoring.statuses import Status
+
 ARTIFACT_CAP_BYTES = 16_000_000
 UNCOUNTED_NAMES = frozenset({"README.md", "submission.json"})
 UNCOUNTED_DIRS = frozenset({"__pycache__", "logs", "results", "runs"})
@@ -69,11 +72,11 @@ BUNDLE_NAME_RE = re.compile(r"[A-Za-z0-9._+-]{1,255}")
 """One component of a member's path: no control character, space, separator or other script."""
 
 
-class FolderRefused(ValueError):
-    """A submission folder breaks a folder rule. `.status` is the run's verdict ("illegal" or
-    "over_cap"), `.path` the offending path; the message is one line naming the path and the fix."""
+class FolderRefused(SubmissionError):
+    """A submission folder breaks a folder rule. `.status` is the run's verdict (illegal, over_cap, or
+    error when it cannot be read), `.path` the offending path; the message is one line naming the path and the fix."""
 
-    def __init__(self, status: str, path: str | os.PathLike[str], message: str):
+    def __init__(self, status: Status, path: str | os.PathLike[str], message: str):
         self.status, self.path = status, str(path)
         super().__init__(f"{status}: {message}")
 
@@ -149,13 +152,13 @@ def _refuse_entry(path: Path, st: os.stat_result) -> FolderRefused:
         except OSError:
             target = "?"
         return FolderRefused(
-            "illegal",
+            Status.ILLEGAL,
             path,
             f"{path} is a symbolic link (to {target!r}); a submission folder holds regular files and folders "
             "only and never follows a link: replace it with a copy of what it points to",
         )
     return FolderRefused(
-        "illegal",
+        Status.ILLEGAL,
         path,
         f"{path} is a {_kind(st.st_mode)}; a submission folder holds regular files and folders only: remove it",
     )
@@ -182,13 +185,13 @@ def scan_folder(root: str | os.PathLike[str], *, cap_bytes: int | None = None) -
                 listing = sorted(it, key=lambda e: e.name)
         except OSError as e:
             raise FolderRefused(
-                "error", folder, f"{folder} cannot be listed ({e.strerror}); make it a readable folder"
+                Status.ERROR, folder, f"{folder} cannot be listed ({e.strerror}); make it a readable folder"
             ) from e
         for entry in listing:
             entries += 1
             if entries > MAX_ENTRIES:
                 raise FolderRefused(
-                    "illegal",
+                    Status.ILLEGAL,
                     root,
                     f"{root} holds more than {MAX_ENTRIES:,} files and folders; remove what the submission "
                     "does not need (logs/, runs/ and hidden folders are skipped, not counted)",
@@ -199,14 +202,14 @@ def scan_folder(root: str | os.PathLike[str], *, cap_bytes: int | None = None) -
                 st = entry.stat(follow_symlinks=False)
             except OSError as e:
                 raise FolderRefused(
-                    "error", path, f"{path} vanished or cannot be read ({e.strerror}); run again"
+                    Status.ERROR, path, f"{path} vanished or cannot be read ({e.strerror}); run again"
                 ) from e
             if stat.S_ISDIR(st.st_mode):
                 if _skipped_dir(entry.name):
                     skipped.append((rel + "/", _why_skipped(entry.name)))
                 elif depth + 1 > MAX_DEPTH:
                     raise FolderRefused(
-                        "illegal",
+                        Status.ILLEGAL,
                         path,
                         f"{path} is more than {MAX_DEPTH} folders deep; flatten the submission folder",
                     )
@@ -217,21 +220,21 @@ def scan_folder(root: str | os.PathLike[str], *, cap_bytes: int | None = None) -
                 raise _refuse_entry(path, st)
             if st.st_nlink > 1:
                 raise FolderRefused(
-                    "illegal",
+                    Status.ILLEGAL,
                     path,
                     f"{path} has {st.st_nlink} hard links: it is the same file as a path elsewhere (perhaps "
                     "outside the folder); replace it with a copy of its own (cp FILE FILE.tmp && mv FILE.tmp FILE)",
                 )
             if entry.name.endswith(EXTENSION_SUFFIXES):
                 raise FolderRefused(
-                    "illegal",
+                    Status.ILLEGAL,
                     path,
                     f"{path} is a native extension module: it would be imported in place of checked Python "
                     "source; remove it (submission code is Python source)",
                 )
             if st.st_size > cap:
                 raise FolderRefused(
-                    "over_cap",
+                    Status.OVER_CAP,
                     path,
                     f"{path} is {st.st_size:,} bytes (its size, judged before reading it), over the cap of "
                     f"{cap:,} bytes; remove it or make it smaller",
@@ -242,7 +245,7 @@ def scan_folder(root: str | os.PathLike[str], *, cap_bytes: int | None = None) -
             total += st.st_size
             if total > cap:
                 raise FolderRefused(
-                    "over_cap",
+                    Status.OVER_CAP,
                     root,
                     f"{root}: the counted files come to at least {total:,} bytes (at {rel}), over the cap of "
                     f"{cap:,} bytes before any model bytes; remove files (README.md, submission.json and logs/ "
@@ -280,15 +283,15 @@ def read_counted(root: str | os.PathLike[str], f: FolderFile) -> bytes:
         fd = _open_no_follow(root, f.rel)
     except OSError as e:
         raise FolderRefused(
-            "illegal", path, changed % f"cannot open it without following a link: {e.strerror}"
+            Status.ILLEGAL, path, changed % f"cannot open it without following a link: {e.strerror}"
         ) from e
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise FolderRefused("illegal", path, changed % f"it is now a {_kind(st.st_mode)}")
+            raise FolderRefused(Status.ILLEGAL, path, changed % f"it is now a {_kind(st.st_mode)}")
         if st.st_size != f.size_bytes or st.st_nlink > 1:
             raise FolderRefused(
-                "illegal",
+                Status.ILLEGAL,
                 path,
                 changed
                 % f"{st.st_size:,} bytes and {st.st_nlink} link(s), was {f.size_bytes:,} bytes and 1 link",
@@ -298,7 +301,7 @@ def read_counted(root: str | os.PathLike[str], f: FolderFile) -> bytes:
         while left > 0:
             chunk = os.read(fd, min(left, READ_CHUNK_BYTES))
             if not chunk:
-                raise FolderRefused("illegal", path, changed % "it ended early")
+                raise FolderRefused(Status.ILLEGAL, path, changed % "it ended early")
             chunks.append(chunk)
             left -= len(chunk)
         return b"".join(chunks)
@@ -322,7 +325,7 @@ def read_bundle(data: bytes, where: str | os.PathLike[str]) -> list[tuple[str, b
     fix = f"remake it with `tar -cJf {CODE_BUNDLE} FILE...` from inside the submission folder"
 
     def refuse(what: str) -> FolderRefused:
-        return FolderRefused("illegal", where, f"{where} {what}; {fix}")
+        return FolderRefused(Status.ILLEGAL, where, f"{where} {what}; {fix}")
 
     try:
         dec = lzma.LZMADecompressor(format=lzma.FORMAT_XZ, memlimit=MAX_BUNDLE_XZ_MEMORY_BYTES)

@@ -26,6 +26,7 @@ import torch
 from data.io import sha256_bytes, sha256_file, write_bytes_atomic
 from harness.api import MODEL_FILE
 from scoring.artifact.codecs import CODECS, Codec, StateDict, get_codec
+from scoring.errors import ArtifactError
 
 """The file a submission must have: the scorer builds the model from it (scoring/worker/loading.py)."""
 
@@ -46,10 +47,6 @@ HEADER_KEYS = frozenset(
         "payload_sha256",
     }
 )
-
-
-class ArtifactError(ValueError):
-    """An artifact file is malformed or does not match what it claims."""
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from data.tokenizer import (
     ByteTokenizer,
     Tokenizer,
 )
+from scoring.errors import DataError
 
 AUDIT_FORMAT = "pg-tokenizer-audit"
 AUDIT_FORMAT_VERSION = 1
@@ -232,7 +233,7 @@ def cmd_audit_tokenizer(args: argparse.Namespace) -> int:
     if args.max_docs:
         texts = texts[: args.max_docs]
     if not texts:
-        raise ValueError(f"{args.docs} holds no documents with a {args.field!r} field")
+        raise DataError(f"{args.docs} holds no documents with a {args.field!r} field")
     transform = None if args.transform == "none" else TRANSFORMS[args.transform]()
     rep = prove_tokenizer(tok, texts, canonical=args.canonical, transform=transform)
     if args.json:

@@ -27,6 +27,7 @@ from isolation.sandbox import KERNEL_LAYERS, SandboxRefused, parse_layers
 from scoring.artifact.format import ArtifactError
 from scoring.artifact.pack import unpack_artifact
 from scoring.codecheck import CodeCheckFailure
+from scoring.errors import exit_code_of
 from scoring.score.evaluate import EVAL_DTYPES, EVAL_MODES, EvalConfig, RuleViolation
 from scoring.score.probes import ProbeConfig
 from scoring.score.record import ScoreFailure, cause_line
@@ -34,9 +35,9 @@ from scoring.score.remote import EvalDeadline, WorkerFailure
 from scoring.score.scorer import DeviceUnavailable, score_artifact
 from scoring.statuses import ERROR, ILLEGAL, OK, OUT_OF_MEMORY, OVER_EVAL_BUDGET
 
-EXIT_CODES = {OK: 0, ERROR: 1, ILLEGAL: 3, OVER_EVAL_BUDGET: 4, OUT_OF_MEMORY: 5}
+EXIT_CODES: dict[str, int] = {OK: 0, ERROR: 1, ILLEGAL: 3, OVER_EVAL_BUDGET: 4, OUT_OF_MEMORY: 5}
 """The scorer's exit status per verdict (2 is a usage error: bad arguments or inputs)."""
-STATUS_OF_EXIT = {v: k for k, v in EXIT_CODES.items()}
+STATUS_OF_EXIT: dict[int, str] = {v: k for k, v in EXIT_CODES.items()}
 SANDBOX_MODES = ("auto", "required", "off")
 OUTPUT_TRACEBACK_CHARS = 20_000
 
@@ -188,7 +189,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         DeviceUnavailable,
     ) as e:  # bad input: one line, exit 2 (and a record)
         if req.json_out:
-            write_json_atomic(req.json_out, failure_record("error", e))
+            write_json_atomic(req.json_out, failure_record(ERROR, e))
         raise ValueError(str(e)) from e
     except Exception as e:  # noqa: BLE001 - the verdict boundary: every failure ends in a record and a status
         status = verdict_of(e)
@@ -303,16 +304,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_unpack)
 
 
-USER_ERRORS = (ValueError, FileNotFoundError, TypeError)
-
-
 def run_command(args: argparse.Namespace) -> int:
-    """Run a parsed command; user errors become one clear line and exit status 2."""
+    """Run a parsed command; a user error (scoring/errors.py exit_code_of) becomes one clear line and its exit
+    status (2); anything else is a bug and keeps its traceback."""
     try:
         return int(args.func(args) or 0)
-    except USER_ERRORS as e:
+    except Exception as e:
+        code = exit_code_of(e)
+        if code is None:
+            raise
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return code
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ from typing import Any, Self
 
 from data.records import Types, field, require_format, require_object
 from harness.api import API_VERSION
+from scoring.statuses import Status
 
 SCORE_FORMAT = "pg-score"
 SCORE_FORMAT_VERSION = 2
@@ -30,7 +31,7 @@ class ScoreRecord:
     format: str = SCORE_FORMAT
     format_version: int = SCORE_FORMAT_VERSION
     api_version: int = API_VERSION
-    status: str = "ok"
+    status: str = Status.OK
     metric_version: int
     metrics: dict[str, Any]
     val_loss: float
@@ -85,7 +86,7 @@ class ScoreRecord:
         """A score record read back, checked; ValueError names the field that is wrong."""
         what = "score record"
         d = require_format(d, what, SCORE_FORMAT, SCORE_FORMAT_VERSION)
-        if d.get("status") != "ok":
+        if d.get("status") != Status.OK:
             raise ValueError(f"{what} field 'status' = {str(d.get('status'))[:80]!r} is not 'ok'")
         values = {
             name: field(
@@ -212,6 +213,6 @@ class ScoreFailure:
 
 def read_score_record(d: object) -> ScoreRecord | ScoreFailure:
     """score.json read back: a ScoreRecord when its status is "ok", else a ScoreFailure (ValueError if malformed)."""
-    if require_object(d, "score record").get("status") == "ok":
+    if require_object(d, "score record").get("status") == Status.OK:
         return ScoreRecord.from_json(d)
     return ScoreFailure.from_json(d)

@@ -35,13 +35,14 @@ import torch
 
 from isolation.processes import die_with_parent, kill_group_reaped
 from isolation.sandbox import SandboxPlan, plan_sandbox
+from scoring.statuses import Status
 from scoring.worker.confined import PRIVATE_DIRS, PROJECT_ROOT, WORKER_ISOLATION, OutputTail, worker_env
 from scoring.worker.env import names
 from scoring.worker.process import WORKER_SPEC_FORMAT, WORKER_SPEC_VERSION, kernel_oom_kills, oom_killed_since
 from scoring.worker.wire import (
+    ProtocolError,
     Reply,
     SharedBuffer,
-    WireError,
     WorkerGone,
     check_ranges,
     recv,
@@ -187,13 +188,13 @@ class WorkerModel:
                     "the evaluation ran past its budget: the model worker was killed"
                 ) from None
             raise WorkerFailure(
-                "error", f"the model worker did not answer within {READY_TIMEOUT_S:.0f} s"
+                Status.ERROR, f"the model worker did not answer within {READY_TIMEOUT_S:.0f} s"
             ) from None
         except (WorkerGone, ConnectionError, OSError):
             raise self._died() from None
-        except WireError as e:
+        except ProtocolError as e:
             self.kill()
-            raise WorkerFailure("error", f"the model worker broke the protocol: {e}") from None
+            raise WorkerFailure(Status.ERROR, f"the model worker broke the protocol: {e}") from None
         if reply.kind == "error":
             self.kill()
             raise WorkerFailure(reply.fields["kind"], reply.fields["message"])
@@ -218,15 +219,15 @@ class WorkerModel:
             # only when the kernel's own count of OOM kills rose meanwhile (this side's reading, not the worker's)
             if oom_killed_since(self._oom_kills):
                 return WorkerFailure(
-                    "out_of_memory",
+                    Status.OUT_OF_MEMORY,
                     f"the model worker was killed by the kernel's OOM killer (SIGKILL):\n{tail}",
                 )
             return WorkerFailure(
-                "error",
+                Status.ERROR,
                 "the model worker died by SIGKILL that neither the scorer nor the kernel's OOM killer sent "
                 f"(/proc/vmstat oom_kill did not rise):\n{tail}",
             )
-        return WorkerFailure("error", f"the model worker exited with status {code}:\n{tail}")
+        return WorkerFailure(Status.ERROR, f"the model worker exited with status {code}:\n{tail}")
 
     def start(self) -> None:
         """Let it import torch and build the model (it waits for this; see scoring/worker/__main__.py)."""
@@ -243,7 +244,7 @@ class WorkerModel:
         if reply.kind != "ready" or reply.fields.get("output") not in ("logits", "log_probs"):
             self.kill()
             raise WorkerFailure(
-                "error", f"the model worker's first message was not a valid ready: {reply.fields}"
+                Status.ERROR, f"the model worker's first message was not a valid ready: {reply.fields}"
             )
         self.output_kind = reply.fields["output"]
         self.facts = {k: v for k, v in reply.fields.items() if k not in ("reply", "output")}
@@ -373,7 +374,7 @@ class WorkerPool:
         kinds = {w.output_kind for w in workers}
         if len(kinds) != 1:
             raise WorkerFailure(
-                "error", f"the pool's workers answered different output kinds: {sorted(kinds)}"
+                Status.ERROR, f"the pool's workers answered different output kinds: {sorted(kinds)}"
             )
         self.workers = workers
         self.output_kind = workers[0].output_kind

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from scoring.statuses import Status
 from scoring.worker.child import report_failure, run_child, tune_cpu_allocator
 from scoring.worker.wire import WIRE_VERSION, SharedBuffer, check_ranges, recv, select_scored, send
 
@@ -59,16 +60,16 @@ def oom_killed_since(before: int | None) -> bool | None:
     return None if before is None or now is None else now > before
 
 
-def error_kind(exc: BaseException) -> str:
-    """ "out_of_memory", "illegal" (a broken scoring rule) or "error"."""
+def error_kind(exc: BaseException) -> Status:
+    """Out of memory, illegal (a broken scoring rule) or error."""
     from scoring.codecheck import CodeCheckFailure
     from scoring.worker.adapt import AdaptationViolation
 
     if isinstance(exc, MemoryError) or any(m in str(exc) for m in OOM_MARKERS):
-        return "out_of_memory"
+        return Status.OUT_OF_MEMORY
     if isinstance(exc, AdaptationViolation | CodeCheckFailure):
-        return "illegal"
-    return "error"
+        return Status.ILLEGAL
+    return Status.ERROR
 
 
 def _facts(memory: str) -> dict[str, Any]:

@@ -35,10 +35,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from scoring.statuses import Status
+
 WIRE_VERSION = 2
 """2: a forward answers the scored positions only ([N, V]); 1 answered [B, L, V]."""
 MAX_MESSAGE_BYTES = 1 << 16
-ERROR_KINDS = ("error", "illegal", "out_of_memory")
+ERROR_KINDS = (Status.ERROR, Status.ILLEGAL, Status.OUT_OF_MEMORY)
 """How a worker says it failed: its code raised, it broke a rule (score-first), or it ran out of memory."""
 
 
@@ -46,8 +48,9 @@ class WorkerGone(RuntimeError):
     """The worker closed its end (it exited or was killed)."""
 
 
-class WireError(ValueError):
-    """A message that breaks the protocol (too big, not JSON, wrong fields): the worker is not believed."""
+class ProtocolError(ValueError):
+    """A message between scorer and model worker that breaks the protocol (too big, not JSON, wrong fields):
+    the worker is not believed. (harness/train/wire.py's WireError is the training ranks' wire to the clock.)"""
 
 
 def socket_pair() -> tuple[socket.socket, socket.socket]:
@@ -60,24 +63,24 @@ def socket_pair() -> tuple[socket.socket, socket.socket]:
 def send(sock: socket.socket, msg: dict[str, Any]) -> None:
     data = json.dumps(msg, allow_nan=False).encode()
     if len(data) > MAX_MESSAGE_BYTES:
-        raise WireError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+        raise ProtocolError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
     sock.sendall(data)
 
 
 def recv(sock: socket.socket, timeout_s: float | None = None) -> dict[str, Any]:
-    """One message; TimeoutError past `timeout_s`, WorkerGone at end of stream, WireError if malformed."""
+    """One message; TimeoutError past `timeout_s`, WorkerGone at end of stream, ProtocolError if malformed."""
     sock.settimeout(timeout_s)
     data = sock.recv(MAX_MESSAGE_BYTES + 1)
     if not data:
         raise WorkerGone("the worker closed the connection")
     if len(data) > MAX_MESSAGE_BYTES:
-        raise WireError(f"a message over {MAX_MESSAGE_BYTES} bytes")
+        raise ProtocolError(f"a message over {MAX_MESSAGE_BYTES} bytes")
     try:
         msg = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
-        raise WireError(f"a message that is not JSON: {data[:80]!r}") from e
+        raise ProtocolError(f"a message that is not JSON: {data[:80]!r}") from e
     if not isinstance(msg, dict):
-        raise WireError(f"a message that is not an object: {data[:80]!r}")
+        raise ProtocolError(f"a message that is not an object: {data[:80]!r}")
     return msg
 
 
@@ -93,17 +96,17 @@ class Reply:
     def parse(msg: dict[str, Any]) -> Reply:
         kind = msg.get("reply")
         if kind not in ("ready", "ok", "error"):
-            raise WireError(f"a reply of unknown kind {kind!r}")
+            raise ProtocolError(f"a reply of unknown kind {kind!r}")
         if kind == "error":
             if msg.get("kind") not in ERROR_KINDS or not isinstance(msg.get("message"), str):
-                raise WireError("an error reply without a known kind and a message")
+                raise ProtocolError("an error reply without a known kind and a message")
         return Reply(kind, msg)
 
     def shape(self, positions: int, vocab_size: int, max_vocab: int) -> tuple[int, int]:
         """The [N, V] of a forward reply, checked against the positions asked for and the buffer's room."""
         s = self.fields.get("shape")
         if not (isinstance(s, list) and len(s) == 2 and all(type(v) is int for v in s)):
-            raise WireError(f"a forward reply without an [N, V] shape: {s!r}")
+            raise ProtocolError(f"a forward reply without an [N, V] shape: {s!r}")
         if s[0] != positions or not vocab_size <= s[1] <= max_vocab:
             raise ValueError(
                 f"model returned logits of shape {tuple(s)} at the scored positions; expected ({positions}, V) "
@@ -168,7 +171,7 @@ class SharedBuffer:
         if self._map is not None and nbytes == self.nbytes:
             return
         if os.fstat(self.fd).st_size < nbytes:
-            raise WireError(f"shared buffer holds {os.fstat(self.fd).st_size} bytes, {nbytes} announced")
+            raise ProtocolError(f"shared buffer holds {os.fstat(self.fd).st_size} bytes, {nbytes} announced")
         if self._map is not None:
             self._map.close()
         self._map = mmap.mmap(self.fd, nbytes)

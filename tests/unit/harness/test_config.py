@@ -71,3 +71,48 @@ def test_baseline_hparams_match_its_config():
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Hparams")
     fields = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
     assert fields == set(load_config(BASELINE).train)
+
+
+def test_the_eval_and_pack_sections_mirror_their_configs():
+    """[eval] is EvalConfig and [pack]'s gptq_* keys are GptqConfig, derived (one set of defaults), not repeated."""
+    import dataclasses
+
+    from harness.config import EvalSection, PackConfig
+    from harness.train.gptq import GptqConfig
+    from scoring.score.evaluate import EvalConfig
+
+    def defaults(cls, prefix=""):
+        return {prefix + f.name: f.default for f in dataclasses.fields(cls)}
+
+    assert defaults(PackConfig) == {"codec": "int8_zlib", **defaults(GptqConfig, "gptq_")}
+    assert defaults(EvalSection) == {k: 0 if v is None else v for k, v in defaults(EvalConfig).items()}
+    assert list(defaults(EvalSection)) == list(defaults(EvalConfig))  # the record's key order
+    section = EvalSection(mode="sliding", stride=64, max_tokens=0)
+    assert section.to_eval_config(5000) == EvalConfig(mode="sliding", stride=64, max_tokens=5000)
+    assert EvalSection().to_eval_config(None) == EvalConfig()  # 0 back to None
+    pack = PackConfig(gptq_batches=2, gptq_seq_len=64, gptq_batch_tokens=128, codec="int6_zlib9")
+    assert pack.gptq() == GptqConfig(batches=2, seq_len=64, batch_tokens=128)
+
+
+def test_a_mirrored_section_follows_its_source():
+    import dataclasses
+
+    from harness.config import mirrored, unmirrored
+
+    @dataclasses.dataclass(frozen=True)
+    class Source:
+        width: int = 3
+        limit: int | None = None
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    @mirrored(Source, "s_")
+    class Section:
+        own: str = "x"
+
+    assert [(f.name, f.default) for f in dataclasses.fields(Section)] == [
+        ("own", "x"),
+        ("s_width", 3),
+        ("s_limit", 0),
+    ]
+    assert unmirrored(Section(s_width=5), Source, "s_") == {"width": 5, "limit": None}
+    assert unmirrored(Section(s_limit=7), Source, "s_") == {"width": 3, "limit": 7}

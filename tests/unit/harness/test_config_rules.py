@@ -301,7 +301,10 @@ def test_cli_refuses_a_typo_before_anything_runs(tmp_path):
             "pack.codec=int9",
             "--set pack.codec=int9: pack.codec = 'int9' is not a codec; allowed: int8_zlib, submission",
         ),
-        ("run.track=10min", "--set run.track=10min: run.track = '10min' is not a track; tracks: "),
+        (
+            "run.track=10min",
+            "--set run.track=10min: run.track = '10min' is not a track (did you mean 10min_16mb?); tracks: ",
+        ),
         ("launch.sandbox='off'", "loosens a rule set by the track 10min_16mb: 'required'"),
     ],
 )

@@ -230,3 +230,24 @@ def test_a_minimal_result_round_trips_without_the_full_fields():
         "track", "preset", "created_unix_s", "run_dir", "val_bpb", "val_loss",
     }  # fmt: skip
     assert ResultRecord.from_json(d).to_json() == d
+
+
+def test_the_rank_report_schema_is_derived_from_its_dataclass():
+    from dataclasses import fields
+
+    from harness.run.train_phase import RANK_RECORD_FIELDS, RANK_REPORT_NOT_KEPT
+    from harness.train.rank import RANK_REPORT_FIELDS
+
+    names = [f.name for f in fields(RankReport)]
+    assert list(RANK_REPORT_FIELDS) == names[2:] and names[:2] == ["format", "format_version"]
+    assert RANK_REPORT_FIELDS["steps"] is int and RANK_REPORT_FIELDS["role"] is str
+    assert (
+        RANK_REPORT_FIELDS["rank_setup_s"] == (int, float) and RANK_REPORT_FIELDS["train_shard_names"] is list
+    )
+    assert RANK_REPORT_FIELDS["gptq"] == RANK_REPORT_FIELDS["rank_reported_warmup"] == (dict, type(None))
+    assert RANK_RECORD_FIELDS == tuple(k for k in names[2:] if k not in RANK_REPORT_NOT_KEPT)
+    assert RankReport.from_json({**rank_json(), "gptq": None, "rank_setup_s": 1}).rank_setup_s == 1
+    with pytest.raises(ValueError, match=r"field 'steps' = None is not"):
+        RankReport.from_json({**rank_json(), "steps": None})
+    with pytest.raises(ValueError, match=r"field 'rank_save_s' = 0.5s is not"):
+        RankReport.from_json({**rank_json(), "rank_save_s": "0.5s"})

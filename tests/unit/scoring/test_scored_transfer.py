@@ -114,9 +114,9 @@ def test_an_answer_of_another_size_is_refused():
         ok.shape(96, 260, 1284)  # a worker answering every position of a sliding batch
     with pytest.raises(ValueError, match="with 261 <= V <= 1284"):
         ok.shape(24, 261, 1284)  # fewer logits per position than the vocabulary
-    from scoring.worker.wire import WireError
+    from scoring.worker.wire import ProtocolError
 
-    with pytest.raises(WireError, match=r"without an \[N, V\] shape"):
+    with pytest.raises(ProtocolError, match=r"without an \[N, V\] shape"):
         Reply.parse({"reply": "ok", "shape": [4, 6, 260]}).shape(24, 260, 1284)  # the old [B, L, V]
 
 
