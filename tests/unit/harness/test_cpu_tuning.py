@@ -359,6 +359,44 @@ def hand_built_context(cfg: dict[str, object], folder: Path = REPO, stop_at: int
     )
 
 
+BASELINE_FOLDERS = sorted(p.parent for p in (REPO / "baselines").glob("*/train.py"))
+
+
+@pytest.mark.parametrize("folder", BASELINE_FOLDERS, ids=lambda p: p.name)
+def test_each_baseline_trains_from_a_context_built_by_hand(folder: Path, monkeypatch, tmp_path) -> None:
+    """No baseline branches on ctx.cpu being there: each trains two steps from a hand-built context at its
+    tiny preset (float32 fixed), with CpuAsGiven's answer and no warm-up, and reports the mode it used."""
+    from harness.config import load_config
+    from harness.train.rank import import_submission_file
+
+    cfg = load_config(folder, preset="tiny", overrides=["train.cpu_mode=float32"])
+    for name in ("model", "codec", "eval"):  # each baseline's own modules of these names
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    train = import_submission_file(folder / "train.py", f"pgolf_test_{folder.name}").train
+    ctx = hand_built_context({"model": cfg.model, "train": cfg.train}, tmp_path)
+    result = train(ctx)
+    assert isinstance(result, torch.nn.Module | dict) and ctx.clock.ticks == 3  # type: ignore[attr-defined]
+    assert ctx.cpu.recorded == {"chosen": "float32", "chosen_by": "as given (no trial: nothing measured)"}  # type: ignore[attr-defined]
+    for name in ("model", "codec", "eval"):
+        sys.modules.pop(name, None)
+
+
+def test_no_baseline_branches_on_ctx_cpu_or_runs_its_own_trial() -> None:
+    """The step-mode choice is ctx.cpu.choose, once per baseline; ctx.cpu is never None (CpuAsGiven)."""
+    for folder in BASELINE_FOLDERS:
+        src = (folder / "train.py").read_text(encoding="utf-8")
+        assert src.count("ctx.cpu.choose(") == 1, folder.name
+        for gone in (
+            "ctx.cpu is not None",
+            "ctx.cpu is None",
+            "ctx.cpu.trial(",
+            "ctx.cpu.modes(",
+            "ctx.cpu.record(",
+        ):
+            assert gone not in src, f"{folder.name}: {gone}"
+
+
 # ---- the machine's load ----
 
 
