@@ -47,7 +47,7 @@ What scored code (model.py, eval.py, codec.py and the local modules they import)
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeAlias
 
@@ -227,17 +227,22 @@ class Logger(Protocol):
         ...
 
 
-class CpuTrial(Protocol):
-    steps: int
-    """How many warm-up steps the trial needs: pass it as ctx.clock.warmup(trial.step, steps=trial.steps, ...)."""
+StepFn: TypeAlias = Callable[[torch.Tensor, torch.Tensor], object]
+"""A training step on one batch (x, y): what ctx.clock.warmup runs and ctx.cpu.choose times."""
 
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """The warm-up's step function: runs the candidates in turn, timing each (its first call untimed)."""
-        ...
+CPU_AUTO = "auto"
+CPU_MODES = ("float32", "float32_compile", "bfloat16", "bfloat16_compile")
+"""CPU step modes: the dtype of autocast (float32: none) and whether the step's model is torch.compile'd.
+A submission's `train.cpu_mode` names one of them, or CPU_AUTO (measure, keep the fastest)."""
 
-    def best(self) -> str:
-        """After the warm-up: the candidate with the least median step time (recorded in train.json)."""
-        ...
+
+def cpu_mode_as_given(requested: str) -> str:
+    """The mode a run without a trial uses: a fixed mode as it is, "auto" as float32; ValueError otherwise."""
+    if requested == CPU_AUTO:
+        return CPU_MODES[0]
+    if requested not in CPU_MODES:
+        raise ValueError(f"cpu mode {requested!r} is not one of {[CPU_AUTO, *CPU_MODES]}")
+    return requested
 
 
 class CpuTuning(Protocol):
@@ -245,30 +250,55 @@ class CpuTuning(Protocol):
 
     facts: Mapping[str, Any]
     """model, flags (of those that decide a dtype's speed), torch_capability, cores, threads, l3_bytes,
-    native_bf16 (a bfloat16 instruction set AND a torch capability of AVX-512 or above)."""
+    native_bf16 (a bfloat16 instruction set AND a torch capability of AVX-512 or above); empty where
+    nothing was read (CpuAsGiven)."""
 
-    def modes(self, requested: str) -> list[str]:
-        """Eager step modes to time: "auto" -> float32, plus bfloat16 only where bfloat16 is native; a fixed
-        mode ("float32", "float32_compile", "bfloat16", "bfloat16_compile") -> [that mode]."""
-        ...
-
-    def trial(
+    def choose(
         self,
-        candidates: Mapping[str, Callable[[torch.Tensor, torch.Tensor], object]],
+        requested: str,
+        make_step: Callable[[str], StepFn],
         *,
+        modules: Sequence[nn.Module],
+        optimizers: Sequence[torch.optim.Optimizer] = (),
+        batch_tokens: int,
+        seq_len: int,
+        vocab_size: int,
         repeats: int = 2,
-        discard: int = 1,
-        then: Callable[[str], tuple[str, Callable[[torch.Tensor, torch.Tensor], object]] | None]
-        | None = None,
-    ) -> CpuTrial:
-        """A trial of step functions, run off the clock inside ctx.clock.warmup (so also undone): each runs
-        discard + repeats times, the repeats timed; then `then(fastest so far)` may name one more (e.g. its
-        compiled form), run the same way."""
+        compiled: bool = True,
+    ) -> str:
+        """The step mode to train with, for `requested` (CPU_AUTO or one of CPU_MODES); call it once, on
+        every rank, in place of ctx.clock.warmup (it is that call, when a trial runs).
+
+        `make_step(mode)` returns a whole training step in that mode. A fixed eager mode is used as it is,
+        no trial. Otherwise the trial runs inside ctx.clock.warmup (off the clock, undone; `modules`,
+        `optimizers`, `batch_tokens`, `seq_len`, `vocab_size` are passed to it as they are): "auto" times float32 and, only where
+        bfloat16 is native, bfloat16, `repeats` timed steps each after an untimed first, then the faster
+        one compiled; a fixed compiled mode runs its steps there so that it compiles off the clock. With
+        `compiled=False` (a step that does not compile) a compiled mode runs eager and auto compiles
+        nothing. Several CPU ranks, or a GPU run, get the first mode with no trial (ranks timing alone
+        could choose differently). The choice, why, and the trial's step times are in train.json `cpu`."""
         ...
 
     def record(self, **values: Any) -> None:
         """JSON-able facts about the setting the run chose; written to train.json `cpu` with `facts`."""
         ...
+
+
+class CpuAsGiven:
+    """ctx.cpu where nothing is measured (a context built by hand, e.g. in a test): no facts, and
+    choose() answers the mode as given (cpu_mode_as_given) without a trial or a warm-up."""
+
+    def __init__(self) -> None:
+        self.facts: Mapping[str, Any] = {}
+        self.recorded: dict[str, Any] = {}
+
+    def choose(self, requested: str, make_step: Callable[[str], StepFn], **_: Any) -> str:
+        mode = cpu_mode_as_given(requested)
+        self.record(chosen=mode, chosen_by="as given (no trial: nothing measured)")
+        return mode
+
+    def record(self, **values: Any) -> None:
+        self.recorded.update(values)
 
 
 @dataclass(frozen=True)
@@ -346,6 +376,6 @@ class TrainContext:
     submission_dir: Path
     scratch_dir: Path
     """A private folder for checkpoints or caches (not counted, not packed)."""
-    cpu: CpuTuning | None = None
-    """The CPU's facts and a start-up trial of step modes (the harness always sets it; None only in
-    contexts built by hand, e.g. unit tests)."""
+    cpu: CpuTuning = field(default_factory=CpuAsGiven)
+    """The CPU's facts and the choice of a step mode (ctx.cpu.choose). Always present: the harness sets a
+    measuring one; a context built by hand gets CpuAsGiven (the mode as given, no trial)."""

@@ -23,7 +23,7 @@ from the mean step time so far (the budget, not a step count, ends training).
 
 import math
 import time
-from dataclasses import dataclass, fields
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -33,32 +33,6 @@ from harness.api import TrainContext
 from model import CastedLinear, build_model
 
 CONTROL_PATTERNS = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weight")
-
-
-@dataclass(frozen=True)
-class Hparams:
-    train_batch_tokens: int = 524_288  # global tokens per optimizer step
-    train_seq_len: int = 1024
-    grad_accum_steps: int = 0  # 0: 8 // world_size, as the reference (the global batch stays fixed)
-    iterations: int = 20_000  # upper bound; the clock ends training first
-    warmdown_iters: int = 1200
-    matrix_lr: float = 0.04
-    scalar_lr: float = 0.04
-    tied_embed_lr: float = 0.05
-    muon_momentum: float = 0.95
-    muon_momentum_warmup_start: float = 0.85
-    muon_momentum_warmup_steps: int = 500
-    muon_backend_steps: int = 5
-    beta1: float = 0.9
-    beta2: float = 0.95
-    adam_eps: float = 1e-8
-    grad_clip_norm: float = 0.0
-    compile: bool = True  # torch.compile the model (CUDA only)
-    cpu_mode: str = "auto"  # CPU: auto | float32 | bfloat16 (auto times both where bfloat16 is native; eager)
-    cpu_trial_repeats: int = 2
-    warmup_steps: int = 20  # compile warm-up on synthetic tokens, off the clock and undone (CUDA + compile only)
-    train_log_every: int = 200
-    mtp_loss_weight: float = 0.3  # weight of the heads' mean cross-entropy in the loss
 
 
 def newton_schulz5(G, steps, eps=1e-7):
@@ -107,11 +81,7 @@ class Muon(torch.optim.Optimizer):
 
 
 def train(ctx: TrainContext):
-    known = {f.name for f in fields(Hparams)}
-    unknown = set(ctx.hparams) - known
-    if unknown:
-        raise ValueError(f"unknown [train] keys {sorted(unknown)}; known: {sorted(known)}")
-    hp = Hparams(**ctx.hparams)
+    hp = SimpleNamespace(**ctx.hparams)  # config.toml [train], the one set of defaults
     d = ctx.dist
     cuda = d.device.type == "cuda"
     accum = hp.grad_accum_steps or max(1, 8 // d.world_size)
@@ -169,53 +139,36 @@ def train(ctx: TrainContext):
     if max(1, len(model.mtp_heads)) >= hp.train_seq_len:
         raise ValueError(f"mtp_heads {len(model.mtp_heads)} must be below train_seq_len {hp.train_seq_len}")
 
-    if cuda and hp.compile and hp.warmup_steps > 0:
-        # compile (and autotune) on synthetic tokens, off the clock; the harness restores and verifies the
-        # weights, optimizer state and RNGs afterwards, so this cannot train (harness.api BudgetClock.warmup)
-        def warm_step(x, y):
-            for micro in range(accum):
+    def make_step(mode):  # a warm-up step: on CUDA a whole one (to compile); on CPU one micro-batch (the trial)
+        amp, micro_steps = (True, accum) if cuda else (mode == "bfloat16", 1)
+
+        def step(x, y):
+            for micro in range(micro_steps):
                 if d.distributed:
-                    ddp.require_backward_grad_sync = micro == accum - 1
-                with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+                    ddp.require_backward_grad_sync = micro == micro_steps - 1
+                with torch.autocast(device_type=d.device.type, dtype=torch.bfloat16, enabled=amp):
                     logits, h = ddp(x, mtp=True)
                     loss = loss_of(logits, h, y)[0]
-                (loss / accum).backward()
+                (loss / micro_steps).backward()
             for opt in optimizers:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
 
-        report = ctx.clock.warmup(warm_step, modules=[model], optimizers=optimizers, steps=hp.warmup_steps,
-                                  batch_tokens=micro_tokens, seq_len=hp.train_seq_len, vocab_size=ctx.vocab_size)
-        ctx.log.info(f"warmup_steps:{report.steps} off_clock:{report.off_clock_s:.1f}s verified:{report.verified}")
+        return step
 
-    amp = cuda  # bfloat16 autocast: always on GPU; on CPU where the start-up trial found it faster
-    if not cuda:
-        # time float32 and (where native) bfloat16 eager steps off the clock, one micro-batch and the
-        # optimizer step each (harness.api CpuTuning); keep the faster. No compile: the routing's shapes vary
-        def cpu_step(bf16):
-            def step(x, y):
-                with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=bf16):
-                    logits, h = ddp(x, mtp=True)
-                    loss = loss_of(logits, h, y)[0]
-                loss.backward()
-                for opt in optimizers:
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-
-            return step
-
-        modes = [m for m in (ctx.cpu.modes(hp.cpu_mode) if ctx.cpu is not None else [hp.cpu_mode]) if "compile" not in m]
-        mode = modes[0] if modes and modes[0] != "auto" else "float32"
-        if ctx.cpu is not None and len(modes) > 1 and not d.distributed:
-            trial = ctx.cpu.trial({m: cpu_step(m == "bfloat16") for m in modes}, repeats=hp.cpu_trial_repeats)
-            ctx.clock.warmup(trial.step, steps=trial.steps, modules=[model], optimizers=optimizers,
-                             batch_tokens=micro_tokens, seq_len=hp.train_seq_len, vocab_size=ctx.vocab_size)
-            mode = trial.best()
-            timing["mtp_s"] = 0.0  # the trial's steps are not training
-        elif ctx.cpu is not None:
-            ctx.cpu.record(chosen=mode, chosen_by="fixed by the preset (train.cpu_mode) or one mode offered")
-        amp = mode == "bfloat16"
-        ctx.log.info(f"cpu step mode: {mode}")
+    wargs = dict(modules=[model], optimizers=optimizers, batch_tokens=micro_tokens, seq_len=hp.train_seq_len,
+                 vocab_size=ctx.vocab_size)
+    if not cuda:  # off the clock: float32 or (where native, faster) bfloat16, eager
+        mode = ctx.cpu.choose(hp.cpu_mode, make_step, repeats=hp.cpu_trial_repeats, compiled=False, **wargs)
+    else:
+        mode = "cuda_bfloat16"
+        if hp.compile and hp.warmup_steps > 0:
+            # compile (and autotune) on synthetic tokens, off the clock; the harness restores and verifies the
+            # weights, optimizer state and RNGs afterwards, so this cannot train (harness.api BudgetClock.warmup)
+            warm = ctx.clock.warmup(make_step(mode), steps=hp.warmup_steps, **wargs)
+            ctx.log.info(f"warmup_steps:{warm.steps} off_clock:{warm.off_clock_s:.1f}s verified:{warm.verified}")
+    amp = cuda or mode == "bfloat16"  # bfloat16 autocast
+    timing["mtp_s"] = 0.0  # the warm-up's and the trial's steps are not training
 
     def lr_scale(step, elapsed_s):
         if hp.warmdown_iters <= 0:

@@ -22,7 +22,7 @@ the clock in the harness's start-up trial and keeps the faster). No torch.compil
 
 import contextlib
 import math
-from dataclasses import dataclass, fields
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -33,35 +33,6 @@ from model import CastedLinear, build_model
 
 CONTROL_PATTERNS = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weight")
 EMBEDDINGS = ("tok_emb.weight", "bigram.embed.weight", "ve_embed.weight")
-
-
-@dataclass(frozen=True)
-class Hparams:
-    train_batch_tokens: int = 786_432  # global tokens per optimizer step
-    train_seq_len: int = 2048
-    grad_accum_steps: int = 0  # 0: 8 // world_size (the global batch stays fixed)
-    iterations: int = 9000  # upper bound; the clock ends training first
-    warmdown_iters: int = 3500
-    matrix_lr: float = 0.025
-    scalar_lr: float = 0.025
-    tied_embed_lr: float = 0.035
-    muon_momentum: float = 0.99
-    muon_momentum_warmup_start: float = 0.92
-    muon_momentum_warmup_steps: int = 1500
-    muon_backend_steps: int = 5
-    muon_wd: float = 0.04
-    adam_wd: float = 0.04
-    beta1: float = 0.9
-    beta2: float = 0.95
-    adam_eps: float = 1e-8
-    grad_clip_norm: float = 0.3
-    ema_decay: float = 0.997  # 0: no EMA
-    late_qat_threshold: float = 0.15  # QAT on once the LR scale is below this (0: never)
-    compile: bool = True  # torch.compile the model (CUDA only)
-    cpu_mode: str = "auto"  # auto | float32 | bfloat16
-    cpu_trial_repeats: int = 2
-    warmup_steps: int = 20  # compile warm-up on synthetic tokens, off the clock and undone (CUDA + compile)
-    train_log_every: int = 500
 
 
 def newton_schulz5(G, steps, eps=1e-7, bf16=None):
@@ -114,11 +85,7 @@ class Muon(torch.optim.Optimizer):
 
 
 def train(ctx: TrainContext):
-    known = {f.name for f in fields(Hparams)}
-    unknown = set(ctx.hparams) - known
-    if unknown:
-        raise ValueError(f"unknown [train] keys {sorted(unknown)}; known: {sorted(known)}")
-    hp = Hparams(**ctx.hparams)
+    hp = SimpleNamespace(**ctx.hparams)  # config.toml [train], the one set of defaults
     d = ctx.dist
     cuda = d.device.type == "cuda"
     accum = hp.grad_accum_steps or max(1, 8 // d.world_size)
@@ -171,7 +138,14 @@ def train(ctx: TrainContext):
         (loss / accum).backward()
         return loss.detach()
 
-    def make_step(amp, ns_bf16):
+    def mode_setting(mode):  # (autocast dtype or None, Newton-Schulz in bfloat16; None: on GPU only)
+        if cuda:
+            return torch.bfloat16, None
+        return (torch.bfloat16, True) if mode == "bfloat16" else (None, False)
+
+    def make_step(mode):
+        amp, ns_bf16 = mode_setting(mode)
+
         def warm_step(x, y):
             opt_muon.bf16 = ns_bf16
             for micro in range(accum):
@@ -184,23 +158,14 @@ def train(ctx: TrainContext):
 
     wargs = dict(modules=[model], optimizers=optimizers, batch_tokens=micro_tokens, seq_len=hp.train_seq_len,
                  vocab_size=ctx.vocab_size)
-    if cuda:
-        amp, ns_bf16 = torch.bfloat16, None
-        if hp.compile and hp.warmup_steps > 0:
-            warm = ctx.clock.warmup(make_step(amp, ns_bf16), steps=hp.warmup_steps, **wargs)
-            ctx.log.info(f"warmup_steps:{warm.steps} off_clock:{warm.off_clock_s:.1f}s verified:{warm.verified}")
+    if not cuda:  # off the clock: float32 or (where native, faster) bfloat16, eager
+        mode = ctx.cpu.choose(hp.cpu_mode, make_step, repeats=hp.cpu_trial_repeats, compiled=False, **wargs)
     else:
-        modes = [m for m in (ctx.cpu.modes(hp.cpu_mode) if ctx.cpu is not None else [hp.cpu_mode]) if "compile" not in m]
-        mode = modes[0] if modes and modes[0] != "auto" else "float32"
-        if ctx.cpu is not None and len(modes) > 1 and not d.distributed:
-            trial = ctx.cpu.trial({m: make_step(torch.bfloat16 if m == "bfloat16" else None, m == "bfloat16")
-                                   for m in modes}, repeats=hp.cpu_trial_repeats)
-            ctx.clock.warmup(trial.step, steps=trial.steps, **wargs)
-            mode = trial.best()
-        elif ctx.cpu is not None:
-            ctx.cpu.record(chosen=mode, chosen_by="fixed by the preset (train.cpu_mode) or one mode offered")
-        amp, ns_bf16 = (torch.bfloat16, True) if mode == "bfloat16" else (None, False)
-        ctx.log.info(f"cpu step mode: {mode}")
+        mode = "cuda_bfloat16"
+        if hp.compile and hp.warmup_steps > 0:
+            warm = ctx.clock.warmup(make_step(mode), steps=hp.warmup_steps, **wargs)
+            ctx.log.info(f"warmup_steps:{warm.steps} off_clock:{warm.off_clock_s:.1f}s verified:{warm.verified}")
+    amp, ns_bf16 = mode_setting(mode)
     opt_muon.bf16 = ns_bf16
 
     def lr_scale(step, elapsed_s):

@@ -12,15 +12,17 @@ Optimisers (the reference's):
 LR warmdown: linear to zero over the last `warmdown_iters` steps' worth of wall-clock, estimated
 from the mean step time so far (the budget, not a step count, ends training).
 
+Hyperparameters: config.toml's [train] table (the defaults, with a preset's overrides) is ctx.hparams,
+read here as `hp.NAME`; the harness refuses a key or a type the table does not have.
 On CPU the step mode (`cpu_mode`: float32 or bfloat16 autocast, eager or torch.compile'd) is the
-machine's: "auto" times the modes ctx.cpu offers (bfloat16 only where the CPU computes it natively)
-inside the off-clock warm-up, `cpu_trial_repeats` timed steps each, and trains with the fastest; a
-fixed mode (e.g. the `tiny` preset's "float32") is used as it is. ctx.cpu records the choice.
+machine's: ctx.cpu.choose times the modes under "auto" inside the off-clock warm-up (bfloat16 only
+where the CPU computes it natively, then the faster one compiled), `cpu_trial_repeats` timed steps
+each, and trains with the fastest; a fixed mode (the `tiny` preset's "float32") is used as it is.
 """
 
 import contextlib
 import math
-from dataclasses import dataclass, fields
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -30,31 +32,6 @@ from harness.api import TrainContext
 from model import CastedLinear, build_model
 
 CONTROL_PATTERNS = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weight")
-
-
-@dataclass(frozen=True)
-class Hparams:
-    train_batch_tokens: int = 524_288  # global tokens per optimizer step
-    train_seq_len: int = 1024
-    grad_accum_steps: int = 0  # 0: 8 // world_size, as the reference (the global batch stays fixed)
-    iterations: int = 20_000  # upper bound; the clock ends training first
-    warmdown_iters: int = 1200
-    matrix_lr: float = 0.04
-    scalar_lr: float = 0.04
-    tied_embed_lr: float = 0.05
-    muon_momentum: float = 0.95
-    muon_momentum_warmup_start: float = 0.85
-    muon_momentum_warmup_steps: int = 500
-    muon_backend_steps: int = 5
-    beta1: float = 0.9
-    beta2: float = 0.95
-    adam_eps: float = 1e-8
-    grad_clip_norm: float = 0.0
-    compile: bool = True  # torch.compile the model (CUDA; on CPU cpu_mode decides)
-    cpu_mode: str = "auto"  # auto | float32 | float32_compile | bfloat16 | bfloat16_compile (harness/train/cpu.py)
-    cpu_trial_repeats: int = 2  # timed steps per mode in the start-up trial (off the clock)
-    warmup_steps: int = 20  # compile warm-up on synthetic tokens, off the clock and undone (CUDA + compile only)
-    train_log_every: int = 200
 
 
 def newton_schulz5(G, steps, eps=1e-7, bf16=None):
@@ -104,11 +81,7 @@ class Muon(torch.optim.Optimizer):
 
 
 def train(ctx: TrainContext):
-    known = {f.name for f in fields(Hparams)}
-    unknown = set(ctx.hparams) - known
-    if unknown:
-        raise ValueError(f"unknown [train] keys {sorted(unknown)}; known: {sorted(known)}")
-    hp = Hparams(**ctx.hparams)
+    hp = SimpleNamespace(**ctx.hparams)  # config.toml [train], the one set of defaults
     d = ctx.dist
     cuda = d.device.type == "cuda"
     accum = hp.grad_accum_steps or max(1, 8 // d.world_size)
@@ -154,69 +127,41 @@ def train(ctx: TrainContext):
     n_params = sum(p.numel() for p in model.parameters())
     ctx.log.info(f"model_params:{n_params} world_size:{d.world_size} grad_accum_steps:{accum} micro_tokens:{micro_tokens}")
 
-    # the step mode: (forward, autocast dtype or None, Newton-Schulz in bfloat16 or None)
+    # a step mode: (forward, autocast dtype or None, Newton-Schulz in bfloat16 or None)
     def mode_setting(mode):
         if cuda:
             return forward_of(hp.compile), torch.bfloat16, None
         bf16 = mode.startswith("bfloat16")
         return forward_of(mode.endswith("_compile")), torch.bfloat16 if bf16 else None, bf16
 
-    def make_step(mode, micro_steps=accum):
+    def make_step(mode):  # a whole step (every micro-step, then the optimizers), for the warm-up
         fwd, amp, ns_bf16 = mode_setting(mode)
 
         def warm_step(x, y):
             opt_muon.bf16 = ns_bf16
-            for micro in range(micro_steps):
+            for micro in range(accum):
                 if d.distributed:
-                    fwd.require_backward_grad_sync = micro == micro_steps - 1
+                    fwd.require_backward_grad_sync = micro == accum - 1
                 with autocast(amp):
                     logits = fwd(x)
-                (F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1)) / micro_steps).backward()
+                (F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1)) / accum).backward()
             for opt in optimizers:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
 
         return warm_step
 
-    if cuda:
-        mode, modes = "cuda_bfloat16" + ("_compile" if hp.compile else ""), []
-    elif ctx.cpu is not None:
-        modes = ctx.cpu.modes(hp.cpu_mode)
-        if d.distributed and len(modes) > 1:  # ranks timing alone could choose differently: one mode for all
-            modes = modes[:1]
-            ctx.cpu.record(note="several CPU ranks: no trial, the first mode")
-        mode = modes[0]
-    else:  # a context built by hand (no ctx.cpu): the mode as given, "auto" as float32
-        mode = "float32" if hp.cpu_mode == "auto" else hp.cpu_mode
-        modes = [mode]
-    warm = None
     wargs = dict(modules=[model], optimizers=optimizers, batch_tokens=micro_tokens, seq_len=hp.train_seq_len,
                  vocab_size=ctx.vocab_size)
-    if cuda and hp.compile and hp.warmup_steps > 0:
-        # compile (and autotune) on synthetic tokens, off the clock; the harness restores and verifies the
-        # weights, optimizer state and RNGs afterwards, so this cannot train (harness.api BudgetClock.warmup)
-        warm = ctx.clock.warmup(make_step(mode), steps=hp.warmup_steps, **wargs)
-    elif ctx.cpu is not None and ((hp.cpu_mode == "auto" and not d.distributed) or mode.endswith("_compile")):
-        # time the eager modes, then the faster one compiled, off the clock; keep the fastest. A trial step is
-        # a whole step (every micro-step on one micro-batch, then the optimizer): with one micro-step and the
-        # optimizer, the optimizer (the same in every mode) hid the compiled forward's gain at 8 micro-steps
-        # (cpu-bench: bfloat16 eager kept, 5,038 tokens/s, where compiled ran 5,856-7,069)
-        def compiled_form(best):
-            return None if best.endswith("_compile") else (best + "_compile", make_step(best + "_compile"))
-
-        trial = ctx.cpu.trial({m: make_step(m) for m in modes}, repeats=hp.cpu_trial_repeats,
-                              then=compiled_form if hp.cpu_mode == "auto" and not d.distributed else None)
-        warm = ctx.clock.warmup(trial.step, steps=trial.steps, **wargs)
-        mode = trial.best()
-        ctx.log.info("cpu trial (median step s): " + " ".join(
-            f"{m}:{sorted(ts)[len(ts) // 2]:.3f}" for m, ts in trial.times_s.items()))
-    elif ctx.cpu is not None:
-        ctx.cpu.record(chosen=mode, chosen_by="fixed by the preset (train.cpu_mode)")
-    if ctx.cpu is not None and not cuda:
-        ctx.log.info(f"cpu: {ctx.cpu.facts.get('model')} capability {ctx.cpu.facts.get('torch_capability')} "
-                     f"native_bf16 {ctx.cpu.facts.get('native_bf16')}; mode {mode}")
-    if warm is not None:
-        ctx.log.info(f"warmup_steps:{warm.steps} off_clock:{warm.off_clock_s:.1f}s verified:{warm.verified}")
+    if not cuda:  # off the clock: the fastest mode of a trial, or the fixed one (harness.api CpuTuning.choose)
+        mode = ctx.cpu.choose(hp.cpu_mode, make_step, repeats=hp.cpu_trial_repeats, **wargs)
+    else:
+        mode = "cuda_bfloat16" + ("_compile" if hp.compile else "")
+        if hp.compile and hp.warmup_steps > 0:
+            # compile (and autotune) on synthetic tokens, off the clock; the harness restores and verifies the
+            # weights, optimizer state and RNGs afterwards, so this cannot train (harness.api BudgetClock.warmup)
+            warm = ctx.clock.warmup(make_step(mode), steps=hp.warmup_steps, **wargs)
+            ctx.log.info(f"warmup_steps:{warm.steps} off_clock:{warm.off_clock_s:.1f}s verified:{warm.verified}")
     ddp, amp, opt_muon.bf16 = mode_setting(mode)
 
     def lr_scale(step, elapsed_s):

@@ -112,14 +112,15 @@ def bare_main(spec_path: str) -> int:
     loader = DistributedTokenLoader(manifest.shard_paths("train"), 0, 1, device, pin_memory=True)
     out = Path(spec["out_dir"])
     clock = BareClock(spec["budget_s"], device, from_first_tick=spec.get("from_first_tick", False))
-    cpu = CpuTuner()
+    log = RankLogger(True, out)
+    cpu = CpuTuner(clock=clock, gpu=device.type == "cuda", log=log.info)
     ctx = TrainContext(
         hparams=spec["hparams"],
         model_config=spec["model_config"],
         data=loader,
         dist=DistInfo(rank=0, world_size=1, local_rank=0, device=device, backend="none"),
         clock=clock,
-        log=RankLogger(True, out),
+        log=log,
         seed=spec["seed"],
         vocab_size=manifest.vocab_size,
         submission_dir=Path(spec["submission_dir"]),

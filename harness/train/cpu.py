@@ -2,22 +2,22 @@
 
 No single setting is right for every CPU: bfloat16 autocast is about 4x faster than float32 where the
 processor computes bfloat16 natively (AVX-512 BF16, AMX) and about 20x slower where it emulates it
-(AVX2 only, a 2016 Xeon); torch.compile helps one shape and not another. So the harness offers the
-submission two things (harness.api.CpuTuning, as `ctx.cpu`):
+(AVX2 only, a 2016 Xeon); torch.compile helps one shape and not another. So the harness gives the
+submission CpuTuner (harness.api.CpuTuning, as `ctx.cpu`):
 
 - `facts`: the CPU's model name, the instruction-set flags that matter, torch's CPU capability
   (which ATEN_CPU_CAPABILITY can force lower), the cores this process may use, L3 size, and whether
   bfloat16 is native: a bfloat16 flag on the CPU AND a torch capability of AVX-512 or above;
-- `modes(requested)`: the eager step modes worth timing: a fixed mode as it is, "auto" float32 and,
-  only where bfloat16 is native (never where torch reports less), bfloat16; the trial then compiles
-  the faster one (`then`: one compilation, a minute on 2 cores, not one per dtype) and times it too;
-- `trial(candidates)`: a step function for ctx.clock.warmup (so off the clock, and undone) that
-  runs each candidate `discard + repeats` times on the warm-up's synthetic batches, times the
-  repeats, and `best()` names the fastest (by median step time) and records the times;
+- `choose(requested, make_step, ...)`: the one call a submission makes. It takes the eager modes
+  worth timing (`modes`: a fixed mode as it is, "auto" float32 and, only where bfloat16 is native,
+  bfloat16), and where there is something to measure or compile runs a StepTrial inside
+  ctx.clock.warmup (off the clock, undone): each candidate `discard + repeats` times on the warm-up's
+  synthetic batches, the repeats timed; under "auto" the faster dtype is then compiled and timed too
+  (one compilation, a minute on 2 cores, not one per dtype). The fastest by median step time wins;
 - `record(**values)`: what the run chose and why; the rank writes it to train.json (`cpu`), and the
   result carries it.
 
-This module imports only torch and the standard library (harness.train's layer rule).
+This module imports only torch, the standard library and harness.api (harness.train's layer rule).
 """
 
 from __future__ import annotations
@@ -25,19 +25,21 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
+
+from harness.api import CPU_AUTO, CPU_MODES, BudgetClock, StepFn, cpu_mode_as_given
 
 CPU_FORMAT = "pg-cpu"
 CPU_FORMAT_VERSION = 1
 
-MODES = ("float32", "float32_compile", "bfloat16", "bfloat16_compile")
-"""Step modes: the dtype of autocast (float32: none) and whether the model is torch.compile'd."""
-AUTO = "auto"
+MODES = CPU_MODES
+AUTO = CPU_AUTO
 FLAGS_OF_INTEREST = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile", "bf16")
 """The /proc/cpuinfo flags recorded (the ones that decide a dtype's speed); `bf16` is ARM's."""
 BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
@@ -130,9 +132,7 @@ def modes_for(requested: str, facts: CpuFacts) -> list[str]:
     the faster dtype and times that too (compile_of): one compilation, not one per dtype."""
     if requested == AUTO:
         return ["float32"] + (["bfloat16"] if facts.native_bf16 else [])
-    if requested not in MODES:
-        raise ValueError(f"cpu mode {requested!r} is not one of {[AUTO, *MODES]}")
-    return [requested]
+    return [cpu_mode_as_given(requested)]
 
 
 def mode_dtype(mode: str) -> torch.dtype:
@@ -146,6 +146,11 @@ def mode_compiles(mode: str) -> bool:
 def compile_of(mode: str) -> str:
     """The compiled form of an eager mode ("float32" -> "float32_compile")."""
     return mode if mode_compiles(mode) else f"{mode}_compile"
+
+
+def eager_of(mode: str) -> str:
+    """The eager form of a mode ("bfloat16_compile" -> "bfloat16")."""
+    return mode.removesuffix("_compile")
 
 
 class StepTrial:
@@ -213,25 +218,101 @@ class StepTrial:
 
 
 class CpuTuner:
-    """Implements harness.api.CpuTuning (ctx.cpu) for a rank (harness/train/rank.py builds one per rank)."""
+    """Implements harness.api.CpuTuning (ctx.cpu) for a rank (harness/train/rank.py builds one per rank).
 
-    def __init__(self, facts: CpuFacts | None = None):
+    `clock` (its warmup runs the trial), `world_size` (several ranks: no trial) and `gpu` (a GPU run: the
+    mode as given) are the rank's; `log` gets the lines a run prints about the choice; `timer` times the
+    trial's steps (a test gives its own). Without a clock, choose() can only answer as given."""
+
+    def __init__(
+        self,
+        facts: CpuFacts | None = None,
+        *,
+        clock: BudgetClock | None = None,
+        world_size: int = 1,
+        gpu: bool = False,
+        log: Callable[[str], None] | None = None,
+        timer: Callable[[], float] = time.perf_counter,
+    ):
         self._facts = facts if facts is not None else read_facts()
         self.facts: Mapping[str, Any] = self._facts.to_json()
         self.recorded: dict[str, Any] = {}
+        self._clock, self._world_size, self._gpu = clock, world_size, gpu
+        self._log = log if log is not None else (lambda line: None)
+        self._timer = timer
 
     def modes(self, requested: str) -> list[str]:
         return modes_for(requested, self._facts)
 
+    def choose(
+        self,
+        requested: str,
+        make_step: Callable[[str], StepFn],
+        *,
+        modules: Sequence[nn.Module],
+        optimizers: Sequence[torch.optim.Optimizer] = (),
+        batch_tokens: int,
+        seq_len: int,
+        vocab_size: int,
+        repeats: int = 2,
+        compiled: bool = True,
+    ) -> str:
+        """harness.api.CpuTuning.choose: the mode to train with, measured where there is a choice."""
+        if self._gpu or self._clock is None:
+            mode = cpu_mode_as_given(requested)
+            why = "a GPU run: as given, no trial" if self._gpu else "as given (no clock to run a trial on)"
+            self.record(chosen=mode, chosen_by=why)
+            return mode
+        modes = self.modes(requested)
+        if not compiled:  # the submission's step does not compile: each mode's eager form
+            modes = list(dict.fromkeys(eager_of(m) for m in modes))
+        follow = compiled and requested == AUTO  # then compile the faster dtype and time it too
+        if self._world_size > 1 and (len(modes) > 1 or follow):  # ranks timing alone could choose differently
+            modes, follow = modes[:1], False
+            self.record(note="several CPU ranks: no trial, the first mode")
+        if len(modes) == 1 and not follow and not mode_compiles(modes[0]):
+            mode = modes[0]
+            self.record(
+                chosen=mode,
+                chosen_by="fixed by the preset (train.cpu_mode)"
+                if requested != AUTO
+                else "the only mode auto offers here",
+            )
+        else:
+
+            def compiled_form(best: str) -> tuple[str, StepFn] | None:
+                return None if mode_compiles(best) else (compile_of(best), make_step(compile_of(best)))
+
+            trial = self.trial(
+                {m: make_step(m) for m in modes}, repeats=repeats, then=compiled_form if follow else None
+            )
+            warm = self._clock.warmup(
+                trial.step,
+                steps=trial.steps,
+                modules=modules,
+                optimizers=optimizers,
+                batch_tokens=batch_tokens,
+                seq_len=seq_len,
+                vocab_size=vocab_size,
+            )
+            mode = trial.best()
+            medians = " ".join(f"{m}:{statistics.median(ts):.3f}" for m, ts in trial.times_s.items() if ts)
+            self._log(f"cpu trial (median step s): {medians}")
+            self._log(f"warmup_steps:{warm.steps} off_clock:{warm.off_clock_s:.1f}s verified:{warm.verified}")
+        f = self._facts
+        self._log(f"cpu: {f.model} capability {f.torch_capability} native_bf16 {f.native_bf16}; mode {mode}")
+        return mode
+
     def trial(
         self,
-        candidates: Mapping[str, Callable[[torch.Tensor, torch.Tensor], object]],
+        candidates: Mapping[str, StepFn],
         *,
         repeats: int = 2,
         discard: int = 1,
-        then: Callable[[str], tuple[str, Callable[[torch.Tensor, torch.Tensor], object]] | None]
-        | None = None,
+        then: Callable[[str], tuple[str, StepFn] | None] | None = None,
     ) -> StepTrial:
+        """The StepTrial choose() runs, recording its choice and times when best() names the fastest."""
+
         def on_best(name: str, times: dict[str, list[float]]) -> None:
             self.record(
                 chosen=name,
@@ -239,7 +320,9 @@ class CpuTuner:
                 trial_step_s={n: [round(t, 6) for t in ts] for n, ts in times.items()},
             )
 
-        return StepTrial(candidates, repeats=repeats, discard=discard, on_best=on_best, then=then)
+        return StepTrial(
+            candidates, repeats=repeats, discard=discard, on_best=on_best, clock=self._timer, then=then
+        )
 
     def record(self, **values: Any) -> None:
         self.recorded.update(values)

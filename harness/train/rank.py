@@ -46,7 +46,7 @@ from data.loader import OnDemandTokenStream
 from data.records import Types, field, require_format
 from harness.api import API_VERSION, DistInfo, TrainContext, TrainingComplete, TrainResult
 from harness.train.clock import DataGate, HarnessClock
-from harness.train.cpu import CpuTuner
+from harness.train.cpu import CpuTuner, read_facts
 from harness.train.gptq import GptqConfig, apply_gptq, codec_bits, scored_model
 from harness.train.wire import WireClient
 from isolation.monitor import monitor_from_rules
@@ -265,7 +265,7 @@ def main(spec_path: str) -> int:
         raise ValueError(f"{spec_path} is not a {SPEC_FORMAT} v{SPEC_FORMAT_VERSION} spec")
     out_dir = Path(spec["out_dir"])
     info = setup_process(spec["device"], spec["threads"], spec["seed"])
-    cpu = CpuTuner()  # reads /proc/cpuinfo and sysfs: before the access monitor, so not an "attempt"
+    facts = read_facts()  # reads /proc/cpuinfo and sysfs: before the access monitor, so not an "attempt"
     wire = WireClient.connect(spec["wire"], rank=info.rank, local_rank=info.local_rank)
     if spec.get("monitor_rules") is not None:
         sys.addaudithook(monitor_from_rules(spec["monitor_rules"], info.rank, spec["submission_dir"]))
@@ -279,6 +279,13 @@ def main(spec_path: str) -> int:
     log = RankLogger(info.is_main, out_dir)
     scratch = out_dir / "scratch" / f"rank{info.rank}"
     scratch.mkdir(parents=True, exist_ok=True)
+    cpu = CpuTuner(
+        facts,
+        clock=clock,
+        world_size=info.world_size,
+        gpu=info.device.type == "cuda",
+        log=log.info,
+    )
     ctx = TrainContext(
         hparams=spec["hparams"],
         model_config=spec["model_config"],

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.api import ClockReading, CpuAsGiven, DistInfo, TrainContext, WarmupReport
 from harness.run.load import CONTENDED_CORES, LoadReading, _proc_stat, describe, load_between
 from harness.train.cpu import (
     CpuFacts,
@@ -168,6 +169,232 @@ def test_trial_records_its_choice_through_the_tuner_and_refuses_before_running()
     assert report["format"] == "pg-cpu" and report["chosen"] == "float32" and report["native_bf16"] is False
     assert list(report["trial_step_s"]) == ["float32"] and len(report["trial_step_s"]["float32"]) == 1
     json.dumps(report)
+
+
+# ---- ctx.cpu.choose: the one call a submission makes ----
+
+WARG = dict(modules=[], optimizers=(), batch_tokens=8, seq_len=4, vocab_size=16)
+BF16 = facts(("avx512_bf16",), "AVX512")
+NO_BF16 = facts(("avx2",), "AVX2")
+
+
+class WarmClock:
+    """ctx.clock's warmup: runs the step function `steps` times on (x, y), as the harness's does."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, object]] = []
+
+    def warmup(self, step, *, steps: int, **kwargs: object) -> WarmupReport:
+        self.calls.append({"steps": steps, **kwargs})
+        x = torch.zeros(2, 4, dtype=torch.long)
+        for _ in range(steps):
+            step(x, x)
+        return WarmupReport(steps, 0.0, True)
+
+
+def stepper(cost: dict[str, float], timer: FakeClock, ran: list[str]):
+    """make_step for choose(): mode -> a step that costs cost[mode] (ten times that on its first call)."""
+
+    def make_step(mode: str):
+        def step(x: torch.Tensor, y: torch.Tensor) -> None:
+            ran.append(mode)
+            timer.t += cost[mode] * (10 if ran.count(mode) == 1 else 1)
+
+        return step
+
+    return make_step
+
+
+def tuner(f: CpuFacts, **kwargs: object) -> tuple[CpuTuner, WarmClock, FakeClock, list[str]]:
+    clock, timer, lines = WarmClock(), FakeClock(), []
+    t = CpuTuner(f, clock=clock, timer=timer, log=lines.append, **kwargs)  # type: ignore[arg-type]
+    return t, clock, timer, lines
+
+
+def test_choose_auto_times_the_native_dtypes_then_compiles_the_faster_and_keeps_the_fastest() -> None:
+    t, clock, timer, lines = tuner(BF16)
+    ran: list[str] = []
+    cost = {"float32": 1.0, "bfloat16": 0.5, "bfloat16_compile": 0.25, "float32_compile": 9.0}
+    assert t.choose("auto", stepper(cost, timer, ran), repeats=2, **WARG) == "bfloat16_compile"
+    assert ran == ["float32"] * 3 + ["bfloat16"] * 3 + ["bfloat16_compile"] * 3  # float32 never compiled
+    assert clock.calls == [{"steps": 9, **WARG}]  # one warm-up, the submission's arguments as given
+    r = t.report()
+    assert r["chosen"] == "bfloat16_compile" and r["chosen_by"] == "measured at start-up (off the clock)"
+    assert r["trial_step_s"] == {
+        "float32": [1.0, 1.0],
+        "bfloat16": [0.5, 0.5],
+        "bfloat16_compile": [0.25, 0.25],
+    }
+    assert lines[0] == "cpu trial (median step s): float32:1.000 bfloat16:0.500 bfloat16_compile:0.250"
+    assert lines[-1].endswith("native_bf16 True; mode bfloat16_compile")
+
+
+def test_choose_auto_keeps_eager_when_compiling_is_slower_and_skips_emulated_bfloat16() -> None:
+    t, clock, timer, _ = tuner(NO_BF16)
+    ran: list[str] = []
+    assert (
+        t.choose("auto", stepper({"float32": 1.0, "float32_compile": 2.0}, timer, ran), repeats=1, **WARG)
+        == "float32"
+    )
+    assert ran == ["float32"] * 2 + ["float32_compile"] * 2 and clock.calls[0]["steps"] == 4
+
+
+def test_choose_without_compiled_modes_times_eager_dtypes_only() -> None:
+    t, clock, timer, _ = tuner(BF16)
+    ran: list[str] = []
+    mode = t.choose("auto", stepper({"float32": 1.0, "bfloat16": 2.0}, timer, ran), compiled=False, **WARG)
+    assert mode == "float32" and ran == ["float32"] * 3 + ["bfloat16"] * 3 and len(clock.calls) == 1
+    # a compiled mode asked of a step that does not compile runs eager (its dtype kept), with no warm-up
+    t, clock, timer, _ = tuner(BF16)
+    assert t.choose("bfloat16_compile", stepper({}, timer, ran), compiled=False, **WARG) == "bfloat16"
+    assert clock.calls == [] and t.report()["chosen_by"] == "fixed by the preset (train.cpu_mode)"
+    # auto where only float32 is native: one mode, nothing to time
+    t, clock, timer, _ = tuner(NO_BF16)
+    assert (
+        t.choose("auto", stepper({}, timer, ran), compiled=False, **WARG) == "float32" and clock.calls == []
+    )
+    assert t.report()["chosen_by"] == "the only mode auto offers here"
+
+
+def test_choose_a_fixed_mode_runs_no_trial_unless_it_must_compile_off_the_clock() -> None:
+    t, clock, timer, _ = tuner(BF16)
+    ran: list[str] = []
+    assert t.choose("float32", stepper({}, timer, ran), **WARG) == "float32"
+    assert ran == [] and clock.calls == [] and "trial_step_s" not in t.report()
+    t, clock, timer, _ = tuner(NO_BF16)
+    assert (
+        t.choose("float32_compile", stepper({"float32_compile": 1.0}, timer, ran), repeats=1, **WARG)
+        == "float32_compile"
+    )
+    assert (
+        ran == ["float32_compile"] * 2 and clock.calls[0]["steps"] == 2
+    )  # compiled in the warm-up, not on the clock
+
+
+def test_choose_on_several_ranks_or_a_gpu_takes_the_first_mode_without_a_trial() -> None:
+    ran: list[str] = []
+    t, clock, timer, _ = tuner(BF16, world_size=2)
+    assert t.choose("auto", stepper({}, timer, ran), **WARG) == "float32" and clock.calls == [] and ran == []
+    assert t.report()["note"] == "several CPU ranks: no trial, the first mode"
+    t, clock, timer, _ = tuner(BF16, gpu=True)
+    assert t.choose("bfloat16", stepper({}, timer, ran), **WARG) == "bfloat16" and clock.calls == []
+    assert t.report()["chosen_by"] == "a GPU run: as given, no trial"
+
+
+def test_choose_refuses_an_unknown_mode_by_name() -> None:
+    t, *_ = tuner(BF16)
+    with pytest.raises(ValueError, match=r"cpu mode 'fp8' is not one of \['auto', 'float32'"):
+        t.choose("fp8", lambda mode: lambda x, y: None, **WARG)
+    with pytest.raises(ValueError, match="'fp8'"):
+        CpuAsGiven().choose("fp8", lambda mode: lambda x, y: None)
+
+
+def test_a_context_built_by_hand_has_a_cpu_that_answers_the_mode_as_given() -> None:
+    ctx = hand_built_context({})
+    assert isinstance(ctx.cpu, CpuAsGiven) and ctx.cpu.facts == {}
+    never = lambda mode: pytest.fail("no step is made: nothing is timed")  # noqa: E731
+    assert [ctx.cpu.choose(m, never, **WARG) for m in ("auto", "bfloat16", "float32_compile")] == [
+        "float32",
+        "bfloat16",
+        "float32_compile",
+    ]
+    assert hand_built_context({}).cpu is not ctx.cpu  # each context its own record
+
+
+class TickClock:
+    """A clock whose stop reading comes at tick `stop_at`; warmup() must not be called."""
+
+    budget_s = float("inf")
+
+    def __init__(self, stop_at: int) -> None:
+        self.ticks, self.stop_at = 0, stop_at
+
+    def tick(self) -> ClockReading:
+        self.ticks += 1
+        return ClockReading(float(self.ticks), float("inf"), self.ticks > self.stop_at)
+
+    def elapsed_s(self) -> float:
+        return float(self.ticks)
+
+    def warmup(self, *args: object, **kwargs: object) -> WarmupReport:
+        raise AssertionError("a fixed eager mode needs no warm-up")
+
+
+class RandomTokens:
+    tokens_consumed = 0
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size, self.g = vocab_size, torch.Generator().manual_seed(0)
+
+    def next_batch(self, batch_tokens: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        t = torch.randint(0, self.vocab_size, (batch_tokens // seq_len, seq_len + 1), generator=self.g)
+        return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+
+
+class Lines:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def info(self, msg: str) -> None:
+        self.lines.append(msg)
+
+    def metrics(self, step: int, **values: float) -> None:
+        pass
+
+
+def hand_built_context(cfg: dict[str, object], folder: Path = REPO, stop_at: int = 2) -> TrainContext:
+    model, train = dict(cfg.get("model", {})), dict(cfg.get("train", {}))  # type: ignore[call-overload]
+    vocab = int(model.get("vocab_size", 1024))
+    return TrainContext(
+        hparams=train,
+        model_config=model,
+        data=RandomTokens(vocab),
+        dist=DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="none"),
+        clock=TickClock(stop_at),
+        log=Lines(),
+        seed=0,
+        vocab_size=vocab,
+        submission_dir=folder,
+        scratch_dir=folder,
+    )
+
+
+BASELINE_FOLDERS = sorted(p.parent for p in (REPO / "baselines").glob("*/train.py"))
+
+
+@pytest.mark.parametrize("folder", BASELINE_FOLDERS, ids=lambda p: p.name)
+def test_each_baseline_trains_from_a_context_built_by_hand(folder: Path, monkeypatch, tmp_path) -> None:
+    """No baseline branches on ctx.cpu being there: each trains two steps from a hand-built context at its
+    tiny preset (float32 fixed), with CpuAsGiven's answer and no warm-up, and reports the mode it used."""
+    from harness.config import load_config
+    from harness.train.rank import import_submission_file
+
+    cfg = load_config(folder, preset="tiny", overrides=["train.cpu_mode=float32"])
+    for name in ("model", "codec", "eval"):  # each baseline's own modules of these names
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    train = import_submission_file(folder / "train.py", f"pgolf_test_{folder.name}").train
+    ctx = hand_built_context({"model": cfg.model, "train": cfg.train}, tmp_path)
+    result = train(ctx)
+    assert isinstance(result, torch.nn.Module | dict) and ctx.clock.ticks == 3  # type: ignore[attr-defined]
+    assert ctx.cpu.recorded == {"chosen": "float32", "chosen_by": "as given (no trial: nothing measured)"}  # type: ignore[attr-defined]
+    for name in ("model", "codec", "eval"):
+        sys.modules.pop(name, None)
+
+
+def test_no_baseline_branches_on_ctx_cpu_or_runs_its_own_trial() -> None:
+    """The step-mode choice is ctx.cpu.choose, once per baseline; ctx.cpu is never None (CpuAsGiven)."""
+    for folder in BASELINE_FOLDERS:
+        src = (folder / "train.py").read_text(encoding="utf-8")
+        assert src.count("ctx.cpu.choose(") == 1, folder.name
+        for gone in (
+            "ctx.cpu is not None",
+            "ctx.cpu is None",
+            "ctx.cpu.trial(",
+            "ctx.cpu.modes(",
+            "ctx.cpu.record(",
+        ):
+            assert gone not in src, f"{folder.name}: {gone}"
 
 
 # ---- the machine's load ----
