@@ -26,7 +26,6 @@ import argparse
 import importlib
 import json
 import sys
-from pathlib import Path
 
 COMMANDS: dict[str, str] = {
     "run": "harness.cli",
@@ -77,10 +76,6 @@ SUMMARIES: dict[str, str] = {
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, TypeError)
 EXIT_INTERRUPTED = 130
 """The exit status after Ctrl-C (128 + SIGINT, as a shell reports it)."""
-CODEC_CLOCK_MARKER = b"[pgolf pack] the submission's codec starts now (on the clock)"
-"""`pgolf pack --codec submission` prints this line before it imports codec.py: the sealed pack's clock
-starts when the orchestrator reads it (harness/run/train_phase.py run_sealed_pack), never by a time the
-process reports."""
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -111,6 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_pack(args: argparse.Namespace) -> int:
     from data.io import write_json_atomic
     from harness.config import load_config
+    from harness.run.launch import CODEC_CLOCK_MARKER
     from scoring.artifact.cap import ArtifactTooLarge
     from scoring.artifact.pack import model_config_of, pack_state, read_state
 
@@ -139,16 +135,6 @@ def cmd_pack(args: argparse.Namespace) -> int:
     if not record["within_cap"]:
         raise ArtifactTooLarge(record["bytes_code"], record["bytes_model"], record["cap_bytes"])
     return 0
-
-
-def pack_command(
-    state: Path, code_dir: Path, out: Path, *, codec: str, cap_bytes: int, json_out: Path
-) -> list[str]:
-    """The `pgolf pack` process's command line: the one builder, for the plain pack and the sealed one."""
-    return [
-        sys.executable, "-m", "harness.cli", "pack", str(state), "--submission", str(code_dir), "--out", str(out),
-        "--codec", codec, "--cap-bytes", str(cap_bytes), "--json-out", str(json_out),
-    ]  # fmt: skip
 
 
 def register(sub: argparse._SubParsersAction) -> None:

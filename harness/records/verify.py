@@ -47,7 +47,7 @@ from typing import Any
 from data.io import read_json, sha256_file, write_json_atomic
 from data.manifest import MANIFEST_NAME, load_manifest, make_split_view
 from harness.config import TRACK_KEYS
-from harness.run.pipeline import data_identity, official_data_problem
+from harness.run.datacheck import data_identity, official_data_problem
 from harness.run.staging import FolderRefused, stage_folder, stage_model_code
 from isolation.sandbox import KERNEL_LAYERS, parse_layers
 from scoring.artifact.cap import code_bytes, counted_files

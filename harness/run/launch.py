@@ -186,6 +186,22 @@ def torchrun_command(cfg: LaunchConfig, spec_path: Path) -> list[str]:
     ]
 
 
+def pack_command(
+    state: Path, code_dir: Path, out: Path, *, codec: str, cap_bytes: int, json_out: Path
+) -> list[str]:
+    """The `pgolf pack` process's command line: the one builder, for the plain pack and the sealed one."""
+    return [
+        sys.executable, "-m", "harness.cli", "pack", str(state), "--submission", str(code_dir), "--out", str(out),
+        "--codec", codec, "--cap-bytes", str(cap_bytes), "--json-out", str(json_out),
+    ]  # fmt: skip
+
+
+CODEC_CLOCK_MARKER = b"[pgolf pack] the submission's codec starts now (on the clock)"
+"""`pgolf pack --codec submission` prints this line before it imports codec.py: the sealed pack's clock
+starts when the orchestrator reads it (harness/run/train_phase.py run_sealed_pack), never by a time the
+process reports."""
+
+
 # ---- The supervisor's clock: the server end of the wire ----
 
 MAX_CONNECTIONS_EXTRA = 8

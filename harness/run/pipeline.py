@@ -31,18 +31,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from data.canonical import canonical_entry
 from data.embedded import ensure_embedded_dataset
 from data.io import read_json, sha256_file, write_json_atomic
 from data.manifest import Manifest, load_manifest, make_split_view
-from harness.cli import pack_command
 from harness.config import PackConfig, ResolvedConfig, validate_run
 from harness.records.plot import plot_run
 from harness.records.result import build_result, minimal_result, print_card, write_result
 from harness.records.text import NAME_MAX_CHARS, visible
 from harness.records.tracking import Tracker, finish_tracking
-from harness.run.datacheck import refuse_mismatched_data
-from harness.run.launch import LaunchConfig
+from harness.run.datacheck import data_identity, official_data_problem, refuse_mismatched_data
+from harness.run.launch import LaunchConfig, pack_command
 from harness.run.load import (
     choose_threads,
     describe_threads,
@@ -63,7 +61,7 @@ from scoring.codecheck import lint_scored_code
 from scoring.score.cli import EXIT_CODES, STATUS_OF_EXIT, ScoreRequest
 from scoring.score.record import ScoreFailure, ScoreRecord, cause_line, read_score_record
 from scoring.score.remote import WORKER_ISOLATION
-from scoring.tracks import Track, dataset_problem, get_track
+from scoring.tracks import Track, get_track
 
 SCORER_STARTUP_S = 300.0
 """The scorer process's own allowance beyond the eval deadline (imports, starting workers, reading data)."""
@@ -282,44 +280,6 @@ def choose_launch_threads(
         return launch, threads_set(launch.threads)
     rec = choose_threads(measure(), launch.nproc_per_node)
     return dataclasses.replace(launch, threads=rec["threads_per_rank"]), rec
-
-
-def data_identity(manifest: Manifest) -> dict[str, Any]:
-    """What the result records of the dataset: its tokenizer, its documents, its canonical text, whether it is
-    the embedded corpus."""
-    tok = manifest.raw.get("tokenizer") or {}
-    source = manifest.raw.get("source") or {}
-    canonical = canonical_entry(manifest.raw)
-    return {
-        "tokenizer_sha256": tok.get("sha256"),
-        "selection_sha256": manifest.raw.get("selection_sha256"),
-        "embedded_corpus": isinstance(source, dict) and "embedded" in json.dumps(source).lower(),
-        "val_docs": (manifest.raw.get("docs") or {}).get("val"),
-        "val_tokens": manifest.split_tokens("val"),
-        "val_text_sha256": (manifest.raw.get("split_sha256") or {}).get("val"),
-        "canonical": None if canonical is None else canonical.get("text"),
-        "transform": None if canonical is None else canonical.get("transform"),
-    }
-
-
-def official_data_problem(track: Track, identity: dict[str, Any]) -> str | None:
-    """On a record track the dataset must be the track's documents (scoring/tracks.py dataset_problem), built
-    and proved by the harness, and not the embedded corpus (whose validation text any process can rebuild from
-    the Python installation). Any tokenizer the build proved may be scored."""
-    if not track.record or track.documents is None:
-        return None
-    if identity["embedded_corpus"]:
-        return (
-            f"track {track.name} is a record track: the embedded corpus cannot be scored on it (its validation text "
-            "ships with Python). HINT: pgolf data download, then --data DIR; or run on the smoke track"
-        )
-    problem = dataset_problem(track.documents, identity)
-    if problem is None:
-        return None
-    return (
-        f"track {track.name} is a record track: {problem}. HINT: on other documents, run unranked: "
-        "--set run.track='non_record_16mb'"
-    )
 
 
 def _phases(
