@@ -33,7 +33,7 @@ COMMANDS: dict[str, str] = {
     "score": "scoring.score.cli",
     "unpack": "scoring.score.cli",
     "audit-tokenizer": "scoring.score.audit",
-    "verify": "harness.records.verify",
+    "verify": "harness.records.verify_cli",
     "verify-legacy": "harness.records.legacy",
     "compare": "harness.records.compare",
     "leaderboard": "harness.records.leaderboard",
