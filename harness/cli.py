@@ -139,7 +139,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """`run` and `pack` (the commands this module implements)."""
-    from harness.records.tracking import WANDB_MODES
+    from harness.config import WANDB_MODES
     from scoring.artifact.cap import ARTIFACT_CAP_BYTES
 
     p = sub.add_parser("run", help="train, pack, score and report a submission")

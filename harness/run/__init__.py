@@ -3,4 +3,9 @@
 pipeline.py     data -> train -> pack -> score -> report
 train_phase.py  stage, sandbox and supervise the training ranks
 launch.py       the torchrun command and the supervisor's clock
+datacheck.py    the dataset against the submission and the track
+staging.py      the submission folder, copied and counted
+load.py         the machine's load, and the threads it leaves
+report: result.py (result.json, the ledger line, the card), plot.py, tracking.py (wandb),
+        text.py (a submission's text, escaped), provenance.py (git, hardware, libraries)
 """

@@ -6,7 +6,7 @@
     3. pack    python -m harness.cli pack: codec + artifact + cap check
     4. score   python -m scoring score, given the artifact, the model code (the folder without
                train.py) and a view holding the validation shards alone, made only after training ended
-    5. report  result.json (harness/records/result.py), appended to the results ledger, and a card printed
+    5. report  result.json (harness/run/result.py), appended to the results ledger, and a card printed
 
 Every phase writes its versioned JSON record into RUN_DIR; a phase that fails stops the pipeline
 and the result records the status (error, over_budget, over_cap) instead of a score.
@@ -34,13 +34,9 @@ from typing import Any
 from data.embedded import ensure_embedded_dataset
 from data.io import read_json, sha256_file, write_json_atomic
 from data.manifest import Manifest, load_manifest, make_split_view
-from harness.config import PackConfig, ResolvedConfig, validate_run
-from harness.records.plot import plot_run
-from harness.records.result import build_result, minimal_result, print_card, write_result
-from harness.records.text import NAME_MAX_CHARS, visible
-from harness.records.tracking import Tracker, finish_tracking
+from harness.config import LaunchConfig, PackConfig, ResolvedConfig, validate_run
 from harness.run.datacheck import data_identity, official_data_problem, refuse_mismatched_data
-from harness.run.launch import LaunchConfig, pack_command
+from harness.run.launch import pack_command
 from harness.run.load import (
     choose_threads,
     describe_threads,
@@ -49,7 +45,11 @@ from harness.run.load import (
     read_load,
     threads_set,
 )
+from harness.run.plot import plot_run
+from harness.run.result import build_result, minimal_result, print_card, write_result
 from harness.run.staging import folder_verdict, stage_folder, stage_model_code
+from harness.run.text import NAME_MAX_CHARS, visible
+from harness.run.tracking import Tracker, finish_tracking
 from harness.run.train_phase import run_sealed_pack, run_train_phase
 from harness.train.rank import METRICS_FILE, STATE_FILE
 from isolation.processes import die_with_parent

@@ -42,11 +42,11 @@ from typing import Any
 
 from data.loader import train_shard_paths
 from data.manifest import MANIFEST_NAME, load_manifest, make_split_view
+from harness.config import LaunchConfig
 from harness.run.launch import (
     CODEC_CLOCK_MARKER,
     LEFTOVER_WAIT_S,
     ClockServer,
-    LaunchConfig,
     pack_command,
     pump_output,
     supervise,
