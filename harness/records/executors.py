@@ -221,7 +221,8 @@ def expected_for(
     data: str | os.PathLike[str] | None,
     vcfg: VerifyConfig,
 ) -> Expected:
-    code_dir, data_dir, receipt = entry_checks(result, run_dir, submission, data)
+    code_dir, data_dir = resolve_inputs(run_dir, result, submission, data)
+    receipt = entry_checks(result, run_dir, code_dir, data_dir, data_given=data is not None)
     if not is_scored(result):
         names: tuple[frozenset[str], ...] = (frozenset({NOT_SCORED}),)
     elif code_dir is None or data_dir is None or not (run_dir / ARTIFACT_FILE).is_file():
@@ -426,7 +427,8 @@ def finish(
             return record
         problems = accept_report(reported, written, expect)
     if problems:
-        code_dir, data_dir, checks = entry_checks(result, run_dir, submission, data)
+        code_dir, data_dir = resolve_inputs(run_dir, result, submission, data)
+        checks = entry_checks(result, run_dir, code_dir, data_dir, data_given=data is not None)
         checks.append(
             Check(
                 "verification job",

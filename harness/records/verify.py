@@ -405,17 +405,11 @@ def resolve_inputs(
 
 
 def entry_checks(
-    result: dict[str, Any],
-    run_dir: Path,
-    submission: str | os.PathLike[str] | None,
-    data: str | os.PathLike[str] | None,
-) -> tuple[Path | None, Path | None, list[Check]]:
-    """(code folder, data folder, the receipt and track checks): what every verdict starts from, inline,
-    in a job and on the submitting side (harness/records/executors.py)."""
-    code_dir, data_dir = resolve_inputs(run_dir, result, submission, data)
-    checks = receipt_checks(result, run_dir, code_dir, data_dir)
-    checks += track_checks(result, data_dir, data_given=data is not None)
-    return code_dir, data_dir, checks
+    result: dict[str, Any], run_dir: Path, code_dir: Path | None, data_dir: Path | None, *, data_given: bool
+) -> list[Check]:
+    """The receipt and track checks (resolve_inputs gives the folders): what every verdict starts from,
+    inline, in a job and on the submitting side (harness/records/executors.py)."""
+    return receipt_checks(result, run_dir, code_dir, data_dir) + track_checks(result, data_dir, data_given)
 
 
 def is_scored(result: dict[str, Any]) -> bool:
@@ -482,8 +476,9 @@ def verify_result(
     cfg = cfg or VerifyConfig()
     result_path, run_dir, result = read_result(path)
     t0 = time.perf_counter()
+    code_dir, data_dir = resolve_inputs(run_dir, result, submission, data)
     try:
-        code_dir, data_dir, checks = entry_checks(result, run_dir, submission, data)
+        checks = entry_checks(result, run_dir, code_dir, data_dir, data_given=data is not None)
         if not is_scored(result):
             checks.append(Check(NOT_SCORED, False, "a scored result", f"status {result.get('status')!r}"))
         elif code_dir is not None and data_dir is not None and (run_dir / ARTIFACT_FILE).is_file():
