@@ -9,8 +9,8 @@
     pgolf data build|...      datasets (data/cli.py)
     pgolf sample ARTIFACT --submission DIR [--prompt TEXT]   generate text with a packed model
     pgolf generate ARTIFACT --submission DIR --prompt TEXT [--speculative]   KV cache, drafting with MTP heads
-    pgolf new NAME [--from BASELINE] | check DIR [--preset P]   scaffold an entry; pre-flight it (harness/)
-    pgolf tune SUBMISSION [--preset P] [--write-preset NAME]   CPU settings by measurement (harness/tune.py)
+    pgolf new NAME [--from BASELINE] | check DIR [--preset P]   scaffold an entry; pre-flight it (harness/commands/)
+    pgolf tune SUBMISSION [--preset P] [--write-preset NAME]   CPU settings by measurement (harness/commands/tune.py)
     pgolf bench ...           benchmarks that print figures (harness/bench/, data/bench.py)
 
 Each command lives in the module named in COMMANDS and is imported only when it runs (a plain
@@ -40,11 +40,11 @@ COMMANDS: dict[str, str] = {
     "reproduce": "harness.records.reproduce",
     "queue": "harness.records.queue",
     "chain": "harness.records.chain",
-    "sample": "harness.sample",
-    "generate": "harness.generate",
-    "tune": "harness.tune",
-    "new": "harness.scaffold",
-    "check": "harness.preflight",
+    "sample": "harness.commands.sample",
+    "generate": "harness.commands.generate",
+    "tune": "harness.commands.tune",
+    "new": "harness.commands.scaffold",
+    "check": "harness.commands.preflight",
     "data": "data.cli",
     "bench": "harness.bench",
 }

@@ -1,5 +1,5 @@
 """A dataset against the submission that would train on it: what `pgolf run` refuses before anything
-starts, and what `pgolf check DIR --data DATA` prints (harness/preflight.py).
+starts, and what `pgolf check DIR --data DATA` prints (harness/commands/preflight.py).
 
 - vocabulary: a model whose [model] vocab_size is below the dataset's tokenizer's cannot embed every
   token (a rank fails at its first batch, "torchrun exited with status 1", the cause only in

@@ -1,8 +1,8 @@
 """The confined side of `pgolf generate`: build the packed model and generate, plain and speculative.
 
-    python -m scoring.worker.generate SPEC_JSON     (started by harness/generate.py; not by hand)
+    python -m scoring.worker.generate SPEC_JSON     (started by harness/commands/generate.py; not by hand)
 
-It runs in the model worker's sandbox (harness/generate.py starts it as scoring/worker/decode.py
+It runs in the model worker's sandbox (harness/commands/generate.py starts it as scoring/worker/decode.py
 starts the confined decode, through scoring/worker/confined.py, and its entry point is every confined
 child's, scoring/worker/child.py: exit status 3 when the model lacks what was asked). Landlock reads of the code folder, the artifact and the Python
 installation only, a private temp folder, namespaces, no capabilities, seccomp, an address-space

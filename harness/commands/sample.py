@@ -11,7 +11,7 @@ tensors with the artifact's codec and loads them strictly, so what you sample is
 This process holds the tokenizer, sends the worker the sequence so far, reads back its logits and
 samples. Generation re-runs the model on the last `--context` tokens for each new token (no KV
 cache: the worker runs the contract's forward only), which is fine for the small models of this
-challenge; `pgolf generate` (harness/generate.py) runs the model's optional KV cache and drafting.
+challenge; `pgolf generate` (harness/commands/generate.py) runs the model's optional KV cache and drafting.
 """
 
 from __future__ import annotations

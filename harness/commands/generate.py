@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from harness.sample import resolve_run_folder, tokenizer_for
+from harness.commands.sample import resolve_run_folder, tokenizer_for
 from scoring.artifact.format import check_code_hashes, read_artifact
 from scoring.worker.child import EXIT_UNSUPPORTED, default_memory_limit_bytes, exit_how, one_line
 from scoring.worker.generate import (
