@@ -40,7 +40,7 @@ COMMANDS: dict[str, str] = {
     "reproduce": "harness.records.reproduce",
     "queue": "harness.records.queue",
     "chain": "harness.records.chain",
-    "sample": "harness.commands.sample",
+    "sample": "harness.commands.generate",
     "generate": "harness.commands.generate",
     "tune": "harness.commands.tune",
     "new": "harness.commands.scaffold",
