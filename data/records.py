@@ -1,5 +1,5 @@
 """Checks shared by the typed records' `from_json` (scoring/artifact/pack.py PackRecord,
-scoring/score/record.py ScoreRecord, harness/train/rank.py RankReport, harness/records/result.py
+scoring/score/record.py ScoreRecord, harness/train/rank.py RankReport, harness/run/result.py
 ResultRecord): a record read back is checked field by field, and a bad one is a ValueError naming
 the field, never a KeyError or a TypeError further on.
 """

@@ -5,8 +5,10 @@ and nothing else of the harness.
     harness/api.py      the submission contract (imports nothing of the project)
     harness/cli.py      `pgolf` (subcommands imported lazily)
     harness/config.py   typed config, validated before any process starts
-    harness/run/        the orchestrator: one module per phase (process map: docs/ARCHITECTURE.md)
+    harness/submission.py  submission.json and the folder's files, checked (config, check, reproduce)
+    harness/commands/   generate and sample, check, new, tune: one module per command
+    harness/run/        the orchestrator: one module per phase, and the result it writes (docs/ARCHITECTURE.md)
     harness/train/      inside the training sandbox, one process per rank
-    harness/records/    result, ledger, verify, compare, leaderboard, legacy (never in a sealed process)
+    harness/records/    verify, reproduce, compare, leaderboard, legacy (never in a sealed process)
     harness/bench/      benchmarks that print figures
 """

@@ -9,8 +9,8 @@
     pgolf data build|...      datasets (data/cli.py)
     pgolf sample ARTIFACT --submission DIR [--prompt TEXT]   generate text with a packed model
     pgolf generate ARTIFACT --submission DIR --prompt TEXT [--speculative]   KV cache, drafting with MTP heads
-    pgolf new NAME [--from BASELINE] | check DIR [--preset P]   scaffold an entry; pre-flight it (harness/)
-    pgolf tune SUBMISSION [--preset P] [--write-preset NAME]   CPU settings by measurement (harness/tune.py)
+    pgolf new NAME [--from BASELINE] | check DIR [--preset P]   scaffold an entry; pre-flight it (harness/commands/)
+    pgolf tune SUBMISSION [--preset P] [--write-preset NAME]   CPU settings by measurement (harness/commands/tune.py)
     pgolf bench ...           benchmarks that print figures (harness/bench/, data/bench.py)
 
 Each command lives in the module named in COMMANDS and is imported only when it runs (a plain
@@ -27,7 +27,6 @@ import difflib
 import importlib
 import json
 import sys
-from pathlib import Path
 
 COMMANDS: dict[str, str] = {
     "run": "harness.cli",
@@ -35,18 +34,18 @@ COMMANDS: dict[str, str] = {
     "score": "scoring.score.cli",
     "unpack": "scoring.score.cli",
     "audit-tokenizer": "scoring.score.audit",
-    "verify": "harness.records.verify",
+    "verify": "harness.records.verify_cli",
     "verify-legacy": "harness.records.legacy",
     "compare": "harness.records.compare",
     "leaderboard": "harness.records.leaderboard",
     "reproduce": "harness.records.reproduce",
     "queue": "harness.records.queue",
     "chain": "harness.records.chain",
-    "sample": "harness.sample",
-    "generate": "harness.generate",
-    "tune": "harness.tune",
-    "new": "harness.scaffold",
-    "check": "harness.preflight",
+    "sample": "harness.commands.generate",
+    "generate": "harness.commands.generate",
+    "tune": "harness.commands.tune",
+    "new": "harness.commands.scaffold",
+    "check": "harness.commands.preflight",
     "data": "data.cli",
     "bench": "harness.bench",
 }
@@ -77,10 +76,6 @@ SUMMARIES: dict[str, str] = {
 
 EXIT_INTERRUPTED = 130
 """The exit status after Ctrl-C (128 + SIGINT, as a shell reports it)."""
-CODEC_CLOCK_MARKER = b"[pgolf pack] the submission's codec starts now (on the clock)"
-"""`pgolf pack --codec submission` prints this line before it imports codec.py: the sealed pack's clock
-starts when the orchestrator reads it (harness/run/train_phase.py run_sealed_pack), never by a time the
-process reports."""
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -118,6 +113,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_pack(args: argparse.Namespace) -> int:
     from data.io import write_json_atomic
     from harness.config import load_config
+    from harness.run.launch import CODEC_CLOCK_MARKER
     from scoring.artifact.cap import ArtifactTooLarge
     from scoring.artifact.pack import model_config_of, pack_state, read_state
 
@@ -148,19 +144,9 @@ def cmd_pack(args: argparse.Namespace) -> int:
     return 0
 
 
-def pack_command(
-    state: Path, code_dir: Path, out: Path, *, codec: str, cap_bytes: int, json_out: Path
-) -> list[str]:
-    """The `pgolf pack` process's command line: the one builder, for the plain pack and the sealed one."""
-    return [
-        sys.executable, "-m", "harness.cli", "pack", str(state), "--submission", str(code_dir), "--out", str(out),
-        "--codec", codec, "--cap-bytes", str(cap_bytes), "--json-out", str(json_out),
-    ]  # fmt: skip
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     """`run` and `pack` (the commands this module implements)."""
-    from harness.records.tracking import WANDB_MODES
+    from harness.config import WANDB_MODES
     from scoring.artifact.cap import ARTIFACT_CAP_BYTES
 
     p = sub.add_parser("run", help="train, pack, score and report a submission")

@@ -34,6 +34,7 @@ import ast
 import copy
 import dataclasses
 import math
+import os
 import re
 import tomllib
 import typing
@@ -42,12 +43,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from harness.api import CODEC_FILE, CONFIG_FILE
-from harness.records.tracking import LogConfig
-from harness.run.launch import LaunchConfig
 from harness.submission import check_submission
 from harness.train.clock import BudgetConfig
 from harness.train.gptq import GptqConfig, integer_codec
+from isolation.sandbox import parse_layers
 from scoring.artifact.codecs import CODEC_GRAMMAR, CODECS, check_codec_spec
 from scoring.errors import ConfigError, close_match, did_you_mean
 from scoring.score.evaluate import EVAL_DTYPES, EVAL_MODES, EvalConfig
@@ -58,6 +60,122 @@ SUBMISSION_CODEC = "submission"
 """pack.codec value that selects the folder's own codec.py."""
 CONFIG_FORMAT = "pg-config"
 CONFIG_FORMAT_VERSION = 1
+
+
+DEVICES = ("auto", "cpu", "cuda")
+"""launch.device's values."""
+WANDB_MODES = ("disabled", "offline", "online")
+"""log.wandb's values (harness/run/tracking.py)."""
+
+
+# ---- The sections of their components: the launcher (harness/run/launch.py) and tracking ----
+# Here, not beside them, so that the config imports nothing of the orchestrator that reads it.
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LaunchConfig:
+    nproc_per_node: int = 1
+    """Ranks per node (GPUs per node on CUDA; one GPU per rank)."""
+    nnodes: int = 1
+    rdzv_endpoint: str = ""
+    """host:port of torchrun's c10d rendezvous for several nodes; empty: one standalone node."""
+    rdzv_id: str = "pgolf"
+    """The job's id at the rendezvous: the same on every node."""
+    device: str = "auto"
+    """cpu, cuda, or auto (cuda when available)."""
+    threads: int = 0
+    """torch intra-op threads per rank; 0: the machine's cores divided among its ranks."""
+    sandbox: str = "auto"
+    """auto: every isolation layer the machine offers (recorded); required: refuse to train without Landlock; off."""
+    network: str = "auto"
+    """auto: on one node and as root, a network namespace with loopback only; host: the machine's network."""
+    sandbox_read_paths: str = ""
+    """Extra folders training may read (os.pathsep-separated), e.g. a GPU driver's libraries outside /usr and /opt."""
+    memory_limit_bytes: int = -1
+    """Command line only. On CPU, each process of the train phase (every rank) gets this address-space limit
+    (RLIMIT_AS): -1, three quarters of the machine's memory divided among the node's ranks; 0, none.
+    An allocation past it fails in the rank and the run ends `out_of_memory` instead of taking the machine.
+    On CUDA none (CUDA reserves more virtual memory than any such limit)."""
+    allow_missing_layers: str = ""
+    """An official's decision, command line only (`--allow-missing-layer NAME`): comma-separated isolation
+    layers (isolation.sandbox.KERNEL_LAYERS) a "required" sandbox may run without on this machine; recorded."""
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"launch.device must be one of {DEVICES}, got {self.device!r}")
+        if self.nproc_per_node < 1 or self.nnodes < 1:
+            raise ValueError(
+                f"launch.nproc_per_node and launch.nnodes must be >= 1, got {self.nproc_per_node}, {self.nnodes}"
+            )
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ValueError(
+                "launch.nnodes > 1 needs launch.rdzv_endpoint = 'HOST:PORT' (the same on every node)"
+            )
+        if self.rdzv_endpoint and ":" not in self.rdzv_endpoint:
+            raise ValueError(f"launch.rdzv_endpoint must be HOST:PORT, got {self.rdzv_endpoint!r}")
+        if self.threads < 0:
+            raise ValueError(f"launch.threads must be >= 0, got {self.threads}")
+        if self.sandbox not in ("auto", "off", "required"):
+            raise ValueError(f"launch.sandbox must be 'auto', 'required' or 'off', got {self.sandbox!r}")
+        if self.network not in ("auto", "host"):
+            raise ValueError(f"launch.network must be 'auto' or 'host', got {self.network!r}")
+        parse_layers(self.allow_missing_layers)
+        if self.memory_limit_bytes < -1:
+            raise ValueError(
+                f"launch.memory_limit_bytes must be -1 (auto), 0 (none) or a byte count, got {self.memory_limit_bytes}"
+            )
+
+    def resolved_device(self) -> str:
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError(
+                "launch.device = 'cuda' but this machine has no CUDA device. "
+                "HINT: use a CPU preset (--preset cpu-smoke) or --set launch.device='cpu'"
+            )
+        if self.device == "cuda" and self.nproc_per_node > torch.cuda.device_count():
+            raise ValueError(
+                f"launch.nproc_per_node = {self.nproc_per_node} but this node has {torch.cuda.device_count()} GPU(s). "
+                f"HINT: --nproc {torch.cuda.device_count()} (gradient accumulation keeps the global batch)"
+            )
+        return self.device
+
+    def memory_limit_per_process_bytes(self, device: str) -> int:
+        """The RLIMIT_AS each process of the train phase gets on `device` (0: none)."""
+        if device != "cpu" or self.memory_limit_bytes == 0:
+            return 0
+        if self.memory_limit_bytes > 0:
+            return self.memory_limit_bytes
+        from scoring.worker.child import default_memory_limit_bytes  # the model worker's: 3/4 of the machine
+
+        return default_memory_limit_bytes() // self.nproc_per_node
+
+    def threads_per_rank(self) -> int:
+        return self.threads or max(1, (os.cpu_count() or 1) // self.nproc_per_node)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LogConfig:
+    """The [log] table: where a run's numbers are tracked. The runner's setting, never a track rule."""
+
+    wandb: str = "disabled"
+    """disabled, offline (RUN_DIR/wandb, upload later with `wandb sync`) or online."""
+    project: str = "pgolf"
+    """wandb project."""
+    entity: str = ""
+    """wandb entity (team or user); empty: the API key's default."""
+    run_name: str = ""
+    """wandb run name; empty: the run folder's name."""
+    init_timeout_s: float = 20.0
+    """Longest wait for wandb.init; past it the run goes on untracked."""
+
+    def __post_init__(self) -> None:
+        if self.wandb not in WANDB_MODES:
+            raise ValueError(f"log.wandb = {self.wandb!r} is not a mode; allowed: {', '.join(WANDB_MODES)}")
+        if not self.project.strip():
+            raise ValueError("log.project = '' must name a wandb project, e.g. log.project='pgolf'")
+        if not (0 < self.init_timeout_s <= 300):
+            raise ValueError(f"log.init_timeout_s = {self.init_timeout_s} must be in (0, 300] seconds")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -39,7 +39,7 @@ OPTIONAL_FIELDS: dict[str, type] = {"builds_on": str, "claimed": dict, "schema_v
 DATA_VARIANT_RE = re.compile(r"(sp[1-9]\d*|byte260)(\+case)?")
 TEXT_LIMITS = {"name": 200, "author": 200, "github_id": 100, "builds_on": 200, "blurb": 10_000}
 """The most characters each text field may hold; none may hold a control or format character (a blurb may
-hold newlines and tabs). Shown anywhere, text is escaped too (harness/records/text.py): this is the early word."""
+hold newlines and tabs). Shown anywhere, text is escaped too (harness/run/text.py): this is the early word."""
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
 """The dataset variants (data/download.py names them the same way: fineweb10B_<variant>)."""
 

@@ -77,7 +77,8 @@ class EveryPosition:
 
 
 def planned(V: int, L: int, n_tokens: int, mode: str, stride: int) -> dict[str, float]:
-    from scoring.score.evaluate import EvalConfig, plan_windows
+    from scoring.score.evaluate import EvalConfig
+    from scoring.score.windows import plan_windows
 
     cfg = EvalConfig(mode=mode, seq_len=L, stride=None if mode == "standard" else stride)
     toks = np.zeros(n_tokens + 1, dtype=np.int64) + 5  # no BOS: the plan depends on the count only

@@ -89,8 +89,9 @@ def cmd_model(args: argparse.Namespace) -> int:
     from harness.run.staging import stage_model_code
     from harness.train.cpu import l3_bytes, read_facts
     from scoring.artifact.format import read_artifact
-    from scoring.artifact.pack import pack_state, unpack_artifact
+    from scoring.artifact.pack import pack_state
     from scoring.score.remote import WorkerConfig, WorkerModel
+    from scoring.worker.decode import unpack_artifact
 
     artifact_path = Path(args.artifact).resolve()
     submission = Path(args.submission).resolve()

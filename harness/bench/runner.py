@@ -93,7 +93,8 @@ def bare_main(spec_path: str) -> int:
     """One bare run (a subprocess of the bench, or of scripts/gpu_check.py). Prints one JSON line."""
     from data.loader import DistributedTokenLoader
     from data.manifest import load_manifest
-    from harness.train.rank import RankLogger, import_submission_file, state_of
+    from harness.train.rank import RankLogger, state_of
+    from harness.train.submitted import import_submission_file
 
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     torch.set_num_threads(spec["threads"])
@@ -257,7 +258,7 @@ def per_step_cost_us(
     import sys as _sys
 
     from harness.train.clock import DataGate, HarnessClock
-    from harness.train.rank import import_submission_file
+    from harness.train.submitted import import_submission_file
     from isolation.monitor import AccessMonitor
 
     x = torch.zeros(batch_tokens // seq_len, seq_len, dtype=torch.long)

@@ -80,7 +80,7 @@ def plain_loop(
     device: torch.device,
 ) -> tuple[float, int]:
     """(Σ nats, tokens) the way a plain evaluation loop computes it, over the standard windows."""
-    from scoring.score.evaluate import standard_targets
+    from scoring.score.windows import standard_targets
 
     toks, windows = standard_targets(tokens, seq_len, max_tokens)
     all_t = torch.from_numpy(toks.astype(np.int64))
@@ -264,8 +264,9 @@ def measure_profile(spec: dict[str, Any]) -> dict[str, Any]:
     """Per-batch parts of the scorer's path against the plain loop's, alternating, in one process (full batches)."""
     from data.manifest import load_manifest
     from data.tokenizer import load_tokenizer
-    from scoring.score.evaluate import LossWorkspace, eval_tokens, nats_of, plan_windows
+    from scoring.score.evaluate import LossWorkspace, nats_of
     from scoring.score.remote import WorkerConfig, start_worker
+    from scoring.score.windows import eval_tokens, plan_windows
     from scoring.worker.child import default_memory_limit_bytes, tune_cpu_allocator
     from scoring.worker.wire import SharedBuffer
 

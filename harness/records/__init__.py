@@ -1,5 +1,5 @@
-"""Records: the result, the ledger, verification, comparison, leaderboards, legacy records.
+"""Records: verification, comparison, leaderboards, reproduction, legacy records.
 
-Trusted-side tooling over the JSON records of runs; never imported by a sealed process (the scorer,
-a training rank).
+Trusted-side tooling over the JSON records of runs (the result a run writes: harness/run/result.py);
+never imported by a sealed process (the scorer, a training rank).
 """

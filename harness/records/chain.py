@@ -35,7 +35,7 @@ from typing import Any
 from data.io import write_json_atomic
 from harness.records.compare import welch_test
 from harness.records.reproduce import REPRO_FORMAT, REPRODUCED
-from harness.records.text import visible
+from harness.run.text import visible
 from scoring.statuses import Status, Verification
 from scoring.tracks import TRACKS
 

@@ -61,18 +61,18 @@ from harness.records.verify import (
     HarnessFailure,
     VerifyConfig,
     commit_verdict,
+    entry_checks,
     harness_error,
+    is_scored,
     not_a_result,
     read_result,
-    receipt_checks,
     resolve_inputs,
     result_digest,
     score_checks,
-    track_checks,
     verification_record,
     verify_result,
 )
-from scoring.statuses import FAILED, SCORED, VERIFIED, VERIFY_ERROR
+from scoring.statuses import FAILED, VERIFIED, VERIFY_ERROR
 from scoring.tracks import TRACKS
 
 EXECUTORS = ("inline", "local", "slurm")
@@ -222,10 +222,8 @@ def expected_for(
     vcfg: VerifyConfig,
 ) -> Expected:
     code_dir, data_dir = resolve_inputs(run_dir, result, submission, data)
-    receipt = receipt_checks(result, run_dir, code_dir, data_dir)
-    receipt += track_checks(result, data_dir, data_given=data is not None)
-    scored = result.get("status") in SCORED and "score" in (result.get("phases") or {})
-    if not scored:
+    receipt = entry_checks(result, run_dir, code_dir, data_dir, data_given=data is not None)
+    if not is_scored(result):
         names: tuple[frozenset[str], ...] = (frozenset({NOT_SCORED}),)
     elif code_dir is None or data_dir is None or not (run_dir / ARTIFACT_FILE).is_file():
         names = (frozenset(),)  # nothing to re-score, and a receipt check says why
@@ -430,8 +428,7 @@ def finish(
         problems = accept_report(reported, written, expect)
     if problems:
         code_dir, data_dir = resolve_inputs(run_dir, result, submission, data)
-        checks = receipt_checks(result, run_dir, code_dir, data_dir)
-        checks += track_checks(result, data_dir, data_given=data is not None)
+        checks = entry_checks(result, run_dir, code_dir, data_dir, data_given=data is not None)
         checks.append(
             Check(
                 "verification job",

@@ -16,7 +16,7 @@ better). Every other result (unverified, failed verification, errors, over budge
 one row per run. Every row says what ran: preset, track, the `--set` overrides (shortened; in full on
 hover; `log.*` left out, tracking changes no result) and when it ran (UTC), so runs of one entry under
 different settings can be told apart; each links its training-curve plot (RUN_DIR/train_curve.png,
-harness/records/plot.py) when the run drew one, and shows its lineage ("builds on"), linked to the
+harness/run/plot.py) when the run drew one, and shows its lineage ("builds on"), linked to the
 row it builds on.
 
 Outputs in DIR: leaderboard.md, leaderboard.json ("pg-leaderboard", version 1) and index.html, a
@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from data.io import write_bytes_atomic, write_json_atomic
-from harness.records.text import NAME_MAX_CHARS, html_text, markdown_cell, visible
 from harness.records.verify import result_digest
+from harness.run.text import NAME_MAX_CHARS, html_text, markdown_cell, visible
 from scoring.score.bpb import METRIC_VERSION
 from scoring.statuses import OK, UNVERIFIED, VERIFIED
 from scoring.tracks import TRACKS
@@ -141,7 +141,7 @@ def _run_time(t: float | None) -> str:
 
 
 def _plot(r: dict[str, Any]) -> dict[str, Any] | None:
-    """{"seed", "path"} of the run's training-curve PNG, when it drew one (harness/records/plot.py)."""
+    """{"seed", "path"} of the run's training-curve PNG, when it drew one (harness/run/plot.py)."""
     plot = (r.get("phases") or {}).get("plot") or {}
     name = plot.get("file") if isinstance(plot, dict) else None
     if not isinstance(name, str) or not name or "/" in name or not r.get("run_dir"):
@@ -325,7 +325,7 @@ def _fmt(v: Any, key: str) -> str:
 
 
 def _md(row: dict[str, Any], key: str) -> str:
-    """A markdown cell: the value as text that renders as itself (harness/records/text.py), bounded."""
+    """A markdown cell: the value as text that renders as itself (harness/run/text.py), bounded."""
     v = row.get(key)
     if key == "plots":
         links = [
@@ -520,7 +520,7 @@ def _href(path: str, base: Path | None) -> str:
 
 
 def _cell(row: dict[str, Any], key: str, typ: str, links: dict[str, str], base: Path | None = None) -> str:
-    """A table cell: every value escaped (harness/records/text.py html_text) and bounded; `links` maps an
+    """A table cell: every value escaped (harness/run/text.py html_text) and bounded; `links` maps an
     entry's name to the id of its best ranked row (what a lineage links to)."""
     v = row.get(key)
     if key == "plots":

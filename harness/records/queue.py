@@ -7,7 +7,7 @@
 1. Entries: every folder directly under DIR that holds a submission.json (a competition repository's
    records and open pull requests, checked out side by side); anything else is one line and skipped.
 2. Triage, static and in seconds: the entry and its claim read (`reproduce.load_entry`), then every check
-   of `pgolf check` (harness/preflight.py: submission.json, config, folder rules, the scored-code lint, a
+   of `pgolf check` (harness/commands/preflight.py: submission.json, config, folder rules, the scored-code lint, a
    confined model build, the artifact estimate). A failed check is the entry's verdict, `not_reproduced`,
    naming the check; nothing of it is trained.
 3. Jobs: one per (entry, seed), `reproduce.reproduce_seed` through submitit: LocalExecutor (a process on
@@ -249,7 +249,7 @@ def triage(
     cached = st.triage.get(entry.digest)
     if cached is not None:
         return (entry if cached["ok"] else None), {**cached, "cached": True}
-    from harness.preflight import CHECK_SKIPPED, PASSING, run_checks
+    from harness.commands.preflight import CHECK_SKIPPED, PASSING, run_checks
 
     checks = run_checks(root, entry.preset, sandbox=sandbox)
     not_passing = [c for c in checks if c.status not in PASSING]

@@ -26,11 +26,11 @@ result's provenance.submission_dir, else the folder named in RUN_DIR/train_spec.
 "pg-verification" record, writes RUN_DIR/verification.json, and appends that record to the ledger,
 keyed by the sha256 of the result without its verification fields (`result_digest`), so the
 leaderboard ranks a ledger line only when a verification record for exactly that result exists.
+The command (its flags, inline or on an executor) is harness/records/verify_cli.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import hashlib
 import json
@@ -47,15 +47,15 @@ from typing import Any
 from data.io import read_json, sha256_file, write_json_atomic
 from data.manifest import MANIFEST_NAME, load_manifest, make_split_view
 from harness.config import TRACK_KEYS
-from harness.run.pipeline import data_identity, official_data_problem
+from harness.run.datacheck import data_identity, official_data_problem
 from harness.run.staging import FolderRefused, stage_folder, stage_model_code
-from isolation.sandbox import KERNEL_LAYERS, parse_layers
+from isolation.sandbox import parse_layers
 from scoring.artifact.cap import code_bytes, counted_files
 from scoring.artifact.format import ArtifactError, read_artifact
 from scoring.score.cli import ScoreRequest
 from scoring.score.evaluate import EvalConfig
 from scoring.score.record import ScoreFailure, cause_line, read_score_record
-from scoring.statuses import FAILED, SCORED, UNVERIFIED, VERIFIED, VERIFY_ERROR
+from scoring.statuses import FAILED, SCORED, VERIFIED, VERIFY_ERROR
 from scoring.tracks import TRACKS
 
 VERIFY_FORMAT = "pg-verification"
@@ -404,6 +404,19 @@ def resolve_inputs(
     return code_dir, data_dir
 
 
+def entry_checks(
+    result: dict[str, Any], run_dir: Path, code_dir: Path | None, data_dir: Path | None, *, data_given: bool
+) -> list[Check]:
+    """The receipt and track checks (resolve_inputs gives the folders): what every verdict starts from,
+    inline, in a job and on the submitting side (harness/records/executors.py)."""
+    return receipt_checks(result, run_dir, code_dir, data_dir) + track_checks(result, data_dir, data_given)
+
+
+def is_scored(result: dict[str, Any]) -> bool:
+    """Whether the result has a score to re-score (a scored status and a score phase)."""
+    return result.get("status") in SCORED and "score" in (result.get("phases") or {})
+
+
 def commit_verdict(
     result_path: Path,
     result: dict[str, Any],
@@ -465,10 +478,8 @@ def verify_result(
     t0 = time.perf_counter()
     code_dir, data_dir = resolve_inputs(run_dir, result, submission, data)
     try:
-        checks = receipt_checks(result, run_dir, code_dir, data_dir)
-        checks += track_checks(result, data_dir, data_given=data is not None)
-        scored = result.get("status") in SCORED and "score" in (result.get("phases") or {})
-        if not scored:
+        checks = entry_checks(result, run_dir, code_dir, data_dir, data_given=data is not None)
+        if not is_scored(result):
             checks.append(Check(NOT_SCORED, False, "a scored result", f"status {result.get('status')!r}"))
         elif code_dir is not None and data_dir is not None and (run_dir / ARTIFACT_FILE).is_file():
             try:
@@ -522,35 +533,6 @@ def harness_error(run_dir: Path, why: str, log: str, wall_s: float) -> dict[str,
     }
 
 
-def earlier_verdict(run_dir: Path) -> str:
-    """The verdict result.json holds now (for the line of an error: it stands)."""
-    try:
-        return str(read_json(run_dir / "result.json", what="result").get("verification") or UNVERIFIED)
-    except (OSError, ValueError):
-        return "none (no readable result.json)"
-
-
-def print_record(rec: dict[str, Any], *, as_json: bool, all_checks: bool) -> None:
-    if as_json:
-        print(json.dumps(rec, sort_keys=True))
-        return
-    job = rec.get("executor")
-    where = f" [{job['kind']} job {job['job_id']}, {job['state']}]" if job else ""
-    if rec["status"] == VERIFY_ERROR:
-        log = f"; log: {rec['log']}" if rec.get("log") else ""
-        print(
-            f"verify {rec['run_dir']}: ERROR (the harness could not verify it: {rec['detail']}){where}; "
-            f"the earlier verdict stands ({earlier_verdict(Path(rec['run_dir']))}){log}"
-        )
-        return
-    print(
-        f"verify {rec['run_dir']}: {rec['status'].upper()} ({len(rec['checks'])} checks, "
-        f"{len(rec['differences'])} difference(s)){where}"
-    )
-    for c in rec["checks"] if all_checks else rec["differences"]:
-        print(Check(**c).line())
-
-
 def not_a_result(path: str | os.PathLike[str], e: Exception) -> dict[str, Any]:
     """The error record of a path in a batch that is no result (no result.json, not a pg-result): one line."""
     run_dir = Path(path).absolute()
@@ -567,107 +549,3 @@ def not_a_result(path: str | os.PathLike[str], e: Exception) -> dict[str, Any]:
         "checks": [],
         "differences": [],
     }
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    cfg = VerifyConfig(
-        tol_bpb=args.tol_bpb,
-        device=args.device,
-        threads=args.threads,
-        allow_missing_layers=parse_layers(args.allow_missing_layer, "--allow-missing-layer"),
-    )
-    paths: list[str] = args.result
-    if args.executor == "inline":
-        records = []
-        for p in paths:  # a folder that is no result is one line of its own; the others are verified
-            try:
-                read_result(p)
-            except (FileNotFoundError, ValueError) as e:
-                records.append(not_a_result(p, e))
-                continue
-            records.append(
-                verify_result(p, submission=args.submission, data=args.data, cfg=cfg, ledger=args.ledger)
-            )
-    else:
-        from harness.records.executors import ExecutorConfig, run_verifications
-
-        ecfg = ExecutorConfig(
-            kind=args.executor,
-            folder=Path(args.jobs_folder) if args.jobs_folder else None,
-            partition=args.partition,
-            time_min=args.time_min,
-            cpus=args.cpus,
-            gpus=args.gpus,
-            mem_gb=args.mem_gb,
-            max_parallel=args.max_parallel,
-        )
-        records = run_verifications(
-            paths, submission=args.submission, data=args.data, vcfg=cfg, ecfg=ecfg, ledger=args.ledger
-        )
-    for rec in records:  # one folder: every check; several: each verdict and its differences
-        print_record(rec, as_json=args.json, all_checks=len(paths) == 1)
-    failed = sum(r["status"] == FAILED for r in records)
-    errors = sum(r["status"] == VERIFY_ERROR for r in records)
-    if len(records) > 1 and not args.json:
-        print(
-            f"{len(records) - failed - errors} of {len(records)} verified, {failed} failed"
-            + (
-                f", {errors} not verified for a harness error (their earlier verdicts stand)"
-                if errors
-                else ""
-            )
-        )
-    return 1 if failed else (3 if errors else 0)  # 3: no verdict failed, but some could not be verified
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "verify", help="recompute a result's hashes and re-score its artifact in a fresh process"
-    )
-    p.add_argument("result", nargs="+", help="run folders or their result.json files")
-    p.add_argument(
-        "--submission", help="the submission folder (default: RUN_DIR/code, else the one in train_spec.json)"
-    )
-    p.add_argument("--data", help="the dataset folder (default: the one the result records)")
-    p.add_argument("--device", help="re-score device (default: the one the result was scored on)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: as recorded)")
-    p.add_argument(
-        "--allow-missing-layer",
-        action="append",
-        default=[],
-        metavar="LAYER",
-        help="an official's decision: on a record track, re-score although this machine lacks LAYER "
-        f"({', '.join(KERNEL_LAYERS)}); recorded in the re-score; repeatable",
-    )
-    p.add_argument(
-        "--tol-bpb", type=float, default=VerifyConfig().tol_bpb, help="accepted |Δ| of val_bpb and val_loss"
-    )
-    p.add_argument(
-        "--ledger", help="ledger to append the verification to (default: RUN_DIR/../ledger.jsonl if present)"
-    )
-    p.add_argument("--json", action="store_true", help="print each verification record as one JSON object")
-    p.add_argument(
-        "--executor",
-        choices=("inline", "local", "slurm"),
-        default="inline",
-        help="inline: in this process, one after another; local: one job per result on this machine; "
-        "slurm: one Slurm job per result (harness/records/executors.py)",
-    )
-    p.add_argument(
-        "--jobs-folder",
-        help="the jobs' folder, on a filesystem the nodes share (default: .verify-jobs/ beside the first run)",
-    )
-    p.add_argument("--partition", help="slurm partition (default: the cluster's default)")
-    p.add_argument(
-        "--time-min", type=int, help="job time limit in minutes (default: 2x the track's eval budget + 10)"
-    )
-    p.add_argument("--cpus", type=int, help="CPUs per job (default: the threads the result was scored with)")
-    p.add_argument("--gpus", type=int, help="GPUs per job (default: 1 if the result was scored on CUDA)")
-    p.add_argument("--mem-gb", type=float, help="memory per job in GB (default: the partition's default)")
-    p.add_argument(
-        "--max-parallel",
-        type=int,
-        default=0,
-        help="jobs in flight at once (0: all on slurm, by CPUs on local)",
-    )
-    p.set_defaults(func=cmd_verify)

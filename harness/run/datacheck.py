@@ -1,5 +1,5 @@
 """A dataset against the submission that would train on it: what `pgolf run` refuses before anything
-starts, and what `pgolf check DIR --data DATA` prints (harness/preflight.py).
+starts, and what `pgolf check DIR --data DATA` prints (harness/commands/preflight.py).
 
 - vocabulary: a model whose [model] vocab_size is below the dataset's tokenizer's cannot embed every
   token (a rank fails at its first batch, "torchrun exited with status 1", the cause only in
@@ -7,18 +7,58 @@ starts, and what `pgolf check DIR --data DATA` prints (harness/preflight.py).
 - variant: the data_variant submission.json declares (sp1024, byte260, ...) against the dataset's
   vocabulary: warned (the run's record names the data it trained on).
 - track: a record track trains and scores on the official dataset only (the embedded corpus and other
-  tokenizers are `invalid_data`, harness/run/pipeline.py official_data_problem): refused by check, a
+  tokenizers are `invalid_data`, official_data_problem below): refused by check, a
   verdict with a result by run.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from data.canonical import canonical_entry
 from data.manifest import Manifest
-from scoring.tracks import Track
+from scoring.tracks import Track, dataset_problem
 
 REFUSE, WARN = "refuse", "warn"
+
+
+def data_identity(manifest: Manifest) -> dict[str, Any]:
+    """What the result records of the dataset: its tokenizer, its documents, its canonical text, whether it is
+    the embedded corpus."""
+    tok = manifest.raw.get("tokenizer") or {}
+    source = manifest.raw.get("source") or {}
+    canonical = canonical_entry(manifest.raw)
+    return {
+        "tokenizer_sha256": tok.get("sha256"),
+        "selection_sha256": manifest.raw.get("selection_sha256"),
+        "embedded_corpus": isinstance(source, dict) and "embedded" in json.dumps(source).lower(),
+        "val_docs": (manifest.raw.get("docs") or {}).get("val"),
+        "val_tokens": manifest.split_tokens("val"),
+        "val_text_sha256": (manifest.raw.get("split_sha256") or {}).get("val"),
+        "canonical": None if canonical is None else canonical.get("text"),
+        "transform": None if canonical is None else canonical.get("transform"),
+    }
+
+
+def official_data_problem(track: Track, identity: dict[str, Any]) -> str | None:
+    """On a record track the dataset must be the track's documents (scoring/tracks.py dataset_problem), built
+    and proved by the harness, and not the embedded corpus (whose validation text any process can rebuild from
+    the Python installation). Any tokenizer the build proved may be scored."""
+    if not track.record or track.documents is None:
+        return None
+    if identity["embedded_corpus"]:
+        return (
+            f"track {track.name} is a record track: the embedded corpus cannot be scored on it (its validation text "
+            "ships with Python). HINT: pgolf data download, then --data DIR; or run on the smoke track"
+        )
+    problem = dataset_problem(track.documents, identity)
+    if problem is None:
+        return None
+    return (
+        f"track {track.name} is a record track: {problem}. HINT: on other documents, run unranked: "
+        "--set run.track='non_record_16mb'"
+    )
 
 
 def _variant_vocab(variant: str) -> int | None:
@@ -33,8 +73,6 @@ def dataset_findings(
 ) -> list[tuple[str, str, str]]:
     """(what, level, text) for each way the dataset does not fit: level REFUSE or WARN; [] when it fits.
     `variant` None: the declared variant is not judged; `track` None: the track's rule is not."""
-    from harness.run.pipeline import data_identity, official_data_problem
-
     found: list[tuple[str, str, str]] = []
     data_vocab = manifest.vocab_size
     where = manifest.root

@@ -6,7 +6,7 @@
     3. pack    python -m harness.cli pack: codec + artifact + cap check
     4. score   python -m scoring score, given the artifact, the model code (the folder without
                train.py) and a view holding the validation shards alone, made only after training ended
-    5. report  result.json (harness/records/result.py), appended to the results ledger, and a card printed
+    5. report  result.json (harness/run/result.py), appended to the results ledger, and a card printed
 
 Every phase writes its versioned JSON record into RUN_DIR; a phase that fails stops the pipeline
 and the result records the status (error, over_budget, over_cap) instead of a score.
@@ -31,18 +31,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from data.canonical import canonical_entry
 from data.embedded import ensure_embedded_dataset
 from data.io import read_json, sha256_file, write_json_atomic
 from data.manifest import Manifest, load_manifest, make_split_view
-from harness.cli import pack_command
-from harness.config import PackConfig, ResolvedConfig, validate_run
-from harness.records.plot import plot_run
-from harness.records.result import build_result, minimal_result, print_card, write_result
-from harness.records.text import NAME_MAX_CHARS, visible
-from harness.records.tracking import Tracker, finish_tracking
-from harness.run.datacheck import refuse_mismatched_data
-from harness.run.launch import LaunchConfig
+from harness.config import LaunchConfig, PackConfig, ResolvedConfig, validate_run
+from harness.run.datacheck import data_identity, official_data_problem, refuse_mismatched_data
+from harness.run.launch import pack_command
 from harness.run.load import (
     choose_threads,
     describe_threads,
@@ -51,8 +45,12 @@ from harness.run.load import (
     read_load,
     threads_set,
 )
+from harness.run.plot import plot_run
+from harness.run.result import build_result, minimal_result, print_card, write_result
 from harness.run.signals import how_stopped, stop_signals_ignored, stop_signals_interrupt
 from harness.run.staging import folder_verdict, stage_folder, stage_model_code
+from harness.run.text import NAME_MAX_CHARS, visible
+from harness.run.tracking import Tracker, finish_tracking
 from harness.run.train_phase import run_sealed_pack, run_train_phase
 from harness.train.rank import METRICS_FILE, STATE_FILE
 from isolation.processes import die_with_parent
@@ -65,7 +63,7 @@ from scoring.score.cli import EXIT_CODES, STATUS_OF_EXIT, ScoreRequest
 from scoring.score.record import ScoreFailure, ScoreRecord, cause_line, read_score_record
 from scoring.score.remote import WORKER_ISOLATION
 from scoring.statuses import Status
-from scoring.tracks import Track, dataset_problem, get_track
+from scoring.tracks import Track, get_track
 
 SCORER_STARTUP_S = 300.0
 """The scorer process's own allowance beyond the eval deadline (imports, starting workers, reading data)."""
@@ -286,44 +284,6 @@ def choose_launch_threads(
         return launch, threads_set(launch.threads)
     rec = choose_threads(measure(), launch.nproc_per_node)
     return dataclasses.replace(launch, threads=rec["threads_per_rank"]), rec
-
-
-def data_identity(manifest: Manifest) -> dict[str, Any]:
-    """What the result records of the dataset: its tokenizer, its documents, its canonical text, whether it is
-    the embedded corpus."""
-    tok = manifest.raw.get("tokenizer") or {}
-    source = manifest.raw.get("source") or {}
-    canonical = canonical_entry(manifest.raw)
-    return {
-        "tokenizer_sha256": tok.get("sha256"),
-        "selection_sha256": manifest.raw.get("selection_sha256"),
-        "embedded_corpus": isinstance(source, dict) and "embedded" in json.dumps(source).lower(),
-        "val_docs": (manifest.raw.get("docs") or {}).get("val"),
-        "val_tokens": manifest.split_tokens("val"),
-        "val_text_sha256": (manifest.raw.get("split_sha256") or {}).get("val"),
-        "canonical": None if canonical is None else canonical.get("text"),
-        "transform": None if canonical is None else canonical.get("transform"),
-    }
-
-
-def official_data_problem(track: Track, identity: dict[str, Any]) -> str | None:
-    """On a record track the dataset must be the track's documents (scoring/tracks.py dataset_problem), built
-    and proved by the harness, and not the embedded corpus (whose validation text any process can rebuild from
-    the Python installation). Any tokenizer the build proved may be scored."""
-    if not track.record or track.documents is None:
-        return None
-    if identity["embedded_corpus"]:
-        return (
-            f"track {track.name} is a record track: the embedded corpus cannot be scored on it (its validation text "
-            "ships with Python). HINT: pgolf data download, then --data DIR; or run on the smoke track"
-        )
-    problem = dataset_problem(track.documents, identity)
-    if problem is None:
-        return None
-    return (
-        f"track {track.name} is a record track: {problem}. HINT: on other documents, run unranked: "
-        "--set run.track='non_record_16mb'"
-    )
 
 
 def _phases(

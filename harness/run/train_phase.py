@@ -42,11 +42,12 @@ from typing import Any
 
 from data.loader import train_shard_paths
 from data.manifest import MANIFEST_NAME, load_manifest, make_split_view
-from harness.cli import CODEC_CLOCK_MARKER, pack_command
+from harness.config import LaunchConfig
+from harness.run.clock_server import ClockServer
 from harness.run.launch import (
+    CODEC_CLOCK_MARKER,
     LEFTOVER_WAIT_S,
-    ClockServer,
-    LaunchConfig,
+    pack_command,
     pump_output,
     supervise,
     torchrun_command,

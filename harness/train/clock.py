@@ -1,6 +1,6 @@
 """The budget clock as a rank sees it: readings, the stop step, the off-clock warm-up. Not the record.
 
-The clock that counts is the supervisor's (harness/run/launch.py, `ClockServer`): it timestamps the
+The clock that counts is the supervisor's (`ClockServer`, harness/run/clock_server.py): it timestamps the
 wire messages (harness/train/wire.py) this clock sends, on receipt, with its own clock, and the
 result's train_time_s is its figure. This side gives the submission its readings, from the same
 origin, so an honest rank's readings agree with the supervisor's to within a message's latency:

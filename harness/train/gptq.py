@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from harness.api import MODEL_FILE, build_submission_model
+from harness.train.submitted import import_submission_file
 
 DAMP = 0.01
 """Added to H's diagonal, times its mean: keeps the Cholesky factorisation defined."""
@@ -231,8 +232,6 @@ def codec_bits(codec_spec: str) -> Callable[[str, torch.Tensor], int | None]:
 
 def scored_model(submission_dir: Path, model_config: dict[str, Any], device: torch.device) -> nn.Module:
     """The model as the scorer builds it (model.py's build_model(config)), on `device`."""
-    from harness.train.rank import import_submission_file
-
     path = submission_dir / MODEL_FILE
     module = import_submission_file(path, "pgolf_submission_model_gptq")
     return build_submission_model(module, model_config, path).to(device)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import importlib.util
 import json
 import os
 import random
@@ -34,7 +33,6 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Self
 
 import numpy as np
@@ -48,6 +46,7 @@ from harness.api import API_VERSION, DistInfo, TrainContext, TrainingComplete, T
 from harness.train.clock import DataGate, HarnessClock
 from harness.train.cpu import CpuTuner, read_facts
 from harness.train.gptq import GptqConfig, apply_gptq, codec_bits, scored_model
+from harness.train.submitted import import_submission_file
 from harness.train.wire import WireClient
 from isolation.monitor import monitor_from_rules
 
@@ -212,20 +211,6 @@ def state_of(result: TrainResult | None) -> dict[str, torch.Tensor]:
             raise TypeError(f"state entry {k!r} is {type(v).__name__}, not a tensor")
         out[k] = v.detach().to("cpu").contiguous()
     return out
-
-
-def import_submission_file(path: Path, module_name: str) -> ModuleType:
-    """Import a submission's file by path, its folder first on sys.path (so it may import its own files).
-
-    Here rather than from scoring/: the training process needs torch and numpy only, nothing of the scorer.
-    """
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(path.parent))
-    spec.loader.exec_module(module)
-    return module
 
 
 def _write_json(path: Path, record: dict[str, Any]) -> None:

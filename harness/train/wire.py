@@ -1,6 +1,6 @@
 """The wire between a training rank and its supervisor: the one way time and data cross the sandbox.
 
-The supervisor (`ClockServer` in harness/run/launch.py, outside the sandbox) listens on a Unix
+The supervisor (`ClockServer` in harness/run/clock_server.py, outside the sandbox) listens on a Unix
 socket in a private temp folder that no rank may read or write; each rank connects once, before the
 submission is imported, and keeps the connection. A pathname socket works across the sandbox's PID
 and network namespaces, and connecting to one is not a Landlock file access.

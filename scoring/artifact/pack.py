@@ -1,7 +1,9 @@
-"""Pack a trained state into an artifact, enforce the cap; unpack an artifact back to tensors.
+"""Pack a trained state into an artifact, enforce the cap.
 
     pack_state(state, submission_dir, out, codec_name, model_config, cap_bytes) -> pack record
-    unpack_artifact(artifact_path, out_safetensors, submission_dir=None)   (a custom codec decodes confined)
+
+(The way back, `pgolf unpack`, is scoring/worker/decode.py unpack_artifact: a custom codec decodes there,
+confined.)
 
 The pack record (format "pg-pack", version 1) carries bytes_code, bytes_model, bytes_total,
 cap_bytes, within_cap, the codec, the artifact's sha256 and the encode time. Over the cap, the
@@ -19,14 +21,13 @@ from typing import Any, Self
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from data.io import sha256_file
 from data.records import field, require_format
 from harness.api import API_VERSION
 from scoring.artifact.cap import CapCheck, code_bytes, counted_files
-from scoring.artifact.codecs import CODECS, StateDict, get_codec
-from scoring.artifact.format import artifact_codec, build_header, decode_state, read_artifact, write_artifact
+from scoring.artifact.codecs import StateDict, get_codec
+from scoring.artifact.format import build_header, write_artifact
 
 PACK_FORMAT = "pg-pack"
 PACK_FORMAT_VERSION = 1
@@ -144,40 +145,6 @@ def pack_state(
         within_cap=check.within_cap,
     )
     return record.to_json()
-
-
-def unpack_artifact(
-    artifact_path: str | os.PathLike[str],
-    out: str | os.PathLike[str],
-    submission_dir: str | os.PathLike[str] | None = None,
-) -> StateDict:
-    """Decode an artifact and write the dequantized tensors as safetensors (a standard format).
-
-    A built-in codec decodes here. The submission's own codec.py is submitted code: it decodes only in a
-    confined process (scoring/worker/decode.py), and this process reads back plain tensors, checked
-    against the header, and writes `out` itself.
-    """
-    artifact = read_artifact(artifact_path)
-    if artifact.codec_name in CODECS:
-        state = decode_state(artifact, artifact_codec(artifact, None))
-    elif submission_dir is None:
-        raise ValueError(
-            f"{artifact_path} was packed with the submission's own codec ({artifact.codec_name!r}): "
-            "pass --submission, the folder it was packed from"
-        )
-    else:
-        from scoring.worker.decode import decode_confined
-
-        state = decode_confined(artifact_path, submission_dir)
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(out).with_name(f".{Path(out).name}.tmp")
-    save_file(
-        {k: v.contiguous() for k, v in state.items()},
-        str(tmp),
-        metadata={"model_config": json.dumps(artifact.model_config, sort_keys=True)},
-    )
-    os.replace(tmp, out)
-    return state
 
 
 def state_equal(a: StateDict, b: StateDict) -> bool:

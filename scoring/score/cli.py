@@ -25,7 +25,6 @@ from typing import Any
 from data.io import write_json_atomic
 from isolation.sandbox import KERNEL_LAYERS, SandboxRefused, parse_layers
 from scoring.artifact.format import ArtifactError
-from scoring.artifact.pack import unpack_artifact
 from scoring.codecheck import CodeCheckFailure
 from scoring.errors import exit_code_of
 from scoring.score.evaluate import EVAL_DTYPES, EVAL_MODES, EvalConfig, RuleViolation
@@ -34,6 +33,7 @@ from scoring.score.record import ScoreFailure, cause_line
 from scoring.score.remote import EvalDeadline, WorkerFailure
 from scoring.score.scorer import DeviceUnavailable, score_artifact
 from scoring.statuses import ERROR, ILLEGAL, OK, OUT_OF_MEMORY, OVER_EVAL_BUDGET
+from scoring.worker.decode import unpack_artifact
 
 EXIT_CODES: dict[str, int] = {OK: 0, ERROR: 1, ILLEGAL: 3, OVER_EVAL_BUDGET: 4, OUT_OF_MEMORY: 5}
 """The scorer's exit status per verdict (2 is a usage error: bad arguments or inputs)."""

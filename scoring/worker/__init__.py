@@ -2,8 +2,8 @@
 
 scoring/worker/process.py      the model worker (`python -m scoring.worker SPEC_JSON`, started by the scorer)
 scoring/worker/decode.py       a custom codec's decode (`pgolf unpack`)
-scoring/worker/generate.py     `pgolf generate`'s model (started by harness/generate.py)
-scoring/worker/build_check.py  `pgolf check`'s model build (started by harness/preflight.py)
+scoring/worker/generate.py     `pgolf generate`'s model (started by harness/commands/generate.py)
+scoring/worker/build_check.py  `pgolf check`'s model build (started by harness/commands/preflight.py)
 scoring/worker/child.py        the one entry point of these processes: the spec, the limits, one error line,
                                the exit status; and the trusted side's reading of that line
 scoring/worker/confined.py     how they are started: the sandbox plan, the environment, the output drain

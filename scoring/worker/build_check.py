@@ -1,9 +1,9 @@
 """The confined half of `pgolf check`'s model check: build the model, one forward pass, the initial state.
 
-    python -P -B -m scoring.worker.build_check SPEC_JSON     (started by harness/preflight.py; not by hand)
+    python -P -B -m scoring.worker.build_check SPEC_JSON     (started by harness/commands/preflight.py; not by hand)
 
 Submitted code (model.py, and codec.py for `pack.codec = "submission"`) runs only here, confined as the
-scorer's model worker is (harness/preflight.py's `confined_build` starts it through
+scorer's model worker is (harness/commands/preflight.py's `confined_build` starts it through
 scoring/worker/confined.py; its entry point is every confined child's, scoring/worker/child.py). It
 builds the model with `build_model(config)`, runs the forward pass on a tiny seeded int64 batch, checks
 the output's shape and finiteness, writes the initial state (safetensors, no pickle) and, for the

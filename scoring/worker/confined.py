@@ -2,8 +2,8 @@
 
 The one-shot children run submitted code outside scoring: a custom codec's decode
 (scoring/worker/decode.py, for `pgolf unpack`), `pgolf generate`'s model (scoring/worker/generate.py,
-started by harness/generate.py) and `pgolf check`'s model build (scoring/worker/build_check.py, started
-by harness/preflight.py). Each runs `python -P -B -m MODULE SPEC_JSON` (its entry point:
+started by harness/commands/generate.py) and `pgolf check`'s model build (scoring/worker/build_check.py, started
+by harness/commands/preflight.py). Each runs `python -P -B -m MODULE SPEC_JSON` (its entry point:
 scoring/worker/child.py) in the model worker's sandbox (isolation/sandbox.py with seccomp: it may read
 its code, the paths it is given and the Python installation, and write only its private temp folder),
 with the worker's environment (`worker_env`: an allow-list, scoring/worker/env.py; caches in the temp

@@ -1,6 +1,6 @@
 """Decode an artifact packed with the submission's own codec.py, in a confined process.
 
-A custom codec is submitted code: `pgolf unpack` (scoring/artifact/pack.py's unpack_artifact) must
+A custom codec is submitted code: `pgolf unpack` (unpack_artifact, below) must
 not import it in the official's process. `decode_confined(artifact, code_dir)` runs
 
     python -m scoring.worker.decode SPEC_JSON     (started by decode_confined; not by hand)
@@ -20,6 +20,7 @@ failing or hostile decode becomes a DecodeFailure (an ArtifactError: one line, p
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -28,7 +29,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from scoring.artifact.format import Artifact, ArtifactError, check_code_hashes, decode_state, read_artifact
+from scoring.artifact.codecs import CODECS, StateDict
+from scoring.artifact.format import (
+    Artifact,
+    ArtifactError,
+    artifact_codec,
+    check_code_hashes,
+    decode_state,
+    read_artifact,
+)
 from scoring.worker.child import default_memory_limit_bytes, exit_how, one_line, run_child
 
 DECODE_SPEC_FORMAT = "pg-decode-spec"
@@ -147,14 +156,46 @@ def _read_checked(path: Path, artifact: Artifact) -> dict[str, Any]:
     return decode_state(artifact, _Decoded())
 
 
+def unpack_artifact(
+    artifact_path: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    submission_dir: str | os.PathLike[str] | None = None,
+) -> StateDict:
+    """Decode an artifact and write the dequantized tensors as safetensors (a standard format).
+
+    A built-in codec decodes here. The submission's own codec.py is submitted code: it decodes only in a
+    confined process (scoring/worker/decode.py), and this process reads back plain tensors, checked
+    against the header, and writes `out` itself.
+    """
+    from safetensors.torch import save_file
+
+    artifact = read_artifact(artifact_path)
+    if artifact.codec_name in CODECS:
+        state = decode_state(artifact, artifact_codec(artifact, None))
+    elif submission_dir is None:
+        raise ValueError(
+            f"{artifact_path} was packed with the submission's own codec ({artifact.codec_name!r}): "
+            "pass --submission, the folder it was packed from"
+        )
+    else:
+        state = decode_confined(artifact_path, submission_dir)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(out).with_name(f".{Path(out).name}.tmp")
+    save_file(
+        {k: v.contiguous() for k, v in state.items()},
+        str(tmp),
+        metadata={"model_config": json.dumps(artifact.model_config, sort_keys=True)},
+    )
+    os.replace(tmp, out)
+    return state
+
+
 # ---- the confined side ----
 
 
 def _decode(spec: dict[str, Any], memory: str) -> int:
     import torch
     from safetensors.torch import save_file
-
-    from scoring.artifact.format import artifact_codec
 
     artifact = read_artifact(spec["artifact"])
     state = decode_state(artifact, artifact_codec(artifact, spec["code_dir"]))  # checks the code hashes first

@@ -1,8 +1,11 @@
 """The confined side of `pgolf generate`: build the packed model and generate, plain and speculative.
 
-    python -m scoring.worker.generate SPEC_JSON     (started by harness/generate.py; not by hand)
+    python -m scoring.worker.generate SPEC_JSON     (started by harness/commands/generate.py; not by hand)
 
-It runs in the model worker's sandbox (harness/generate.py starts it as scoring/worker/decode.py
+(`pgolf sample` is the same process with `recompute`: the model's forward only, on the last `context`
+tokens, never its cache: what it prints is what the scorer's forward gives.)
+
+It runs in the model worker's sandbox (harness/commands/generate.py starts it as scoring/worker/decode.py
 starts the confined decode, through scoring/worker/confined.py, and its entry point is every confined
 child's, scoring/worker/child.py: exit status 3 when the model lacks what was asked). Landlock reads of the code folder, the artifact and the Python
 installation only, a private temp folder, namespaces, no capabilities, seccomp, an address-space
@@ -46,7 +49,8 @@ import torch
 from scoring.worker.child import Unsupported, run_child
 
 GENERATE_SPEC_FORMAT = "pg-generate-spec"
-GENERATE_SPEC_VERSION = 1
+GENERATE_SPEC_VERSION = 2
+"""2: `recompute` (pgolf sample: the contract's forward only, even where the model offers a cache)."""
 GENERATE_RESULT_FORMAT = "pg-generate-result"
 GENERATE_RESULT_VERSION = 1
 
@@ -202,7 +206,7 @@ def run(spec: dict[str, Any], model: Any) -> list[dict[str, Any]]:
         temperature=float(spec["temperature"]), top_k=int(spec["top_k"]), vocab_size=int(spec["vocab_size"])
     )
     prompt, n = [int(t) for t in spec["prompt"]], int(spec["max_tokens"])
-    cached = callable(getattr(model, "forward_cached", None))
+    cached = callable(getattr(model, "forward_cached", None)) and not spec["recompute"]
     if spec["speculative"] and not cached:
         raise Unsupported(
             "the model defines no forward_cached(input_ids, cache, start) (see submissions/README.md)"

@@ -1,4 +1,4 @@
-"""Hostile submissions against the supervisor's clock (harness/run/launch.py ClockServer), through `pgolf run`.
+"""Hostile submissions against the supervisor's clock (harness/run/clock_server.py ClockServer), through `pgolf run`.
 
 Nothing a rank reports about time is believed, and no training token reaches a rank while the clock
 is stopped (fixtures in tests/fixtures/submissions/):

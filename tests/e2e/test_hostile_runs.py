@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from harness.records.result import write_result
 from harness.run.pipeline import run_pipeline
+from harness.run.result import write_result
 from isolation.processes import processes_with_token
 from tests.conftest import REPO
 from tests.waiting import wait_until

@@ -134,7 +134,7 @@ def _trained_run(tmp_path: Path) -> Path:
 def test_a_custom_codec_encodes_sandboxed_and_on_the_clock(tiny_dataset, tmp_path):
     import shutil
 
-    from harness.run.launch import LaunchConfig
+    from harness.config import LaunchConfig
     from harness.run.train_phase import run_sealed_pack
     from harness.train.clock import BudgetConfig
 
@@ -172,7 +172,7 @@ def test_a_slow_codec_that_forges_its_pack_record_is_over_budget_and_illegal(tin
     from the file on disk and the staged code: the record is compared, and a disagreement names both."""
     import shutil
 
-    from harness.run.launch import LaunchConfig
+    from harness.config import LaunchConfig
     from harness.run.pipeline import measure_pack
     from harness.run.train_phase import run_sealed_pack
     from harness.train.clock import BudgetConfig

@@ -240,7 +240,7 @@ DAY = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
 @pytest.fixture(scope="module")
 def nine_runs(tmp_path_factory) -> Path:
     from harness.records.leaderboard import write_leaderboard
-    from harness.records.plot import PLOT_FILE, write_training_plot
+    from harness.run.plot import PLOT_FILE, write_training_plot
 
     tmp = tmp_path_factory.mktemp("nine")
     metrics = tmp / "metrics.jsonl"

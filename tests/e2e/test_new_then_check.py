@@ -1,4 +1,4 @@
-"""End to end: `pgolf new` then `pgolf check` (harness/scaffold.py, harness/preflight.py) as a user runs
+"""End to end: `pgolf new` then `pgolf check` (harness/commands/scaffold.py, harness/commands/preflight.py) as a user runs
 them, in processes: the scaffold passes every check; a forward of the wrong shape fails the model check
 (built in the confined child), and a codec whose payload is over the cap fails the artifact check, each
 with exit status 1 and the right line."""

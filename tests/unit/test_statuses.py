@@ -173,7 +173,7 @@ def test_the_scorer_and_worker_verdicts_are_statuses():
 
 
 def test_a_result_refuses_a_status_outside_the_table():
-    from harness.records.result import ResultRecord
+    from harness.run.result import ResultRecord
 
     kw = {"submission": {}, "track": "smoke", "preset": None, "created_unix_s": 1.0, "run_dir": "/r"}
     assert ResultRecord(status="ok", **kw).status == "ok"

@@ -290,7 +290,7 @@ def test_a_pinned_text_hash_is_compared():
 
 
 def test_the_built_split_is_named_by_what_differs(built):
-    from harness.run.pipeline import data_identity, official_data_problem
+    from harness.run.datacheck import data_identity, official_data_problem
     from scoring.tracks import TRACKS
 
     for ds in built.values():

@@ -1,9 +1,9 @@
-"""The card's CPU and load lines (harness/records/result.py): the step mode, other processes' share of the
+"""The card's CPU and load lines (harness/run/result.py): the step mode, other processes' share of the
 cores per phase, and a record-track CPU result on a busy machine marked CONTENDED."""
 
 from __future__ import annotations
 
-from harness.records.result import _cpu_lines, _machine_load
+from harness.run.result import _cpu_lines, _machine_load
 from scoring.tracks import get_track
 
 LOAD = {"format": "pg-load", "format_version": 1, "cores": 2, "loadavg_1m_start": 1.0, "loadavg_1m_end": 1.2}
@@ -39,7 +39,7 @@ def test_contended_record_track_cpu_run_is_marked() -> None:
 
 
 def test_the_card_names_the_remedy_for_over_budget_and_contended_runs() -> None:
-    from harness.records.result import _remedy_lines
+    from harness.run.result import _remedy_lines
 
     busy = {"train": {**LOAD, "others_cores": 1.1, "contended": True}, "contended": True}
     over = _remedy_lines({"status": "over_budget", "machine_load": busy, "phases": {}})

@@ -1,5 +1,5 @@
 """ctx.cpu (harness/train/cpu.py), the machine-load record (harness/run/load.py) and `pgolf tune`'s
-decisions (harness/tune.py): bfloat16 only where native, the fastest step mode by a (mocked) clock,
+decisions (harness/commands/tune.py): bfloat16 only where native, the fastest step mode by a (mocked) clock,
 settings kept only beyond the noise, a preset appended without touching the rest of the file."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from harness.api import ClockReading, CpuAsGiven, DistInfo, TrainContext, WarmupReport
+from harness.commands.tune import Row, Setting, helps, measure_rows, plan_settings, preset_text
 from harness.run.load import CONTENDED_CORES, LoadReading, _proc_stat, describe, load_between
 from harness.train.cpu import (
     CpuFacts,
@@ -27,7 +28,6 @@ from harness.train.cpu import (
     parse_cpuinfo,
     read_facts,
 )
-from harness.tune import Row, Setting, helps, measure_rows, plan_settings, preset_text
 from tests.conftest import REPO
 
 CPUINFO_BF16 = (
@@ -488,7 +488,7 @@ def test_tune_measures_for_real_and_appends_a_preset(
     and a preset appended to a copy of the baseline's config.toml (the rest of the file untouched)."""
     import shutil
 
-    import harness.tune as tune
+    import harness.commands.tune as tune
     from harness.config import load_config
 
     sub = tmp_path / "sub"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from data.manifest import load_manifest
-from harness.preflight import run_checks
+from harness.commands.preflight import run_checks
 from harness.run.datacheck import REFUSE, WARN, dataset_findings
 from harness.run.pipeline import run_pipeline
 from scoring.tracks import get_track

@@ -32,7 +32,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-from harness.generate import GenerateFailure, parse_result
+from harness.commands.generate import GenerateFailure, parse_result
 from scoring.artifact.cap import ARTIFACT_CAP_BYTES
 from scoring.artifact.pack import pack_state
 from scoring.worker.generate import Sampling, generate_cached, generate_recompute

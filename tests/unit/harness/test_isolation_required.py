@@ -8,7 +8,7 @@ import pytest
 import harness.run.pipeline as pipeline
 from harness.cli import main as pgolf_main
 from harness.config import load_config
-from harness.records.result import card
+from harness.run.result import card
 from isolation.sandbox import MachineCaps, SandboxRefused
 from tests.conftest import BASELINE
 

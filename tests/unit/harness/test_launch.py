@@ -21,7 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.run.launch import ClockServer, LaunchConfig, supervise, torchrun_command
+from harness.config import LaunchConfig
+from harness.run.clock_server import ClockServer
+from harness.run.launch import supervise, torchrun_command
 from harness.run.train_phase import rank_failures
 from harness.train.clock import BudgetConfig
 from isolation.landlock import carve

@@ -1,4 +1,4 @@
-"""harness/records/plot.py: the training curve PNG of a run, opened back as an image (its size, that
+"""harness/run/plot.py: the training curve PNG of a run, opened back as an image (its size, that
 it holds the curve), and a plot that cannot be drawn recorded as a note, never a failure."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from harness.records.plot import PLOT_FILE, PLOT_HEIGHT_PX, PLOT_WIDTH_PX, plot_run, write_training_plot
-from harness.records.result import _plot_lines
+from harness.run.plot import PLOT_FILE, PLOT_HEIGHT_PX, PLOT_WIDTH_PX, plot_run, write_training_plot
+from harness.run.result import _plot_lines
 
 
 def write_metrics(path, n=120, *, elapsed=True, lr=True):

@@ -1,4 +1,4 @@
-"""`pgolf check`'s pure parts (harness/preflight.py): the vocabulary of a data variant, the dense state
+"""`pgolf check`'s pure parts (harness/commands/preflight.py): the vocabulary of a data variant, the dense state
 of the size estimate, and a check that needs no model process (the config and schema failures, exit 1;
 usage errors, exit 2). The checks that build a model in the confined child: tests/e2e/test_new_then_check.py."""
 
@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.preflight import EXIT_FAILED, EXIT_USAGE, cmd_check, dense_state, run_checks, vocab_of_variant
+from harness.commands.preflight import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    cmd_check,
+    dense_state,
+    run_checks,
+    vocab_of_variant,
+)
 from harness.run.staging import stage_folder
 from tests.conftest import BASELINE
 

@@ -24,9 +24,9 @@ from safetensors.torch import load_file
 from data.io import sha256_bytes
 from scoring.artifact.cap import ARTIFACT_CAP_BYTES
 from scoring.artifact.format import artifact_codec, decode_state, read_artifact, write_artifact
-from scoring.artifact.pack import pack_state, state_equal, unpack_artifact
+from scoring.artifact.pack import pack_state, state_equal
 from scoring.codecheck import lint_scored_code
-from scoring.worker.decode import DecodeFailure, decode_confined
+from scoring.worker.decode import DecodeFailure, decode_confined, unpack_artifact
 from tests.conftest import BASELINE, REPO
 from tests.unit.scoring.test_eval_support import TINY_CONFIG, TINY_MODEL, _one_thread, write_submission  # noqa: F401
 

@@ -1,4 +1,4 @@
-"""`pgolf new` (harness/scaffold.py): the folder it writes is the baseline's code and presets with a fresh,
+"""`pgolf new` (harness/commands/scaffold.py): the folder it writes is the baseline's code and presets with a fresh,
 valid submission.json; it never overwrites; the default folder is where a pull request wants it."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import load_config
-from harness.scaffold import (
+from harness.commands.scaffold import (
     AUTHOR_PLACEHOLDER,
     BLURB_PLACEHOLDER,
     GITHUB_PLACEHOLDER,
@@ -21,6 +20,7 @@ from harness.scaffold import (
     git_author,
     new_submission,
 )
+from harness.config import load_config
 from harness.submission import check_submission
 from scoring.artifact.cap import counted_files
 from tests.conftest import BASELINE, REPO
@@ -141,7 +141,7 @@ def test_the_suggested_first_run_uses_a_preset_the_baseline_has(tmp_path: Path, 
     """cpu_mtp has presets cpu and tiny, no cpu-smoke: the next-step line and the README name tiny."""
     import argparse
 
-    from harness.scaffold import cmd_new, first_preset
+    from harness.commands.scaffold import cmd_new, first_preset
 
     assert first_preset(BASELINE) == "cpu-smoke"
     assert first_preset(REPO / "baselines" / "cpu_mtp") == "tiny"

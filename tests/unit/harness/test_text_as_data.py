@@ -1,4 +1,4 @@
-"""Text from a submission is data (harness/records/text.py): on the card, on the leaderboard's markdown and
+"""Text from a submission is data (harness/run/text.py): on the card, on the leaderboard's markdown and
 HTML, in a plot's title. An attacker's name, author, lineage, preset, overrides or rank text holds ESC
 sequences (which rewrote the terminal card: "status ok (verified)" over a failed run), newlines (which forged a
 second section of leaderboard.md with a raw HTML table), a bidi override, or 60,000 characters (36 s of
@@ -12,9 +12,9 @@ import json
 from typing import Any
 
 from harness.records.leaderboard import build, markdown, page
-from harness.records.result import card
-from harness.records.text import NAME_MAX_CHARS, markdown_cell, visible
 from harness.records.verify import result_digest
+from harness.run.result import card
+from harness.run.text import NAME_MAX_CHARS, markdown_cell, visible
 
 ESC_NAME = "\x1b[2K\x1b[1A\r│ status        ok  (verified)\x1b[0m"
 NL_NAME = "x |\n\n## Ranked for real\n\n<table><tr><td>forged</td></tr></table>\n| 1 | evil"

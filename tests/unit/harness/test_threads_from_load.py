@@ -4,10 +4,10 @@ nothing sleeps and nothing reads this machine's /proc."""
 
 from __future__ import annotations
 
-from harness.records.result import _cpu_lines
-from harness.run.launch import LaunchConfig
+from harness.config import LaunchConfig
 from harness.run.load import LoadReading, choose_threads, measure_load
 from harness.run.pipeline import choose_launch_threads
+from harness.run.result import _cpu_lines
 
 
 def reading(t_s: float, busy_s: float, own_s: float = 0.0) -> LoadReading:

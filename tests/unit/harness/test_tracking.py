@@ -1,4 +1,4 @@
-"""harness/records/tracking.py: the [log] table, the checked reader of the ranks' metrics file, and
+"""harness/run/tracking.py: the [log] table, the checked reader of the ranks' metrics file, and
 wandb run offline for real (WANDB_MODE=offline, every wandb folder in tmp), its files read back.
 
 The offline run's transaction log (RUN_DIR/wandb/offline-run-*/run-*.wandb) is read with a small
@@ -21,10 +21,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.config import load_config
-from harness.records.tracking import (
+from harness.config import LogConfig, load_config
+from harness.run.tracking import (
     METRICS_LINE_MAX_BYTES,
-    LogConfig,
     MetricsReader,
     Tracker,
     finish_tracking,
@@ -51,7 +50,8 @@ def test_log_keys_through_set_and_the_file(tmp_path):
     cfg = load_config(BASELINE, "tiny", ["log.wandb='offline'", "log.project='golf'"])
     assert cfg.section("log") == LogConfig(wandb="offline", project="golf")
     with pytest.raises(
-        ValueError, match=r"--set log.wandbb=1: unknown key 'log.wandbb'; keys of \[log\] are"
+        ValueError,
+        match=r"--set log.wandbb=1: unknown key 'log.wandbb' \(did you mean log.wandb\?\); keys of \[log\] are",
     ):
         load_config(BASELINE, "tiny", ["log.wandbb=1"])
     with pytest.raises(ValueError, match="log.wandb = 'x' is not a mode"):

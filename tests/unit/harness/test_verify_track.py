@@ -64,7 +64,7 @@ def test_an_unknown_track_or_cap_fails():
 
 
 def test_the_tables_a_real_record_track_run_records_pass():
-    """result.json's `config` is the resolved tables (harness/records/result.py build_result): exactly what
+    """result.json's `config` is the resolved tables (harness/run/result.py build_result): exactly what
     load_config gives for the run, so an honest cpu-track result passes every track check."""
     from harness.config import load_config
     from tests.conftest import BASELINE

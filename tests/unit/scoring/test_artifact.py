@@ -8,7 +8,8 @@ import torch
 from scoring.artifact.cap import ArtifactTooLarge, CapCheck, code_bytes, counted_files
 from scoring.artifact.codecs import CODECS
 from scoring.artifact.format import ArtifactError, read_artifact
-from scoring.artifact.pack import pack_state, unpack_artifact
+from scoring.artifact.pack import pack_state
+from scoring.worker.decode import unpack_artifact
 
 
 @pytest.fixture

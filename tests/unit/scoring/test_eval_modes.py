@@ -21,7 +21,8 @@ from torch import nn
 from data.build import build_dataset
 from data.shards import read_split
 from data.tokenizer import BOS_ID, ByteTokenizer
-from scoring.score.evaluate import EvalConfig, evaluate, plan_windows
+from scoring.score.evaluate import EvalConfig, evaluate
+from scoring.score.windows import plan_windows
 from tests.conftest import BASELINE
 
 V = 260

@@ -1,7 +1,7 @@
 """Helpers shared by the scorer's tests (submission folders, packed artifacts, run folders), and their own check.
 
     write_submission(folder, ...)     a tiny submission folder (model.py, train.py, config.toml, submission.json)
-    make_run(run_dir, folder, data)   pack + score in-process + a pg-result record as harness/records/result.py writes it
+    make_run(run_dir, folder, data)   pack + score in-process + a pg-result record as harness/run/result.py writes it
 
 The run folder has the files `pgolf verify` reads: artifact.pgolf, result.json, score.json,
 pack.json and train_spec.json (naming the submission folder), and its result is appended to the ledger.

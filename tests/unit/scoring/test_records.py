@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from harness.records.result import ResultRecord
+from harness.run.result import ResultRecord
 from harness.train.rank import RankReport
 from scoring.artifact.pack import PackRecord, pack_state
 from scoring.score.record import ScoreFailure, ScoreRecord, read_score_record

@@ -24,8 +24,8 @@ from data.shards import read_split
 from data.tokenizer import load_tokenizer
 from harness.api import API_VERSION
 from harness.config import ResolvedConfig
-from harness.records.provenance import git_commit, hardware, library_versions
-from harness.records.text import NAME_MAX_CHARS, visible
+from harness.run.provenance import git_commit, hardware, library_versions
+from harness.run.text import NAME_MAX_CHARS, visible
 from scoring.score.evaluate import unigram_bpb
 from scoring.statuses import SCORED, UNVERIFIED, VERIFICATION_STATES, Status, require_status
 from scoring.tracks import Track
@@ -416,7 +416,7 @@ def _isolation_lines(r: dict[str, Any]) -> list[str]:
 
 
 def _plot_lines(r: dict[str, Any]) -> list[str]:
-    """The card's line for the training curve (harness/records/plot.py): its file, or why there is none."""
+    """The card's line for the training curve (harness/run/plot.py): its file, or why there is none."""
     plot = (r.get("phases") or {}).get("plot")
     if not isinstance(plot, dict):
         return []
@@ -481,7 +481,7 @@ def _remedy_lines(r: dict[str, Any]) -> list[str]:
 
 
 def print_card(result: dict[str, Any]) -> None:
-    if "phases" not in result:  # a minimal result (harness/records/result.py minimal_result)
+    if "phases" not in result:  # a minimal result (harness/run/result.py minimal_result)
         print(
             f"\n── pgolf result: {visible(result['status'], 40)}: {visible(result.get('detail', ''))}\n"
             f"└─ {visible(result['run_dir'], CARD_LINE_MAX_CHARS)}/result.json",

@@ -28,13 +28,12 @@ import re
 import stat
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from data.io import write_json_atomic
+from harness.config import LogConfig
 
-WANDB_MODES = ("disabled", "offline", "online")
 METRICS_MAX_BYTES = 64 * 1024 * 1024
 """Read at most this much of a metrics file (the rest is ignored and counted as skipped)."""
 METRICS_LINE_MAX_BYTES = 4096
@@ -45,30 +44,6 @@ FINISH_TIMEOUT_S = 30.0
 """How long the end of a run waits for wandb to write or upload what it holds."""
 DEADLINE_SLACK_S = 10.0
 """The thread's deadline past wandb's own init_timeout (wandb's timeout is the one that normally fires)."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LogConfig:
-    """The [log] table: where a run's numbers are tracked. The runner's setting, never a track rule."""
-
-    wandb: str = "disabled"
-    """disabled, offline (RUN_DIR/wandb, upload later with `wandb sync`) or online."""
-    project: str = "pgolf"
-    """wandb project."""
-    entity: str = ""
-    """wandb entity (team or user); empty: the API key's default."""
-    run_name: str = ""
-    """wandb run name; empty: the run folder's name."""
-    init_timeout_s: float = 20.0
-    """Longest wait for wandb.init; past it the run goes on untracked."""
-
-    def __post_init__(self) -> None:
-        if self.wandb not in WANDB_MODES:
-            raise ValueError(f"log.wandb = {self.wandb!r} is not a mode; allowed: {', '.join(WANDB_MODES)}")
-        if not self.project.strip():
-            raise ValueError("log.project = '' must name a wandb project, e.g. log.project='pgolf'")
-        if not (0 < self.init_timeout_s <= 300):
-            raise ValueError(f"log.init_timeout_s = {self.init_timeout_s} must be in (0, 300] seconds")
 
 
 # ---- The metrics file (hostile input) ----

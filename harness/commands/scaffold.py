@@ -30,7 +30,7 @@ from typing import Any
 
 from harness.api import CONFIG_FILE, README_FILE, SUBMISSION_JSON
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 BASELINES_DIR = PROJECT_ROOT / "baselines"
 DEFAULT_BASELINE = "naive_baseline"
 SUBMISSIONS_DIR = "submissions"

@@ -8,7 +8,7 @@ second axis, and the budget as a dotted line on the time panel. The scored point
 of training (the step the rank ended at, not the last logged one): it sits on the loss axis as val_loss
 (nats/token, the same unit as the training loss) and is labelled with val_bpb (bits/byte), the number
 that ranks. A run that did not end ok says so in red in its title and across both panels. The metrics
-file is the rank's word, read with the same checks as the live tail (harness/records/tracking.py
+file is the rank's word, read with the same checks as the live tail (harness/run/tracking.py
 read_metrics); the marked point is the scorer's.
 
 Drawn after training, outside the measured path, with matplotlib's Agg backend (no display). A plot
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from data.io import write_bytes_atomic
-from harness.records.tracking import read_metrics
+from harness.run.tracking import read_metrics
 from harness.train.rank import METRICS_FILE
 from scoring.statuses import Status
 

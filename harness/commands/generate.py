@@ -1,8 +1,14 @@
-"""`pgolf generate`: run a packed model on CPU with a KV cache; draft with its multi-token heads.
+"""`pgolf generate` and `pgolf sample`: run a packed model on CPU; the one generation path.
 
     pgolf generate ARTIFACT --submission DIR (--data DIR | --tokenizer MODEL) --prompt TEXT
                    [--max-tokens N] [--temperature T] [--top-k K] [--seed S] [--speculative]
                    [--draft-k K] [--context N] [--threads N]
+    pgolf sample RUN_DIR [--prompt TEXT]          (ARTIFACT may be a run folder for both)
+    pgolf sample ARTIFACT --submission DIR (--data DIR | --tokenizer MODEL) [--prompt TEXT]
+                 [--tokens N] [--temperature T] [--top-k K] [--seed S] [--context N] [--threads N]
+
+`sample` is `generate` with the model's forward only (the contract's, what the scorer ran: never a
+cache), on the last `--context` tokens for every new token, sampling at temperature 0.8 by default.
 
 This process holds the tokenizer and runs no submitted code. The model is built and run in one
 confined process (scoring/worker/generate.py, inside the sandbox the scorer's model worker gets:
@@ -33,7 +39,8 @@ from pathlib import Path
 
 import torch
 
-from harness.sample import resolve_run_folder, tokenizer_for
+from data.manifest import load_manifest
+from data.tokenizer import Tokenizer, load_tokenizer
 from scoring.artifact.format import check_code_hashes, read_artifact
 from scoring.worker.child import EXIT_UNSUPPORTED, default_memory_limit_bytes, exit_how, one_line
 from scoring.worker.generate import (
@@ -45,6 +52,51 @@ from scoring.worker.generate import (
 
 GENERATE_TIMEOUT_S = 900.0
 RESULT_MAX_BYTES = 8 << 20
+
+
+RUN_ARTIFACT = "artifact.pgolf"
+RUN_CODE = "code"
+
+
+def resolve_run_folder(args: argparse.Namespace) -> None:
+    """ARTIFACT may be a run folder (`pgolf run`'s RUN_DIR): its artifact.pgolf, the code that was packed
+    (RUN_DIR/code) unless --submission is given, and the tokenizer of the data it was scored on (result.json's
+    provenance.data_dir) unless --data or --tokenizer is. Sets args.artifact, args.submission, args.data."""
+    given = Path(args.artifact)
+    if given.is_dir():
+        if not (given / RUN_ARTIFACT).is_file():
+            raise FileNotFoundError(
+                f"{given}: a folder without {RUN_ARTIFACT}: not a run folder that packed (pass the artifact file)"
+            )
+        args.artifact = str(given / RUN_ARTIFACT)
+        if not args.submission:
+            if not (given / RUN_CODE).is_dir():
+                raise FileNotFoundError(f"{given}: no {RUN_CODE}/ (the packed code); pass --submission DIR")
+            args.submission = str(given / RUN_CODE)
+        if not args.data and not args.tokenizer:
+            from data.io import read_json
+
+            try:
+                data_dir = (read_json(given / "result.json", what="result.json").get("provenance") or {}).get(
+                    "data_dir"
+                )
+            except (OSError, ValueError):
+                data_dir = None
+            if isinstance(data_dir, str) and (Path(data_dir) / "manifest.json").is_file():
+                args.data = data_dir
+    elif not args.submission:
+        raise ValueError(f"{given}: an artifact file needs --submission DIR (or pass the run folder instead)")
+
+
+def tokenizer_for(args: argparse.Namespace) -> Tokenizer:
+    """`--tokenizer`, else `--data`'s tokenizer, else the embedded corpus's (`pgolf sample` and `pgolf generate`)."""
+    if args.tokenizer:
+        return load_tokenizer(args.tokenizer)
+    if args.data:
+        return load_tokenizer(load_manifest(args.data).tokenizer_path)
+    from data.embedded import ensure_embedded_dataset
+
+    return load_tokenizer(load_manifest(ensure_embedded_dataset()).tokenizer_path)
 
 
 class GenerateFailure(RuntimeError):
@@ -123,6 +175,7 @@ def generate_confined(
     threads: int = 0,
     sandbox: str = "auto",
     timeout_s: float = GENERATE_TIMEOUT_S,
+    recompute: bool = False,
 ) -> list[GenRun]:
     """Generate in a confined process (see the module docstring); the checked runs, plain first."""
     from scoring.worker.confined import ConfinedChild, plan_confined
@@ -153,6 +206,7 @@ def generate_confined(
             "context": context,
             "vocab_size": vocab_size,
             "threads": threads,
+            "recompute": recompute,
             "memory_limit_bytes": default_memory_limit_bytes(),
         }
         child = ConfinedChild(
@@ -271,7 +325,43 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sample(args: argparse.Namespace) -> int:
+    """`pgolf sample`: generate's process with the model's forward only (`recompute`), on the last
+    `--context` tokens, sampled at --temperature (0.8 by default); the text, then one line of speed."""
+    if args.tokens <= 0 or args.context <= 0:
+        raise ValueError(f"--tokens and --context must be positive, got {args.tokens}, {args.context}")
+    resolve_run_folder(args)
+    tok = tokenizer_for(args)
+    prompt = [tok.bos_id] + (tok.encode([args.prompt])[0] if args.prompt else [])
+    threads = args.threads or torch.get_num_threads()
+    try:
+        (run,) = generate_confined(
+            Path(args.artifact),
+            Path(args.submission),
+            prompt=prompt,
+            max_tokens=args.tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            seed=args.seed,
+            speculative=False,
+            draft_k=0,
+            context=args.context,
+            vocab_size=tok.vocab_size,
+            threads=threads,
+            recompute=True,
+        )
+    except GenerateFailure as e:  # the model's failure, told in one printable line
+        print(f"error: the model worker failed ({e.kind}): {one_line(str(e))}", file=sys.stderr)
+        return 1
+    print(tok.decode(prompt[1:] + run.tokens))  # decoded together, so the join keeps its spaces
+    print(
+        f"\n[{len(run.tokens)} tokens in {run.seconds:.2f} s: {run.tokens_per_s:.1f} tokens/s on {threads} CPU thread(s)]"
+    )
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
+    """`generate`, and `sample` (its alias with sample's own flags and defaults)."""
     p = sub.add_parser("generate", help="generate with a packed model on CPU: KV cache, speculative drafting")
     p.add_argument("artifact", help="an artifact file, or a run folder (its artifact, packed code and data)")
     p.add_argument(
@@ -298,3 +388,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--threads", type=int, default=0, help="CPU threads of the generating process (0: this one's)"
     )
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("sample", help="generate text from a packed model (what was scored)")
+    p.add_argument("artifact", help="an artifact file, or a run folder (its artifact, packed code and data)")
+    p.add_argument(
+        "--submission", help="the submission folder the artifact was packed from (a run folder: its code/)"
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--data", help="dataset folder whose tokenizer to use (default: the embedded corpus)")
+    src.add_argument("--tokenizer", help="a tokenizer file (.model or byte260.json)")
+    p.add_argument("--prompt", default="", help="text to continue")
+    p.add_argument("--tokens", type=int, default=64, help="new tokens to generate")
+    p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--context", type=int, default=1024, help="tokens of context fed to the model")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0)
+    p.set_defaults(func=cmd_sample)

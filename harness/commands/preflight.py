@@ -293,7 +293,7 @@ def run_checks(
     cfg: Any = None
 
     def submission() -> Check:
-        from harness.scaffold import PLACEHOLDERS
+        from harness.commands.scaffold import PLACEHOLDERS
 
         meta.update(check_submission(root))
         detail = f"{meta['name']} by {meta['author']}, track {meta['track']}, data {meta['data_variant']}"

@@ -1,0 +1,125 @@
+"""Window plans: which targets each window scores, and with what context (scoring/score/evaluate.py's
+module docstring gives the rules of each mode).
+
+A window plan is a list of windows (start s, length n, first scored offset f) in target order: a window
+feeds x = tokens[s : s+n] and scores the targets y = tokens[s+1 : s+n+1] at offsets f..n-1; the plan is
+built so that each target of the mode is scored exactly once. Pure numpy: no model, no loss, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from data.tokenizer import BOS_ID
+
+
+class WindowRules(Protocol):
+    """What a plan reads of the eval config (scoring/score/evaluate.py EvalConfig)."""
+
+    @property
+    def mode(self) -> str: ...
+    @property
+    def seq_len(self) -> int: ...
+    @property
+    def max_tokens(self) -> int | None: ...
+    @property
+    def resolved_stride(self) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """Windows in target order: x = tokens[s : s+n], scored targets at window offsets f..n-1."""
+
+    starts: np.ndarray  # int64 (W,)
+    lengths: np.ndarray  # int64 (W,)
+    score_from: np.ndarray  # int64 (W,)
+
+    @property
+    def num_windows(self) -> int:
+        return int(self.starts.size)
+
+    @property
+    def num_targets(self) -> int:
+        return int((self.lengths - self.score_from).sum())
+
+    def target_positions(self) -> np.ndarray:
+        """Every scored target's index into the token array, in plan order (for tests and audits)."""
+        parts = [
+            np.arange(s + 1 + f, s + 1 + n, dtype=np.int64)
+            for s, n, f in zip(self.starts, self.lengths, self.score_from, strict=False)
+        ]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _empty_plan() -> WindowPlan:
+    z = np.zeros(0, dtype=np.int64)
+    return WindowPlan(z, z, z)
+
+
+def segment_plan(begin: int, end: int, seq_len: int, stride: int) -> WindowPlan:
+    """Sliding windows over tokens[begin:end]: targets begin+1 .. end-1, each scored once."""
+    T = end - begin - 1
+    if T <= 0:
+        return _empty_plan()
+    if T <= seq_len:
+        return WindowPlan(np.array([begin], np.int64), np.array([T], np.int64), np.zeros(1, np.int64))
+    ends = np.append(
+        np.arange(seq_len, T, stride, dtype=np.int64), T
+    )  # last target (relative) of each window
+    counts = np.diff(ends, prepend=0)
+    lengths = np.full(ends.size, seq_len, dtype=np.int64)
+    return WindowPlan(begin + ends - seq_len, lengths, seq_len - counts)
+
+
+def _concat(plans: list[WindowPlan]) -> WindowPlan:
+    if not plans:
+        return _empty_plan()
+    return WindowPlan(
+        *(np.concatenate([getattr(p, k) for p in plans]) for k in ("starts", "lengths", "score_from"))
+    )
+
+
+def standard_targets(
+    tokens: np.ndarray, seq_len: int, max_tokens: int | None = None
+) -> tuple[np.ndarray, int]:
+    """Validation tokens cut to the standard windows: (tokens[: usable + 1], number of windows)."""
+    if max_tokens is not None:
+        tokens = tokens[: max_tokens + 1]
+    windows = (tokens.size - 1) // seq_len
+    if windows <= 0:
+        raise ValueError(
+            f"validation split has {tokens.size} tokens: too short for one window of seq_len={seq_len}"
+        )
+    return tokens[: windows * seq_len + 1], windows
+
+
+def eval_tokens(tokens: np.ndarray, cfg: WindowRules) -> np.ndarray:
+    """The tokens a mode may read: the first max_tokens + 1 (standard mode also drops the tail)."""
+    if cfg.mode == "standard":
+        return standard_targets(tokens, cfg.seq_len, cfg.max_tokens)[0]
+    out = tokens if cfg.max_tokens is None else tokens[: cfg.max_tokens + 1]
+    if out.size < 2:
+        raise ValueError(f"validation split has {out.size} tokens: nothing to score")
+    return out
+
+
+def plan_windows(tokens: np.ndarray, cfg: WindowRules, bos_id: int = BOS_ID) -> WindowPlan:
+    """The window plan of `cfg.mode` over `tokens` (already cut by eval_tokens)."""
+    L, N = cfg.seq_len, int(tokens.size)
+    if cfg.mode == "standard":
+        W = (N - 1) // L
+        return WindowPlan(np.arange(W, dtype=np.int64) * L, np.full(W, L, np.int64), np.zeros(W, np.int64))
+    S = cfg.resolved_stride
+    assert S is not None
+    if cfg.mode == "sliding":
+        return segment_plan(0, N, L, S)
+    starts = np.flatnonzero(np.asarray(tokens) == bos_id)
+    if starts.size == 0 or starts[0] != 0:
+        starts = np.concatenate([[0], starts])  # a subset may begin inside a document
+    ends = np.append(starts[1:], N)
+    return _concat(
+        [segment_plan(int(a), int(b), L, S) for a, b in zip(starts, ends, strict=False) if b - a > 1]
+    )
