@@ -49,11 +49,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeAlias
 
-import torch
-import torch.distributed as dist
-from torch import nn
+if TYPE_CHECKING:  # torch is imported where it is used: the config, `pgolf check` and --help load no torch
+    import torch
+    from torch import nn
 
 API_VERSION = 1
 """Version of this contract; recorded as `api_version` in every record (pg-train, pg-pack, pg-score, pg-result)."""
@@ -83,6 +83,8 @@ BUILD_MODEL_FN = "build_model"
 def build_submission_model(module: Any, config: Mapping[str, Any], where: str | Path) -> nn.Module:
     """model.py's BUILD_MODEL_FN(config), held to the contract (a callable that returns an nn.Module);
     ValueError naming `where` otherwise. The scorer's loader and the GPTQ pack step build through it."""
+    from torch import nn
+
     fn = getattr(module, BUILD_MODEL_FN, None)
     if not callable(fn):
         raise ValueError(f"{where} must define {BUILD_MODEL_FN}(config) -> nn.Module")
@@ -128,10 +130,10 @@ CODEC_IMPORTS = frozenset(
 )
 """A codec turns bytes into tensors: it may also use these (to compress, never to read files)."""
 
-BuildModelFn: TypeAlias = Callable[[dict[str, Any]], nn.Module]
-AdaptFn: TypeAlias = Callable[[nn.Module, torch.Tensor], None]
+BuildModelFn: TypeAlias = "Callable[[dict[str, Any]], nn.Module]"
+AdaptFn: TypeAlias = "Callable[[nn.Module, torch.Tensor], None]"
 
-TrainResult: TypeAlias = nn.Module | Mapping[str, torch.Tensor]
+TrainResult: TypeAlias = "nn.Module | Mapping[str, torch.Tensor]"
 """What train(ctx) returns: the trained module, or its state dict (CPU or device tensors)."""
 
 
@@ -227,7 +229,7 @@ class Logger(Protocol):
         ...
 
 
-StepFn: TypeAlias = Callable[[torch.Tensor, torch.Tensor], object]
+StepFn: TypeAlias = "Callable[[torch.Tensor, torch.Tensor], object]"
 """A training step on one batch (x, y): what ctx.clock.warmup runs and ctx.cpu.choose times."""
 
 CPU_AUTO = "auto"
@@ -324,6 +326,8 @@ class DistInfo:
         """In-place all-reduce ("sum", "mean", "max", "min"); returns `t`. No-op on one rank."""
         if not self.distributed:
             return t
+        import torch.distributed as dist
+
         ops = {
             "sum": dist.ReduceOp.SUM,
             "mean": dist.ReduceOp.SUM,
@@ -339,11 +343,15 @@ class DistInfo:
 
     def broadcast(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
         if self.distributed:
+            import torch.distributed as dist
+
             dist.broadcast(t, src=src)
         return t
 
     def barrier(self) -> None:
         if self.distributed:
+            import torch.distributed as dist
+
             dist.barrier()
 
     def ddp(self, model: nn.Module, **kwargs: Any) -> nn.Module:

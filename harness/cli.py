@@ -27,6 +27,7 @@ import difflib
 import importlib
 import json
 import sys
+from pathlib import Path
 
 COMMANDS: dict[str, str] = {
     "run": "harness.cli",
@@ -79,7 +80,7 @@ EXIT_INTERRUPTED = 130
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from harness.run.pipeline import run_pipeline
+    from harness.config import validate_run
     from scoring.statuses import Status
 
     launch = [
@@ -92,18 +93,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         if value is not None
     ]
+    overrides = [*launch, *([f"log.wandb={args.wandb!r}"] if args.wandb else []), *args.set]
+    # the folder, submission.json and every config value first, before torch and the pipeline load: a typo
+    # is refused in well under a second (run_pipeline checks them again, at no cost)
+    validate_run(Path(args.submission).resolve(), args.preset, overrides, seed=args.seed)
+    from harness.run.pipeline import run_pipeline
+
     result = run_pipeline(
         args.submission,
         preset=args.preset,
         seed=args.seed,
         data_dir=args.data,
         out_dir=args.out,
-        overrides=[*launch, *([f"log.wandb={args.wandb!r}"] if args.wandb else []), *args.set],
+        overrides=overrides,
         ledger=args.ledger,
     )
-    if (
-        result["status"] == Status.INTERRUPTED
-    ):  # 128 + the signal, as a shell reports it: 130 Ctrl-C, 143 SIGTERM
+    if result["status"] == Status.INTERRUPTED:  # 128 + the signal: 130 Ctrl-C, 143 SIGTERM
         return 128 + int(
             result.get("phases", {}).get("interrupted", {}).get("signal", EXIT_INTERRUPTED - 128)
         )

@@ -43,16 +43,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from harness.api import CODEC_FILE, CONFIG_FILE
 from harness.submission import check_submission
-from harness.train.clock import BudgetConfig
-from harness.train.gptq import GptqConfig, integer_codec
+from harness.train.budget import BudgetConfig
+from harness.train.gptq_config import GptqConfig, integer_codec
 from isolation.sandbox import parse_layers
-from scoring.artifact.codecs import CODEC_GRAMMAR, CODECS, check_codec_spec
 from scoring.errors import ConfigError, close_match, did_you_mean
-from scoring.score.evaluate import EVAL_DTYPES, EVAL_MODES, EvalConfig
+from scoring.score.eval_config import EVAL_DTYPES, EVAL_MODES, EvalConfig
 from scoring.tracks import TRACKS, Track
 
 SUBMISSION_SECTIONS = ("model", "train")
@@ -126,6 +123,8 @@ class LaunchConfig:
             )
 
     def resolved_device(self) -> str:
+        import torch  # here, not at the top: the config loads without torch
+
         if self.device == "auto":
             return "cuda" if torch.cuda.is_available() else "cpu"
         if self.device == "cuda" and not torch.cuda.is_available():
@@ -258,6 +257,9 @@ class PackConfig:
                 raise ConfigError(f"pack.gptq_batches = {gptq.batches}: {e}") from e
 
     def _check_codec(self) -> None:
+        # the codecs' registry loads torch: imported only when a [pack] section is checked
+        from scoring.artifact.codecs import CODEC_GRAMMAR, CODECS, check_codec_spec
+
         if self.codec == SUBMISSION_CODEC or self.codec in CODECS:
             return
         if ":" in self.codec and self.codec.partition(":")[0] in CODECS:
@@ -660,6 +662,8 @@ def load_config(
     loosened = _apply_track(layers, track, path)  # the track's refusals first: they say what to remove
     validate(*HARNESS_SECTIONS)
     if tables["pack"]["codec"] == SUBMISSION_CODEC and not (Path(submission_dir) / CODEC_FILE).is_file():
+        from scoring.artifact.codecs import CODEC_GRAMMAR
+
         origin = layers.last_origin("pack.codec", str(path))
         raise ConfigError(
             f"{origin}: pack.codec = {SUBMISSION_CODEC!r} needs {Path(submission_dir) / CODEC_FILE}, which is missing; "

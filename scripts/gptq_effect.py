@@ -26,7 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from data.shards import read_split  # noqa: E402
-from harness.train.gptq import GptqConfig, apply_gptq, codec_bits, scored_model  # noqa: E402
+from harness.train.gptq import apply_gptq, codec_bits, scored_model  # noqa: E402
+from harness.train.gptq_config import GptqConfig  # noqa: E402
 from scoring.artifact.cap import ARTIFACT_CAP_BYTES  # noqa: E402
 from scoring.artifact.pack import model_config_of, pack_state, read_state  # noqa: E402
 

@@ -97,9 +97,8 @@ from data.manifest import load_manifest
 from data.shards import read_split
 from data.tokenizer import load_tokenizer
 from scoring.artifact.cap import ARTIFACT_CAP_BYTES
+from scoring.score.eval_config import EVAL_DTYPES, EVAL_MODES
 from scoring.score.evaluate import (
-    EVAL_DTYPES,
-    EVAL_MODES,
     EvalConfig,
     batch_count,
     eval_tokens,

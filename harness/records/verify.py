@@ -53,7 +53,7 @@ from isolation.sandbox import parse_layers
 from scoring.artifact.cap import code_bytes, counted_files
 from scoring.artifact.format import ArtifactError, read_artifact
 from scoring.score.cli import ScoreRequest
-from scoring.score.evaluate import EvalConfig
+from scoring.score.eval_config import EvalConfig
 from scoring.score.record import ScoreFailure, cause_line, read_score_record
 from scoring.statuses import FAILED, SCORED, VERIFIED, VERIFY_ERROR
 from scoring.tracks import TRACKS

@@ -39,7 +39,7 @@ from tqdm import tqdm
 from harness.config import LaunchConfig
 from harness.run.clock_server import ClockServer
 from harness.run.load import load_between, read_load
-from harness.train.clock import BudgetConfig
+from harness.train.budget import BudgetConfig
 from isolation.processes import (
     die_with_parent,
     kill_session,

@@ -53,7 +53,7 @@ from harness.run.launch import (
     torchrun_command,
 )
 from harness.run.staging import stage_folder
-from harness.train.clock import BudgetConfig
+from harness.train.budget import BudgetConfig
 from harness.train.rank import (
     METRICS_FILE,
     RANK_REPORT_FIELDS,

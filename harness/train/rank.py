@@ -45,7 +45,8 @@ from data.records import Types, field, require_format
 from harness.api import API_VERSION, DistInfo, TrainContext, TrainingComplete, TrainResult
 from harness.train.clock import DataGate, HarnessClock
 from harness.train.cpu import CpuTuner, read_facts
-from harness.train.gptq import GptqConfig, apply_gptq, codec_bits, scored_model
+from harness.train.gptq import apply_gptq, codec_bits, scored_model
+from harness.train.gptq_config import GptqConfig
 from harness.train.submitted import import_submission_file
 from harness.train.wire import WireClient
 from isolation.monitor import monitor_from_rules

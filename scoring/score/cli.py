@@ -27,7 +27,8 @@ from isolation.sandbox import KERNEL_LAYERS, SandboxRefused, parse_layers
 from scoring.artifact.format import ArtifactError
 from scoring.codecheck import CodeCheckFailure
 from scoring.errors import exit_code_of
-from scoring.score.evaluate import EVAL_DTYPES, EVAL_MODES, EvalConfig, RuleViolation
+from scoring.score.eval_config import EVAL_DTYPES, EVAL_MODES, EvalConfig
+from scoring.score.evaluate import RuleViolation
 from scoring.score.probes import ProbeConfig
 from scoring.score.record import ScoreFailure, cause_line
 from scoring.score.remote import EvalDeadline, WorkerFailure

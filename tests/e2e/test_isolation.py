@@ -136,7 +136,7 @@ def test_a_custom_codec_encodes_sandboxed_and_on_the_clock(tiny_dataset, tmp_pat
 
     from harness.config import LaunchConfig
     from harness.run.train_phase import run_sealed_pack
-    from harness.train.clock import BudgetConfig
+    from harness.train.budget import BudgetConfig
 
     sub = tmp_path / "codec_peek"
     shutil.copytree(FIXTURES / "codec_peek", sub)
@@ -175,7 +175,7 @@ def test_a_slow_codec_that_forges_its_pack_record_is_over_budget_and_illegal(tin
     from harness.config import LaunchConfig
     from harness.run.pipeline import measure_pack
     from harness.run.train_phase import run_sealed_pack
-    from harness.train.clock import BudgetConfig
+    from harness.train.budget import BudgetConfig
 
     sub = tmp_path / "codec_forge"
     shutil.copytree(FIXTURES / "codec_peek", sub)

@@ -81,3 +81,23 @@ if __name__ == "__main__":
     mods = loaded_modules(ENTRY_POINTS[which])
     print(f"{which} ({ENTRY_POINTS[which]}): {len(mods)} modules, of the project:")
     print("\n".join(f"  {m}" for m in project(mods)))
+
+
+def test_the_config_and_the_contract_load_without_torch():
+    """harness.config (every section's settings) and harness.api (the contract) import no torch and no numpy:
+    a config typo is refused before the heavy imports (issue 24: 4.4 s on a busy machine, now well under one)."""
+    for entry in ("harness.config", "harness.api", "harness.submission"):
+        mods = loaded_modules(entry)
+        heavy = [m for m in mods if m.split(".")[0] in ("torch", "numpy", "scipy")]
+        assert not heavy, f"{entry} loads {heavy[:5]}"
+
+
+def test_a_mistyped_run_is_refused_before_torch_loads():
+    code = (
+        "import sys; from harness.cli import main; "
+        "rc = main(['run', 'baselines/naive_baseline', '--set', 'trian.lr=1']); "
+        "print(rc, 'torch' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.stdout.split() == ["2", "False"], r.stdout + r.stderr
+    assert "unknown section 'trian' in 'trian.lr' (did you mean train?)" in r.stderr

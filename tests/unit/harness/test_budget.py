@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.api import DistInfo
-from harness.train.clock import BudgetConfig, DataGate, HarnessClock, Snapshot
+from harness.train.budget import BudgetConfig
+from harness.train.clock import DataGate, HarnessClock, Snapshot
 
 ONE = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="none")
 

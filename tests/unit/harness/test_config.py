@@ -87,7 +87,7 @@ def test_the_eval_and_pack_sections_mirror_their_configs():
     import dataclasses
 
     from harness.config import EvalSection, PackConfig
-    from harness.train.gptq import GptqConfig
+    from harness.train.gptq_config import GptqConfig
     from scoring.score.evaluate import EvalConfig
 
     def defaults(cls, prefix=""):

@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from harness.train.gptq import GptqConfig, apply_gptq, codec_bits, gptq_quantize
+from harness.train.gptq import apply_gptq, codec_bits, gptq_quantize
+from harness.train.gptq_config import GptqConfig
 from scoring.artifact.codecs import get_codec
 from scoring.artifact.codecs.rowquant import quantize_rows
 

@@ -25,7 +25,7 @@ from harness.config import LaunchConfig
 from harness.run.clock_server import ClockServer
 from harness.run.launch import supervise, torchrun_command
 from harness.run.train_phase import rank_failures
-from harness.train.clock import BudgetConfig
+from harness.train.budget import BudgetConfig
 from isolation.landlock import carve
 from isolation.monitor import AccessMonitor, parse_attempts
 from isolation.processes import processes_with_token

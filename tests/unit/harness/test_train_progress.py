@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from harness.run.launch import METRICS_TAIL_BYTES, last_metrics, progress_line
-from harness.train.clock import BudgetConfig
+from harness.train.budget import BudgetConfig
 
 BUDGET = BudgetConfig(train_s=600.0, startup_s=300.0, warmup_max_s=180.0)
 
