@@ -1,6 +1,11 @@
 """The scorer: bits per byte of an artifact, in a process that runs no submitted code.
 
     score_artifact(artifact, code_dir, data_dir, cfg, ...) -> the pg-score record (raises on a failed score)
+    score_core(worker_cfg, data_dir, manifest, tokenizer, cfg, dev, ...) -> CoreScore (steps 2 to 6)
+
+`score_core` is the one scorer core: `pgolf score` and the re-score of `pgolf verify` reach it through
+score_artifact (in `python -m scoring score`), `pgolf verify-legacy` through scoring/score/legacy.py
+with the worker's legacy build mode (WorkerConfig.legacy) and the byte table as the denominator.
 
 It holds the validation tokens and byte tables, builds the windows in plan order, computes the
 float64 loss and bpb itself, runs the probes and writes the record. The submission's scored code
