@@ -27,7 +27,7 @@ from scoring.score.evaluate import EvalConfig
 from scoring.score.probes import ProbeConfig
 from scoring.score.remote import WorkerConfig, WorkerFailure
 from scoring.score.scorer import score_core, scoring_device
-from scoring.worker.child import default_memory_limit_bytes, tune_cpu_allocator
+from scoring.worker.child import default_memory_limit_bytes
 from scoring.worker.legacy import LegacyError
 from scoring.worker.legacy_script import SCRIPT_NAME, read_record_script
 
@@ -77,8 +77,6 @@ def score_legacy(
     settings = rs.eval_settings
     cfg = cfg or EvalConfig(seq_len=settings["seq_len"], mode=settings["mode"], stride=settings["stride"])
     dev = scoring_device(device)
-    if dev.type == "cpu":
-        tune_cpu_allocator()  # changes no number (scoring/worker/child.py)
     manifest = load_manifest(data_dir)
     tokenizer = load_tokenizer(manifest.tokenizer_path)
     with tempfile.TemporaryDirectory(prefix="pgolf-legacy-") as tmp:
