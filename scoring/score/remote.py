@@ -92,7 +92,7 @@ class WorkerConfig:
     """"main" (scores every window) or "probe" (a fresh worker for one probe batch)."""
     legacy: dict[str, Any] | None = None
     """A reference-challenge record instead of staged code: {"script", "gpt_kwargs", "gpt_call",
-    "hyperparameters"} (harness/records/legacy.py; built by scoring/worker/legacy.py)."""
+    "hyperparameters"} (scoring/score/legacy.py; built by scoring/worker/legacy.py)."""
 
 
 class WorkerModel:

@@ -1,6 +1,11 @@
 """The scorer: bits per byte of an artifact, in a process that runs no submitted code.
 
     score_artifact(artifact, code_dir, data_dir, cfg, ...) -> the pg-score record (raises on a failed score)
+    score_core(worker_cfg, data_dir, manifest, tokenizer, cfg, dev, ...) -> CoreScore (steps 2 to 6)
+
+`score_core` is the one scorer core: `pgolf score` and the re-score of `pgolf verify` reach it through
+score_artifact (in `python -m scoring score`), `pgolf verify-legacy` through scoring/score/legacy.py
+with the worker's legacy build mode (WorkerConfig.legacy) and the byte table as the denominator.
 
 It holds the validation tokens and byte tables, builds the windows in plan order, computes the
 float64 loss and bpb itself, runs the probes and writes the record. The submission's scored code
@@ -45,7 +50,7 @@ import torch
 
 from data.canonical import BYTE_SOURCE_CANONICAL, TargetBytes, canonical_entry, load_canonical_bytes
 from data.io import sha256_file
-from data.manifest import MANIFEST_NAME, load_manifest
+from data.manifest import MANIFEST_NAME, Manifest, load_manifest
 from data.shards import read_split
 from data.tokenizer import Tokenizer, load_tokenizer
 from harness.api import EVAL_HOOK_FILE, UNCOUNTED_FILES
@@ -57,6 +62,7 @@ from scoring.score.bpb import METRIC_VERSION, metric_table
 from scoring.score.confine import confine_scorer, private_workdir
 from scoring.score.evaluate import (
     EvalConfig,
+    EvalResult,
     Scorable,
     batch_count,
     eval_tokens,
@@ -192,66 +198,61 @@ def _one_at_a_time(workers: Iterable[WorkerModel], cache: PageCacheReset) -> Ite
         yield w
 
 
-def score_artifact(
-    artifact_path: str | os.PathLike[str],
-    code_dir: str | os.PathLike[str],
-    data_dir: str | os.PathLike[str],
+@dataclasses.dataclass(frozen=True)
+class CoreScore:
+    """What the scorer core measured with one build of the model (the main worker's): the caller writes the record."""
+
+    result: EvalResult
+    probes: dict[str, Any]
+    tokens_available: int
+    """Validation tokens the dataset holds (the scored subset may be fewer)."""
+    denominator: TargetBytes
+    audit: dict[str, Any]
+    confinement: dict[str, Any]
+    build_s: float
+    eval_clock_s: float
+    """Build + scoring, by this process's clock: what the eval budget bounds."""
+    probe_allowance_s: float | None
+    probe_wall_s: float
+    workers: list[dict[str, Any]]
+    """How each worker was confined: the main one, the first probe worker, the shards."""
+    forwards: int
+    adaptation: dict[str, Any] | None
+    tokenizer_sha256: str
+    artifact_sha256: str
+    manifest_sha256: str
+
+
+BYTE_SOURCES = ("dataset", "byte_table")
+"""What bpb divides by: the dataset's canonical byte counts where it has them, else the tokenizer's byte table
+(the normal scorer); or always the byte table (verify-legacy: the reference challenge's own denominator)."""
+
+
+def score_core(
+    worker_cfg: WorkerConfig,
+    data_dir: Path,
+    manifest: Manifest,
+    tokenizer: Tokenizer,
     cfg: EvalConfig,
-    device: str = "cpu",
-    threads: int = 0,
+    dev: torch.device,
     *,
-    sandbox: str = "auto",
-    confine: bool = False,
-    write_dirs: Iterable[str | os.PathLike[str]] = (),
-    protect: Iterable[str | os.PathLike[str]] = (),
     eval_budget_s: float = math.inf,
     probe_cfg: ProbeConfig | None = None,
-    memory_limit_bytes: int | None = None,
-    allow_missing_layers: tuple[str, ...] = (),
     scoring_workers: int = 1,
-) -> dict[str, Any]:
-    """Score one artifact (see the module docstring). `sandbox` is the workers' (auto, required, off);
-    `confine` restricts this process too once it has read the data (irreversible: one score per process).
-    `scoring_workers` > 1 shards the windows over that many model workers (WorkerPool; on CUDA one per device,
-    cuda:0 .. cuda:K-1): the same sums to the bit, the extra workers closed with the main one before the probes."""
-    t_start = time.perf_counter()
-    # absolute: the workers run in folders of their own, so a relative path would name another file there
-    code_dir, data_dir, artifact_path = (
-        Path(code_dir).absolute(),
-        Path(data_dir).absolute(),
-        Path(artifact_path).absolute(),
-    )
-    if threads:
-        torch.set_num_threads(threads)
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():  # the machine's, not the entry's: refused input
-        raise DeviceUnavailable(f"--device {device}: this machine has no CUDA device torch can use")
-    allocator = tune_cpu_allocator() if dev.type == "cpu" else "torch caching allocator"
+    workdir: tuple[Path, str] | None = None,
+    protect: Iterable[str | os.PathLike[str]] = (),
+    write_dirs: Iterable[str | os.PathLike[str]] = (),
+    bytes_from: str = "dataset",
+) -> CoreScore:
+    """Steps 2 to 6 of the module docstring, for any model worker: `worker_cfg` says what the workers build
+    (a packed submission, or with `legacy` set a reference-challenge record: scoring/worker/legacy.py). The
+    main worker, any shards and the probe workers are started before the validation data is read; `workdir`
+    (scoring/score/confine.py private_workdir) confines this process once it has read the data."""
+    if bytes_from not in BYTE_SOURCES:
+        raise ValueError(f"bytes_from {bytes_from!r}: expected one of {', '.join(BYTE_SOURCES)}")
     probe_cfg = probe_cfg or ProbeConfig()
-    artifact = read_artifact(artifact_path)
-    checked = check_staged_code(artifact.header, code_dir)
-    require_clean_code(code_dir)
-    adapting = (code_dir / EVAL_HOOK_FILE).is_file()
-    protected = tuple(Path(p) for p in [data_dir, *protect])
-    workdir = private_workdir() if confine else None
-    manifest = load_manifest(data_dir)
-    tokenizer = load_tokenizer(manifest.tokenizer_path)
     table = tokenizer.byte_table()
-    worker_cfg = WorkerConfig(
-        code_dir=code_dir,
-        artifact=Path(artifact_path),
-        device=dev.type if dev.type == "cpu" else str(dev),
-        dtype=cfg.dtype,
-        threads=torch.get_num_threads(),
-        vocab_size=table.vocab_size,
-        max_tokens_per_batch=cfg.batch_seqs * cfg.seq_len,
-        adapt=adapting,
-        sandbox=sandbox,
-        protected=protected,
-        memory_limit_bytes=default_memory_limit_bytes() if memory_limit_bytes is None else memory_limit_bytes,
-        workdir=workdir[0] if workdir else None,
-        allow_missing_layers=allow_missing_layers,
-    )
+    adapting, code_dir = worker_cfg.adapt, worker_cfg.code_dir
     n_probe_workers = probe_cfg.probes * PROBE_WORKERS_PER_PROBE
     finite = math.isfinite(eval_budget_s)
     if scoring_workers < 1:
@@ -288,10 +289,17 @@ def score_artifact(
         cache = PageCacheReset.open(roots=[r.path for r in main.plan.rules if r.access == "ro"])
         stack.callback(cache.close)
         tokens = read_split(data_dir, "val")
-        canonical = load_canonical_bytes(data_dir, manifest.raw, tokens, table.vocab_size, tokenizer.bos_id)
+        canonical = (
+            load_canonical_bytes(data_dir, manifest.raw, tokens, table.vocab_size, tokenizer.bos_id)
+            if bytes_from == "dataset"
+            else None
+        )
         denominator: TargetBytes = table if canonical is None else canonical
         tokenizer_sha256 = sha256_file(manifest.tokenizer_path)
-        artifact_sha256, manifest_sha256 = sha256_file(artifact_path), sha256_file(data_dir / MANIFEST_NAME)
+        artifact_sha256, manifest_sha256 = (
+            sha256_file(worker_cfg.artifact),
+            sha256_file(data_dir / MANIFEST_NAME),
+        )
         confinement: dict[str, Any] = {
             "applied": False,
             "reason": "not asked (--no-confine, or scored in-process)",
@@ -349,6 +357,11 @@ def score_artifact(
         main_described = main.describe()
         shards_described = [w.describe() for w in shards]
         forwards = main.forwards + sum(w.forwards for w in shards)
+        adaptation = (
+            main.adaptation_record(cfg.adapt_chunk_tokens, sha256_file(code_dir / EVAL_HOOK_FILE))
+            if adapting
+            else None
+        )
         for w in shards:
             w.close()
         main.close()
@@ -385,7 +398,107 @@ def score_artifact(
         cache.reset()
         probes["page_cache"] = cache.describe()
         workers = [main_described, *(w.describe() for w in probe_workers[:1]), *shards_described]
-    sums = result.sums
+    return CoreScore(
+        result=result,
+        probes=probes,
+        tokens_available=int(tokens.size),
+        denominator=denominator,
+        audit=audit,
+        confinement=confinement,
+        build_s=build_s,
+        eval_clock_s=eval_clock_s,
+        probe_allowance_s=probe_allowance_s if probe_workers else None,
+        probe_wall_s=probe_wall_s,
+        workers=workers,
+        forwards=forwards,
+        adaptation=adaptation,
+        tokenizer_sha256=tokenizer_sha256,
+        artifact_sha256=artifact_sha256,
+        manifest_sha256=manifest_sha256,
+    )
+
+
+def scoring_device(device: str) -> torch.device:
+    """The device asked for, refused (DeviceUnavailable) when this machine has none of it."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():  # the machine's, not the entry's: refused input
+        raise DeviceUnavailable(f"--device {device}: this machine has no CUDA device torch can use")
+    return dev
+
+
+def score_artifact(
+    artifact_path: str | os.PathLike[str],
+    code_dir: str | os.PathLike[str],
+    data_dir: str | os.PathLike[str],
+    cfg: EvalConfig,
+    device: str = "cpu",
+    threads: int = 0,
+    *,
+    sandbox: str = "auto",
+    confine: bool = False,
+    write_dirs: Iterable[str | os.PathLike[str]] = (),
+    protect: Iterable[str | os.PathLike[str]] = (),
+    eval_budget_s: float = math.inf,
+    probe_cfg: ProbeConfig | None = None,
+    memory_limit_bytes: int | None = None,
+    allow_missing_layers: tuple[str, ...] = (),
+    scoring_workers: int = 1,
+) -> dict[str, Any]:
+    """Score one artifact (see the module docstring). `sandbox` is the workers' (auto, required, off);
+    `confine` restricts this process too once it has read the data (irreversible: one score per process).
+    `scoring_workers` > 1 shards the windows over that many model workers (WorkerPool; on CUDA one per device,
+    cuda:0 .. cuda:K-1): the same sums to the bit, the extra workers closed with the main one before the probes."""
+    t_start = time.perf_counter()
+    # absolute: the workers run in folders of their own, so a relative path would name another file there
+    code_dir, data_dir, artifact_path = (
+        Path(code_dir).absolute(),
+        Path(data_dir).absolute(),
+        Path(artifact_path).absolute(),
+    )
+    if threads:
+        torch.set_num_threads(threads)
+    dev = scoring_device(device)
+    allocator = tune_cpu_allocator() if dev.type == "cpu" else "torch caching allocator"
+    artifact = read_artifact(artifact_path)
+    checked = check_staged_code(artifact.header, code_dir)
+    require_clean_code(code_dir)
+    adapting = (code_dir / EVAL_HOOK_FILE).is_file()
+    protected = tuple(Path(p) for p in [data_dir, *protect])
+    workdir = private_workdir() if confine else None
+    manifest = load_manifest(data_dir)
+    tokenizer = load_tokenizer(manifest.tokenizer_path)
+    table = tokenizer.byte_table()
+    worker_cfg = WorkerConfig(
+        code_dir=code_dir,
+        artifact=Path(artifact_path),
+        device=dev.type if dev.type == "cpu" else str(dev),
+        dtype=cfg.dtype,
+        threads=torch.get_num_threads(),
+        vocab_size=table.vocab_size,
+        max_tokens_per_batch=cfg.batch_seqs * cfg.seq_len,
+        adapt=adapting,
+        sandbox=sandbox,
+        protected=protected,
+        memory_limit_bytes=default_memory_limit_bytes() if memory_limit_bytes is None else memory_limit_bytes,
+        workdir=workdir[0] if workdir else None,
+        allow_missing_layers=allow_missing_layers,
+    )
+    core = score_core(
+        worker_cfg,
+        data_dir,
+        manifest,
+        tokenizer,
+        cfg,
+        dev,
+        eval_budget_s=eval_budget_s,
+        probe_cfg=probe_cfg,
+        scoring_workers=scoring_workers,
+        workdir=workdir,
+        protect=protect,
+        write_dirs=write_dirs,
+    )
+    result, sums = core.result, core.result.sums
+    finite = math.isfinite(eval_budget_s)
     return ScoreRecord(
         metric_version=METRIC_VERSION,
         metrics=metric_table(),
@@ -395,7 +508,7 @@ def score_artifact(
         val_loss_sum_nats=sums.loss_nats,
         val_tokens=sums.tokens,
         val_bytes=sums.bytes,
-        val_tokens_available=int(tokens.size),
+        val_tokens_available=core.tokens_available,
         eval_subset_max_tokens=cfg.max_tokens,
         eval_mode=cfg.mode,
         eval_dtype=cfg.dtype,
@@ -404,28 +517,26 @@ def score_artifact(
         eval_batch_seqs=cfg.batch_seqs,
         eval_windows=result.windows,
         eval_batches=result.batches,
-        eval_time_s=eval_clock_s,
+        eval_time_s=core.eval_clock_s,
         eval_budget_s=eval_budget_s if finite else None,
         eval_clock={
             "measured_by": "scorer",
-            "build_time_s": build_s,
+            "build_time_s": core.build_s,
             "scoring_time_s": result.eval_time_s,
             "from": "the main worker told to decode and build, to its last scored batch",
-            "probe_allowance_s": probe_allowance_s if probe_workers else None,
-            "probe_wall_s": probe_wall_s,
+            "probe_allowance_s": core.probe_allowance_s,
+            "probe_wall_s": core.probe_wall_s,
         },
-        denominator=denominator_record(manifest.raw, denominator),
-        probes=probes,
+        denominator=denominator_record(manifest.raw, core.denominator),
+        probes=core.probes,
         rows_shuffled=True,
-        tokenizer_audit=audit,
-        adaptation=main.adaptation_record(cfg.adapt_chunk_tokens, sha256_file(code_dir / EVAL_HOOK_FILE))
-        if adapting
-        else None,
+        tokenizer_audit=core.audit,
+        adaptation=core.adaptation,
         code_check={"static": "passed", "files": scored_files(code_dir), "code_files_checked": checked},
-        workers=workers,
-        worker_forwards=forwards,
+        workers=core.workers,
+        worker_forwards=core.forwards,
         enforcement=ENFORCEMENT,
-        confinement=confinement,
+        confinement=core.confinement,
         score_wall_s=time.perf_counter() - t_start,
         device=dev.type,
         device_name=torch.cuda.get_device_name(dev)
@@ -434,9 +545,9 @@ def score_artifact(
         threads=torch.get_num_threads(),
         allocator=allocator,
         submission_files_seen=checked,
-        artifact_sha256=artifact_sha256,
+        artifact_sha256=core.artifact_sha256,
         codec=artifact.header["codec"],
-        data_manifest_sha256=manifest_sha256,
-        tokenizer_sha256=tokenizer_sha256,
+        data_manifest_sha256=core.manifest_sha256,
+        tokenizer_sha256=core.tokenizer_sha256,
         torch=torch.__version__,
     ).to_json()

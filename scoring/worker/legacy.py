@@ -4,8 +4,9 @@ A record of the reference challenge is one training script (`train_gpt.py`: `cla
 whose forward returns the mean loss, training in `main()`) and the artifact its own serializer wrote.
 Its code is submitted code, so it runs here, in the confined model worker (scoring/worker/process.py,
 spec key "legacy"), never in the scorer that holds the validation tokens. The scorer's side
-(harness/records/legacy.py) reads the script statically (hyperparameters, GPT's arguments, the
-evaluation settings) and sends them in the spec:
+(scoring/score/legacy.py, with the reader beside this file: scoring/worker/legacy_script.py) reads
+the script statically (hyperparameters, GPT's arguments, the evaluation settings) and sends them in
+the spec:
 
     "legacy": {"script": PATH, "gpt_kwargs": {...}, "gpt_call": {NAME: EXPR}, "hyperparameters": {...}}
 

@@ -20,10 +20,11 @@ import pytest
 import torch
 
 from data.shards import read_split
-from harness.records.legacy import LegacyError, gpt_call, read_hyperparameters, score_legacy, script_source
 from scoring.artifact.codecs.int8_zlib import Int8Zlib
 from scoring.score.evaluate import EvalConfig
-from scoring.worker.legacy import exec_definitions, load_legacy_artifact
+from scoring.score.legacy import score_legacy
+from scoring.worker.legacy import LegacyError, exec_definitions, load_legacy_artifact
+from scoring.worker.legacy_script import gpt_call, read_hyperparameters, script_source
 from tests.conftest import REPO
 from tests.unit.scoring.test_eval_support import _one_thread  # noqa: F401 (fixture)
 

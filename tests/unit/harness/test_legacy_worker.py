@@ -18,10 +18,11 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.records.legacy import LegacyError, read_hyperparameters, score_legacy, script_source
 from scoring.score.evaluate import EvalConfig
+from scoring.score.legacy import score_legacy
 from scoring.score.probes import ProbeConfig
-from scoring.worker.legacy import byte_unshuffle, exec_definitions, read_container
+from scoring.worker.legacy import LegacyError, byte_unshuffle, exec_definitions, read_container
+from scoring.worker.legacy_script import read_hyperparameters, script_source
 from tests.conftest import REPO
 from tests.unit.scoring.test_eval_support import _one_thread  # noqa: F401 (fixture)
 
@@ -146,7 +147,7 @@ def test_what_the_machine_lacks_is_refused_in_one_line(tmp_path, tiny_dataset):
     )
     import ast
 
-    from harness.records.legacy import missing_modules
+    from scoring.worker.legacy_script import missing_modules
 
     assert missing_modules(ast.parse((tmp_path / "r" / "train_gpt.py").read_text())) == []
     if sys.version_info < (3, 12):  # PEP 701 f-strings (Python 3.12) in an April record
@@ -212,8 +213,8 @@ def test_every_compressor_the_records_used_is_read(tmp_path, compressor, shuffle
 def test_the_flash_attention_stand_in_is_causal_grouped_attention(tmp_path):
     import ast
 
-    from harness.records.legacy import refuse_missing
     from scoring.worker.legacy import FALLBACKS
+    from scoring.worker.legacy_script import refuse_missing
 
     torch.manual_seed(0)
     B, T, H, Hkv, D = 2, 7, 4, 2, 8
@@ -233,8 +234,8 @@ def test_the_flash_attention_stand_in_is_causal_grouped_attention(tmp_path):
 def test_gpt_arguments_read_from_mains_locals_are_carried_to_the_worker(tmp_path):
     import ast
 
-    from harness.records.legacy import gpt_call
     from scoring.worker.legacy import gpt_arguments
+    from scoring.worker.legacy_script import gpt_call
 
     src = (
         "import os\nclass Hyperparameters:\n    dim = int(os.environ.get('DIM', 8))\n"
