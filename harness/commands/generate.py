@@ -360,9 +360,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """`generate`, and `sample` (its alias with sample's own flags and defaults)."""
-    p = sub.add_parser("generate", help="generate with a packed model on CPU: KV cache, speculative drafting")
+def _model_source_args(p: argparse.ArgumentParser) -> None:
+    """What both commands generate from: the artifact (or run folder), its code, its tokenizer, the prompt."""
     p.add_argument("artifact", help="an artifact file, or a run folder (its artifact, packed code and data)")
     p.add_argument(
         "--submission", help="the submission folder the artifact was packed from (a run folder: its code/)"
@@ -371,6 +370,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--data", help="dataset folder whose tokenizer to use (default: the embedded corpus)")
     src.add_argument("--tokenizer", help="a tokenizer file (.model or byte260.json)")
     p.add_argument("--prompt", default="", help="text to continue")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """`generate`, and `sample` (its alias with sample's own flags and defaults)."""
+    p = sub.add_parser("generate", help="generate with a packed model on CPU: KV cache, speculative drafting")
+    _model_source_args(p)
     p.add_argument("--max-tokens", type=int, default=64, help="new tokens to generate")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
     p.add_argument("--top-k", type=int, default=40, help="sample among the k most likely (temperature > 0)")
@@ -390,14 +395,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("sample", help="generate text from a packed model (what was scored)")
-    p.add_argument("artifact", help="an artifact file, or a run folder (its artifact, packed code and data)")
-    p.add_argument(
-        "--submission", help="the submission folder the artifact was packed from (a run folder: its code/)"
-    )
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--data", help="dataset folder whose tokenizer to use (default: the embedded corpus)")
-    src.add_argument("--tokenizer", help="a tokenizer file (.model or byte260.json)")
-    p.add_argument("--prompt", default="", help="text to continue")
+    _model_source_args(p)
     p.add_argument("--tokens", type=int, default=64, help="new tokens to generate")
     p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
     p.add_argument("--top-k", type=int, default=40)
