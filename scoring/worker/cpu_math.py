@@ -1,0 +1,76 @@
+"""Warm the CPU math library on every thread before a model worker's first forward pass (the probes need it).
+
+    warm_cpu_math() -> record     called once by the model worker (scoring/worker/process.py), after the
+                                  thread count is set and before any submitted code runs
+
+Why: on x86, ATen hands the float32/float64 forms of a set of unary ops (tanh, exp, log, erf, ... : VML_OPS) to
+MKL's vector math library (VML), always asking for its high-accuracy mode, split over the intra-op threads in
+chunks of 2,048 elements. Measured on a loaded 2-core Xeon (AVX-512, AMX) with torch 2.13.0 and its MKL
+2024.2: now and then, in a fresh process, the FIRST such call on the second thread ran VML's
+low-accuracy "enhanced performance" code of its AVX2 branch instead (rows 256..511 of a 16 x 32 batch of the
+tanh fixture model; the implied activations equal vmsTanh(mode=VML_EP) under MKL_CBWR=AVX2 to 3e-8, 5e-5
+away from the high-accuracy ones); the same process's later calls were right again. A probe worker answers
+its FIRST forward pass and the main worker's batch 0 is its first, so an honest deterministic model was
+marked `illegal` (max |Δlogit| 4e-5 to 1.5e-4) on about one run in twenty. MKL_CBWR=AUTO,STRICT and
+MKL_DYNAMIC=FALSE do not prevent it.
+
+The fix: make no scored or probed forward a first call. Each op of VML_OPS runs here, in both dtypes, once on
+this thread alone and then once split over every intra-op thread (2 chunks per thread), and the results are
+thrown away; the batched matrix product (MKL's BLAS, also dispatched on first use) likewise, threaded. It
+changes no number of a later call; it takes milliseconds. A model that raises the thread count itself starts
+threads this did not warm (the worker's threads are the scorer's choice, recorded).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+VML_OPS = (
+    "acos",
+    "asin",
+    "atan",
+    "cos",
+    "erf",
+    "erfc",
+    "erfinv",
+    "exp",
+    "log",
+    "log10",
+    "log2",
+    "sin",
+    "sqrt",
+    "tan",
+    "tanh",
+    "trunc",
+)
+"""The torch ops whose float32/float64 CPU kernels call MKL VML (torch/include/ATen/cpu/vml.h,
+IMPLEMENT_VML_MKL, torch 2.13; tests/unit/scoring/test_cpu_math.py checks the header still says so)."""
+VML_GRAIN = 2048
+"""Elements per chunk ATen's VML kernels split a tensor into over the intra-op threads (UnaryOpsKernel.cpp)."""
+MATMUL_SIDE = 256
+"""Side of the warm-up matrix product: large enough that MKL's GEMM runs on every thread."""
+
+
+def warm_cpu_math() -> dict[str, Any]:
+    """Call every op of VML_OPS (float32 and float64) once on this thread, then once over every intra-op thread,
+    and a threaded matrix product of each dtype; results discarded. Returns what was done (for the worker's facts)."""
+    t0 = time.perf_counter()
+    threads = max(torch.get_num_threads(), 1)
+    calls = 0
+    with torch.inference_mode():
+        for dtype in (torch.float32, torch.float64):
+            # values inside every op's domain (acos, asin, erfinv: |x| < 1; log, sqrt: x > 0)
+            one = torch.linspace(0.05, 0.95, 16, dtype=dtype)  # below the grain: this thread only
+            many = torch.linspace(0.05, 0.95, 2 * VML_GRAIN * threads, dtype=dtype)  # 2 chunks a thread
+            for name in VML_OPS:
+                op = getattr(torch, name)
+                op(one)
+                op(many)
+                calls += 2
+            a = torch.linspace(-1.0, 1.0, MATMUL_SIDE * MATMUL_SIDE, dtype=dtype).view(MATMUL_SIDE, -1)
+            torch.mm(a, a)
+            calls += 1
+    return {"threads": threads, "calls": calls, "seconds": round(time.perf_counter() - t0, 4)}
