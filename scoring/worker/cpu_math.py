@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -78,8 +79,8 @@ def warm_cpu_math() -> dict[str, Any]:
                 op = getattr(torch, name)
                 op(one)
                 calls += 1
-                ops.append((name, lambda op=op, x=many: op(x)))
-            ops.append(("mm", lambda a=a: torch.mm(a, a)))
+                ops.append((name, partial(op, many)))
+            ops.append(("mm", partial(torch.mm, a, a)))
             for name, call in ops:
                 prev = call()
                 calls += 1
