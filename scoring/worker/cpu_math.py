@@ -3,23 +3,26 @@
     warm_cpu_math() -> record     called once by the model worker (scoring/worker/process.py), after the
                                   thread count is set and before any submitted code runs
 
-Why: on x86, ATen hands the float32/float64 forms of a set of unary ops (tanh, exp, log, erf, ... : VML_OPS) to
+Why: on x86, ATen hands the float32/float64 forms of a set of unary ops (tanh, exp, log, erf, ...: VML_OPS) to
 MKL's vector math library (VML), always asking for its high-accuracy mode, split over the intra-op threads in
-chunks of 2,048 elements. Measured on a loaded 2-core Xeon (AVX-512, AMX) with torch 2.13.0 and its MKL
-2024.2: now and then, in a fresh process, the FIRST such call on the second thread ran VML's
-low-accuracy "enhanced performance" code of its AVX2 branch instead (rows 256..511 of a 16 x 32 batch of the
-tanh fixture model; the implied activations equal vmsTanh(mode=VML_EP) under MKL_CBWR=AVX2 to 3e-8, 5e-5
-away from the high-accuracy ones); the same process's later calls were right again. A probe worker answers
-its FIRST forward pass and the main worker's batch 0 is its first, so an honest deterministic model was
-marked `illegal` (max |Δlogit| 4e-5 to 1.5e-4) on about one run in twenty. MKL_CBWR=AUTO,STRICT and
-MKL_DYNAMIC=FALSE do not prevent it.
+chunks of 2,048 elements. Measured on a loaded 2-core Xeon (AVX-512, AMX) with torch 2.13.0 and its MKL 2024.2:
+now and then the FIRST VML call of a fresh process, whichever op it is, gave other bits on the second thread's
+chunk (elements 2,048 on); every later call was right. For the tanh fixture model that was rows 256..511 of a
+16 x 32 batch: the logits are exactly a linear layer of other activations, and those equal vmsTanh with
+mode=VML_EP ("enhanced performance", low accuracy) under MKL_CBWR=AVX2 to 3e-8, 5e-5 away from the right ones.
+In fresh processes whose first call is a random VML op, 2 of 140 differed (log10 and erfc in float64, the op
+each process called first). MKL_CBWR=AUTO,STRICT and MKL_DYNAMIC=FALSE do not prevent it. A probe worker
+answers its first forward pass, and batch 0 is the main worker's first, so an honest deterministic model was
+marked `illegal` (max |Δlogit| 4e-5 to 1.5e-4) on about one run in twenty.
 
 The fix: make no scored or probed forward a first call. Each op of VML_OPS runs here, in both dtypes, once on
-this thread alone and then split over every intra-op thread (2 chunks per thread) until two calls in a row give
-the same bits, and the results are thrown away; a matrix product (MKL's BLAS, also dispatched on first use)
-likewise. It changes no number of a later call; it takes milliseconds. The record says which first calls
-differed from the next (the defect caught in the act, absorbed here instead of in a scored batch). A model that raises the thread count itself starts
-threads this did not warm (the worker's threads are the scorer's choice, recorded).
+this thread alone (the process's first VML call then has no second thread) and then split over every intra-op
+thread (2 chunks per thread) until two calls in a row give the same bits, and the results are thrown away; a
+matrix product (MKL's BLAS, also dispatched on first use) likewise. It changes no number of a later call; it
+took 0.6-0.8 s in a worker on the loaded 2-core machine (mostly MKL's code paged in, which the first forward
+would pay otherwise), on the eval clock as the build is. The record names the ops whose first threaded call
+differed from the next (the defect caught here instead of in a scored batch). A model that raises the thread
+count itself starts threads this did not warm (the worker's threads are the scorer's choice, recorded).
 """
 
 from __future__ import annotations
