@@ -98,8 +98,9 @@ WORKER_MKL_CBWR = "AUTO,STRICT"
 """MKL_CBWR of every model worker whose official set none: MKL's best code path for this CPU, with results that
 do not depend on the memory alignment of the operands. Without it a fresh process may lay a matrix out at
 another alignment and sum in another order; the causality probe, which asks fresh workers for bit-identical
-logits, then failed 3 of 54 honest tiny re-runs on a loaded 2-core machine (max |Δlogit| 4e-5 to 1.5e-4;
-alignment is the likely cause, not proven: MKL_DYNAMIC was already FALSE)."""
+logits, then failed 3 of 54 honest tiny re-runs on a loaded 2-core machine (max |Δlogit| 4e-5 to 1.5e-4).
+It did not end them: the cause, measured later, was MKL's vector math taking a low-accuracy code path on a
+fresh process's first call on a thread; every model worker now warms it first (scoring/worker/cpu_math.py)."""
 
 WORKER_CUBLAS_WORKSPACE = ":4096:8"
 """CUBLAS_WORKSPACE_CONFIG of every model worker: what torch.use_deterministic_algorithms needs of cuBLAS >= 10.2."""

@@ -32,6 +32,7 @@ import torch
 
 from scoring.statuses import Status
 from scoring.worker.child import report_failure, run_child, tune_cpu_allocator
+from scoring.worker.cpu_math import warm_cpu_math
 from scoring.worker.wire import WIRE_VERSION, SharedBuffer, check_ranges, recv, select_scored, send
 
 WORKER_SPEC_FORMAT = "pg-worker-spec"
@@ -176,7 +177,13 @@ class Worker:
             return self._fail(e)
         send(
             self.sock,
-            {"reply": "ready", "wire_version": WIRE_VERSION, "output": output, **_facts(self.memory)},
+            {
+                "reply": "ready",
+                "wire_version": WIRE_VERSION,
+                "output": output,
+                **_facts(self.memory),
+                "cpu_math_warmed": self.cpu_math,
+            },
         )
         while True:
             msg = recv(self.sock)
@@ -189,6 +196,8 @@ class Worker:
             send(self.sock, reply)
 
     memory = "none"
+    cpu_math: dict[str, Any] | None = None
+    """What warm_cpu_math did before the build (scoring/worker/cpu_math.py); None: not run."""
 
     def _fail(self, e: BaseException) -> int:
         """Answer with an error reply naming its kind, then end as every confined child does (child.py)."""
@@ -206,8 +215,12 @@ def _serve(spec: dict[str, Any], memory: str) -> int:
     # the same bits for the same input in every worker, main and probe, adaptation included (the probes compare
     # them bit for bit); with CUBLAS_WORKSPACE_CONFIG from the scorer (scoring/worker/env.py)
     torch.use_deterministic_algorithms(True)
+    # and no forward pass is the math library's first call on a thread (its first can take another code path:
+    # scoring/worker/cpu_math.py); after run_child set the thread count, before any submitted code runs
+    warmed = warm_cpu_math()
     worker = Worker(spec)
     worker.memory = memory
+    worker.cpu_math = warmed
     return worker.serve()
 
 
