@@ -6,12 +6,13 @@
 Why: on x86, ATen hands the float32/float64 forms of a set of unary ops (tanh, exp, log, erf, ...: VML_OPS) to
 MKL's vector math library (VML), always asking for its high-accuracy mode, split over the intra-op threads in
 chunks of 2,048 elements. Measured on a loaded 2-core Xeon (AVX-512, AMX) with torch 2.13.0 and its MKL 2024.2:
-now and then the FIRST VML call of a fresh process, whichever op it is, gave other bits on the second thread's
-chunk (elements 2,048 on); every later call was right. For the tanh fixture model that was rows 256..511 of a
+now and then the FIRST VML call of a fresh process, whichever op it is, gave other bits on one thread's chunk
+(mostly the second's, elements 2,048 on); every later call was right. For the tanh fixture model that was rows 256..511 of a
 16 x 32 batch: the logits are exactly a linear layer of other activations, and those equal vmsTanh with
 mode=VML_EP ("enhanced performance", low accuracy) under MKL_CBWR=AVX2 to 3e-8, 5e-5 away from the right ones.
-In fresh processes whose first call is a random VML op, 2 of 140 differed (log10 and erfc in float64, the op
-each process called first). MKL_CBWR=AUTO,STRICT and MKL_DYNAMIC=FALSE do not prevent it. A probe worker
+In fresh processes whose first call is a random VML op (2 threads, under load), 10 of 414 differed there (sin,
+cos, atan, asin, log10, erfc; float32 and float64; the op each called first); with this warm-up first, 0 of 413,
+and none of its own first calls differed either. MKL_CBWR=AUTO,STRICT and MKL_DYNAMIC=FALSE do not prevent it. A probe worker
 answers its first forward pass, and batch 0 is the main worker's first, so an honest deterministic model was
 marked `illegal` (max |Δlogit| 4e-5 to 1.5e-4) on about one run in twenty.
 
