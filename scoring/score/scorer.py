@@ -72,6 +72,7 @@ from scoring.score.probes import PROBE_WORKERS_PER_PROBE, ProbeConfig, ProbeFail
 from scoring.score.record import ScoreRecord
 from scoring.score.remote import EvalDeadline, WorkerConfig, WorkerModel, WorkerPool, start_worker
 from scoring.worker.child import default_memory_limit_bytes, tune_cpu_allocator
+from scoring.worker.cpu_math import warm_cpu_math
 
 ENFORCEMENT = {
     "submitted code never shares a process with validation data": "process: the model worker (scoring/worker/)",
@@ -289,6 +290,9 @@ def score_core(
         cache = PageCacheReset.open(roots=[r.path for r in main.plan.rules if r.access == "ro"])
         stack.callback(cache.close)
         tokens = read_split(data_dir, "val")
+        # this process's own loss (log-softmax in float64) goes through MKL's vector math too: warmed like
+        # the workers' (scoring/worker/cpu_math.py), so no first call can change a scored number
+        warm_cpu_math()
         canonical = (
             load_canonical_bytes(data_dir, manifest.raw, tokens, table.vocab_size, tokenizer.bos_id)
             if bytes_from == "dataset"
