@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -102,7 +103,12 @@ def _server(tmp_path: Path, budget: BudgetConfig, local_ranks: int = 1) -> Clock
     )
 
 
-def _supervise(tmp_path: Path, body: str, budget: BudgetConfig, token: str = "t0", local_ranks: int = 1):
+def _supervise(
+    tmp_path: Path, body: str, budget: BudgetConfig, token: str | None = None, local_ranks: int = 1
+):
+    # a token of its own: the supervisor kills whatever carries its token at the end, and the suite runs two
+    # of these tests at once (a shared "t0" let one test's sweep kill the other's phase: status -9 at 0.06 s)
+    token = token or f"t-{secrets.token_hex(8)}"
     wire = _server(tmp_path, budget, local_ranks)
     script = tmp_path / "fake_torchrun.py"
     script.write_text(SCRIPT_HEAD + body)
