@@ -30,6 +30,7 @@ import ast
 import importlib.util
 import lzma
 import math
+import stat
 import sys
 from base64 import b85decode
 from collections.abc import Iterator
@@ -160,6 +161,12 @@ def _decode_payload(data: str, raw_format: bool, script: Path) -> str:
 
 
 def _read_text(path: Path) -> str:
+    """A script file's text: a regular file (a link is followed) of at most SOURCE_MAX_BYTES, in UTF-8; else a
+    LegacyError (a FIFO would block the scorer, /dev/zero would fill its memory)."""
+    if not _readable_script(path):
+        raise LegacyError(
+            f"{path} is not a regular file of at most {SOURCE_MAX_BYTES:,} bytes; not a record's script"
+        )
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
@@ -463,6 +470,14 @@ def eval_settings(hp: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _readable_script(path: Path) -> bool:
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size <= SOURCE_MAX_BYTES
+
+
 def find_script(record_dir: Path, script: str | None) -> Path:
     if script:
         return record_dir / script
@@ -471,7 +486,7 @@ def find_script(record_dir: Path, script: str | None) -> Path:
     found = [
         p
         for p in sorted(record_dir.glob("*.py"))
-        if "class GPT" in p.read_text(encoding="utf-8", errors="replace")
+        if _readable_script(p) and "class GPT" in p.read_text(encoding="utf-8", errors="replace")
     ]
     if len(found) != 1:
         raise FileNotFoundError(

@@ -12,15 +12,17 @@ from __future__ import annotations
 import base64
 import json
 import lzma
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from scoring.worker import legacy_script
 from scoring.worker.legacy import LegacyError
-from scoring.worker.legacy_script import eval_settings, read_hyperparameters, read_record_script
+from scoring.worker.legacy_script import eval_settings, find_script, read_hyperparameters, read_record_script
 from tests.conftest import REPO
 
 GPT = "class GPT:\n    def __init__(self, x=1):\n        pass\n"
@@ -148,3 +150,44 @@ def test_verify_legacy_refuses_a_corrupt_payload_in_one_line(tmp_path, tiny_data
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert "self-extracting payload does not decode" in r.stderr
+
+
+def _within(seconds: float, fn):
+    """fn()'s result or exception, or a failure if it is still running after `seconds` (a FIFO blocks)."""
+    out: list = []
+
+    def run():
+        try:
+            out.append(("ok", fn()))
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            out.append(("raised", e))
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert out, f"still reading after {seconds} s"
+    return out[0]
+
+
+def test_a_fifo_or_device_beside_the_script_is_not_read(tmp_path):
+    """A FIFO named *.py blocked the scorer's search for the script; /dev/zero as the script filled its memory."""
+    os.mkfifo(tmp_path / "a.py")
+    (tmp_path / "b.py").write_text("class GPT:\n    pass\n", encoding="utf-8")
+    assert _within(10, lambda: find_script(tmp_path, None)) == ("ok", tmp_path / "b.py")
+    how, e = _within(10, lambda: read_hyperparameters(tmp_path / "a.py", {}))
+    assert how == "raised" and isinstance(e, LegacyError) and "is not a regular file" in str(e)
+
+    zero = tmp_path / "zero"
+    zero.mkdir()
+    (zero / "train_gpt.py").symlink_to("/dev/zero")
+    how, e = _within(10, lambda: read_record_script(zero, "train_gpt.py", {}))
+    assert how == "raised" and isinstance(e, LegacyError) and "is not a regular file" in str(e)
+    how, e = _within(10, lambda: read_record_script(zero, None, {}))  # not a file: not the script
+    assert how == "raised" and isinstance(e, FileNotFoundError)
+
+
+def test_a_script_over_the_bound_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(legacy_script, "SOURCE_MAX_BYTES", 1000)
+    rec = _record(tmp_path, "#" * 1001 + f"\nclass Hyperparameters:\n    x = 1\n{GPT}")
+    with pytest.raises(LegacyError, match="is not a regular file of at most 1,000 bytes"):
+        read_record_script(rec, None, {})
