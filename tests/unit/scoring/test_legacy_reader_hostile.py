@@ -191,3 +191,19 @@ def test_a_script_over_the_bound_is_refused(tmp_path, monkeypatch):
     rec = _record(tmp_path, "#" * 1001 + f"\nclass Hyperparameters:\n    x = 1\n{GPT}")
     with pytest.raises(LegacyError, match="is not a regular file of at most 1,000 bytes"):
         read_record_script(rec, None, {})
+
+
+def test_the_record_models_own_error_reaches_the_terminal_printable():
+    """The worker's report quotes the record's exception; before the fix its ESC/BEL/bidi characters went raw to
+    verify-legacy's `error:` line."""
+    from scoring.score.legacy import _worker_error
+    from scoring.score.remote import WorkerFailure
+
+    report = (
+        "Traceback (most recent call last):\n  File x\nRuntimeError: bad \x1b]0;owned\x07 \x1b[2J\u202e done"
+    )
+    said = str(_worker_error(WorkerFailure("error", report)))
+    assert (
+        said
+        == "the record's model failed in the model worker (error): RuntimeError: bad ?]0;owned? ?[2J? done"
+    )
