@@ -207,3 +207,29 @@ def test_the_record_models_own_error_reaches_the_terminal_printable():
         said
         == "the record's model failed in the model worker (error): RuntimeError: bad ?]0;owned? ?[2J? done"
     )
+
+
+def test_the_reader_imports_nothing_of_the_record_even_on_sys_path(tmp_path, monkeypatch):
+    """The missing-module check asks importlib where a module is (find_spec), never imports it: with the
+    record folder first on sys.path (verify-legacy run from inside it), a module and a package of the record
+    that write a sentinel on import are found, and not run."""
+    sentinel = tmp_path / "ran"
+    (tmp_path / "rec").mkdir()
+    side_effect = f"open({str(sentinel)!r}, 'w').write('ran')\n"
+    (tmp_path / "rec" / "evil_mod.py").write_text(side_effect, encoding="utf-8")
+    (tmp_path / "rec" / "evil_pkg").mkdir()
+    (tmp_path / "rec" / "evil_pkg" / "__init__.py").write_text(side_effect, encoding="utf-8")
+    src = (
+        "import evil_mod\nimport evil_pkg.sub\nfrom evil_pkg import thing\nimport not_installed_anywhere_xyz\n"
+        "class Hyperparameters:\n    n = 2\n"
+        "class GPT:\n    def __init__(self, n=1):\n        evil_mod.f(); evil_pkg.sub.g(); thing()\n"
+        "        not_installed_anywhere_xyz.h()\n"
+    )
+    rec = _record(tmp_path / "rec", src)
+    monkeypatch.syspath_prepend(str(rec))
+    with pytest.raises(
+        LegacyError, match=r"needs not_installed_anywhere_xyz, which this machine does not have"
+    ):
+        read_record_script(rec, None, {})
+    assert not sentinel.exists()
+    assert not {"evil_mod", "evil_pkg"} & set(sys.modules)
