@@ -161,8 +161,13 @@ def _decode_payload(data: str, raw_format: bool, script: Path) -> str:
 
 
 def _read_text(path: Path) -> str:
-    """A script file's text: a regular file (a link is followed) of at most SOURCE_MAX_BYTES, in UTF-8; else a
-    LegacyError (a FIFO would block the scorer, /dev/zero would fill its memory)."""
+    """A script file's text: a regular file of at most SOURCE_MAX_BYTES, in UTF-8, inside the record's folder
+    (a link is followed only within it); else a LegacyError (a FIFO would block the scorer, /dev/zero would
+    fill its memory, a link out would hand the worker a file of the verifier's it may not read itself)."""
+    if not path.resolve().is_relative_to(path.parent.resolve()):
+        raise LegacyError(
+            f"{path} links outside the record's folder (to {path.resolve()}); not a record's script"
+        )
     if not _readable_script(path):
         raise LegacyError(
             f"{path} is not a regular file of at most {SOURCE_MAX_BYTES:,} bytes; not a record's script"

@@ -181,7 +181,7 @@ def test_a_fifo_or_device_beside_the_script_is_not_read(tmp_path):
     zero.mkdir()
     (zero / "train_gpt.py").symlink_to("/dev/zero")
     how, e = _within(10, lambda: read_record_script(zero, "train_gpt.py", {}))
-    assert how == "raised" and isinstance(e, LegacyError) and "is not a regular file" in str(e)
+    assert how == "raised" and isinstance(e, LegacyError) and "not a record's script" in str(e)
     how, e = _within(10, lambda: read_record_script(zero, None, {}))  # not a file: not the script
     assert how == "raised" and isinstance(e, FileNotFoundError)
 
@@ -233,3 +233,23 @@ def test_the_reader_imports_nothing_of_the_record_even_on_sys_path(tmp_path, mon
         read_record_script(rec, None, {})
     assert not sentinel.exists()
     assert not {"evil_mod", "evil_pkg"} & set(sys.modules)
+
+
+def test_a_script_or_sibling_linking_outside_the_record_is_refused(tmp_path):
+    """A link out would put a file of the verifier's into the worker's spec, which the worker's own sandbox
+    would not let it read."""
+    outside = tmp_path / "verifier_private.py"
+    outside.write_text(f"class Hyperparameters:\n    secret = 'hunter2'\n{GPT}", encoding="utf-8")
+    (tmp_path / "rec").mkdir()
+    rec = _record(tmp_path / "rec", 'exec(open(__file__.replace("train_gpt.py", "model_def.py")).read())\n')
+    (rec / "model_def.py").symlink_to(outside)
+    with pytest.raises(LegacyError, match=r"model_def.py links outside the record's folder"):
+        read_record_script(rec, None, {})
+    (rec / "train_gpt.py").unlink()
+    (rec / "train_gpt.py").symlink_to(outside)
+    with pytest.raises(LegacyError, match=r"train_gpt.py links outside the record's folder"):
+        read_record_script(rec, None, {})
+    (rec / "inner.py").write_text(outside.read_text(), encoding="utf-8")  # the control: a link within is read
+    (rec / "train_gpt.py").unlink()
+    (rec / "train_gpt.py").symlink_to("inner.py")
+    assert read_record_script(rec, None, {}).hyperparameters == {"secret": "hunter2"}
