@@ -14,7 +14,8 @@ This process holds the tokenizer and runs no submitted code. The model is built 
 confined process (scoring/worker/generate.py, inside the sandbox the scorer's model worker gets:
 isolation/sandbox.py's plan with the seccomp filter, an address-space limit, a private temp folder),
 which generates the whole continuation there, where its KV cache lives, and writes back token ids
-and timings through a pipe; this side checks every id against the vocabulary before decoding.
+and timings through a pipe; this side checks every id against the vocabulary before decoding,
+and prints the text with control characters escaped (`printable`: byte tokens decode to any byte).
 
 Plain generation uses the model's optional `forward_cached` (the generation contract,
 submissions/README.md) and falls back to re-running the whole sequence per token without it.

@@ -19,7 +19,9 @@ reads the script with this module and sends what it read to the model worker's l
   `eval_stride`);
 - a script that needs what this machine lacks is refused in one line (LegacyError) before any worker
   starts: a module imported unconditionally and used by the model that is not installed, syntax of a
-  newer Python.
+  newer Python; so is one it cannot read as data (a payload that does not decode or expands past
+  SOURCE_MAX_BYTES; a file that is not regular, over that bound, not UTF-8 or a link out of the record's
+  folder; an expression nested past the recursion limit; window settings that are not whole numbers).
 
 It imports nothing of the scorer (scoring/score/): the worker side's rule (tests/unit/test_architecture.py).
 """
