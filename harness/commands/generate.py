@@ -14,7 +14,8 @@ This process holds the tokenizer and runs no submitted code. The model is built 
 confined process (scoring/worker/generate.py, inside the sandbox the scorer's model worker gets:
 isolation/sandbox.py's plan with the seccomp filter, an address-space limit, a private temp folder),
 which generates the whole continuation there, where its KV cache lives, and writes back token ids
-and timings through a pipe; this side checks every id against the vocabulary before decoding.
+and timings through a pipe; this side checks every id against the vocabulary before decoding,
+and prints the text with control characters escaped (`printable`: byte tokens decode to any byte).
 
 Plain generation uses the model's optional `forward_cached` (the generation contract,
 submissions/README.md) and falls back to re-running the whole sequence per token without it.
@@ -34,6 +35,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -254,6 +256,20 @@ def generate_confined(
         policy.unlink(missing_ok=True)
 
 
+_SHOWN_AS_IS = frozenset("\n\t")
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
+def printable(text: str) -> str:
+    """The model's text as it may reach a terminal: newlines and tabs kept, every other control, format or
+    unassigned character (ESC, BEL, bidi overrides, ...) written as its escape (`\\x1b`), so a model cannot
+    send the terminal commands (a hostile model chooses its tokens, and byte tokens decode to any byte)."""
+    return "".join(
+        c if c in _SHOWN_AS_IS or unicodedata.category(c) not in _HIDDEN_CATEGORIES else ascii(c)[1:-1]
+        for c in text
+    )
+
+
 def describe(run: GenRun) -> str:
     how = "KV cache" if run.cached else "full recompute (the model has no forward_cached)"
     line = (
@@ -302,7 +318,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"error: {one_line(str(e))}", file=sys.stderr)
         return 1
     shown = runs[-1]
-    print(tok.decode(prompt[1:] + shown.tokens))  # decoded together, so the join keeps its spaces
+    print(printable(tok.decode(prompt[1:] + shown.tokens)))  # decoded together, so the join keeps its spaces
     print()
     for run in runs:
         print(describe(run))
@@ -353,7 +369,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     except GenerateFailure as e:  # the model's failure, told in one printable line
         print(f"error: the model worker failed ({e.kind}): {one_line(str(e))}", file=sys.stderr)
         return 1
-    print(tok.decode(prompt[1:] + run.tokens))  # decoded together, so the join keeps its spaces
+    print(printable(tok.decode(prompt[1:] + run.tokens)))  # decoded together, so the join keeps its spaces
     print(
         f"\n[{len(run.tokens)} tokens in {run.seconds:.2f} s: {run.tokens_per_s:.1f} tokens/s on {threads} CPU thread(s)]"
     )

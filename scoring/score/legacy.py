@@ -46,11 +46,12 @@ def _compressor(artifact: Path) -> str:
 
 
 def _worker_error(e: WorkerFailure) -> LegacyError:
-    """One clear message from the worker's report: its exception's own lines, not the traceback."""
+    """One clear message from the worker's report: its exception's own lines, not the traceback, printable."""
     lines = str(e).strip().splitlines()
     starts = [i for i, ln in enumerate(lines) if _EXC_LINE.match(ln)]
     text = " ".join(ln.strip() for ln in lines[starts[-1] :]) if starts else (lines or ["no message"])[-1]
     text = _EXC_LINE.sub(lambda m: f"{m.group(1).rsplit('.', 1)[-1]}: ", text, count=1)
+    text = "".join(c if c.isprintable() else "?" for c in text)  # the record's own words: no terminal control
     return LegacyError(f"the record's model failed in the model worker ({e.kind}): {text[:800]}")
 
 

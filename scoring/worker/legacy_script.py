@@ -19,7 +19,9 @@ reads the script with this module and sends what it read to the model worker's l
   `eval_stride`);
 - a script that needs what this machine lacks is refused in one line (LegacyError) before any worker
   starts: a module imported unconditionally and used by the model that is not installed, syntax of a
-  newer Python.
+  newer Python; so is one it cannot read as data (a payload that does not decode or expands past
+  SOURCE_MAX_BYTES; a file that is not regular, over that bound, not UTF-8 or a link out of the record's
+  folder; an expression nested past the recursion limit; window settings that are not whole numbers).
 
 It imports nothing of the scorer (scoring/score/): the worker side's rule (tests/unit/test_architecture.py).
 """
@@ -29,6 +31,8 @@ from __future__ import annotations
 import ast
 import importlib.util
 import lzma
+import math
+import stat
 import sys
 from base64 import b85decode
 from collections.abc import Iterator
@@ -52,6 +56,10 @@ MISSING_HINTS = {
 """What a missing module is, for the refusal's message."""
 TRAINING_ONLY = {"main", "train", "train_model"}
 """Functions whose use of a missing module does not matter to scoring."""
+SOURCE_MAX_BYTES = 64 << 20
+"""Most bytes a self-extracting payload may decompress to (a record's script is ~100 KB): a bomb is refused, not held."""
+JSON_SCALARS = (bool, int, float, str, type(None))
+"""What a value read statically may be: the worker's spec is JSON (bytes, complex, Ellipsis are left unread)."""
 
 
 # ---- The script as shipped, decoded as data ----
@@ -104,12 +112,9 @@ def _self_extracting(tree: ast.Module, script: Path) -> tuple[str, str] | None:
     if payload is not None and payload.args and (data := _const_str(payload.args[0])) is not None:
         outer = arg if isinstance(arg, ast.Call) else None
         kw = {k.arg: ast.unparse(k.value) for k in outer.keywords} if outer else {}
-        raw = b85decode(data)
-        if "FORMAT_RAW" in kw.get("format", ""):
-            text = lzma.decompress(raw, format=lzma.FORMAT_RAW, filters=[{"id": lzma.FILTER_LZMA2}])
-        else:
-            text = lzma.decompress(raw)
-        return text.decode("utf-8"), "self-extracting (lzma + base85)"
+        return _decode_payload(data, "FORMAT_RAW" in kw.get("format", ""), script), (
+            "self-extracting (lzma + base85)"
+        )
     # exec(open(__file__.replace("train_gpt.py", "X.py")).read())
     rep = next(
         (
@@ -127,15 +132,57 @@ def _self_extracting(tree: ast.Module, script: Path) -> tuple[str, str] | None:
     ):
         old, new = _const_str(rep.args[0]), _const_str(rep.args[1])
         if old and new and old in script.name:
-            sibling = script.with_name(script.name.replace(old, new))
+            name = script.name.replace(old, new)
+            if "/" in name or "\\" in name or name in (".", ".."):
+                raise LegacyError(f"{script}: exec()s {name!r}, not a file beside it; only a sibling is read")
+            sibling = script.with_name(name)
             if sibling.is_file():
-                return sibling.read_text(encoding="utf-8"), f"exec of {sibling.name}"
+                return _read_text(sibling), f"exec of {sibling.name}"
     return None
+
+
+def _decode_payload(data: str, raw_format: bool, script: Path) -> str:
+    """A base85 + lzma payload's text, at most SOURCE_MAX_BYTES of it; LegacyError (one line) for anything else."""
+    try:
+        raw = b85decode(data)
+        if raw_format:
+            dec = lzma.LZMADecompressor(format=lzma.FORMAT_RAW, filters=[{"id": lzma.FILTER_LZMA2}])
+        else:
+            dec = lzma.LZMADecompressor()
+        out = dec.decompress(raw, max_length=SOURCE_MAX_BYTES + 1)
+        if len(out) > SOURCE_MAX_BYTES:
+            raise LegacyError(
+                f"{script}: its self-extracting payload decompresses to over {SOURCE_MAX_BYTES:,} bytes; "
+                "not a record's script"
+            )
+        if not dec.eof:
+            raise lzma.LZMAError("the compressed data ends before its end-of-stream marker")
+        return out.decode("utf-8")
+    except (ValueError, lzma.LZMAError) as e:  # base85, lzma or utf-8 (a UnicodeDecodeError is a ValueError)
+        raise LegacyError(f"{script}: its self-extracting payload does not decode ({e})") from None
+
+
+def _read_text(path: Path) -> str:
+    """A script file's text: a regular file of at most SOURCE_MAX_BYTES, in UTF-8, inside the record's folder
+    (a link is followed only within it); else a LegacyError (a FIFO would block the scorer, /dev/zero would
+    fill its memory, a link out would hand the worker a file of the verifier's it may not read itself)."""
+    if not path.resolve().is_relative_to(path.parent.resolve()):
+        raise LegacyError(
+            f"{path} links outside the record's folder (to {path.resolve()}); not a record's script"
+        )
+    if not _readable_script(path):
+        raise LegacyError(
+            f"{path} is not a regular file of at most {SOURCE_MAX_BYTES:,} bytes; not a record's script"
+        )
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise LegacyError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 def script_source(script: Path) -> tuple[str, list[str]]:
     """The script's Python source, decoding self-extracting wrappers (as data: nothing is executed)."""
-    source = script.read_text(encoding="utf-8")
+    source = _read_text(script)
     packaging: list[str] = []
     for _ in range(3):
         found = _self_extracting(parse_script(source, script), script)
@@ -269,16 +316,27 @@ def hyperparameters_of(tree: ast.Module, script: Path, overrides: dict[str, str]
             value = _static(value_node, ov, consts)
             if name in overrides and not env:  # a plain literal field, overridden by its own name
                 value = type(value)(ast.literal_eval(overrides[name]))
-        except (_Unresolved, ValueError, SyntaxError, TypeError):
+        except (_Unresolved, ValueError, SyntaxError, TypeError, OverflowError):
             continue
-        out[name] = value
+        if isinstance(value, JSON_SCALARS):
+            out[name] = value
     return out
 
 
 def read_hyperparameters(script: Path, overrides: dict[str, str]) -> dict[str, Any]:
     """The script's Hyperparameters, statically (self-extracting scripts decoded first)."""
-    source, _ = script_source(script)
-    return hyperparameters_of(parse_script(source, script), script, overrides)
+    try:
+        source, _ = script_source(script)
+        return hyperparameters_of(parse_script(source, script), script, overrides)
+    except RecursionError:
+        raise _too_deep(script) from None
+
+
+def _too_deep(script: Path) -> LegacyError:
+    return LegacyError(
+        f"{script}: an expression nests too deeply to be read as data (Python's recursion limit); "
+        "not a record's script"
+    )
 
 
 def _env_names(node: ast.expr) -> list[str]:
@@ -371,7 +429,7 @@ def gpt_call(
             v = k.value
             if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) and v.attr in hp:
                 kw[k.arg] = hp[v.attr]
-            elif isinstance(v, ast.Constant):
+            elif isinstance(v, ast.Constant) and isinstance(v.value, JSON_SCALARS):
                 kw[k.arg] = v.value
             else:
                 exprs[k.arg] = ast.unparse(v)
@@ -385,16 +443,46 @@ def gpt_call(
     return kw, exprs, (_call_locals(tree, call, exprs) if call is not None and exprs else [])
 
 
+def _count(hp: dict[str, Any], *names: str) -> int:
+    """The first of `names` the script sets (truthy) as a whole number >= 0; 0 when none is set."""
+    for name in names:
+        value = hp.get(name)
+        if not value:
+            continue
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value != int(value)
+            or value < 0
+        ):
+            raise LegacyError(
+                f"the record's Hyperparameters.{name} = {value!r} is not a whole number >= 0; "
+                f"pass --hparam {name}=N (or --seq-len/--stride)"
+            )
+        return int(value)
+    return 0
+
+
 def eval_settings(hp: dict[str, Any]) -> dict[str, Any]:
-    """The record's own evaluation settings: window length and sliding stride."""
-    seq_len = int(hp.get("eval_seq_len") or hp.get("train_seq_len") or 1024)
-    stride = int(hp.get("eval_stride") or 0)
+    """The record's own evaluation settings: window length and sliding stride (LegacyError for a value
+    that is not a whole number)."""
+    seq_len = _count(hp, "eval_seq_len", "train_seq_len") or 1024
+    stride = _count(hp, "eval_stride")
     return {
         "seq_len": seq_len,
         "mode": "sliding" if 0 < stride < seq_len else "standard",
         "stride": stride if 0 < stride < seq_len else None,
         "ttt": bool(hp.get("ttt_enabled", False)),
     }
+
+
+def _readable_script(path: Path) -> bool:
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size <= SOURCE_MAX_BYTES
 
 
 def find_script(record_dir: Path, script: str | None) -> Path:
@@ -405,7 +493,7 @@ def find_script(record_dir: Path, script: str | None) -> Path:
     found = [
         p
         for p in sorted(record_dir.glob("*.py"))
-        if "class GPT" in p.read_text(encoding="utf-8", errors="replace")
+        if _readable_script(p) and "class GPT" in p.read_text(encoding="utf-8", errors="replace")
     ]
     if len(found) != 1:
         raise FileNotFoundError(
@@ -437,11 +525,14 @@ def read_record_script(
 ) -> RecordScript:
     """Find, decode and read a record's script; LegacyError (one line) for one this machine cannot run."""
     path = find_script(record_dir, script)
-    source, packaging = script_source(path)
-    tree = parse_script(source, path)
-    refuse_missing(tree, path, fallbacks)
-    hp = hyperparameters_of(tree, path, overrides)
-    kwargs, exprs, local_assigns = gpt_call(tree, path, hp)
+    try:
+        source, packaging = script_source(path)
+        tree = parse_script(source, path)
+        refuse_missing(tree, path, fallbacks)
+        hp = hyperparameters_of(tree, path, overrides)
+        kwargs, exprs, local_assigns = gpt_call(tree, path, hp)
+    except RecursionError:
+        raise _too_deep(path) from None
     return RecordScript(
         path=path,
         source=source,
