@@ -1,6 +1,8 @@
 """The test suite's figures, measured: count, time, the slowest files; written to docs/FIGURES.md.
 
     python scripts/suite_figures.py [--out docs/FIGURES.md] [-- PYTEST_ARGS ...]
+    python scripts/suite_figures.py --from-junit FILE --wall-s S --load "L1 L5 L15"   a run made elsewhere
+                                    (e.g. .ci/run with PYTEST_ADDOPTS=--junitxml=FILE), summarized
 
 Runs the README's test command (`python -m pytest -q`, the default run; `-m long` after `--` for the long
 set) with a JUnit report, and writes what it measured: passed / skipped / failed, the wall time, the
@@ -84,7 +86,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=REPO / "docs" / "FIGURES.md")
     p.add_argument("pytest_args", nargs="*", help="after `--`: more pytest arguments (e.g. -m long)")
+    p.add_argument("--from-junit", type=Path, help="summarize this JUnit report instead of running pytest")
+    p.add_argument("--wall-s", type=float, help="with --from-junit: the run's measured wall time")
+    p.add_argument("--load", help="with --from-junit: the load average before that run")
     args = p.parse_args(argv)
+    if args.from_junit is not None:
+        if args.wall_s is None or args.load is None:
+            p.error("--from-junit needs --wall-s and --load (what that run measured)")
+        outcomes, per_file = summarize(args.from_junit)
+        args.out.write_text(
+            render(outcomes, per_file, args.wall_s, args.pytest_args, args.load), encoding="utf-8"
+        )
+        print(f"suite_figures: wrote {args.out} from {args.from_junit}")
+        return 0
     load = "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
