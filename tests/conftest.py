@@ -52,25 +52,3 @@ def sp_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from data.embedded import ensure_embedded_dataset
 
     return ensure_embedded_dataset(tmp_path_factory.mktemp("embedded"))
-
-
-CHEAP_SHARED_FIXTURES = frozenset({"_one_thread"})
-"""Module-scoped fixtures that cost nothing to make twice (a thread count), so they group no file."""
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Two workers take tests one by one (`--dist loadgroup` in pyproject.toml), so the long files spread
-    over both cores; a file whose tests share a module- or class-scoped fixture (a trained run, a built
-    dataset) stays on one worker as a group, so that fixture is made once."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None:
-            continue
-        shared = any(
-            d.scope in ("module", "class")
-            for name, defs in info.name2fixturedefs.items()
-            if name not in CHEAP_SHARED_FIXTURES
-            for d in defs
-        )
-        if shared:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))

@@ -125,6 +125,7 @@ def test_score_twice_is_bit_identical(tiny_run, sp_dataset):
     assert a["val_bpb"] == json.loads((out / "result.json").read_text())["val_bpb"]
 
 
+@pytest.mark.long  # a second whole run; code bundles: tests/unit/scoring/test_code_bundle.py
 def test_same_seed_same_losses_and_code_shipped_compressed_changes_only_bytes_code(
     tiny_run, sp_dataset, tmp_path
 ):
@@ -161,6 +162,7 @@ def test_same_seed_same_losses_and_code_shipped_compressed_changes_only_bytes_co
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.long  # a whole re-score; verify itself: tests/unit/harness/test_verify.py
 def test_verify_a_run_folder_alone(tiny_run, tmp_path):
     """The run keeps the packed code in RUN_DIR/code, so verification needs nothing else. The path is relative,
     as docs/OFFICIALS.md writes it (`pgolf verify runs/X` failed the re-score and wrote `failed`: the model

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 
 FIXTURE = REPO / "tests" / "fixtures" / "submissions" / "signal_harness"
@@ -42,6 +44,7 @@ def test_the_walker_stops_an_unconfined_harness_above_it():
     assert "SIGTERM sent" in r.stdout and r.stdout.strip().endswith("['SIGTERM']"), r.stdout
 
 
+@pytest.mark.long  # a whole run; the walker's control stays in the default run
 def test_a_rank_cannot_sigterm_pgolf_run(tiny_dataset, tmp_path: Path) -> None:
     run_dir, ledger = tmp_path / "run", tmp_path / "ledger.jsonl"
     r = subprocess.run(

@@ -98,6 +98,7 @@ def test_local_executor_verifies_each_and_fails_the_tampered_one(one_run, tmp_pa
     assert "submitted local job" in proc.stderr and "verify (local)" in proc.stderr  # the progress
 
 
+@pytest.mark.long  # a real Slurm, like the file's other tests
 def test_a_forged_job_report_is_a_failed_verdict(one_run, tmp_path):
     """The job says "verified" for a result whose val_bpb was edited: the submitting side refuses it."""
     from harness.records.executors import ExecutorConfig, Item, JobResources, finish

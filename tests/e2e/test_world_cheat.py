@@ -86,7 +86,9 @@ def build_model(config):
 '''
 
 
-@pytest.mark.parametrize("world", [True, False], ids=["world", "control-no-world"])
+@pytest.mark.parametrize(
+    "world", [True, pytest.param(False, marks=pytest.mark.long)], ids=["world", "control-no-world"]
+)  # the control (no world) runs with the long set
 def test_a_peeker_that_keeps_what_it_saw_for_its_probe_workers_is_caught(
     tmp_path, tiny_dataset, monkeypatch, world
 ):

@@ -9,6 +9,7 @@ import json
 import statistics
 
 import numpy as np
+import pytest
 
 from data.shards import read_split
 from harness.bench import score as bench
@@ -17,6 +18,7 @@ from harness.bench.score import DEFAULT_SUBMISSION
 TINY = {"num_layers": 1, "model_dim": 32, "num_heads": 2, "num_kv_heads": 1}
 
 
+@pytest.mark.long  # a benchmark's whole run
 def test_bench_score_runs_the_plain_loop_and_the_scorer_on_the_same_tokens(tiny_dataset, monkeypatch, capsys):
     from harness.cli import main
 

@@ -481,6 +481,7 @@ def test_preset_text_appends_a_loadable_preset(tmp_path: Path) -> None:
     assert "# measured to help, set outside the preset: pin=close (OMP_PROC_BIND=close)" in text
 
 
+@pytest.mark.long  # real measurements: tens of seconds
 def test_tune_measures_for_real_and_appends_a_preset(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

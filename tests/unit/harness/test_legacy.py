@@ -148,6 +148,7 @@ def test_settings_the_run_made_by_env_var_come_in_with_hparam(tmp_path, tiny_dat
         assert rec["gpt_kwargs"]["num_layers"] == 3 and rec["hyperparameters"]["num_layers"] == 3
 
 
+@pytest.mark.long  # a second whole legacy score; the first: test_a_record_is_scored_without_running_its_script
 def test_cli(tmp_path, tiny_dataset, sentinel):
     make_artifact(tmp_path / "final_model.int8.ptz")
     r = subprocess.run(
