@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import faulthandler
 import importlib
 import json
+import signal
 import sys
+import threading
 from pathlib import Path
 
 COMMANDS: dict[str, str] = {
@@ -271,8 +274,16 @@ def run_command(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
 
 
+def dump_stacks_on_sigusr1() -> None:
+    """`kill -USR1 PID` prints every thread's Python stack to stderr and the command goes on: how an
+    official (or a test that timed out) sees where a run that does not end is waiting."""
+    if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    dump_stacks_on_sigusr1()
     first = next((a for a in argv if not a.startswith("-")), None)
     if first not in COMMANDS:  # no command, --help, --version, or a mistyped one: answered without imports
         near = difflib.get_close_matches(first, COMMANDS, n=1) if argv and argv[0] == first else []

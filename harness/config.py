@@ -48,6 +48,7 @@ from harness.submission import check_submission
 from harness.train.budget import BudgetConfig
 from harness.train.gptq_config import GptqConfig, integer_codec
 from isolation.sandbox import parse_layers
+from scoring.artifact.codec_names import BUILTIN_NAMES, CODEC_GRAMMAR, check_codec_spec
 from scoring.errors import ConfigError, close_match, did_you_mean
 from scoring.score.eval_config import EVAL_DTYPES, EVAL_MODES, EvalConfig
 from scoring.tracks import TRACKS, Track
@@ -257,12 +258,9 @@ class PackConfig:
                 raise ConfigError(f"pack.gptq_batches = {gptq.batches}: {e}") from e
 
     def _check_codec(self) -> None:
-        # the codecs' registry loads torch: imported only when a [pack] section is checked
-        from scoring.artifact.codecs import CODEC_GRAMMAR, CODECS, check_codec_spec
-
-        if self.codec == SUBMISSION_CODEC or self.codec in CODECS:
+        if self.codec == SUBMISSION_CODEC or self.codec in BUILTIN_NAMES:
             return
-        if ":" in self.codec and self.codec.partition(":")[0] in CODECS:
+        if ":" in self.codec and self.codec.partition(":")[0] in BUILTIN_NAMES:
             try:
                 check_codec_spec(self.codec)
             except ValueError as e:

@@ -49,7 +49,7 @@ def test_a_stop_mid_training_ends_the_run_interrupted_with_a_record(
         log = run_dir / "train.log"
         wait_until(lambda: log.is_file() and log.stat().st_size > 0, 120, "the rank's first log line")
         os.kill(proc.pid, signum)  # what a terminal's Ctrl-C or a scheduler sends (phases: own sessions)
-        out, err = proc.communicate(timeout=120)
+        out, err = _communicate_or_explain(proc, token, timeout_s=120)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -67,3 +67,21 @@ def test_a_stop_mid_training_ends_the_run_interrupted_with_a_record(
     assert len(lines) == 1 and lines[0]["status"] == "interrupted"
     assert "status        interrupted" in out  # the card
     assert processes_with_token(token) == [], "a training process outlived the interrupt"
+
+
+def _communicate_or_explain(proc: subprocess.Popen[str], token: str, timeout_s: float) -> tuple[str, str]:
+    """The run's output once it ends; when it has not ended `timeout_s` after the signal, a failure that says
+    where it waits: every thread's stack (harness/cli.py dumps them on SIGUSR1) and the phase's processes left."""
+    try:
+        return proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGUSR1)
+        try:
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        pytest.fail(
+            f"the run had not ended {timeout_s:.0f} s after the signal; processes of the phase left: "
+            f"{processes_with_token(token)}; its stderr (stacks last):\n{err[-8000:]}"
+        )

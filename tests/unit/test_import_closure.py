@@ -92,12 +92,41 @@ def test_the_config_and_the_contract_load_without_torch():
         assert not heavy, f"{entry} loads {heavy[:5]}"
 
 
-def test_a_mistyped_run_is_refused_before_torch_loads():
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("trian.lr=1", "unknown section 'trian' in 'trian.lr' (did you mean train?)"),
+        ("pack.codec='int6_zstd'", "pack.codec = 'int6_zstd' is not a codec; allowed: int8_zlib"),
+        ("pack.codec='int6_zstd22:mlp=int5'", "takes no role table (only mixed_* codecs do)"),
+        ("pack.codec='mixed_zstd22:mlp=int9'", "mlp='int9' is not a scheme"),
+    ],
+    ids=["key", "codec-name", "codec-table-on-int6", "codec-scheme"],
+)
+def test_a_mistyped_run_is_refused_before_torch_loads(override: str, said: str):
     code = (
         "import sys; from harness.cli import main; "
-        "rc = main(['run', 'baselines/naive_baseline', '--set', 'trian.lr=1']); "
+        f"rc = main(['run', 'baselines/naive_baseline', '--set', {override!r}]); "
         "print(rc, 'torch' in sys.modules)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert r.stdout.split() == ["2", "False"], r.stdout + r.stderr
-    assert "unknown section 'trian' in 'trian.lr' (did you mean train?)" in r.stderr
+    assert said in r.stderr, r.stderr
+
+
+def test_the_torch_free_codec_names_are_the_codecs_built():
+    """scoring/artifact/codec_names.py (what the config checks) names exactly the codecs scoring/artifact/codecs
+    builds, and its grammar accepts exactly the specs the codecs parse."""
+    from scoring.artifact.codec_names import BUILTIN_NAMES, COMPRESSOR_NAMES, check_codec_spec
+    from scoring.artifact.codecs import CODECS, get_codec
+    from scoring.artifact.codecs.compress import COMPRESSORS
+
+    assert tuple(COMPRESSORS) == COMPRESSOR_NAMES
+    assert set(CODECS) == BUILTIN_NAMES
+    for spec in ("mixed_lzma9:mlp=int5,attention=keep", "mixed_zlib9_shuffle:small=keep", "int5_brotli11"):
+        check_codec_spec(spec)
+        assert get_codec(spec).name == spec.partition(":")[0]
+    for bad in ("int6_zstd22:mlp=int5", "int4_zlib9", "mixed_zlib9:small=int8", "int8_zlib:mlp=int5"):
+        with pytest.raises(ValueError):
+            check_codec_spec(bad)
+        with pytest.raises(ValueError):
+            get_codec(bad)

@@ -25,8 +25,9 @@ from typing import Protocol
 import torch
 
 from harness.api import CODEC_ATTRS, CODEC_FILE
+from scoring.artifact.codec_names import CODEC_GRAMMAR, check_codec_spec
 from scoring.artifact.codecs.int8_zlib import Int8Zlib
-from scoring.artifact.codecs.rowquant import CODEC_GRAMMAR, codec_names, parse_codec
+from scoring.artifact.codecs.rowquant import codec_names, parse_codec
 
 StateDict = dict[str, torch.Tensor]
 
@@ -80,13 +81,12 @@ def get_codec(name: str, submission_dir: str | os.PathLike[str] | None = None) -
     raise ValueError(f"unknown codec {name!r}; built-in codecs: int8_zlib, {CODEC_GRAMMAR}, or 'submission'")
 
 
-def check_codec_spec(spec: str) -> None:
-    """ValueError (one line, the allowed forms) unless `spec` names a built-in codec or a valid mixed table."""
-    if spec in CODECS:
-        return
-    try:
-        parse_codec(spec)
-    except ValueError as e:
-        if ":" in spec and spec.partition(":")[0] in CODECS:
-            raise  # a known name with a bad table: the table's own message
-        raise ValueError(f"{spec!r} is not a codec; {CODEC_GRAMMAR}") from e
+__all__ = [
+    "CODECS",
+    "CODEC_GRAMMAR",
+    "Codec",
+    "StateDict",
+    "check_codec_spec",
+    "get_codec",
+    "load_submission_codec",
+]

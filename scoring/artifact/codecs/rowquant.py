@@ -51,6 +51,13 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from scoring.artifact.codec_names import (
+    INT_SCHEMES,
+    ROLE_TABLE_DEFAULT,
+    parse_role_table,
+    rowquant_names,
+    split_spec,
+)
 from scoring.artifact.codecs.compress import COMPRESSORS, Compressor, PayloadError
 
 StateDict = dict[str, torch.Tensor]
@@ -61,23 +68,11 @@ SMALL_NUMEL = 4096
 CLIP_K = (2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 12.0, math.inf)
 GRID_STEPS = 3
 """Candidates s = amax / m for m = qmax-1 ... qmax-GRID_STEPS: a row already on a grid keeps it exactly."""
-QUANTS = ("int5", "int6", "int7", "int8", "mixed")
-INT_SCHEMES = {"int5": 5, "int6": 6, "int7": 7, "int8": 8}
-SCHEMES = (*INT_SCHEMES, "fp16", "keep")
-ROLES = ("embedding", "attention", "mlp", "other", "small")
 ROLE_PATTERNS = {
     "embedding": ("tok_emb", "embed", "lm_head"),
     "attention": ("attn", "attention"),
     "mlp": ("mlp", "ffn", "feed_forward"),
 }
-ROLE_TABLE_DEFAULT = {
-    "embedding": "int8",
-    "attention": "int6",
-    "mlp": "int5",
-    "other": "int6",
-    "small": "fp16",
-}
-SMALL_SCHEMES = ("fp16", "keep")
 FP16_MAX = 65504.0
 
 
@@ -149,24 +144,6 @@ def _unshuffle(b: torch.Tensor, dtype: torch.dtype, shape: list[int]) -> torch.T
             f"shuffled array has shape {list(b.shape)}, expected [{width}, {math.prod(shape)}]"
         )
     return b.t().contiguous().view(-1).view(dtype).reshape(shape).clone()
-
-
-def parse_role_table(text: str, where: str = "codec spec") -> dict[str, str]:
-    """`role=scheme,...` over ROLE_TABLE_DEFAULT; ValueError (one line) on an unknown role or scheme."""
-    table = dict(ROLE_TABLE_DEFAULT)
-    for item in (x.strip() for x in text.split(",")):
-        if not item:
-            continue
-        role, eq, scheme = (x.strip() for x in item.partition("="))
-        if not eq:
-            raise ValueError(f"{where}: {item!r} is not ROLE=SCHEME (e.g. mlp=int5)")
-        if role not in ROLES:
-            raise ValueError(f"{where}: unknown role {role!r}; roles: {', '.join(ROLES)}")
-        allowed = SMALL_SCHEMES if role == "small" else SCHEMES
-        if scheme not in allowed:
-            raise ValueError(f"{where}: {role}={scheme!r} is not a scheme; allowed: {', '.join(allowed)}")
-        table[role] = scheme
-    return table
 
 
 class RowQuantCodec:
@@ -310,28 +287,11 @@ def _metadata(blob: bytes) -> dict[str, str]:
 
 def codec_names() -> list[str]:
     """Every built-in name of this family (registered in CODECS)."""
-    return [f"{q}_{c}{s}" for q in QUANTS for c in COMPRESSORS for s in ("", "_shuffle")]
+    return rowquant_names()
 
 
 def parse_codec(spec: str) -> RowQuantCodec:
     """`QUANT_COMPRESSOR[_shuffle][:ROLE=SCHEME,...]` (the role table only for mixed); ValueError otherwise."""
-    name, colon, args = spec.partition(":")
-    parts = name.split("_")
-    shuffle = parts[-1] == "shuffle"
-    if shuffle:
-        parts = parts[:-1]
-    if len(parts) != 2 or parts[0] not in QUANTS or parts[1] not in COMPRESSORS:
-        raise ValueError(f"{spec!r} is not a codec; {CODEC_GRAMMAR}")
-    codec = RowQuantCodec(parts[0], COMPRESSORS[parts[1]], shuffle)
-    if colon:
-        if parts[0] != "mixed":
-            raise ValueError(f"codec {name!r} takes no role table (only mixed_* codecs do): {spec!r}")
-        table = parse_role_table(args, f"codec {spec!r}")
-        codec = RowQuantCodec(parts[0], codec.compressor, shuffle, table)
-    return codec
-
-
-CODEC_GRAMMAR = (
-    f"{{{'|'.join(QUANTS)}}}_{{{'|'.join(COMPRESSORS)}}}[_shuffle], e.g. int6_zstd22 "
-    f"(mixed_* may add a role table: mixed_brotli11:mlp=int5,attention=int6)"
-)
+    quant, compressor, shuffle, table = split_spec(spec)
+    roles = None if table is None else parse_role_table(table, f"codec {spec!r}")
+    return RowQuantCodec(quant, COMPRESSORS[compressor], shuffle, roles)
