@@ -277,8 +277,15 @@ def run_command(args: argparse.Namespace) -> int:
 def dump_stacks_on_sigusr1() -> None:
     """`kill -USR1 PID` prints every thread's Python stack to stderr and the command goes on: how an
     official (or a test that timed out) sees where a run that does not end is waiting."""
-    if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
-        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+    if not hasattr(signal, "SIGUSR1") or threading.current_thread() is not threading.main_thread():
+        return
+    stderr = sys.__stderr__  # the process's own (a caller may have redirected sys.stderr to a buffer: no fd)
+    if stderr is None:
+        return
+    try:
+        faulthandler.register(signal.SIGUSR1, file=stderr, all_threads=True, chain=False)
+    except (AttributeError, ValueError, OSError):  # no stderr at all (io.UnsupportedOperation is an OSError)
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:

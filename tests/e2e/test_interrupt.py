@@ -41,7 +41,7 @@ def test_a_stop_mid_training_ends_the_run_interrupted_with_a_record(
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness.cli", "run", str(folder), "--data", str(tiny_dataset), "--out",
          str(run_dir), "--ledger", str(ledger), "--set", "train.steps=100000", "--set", "budget.train_s=300"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_as_a_terminal_has_it,
     )  # fmt: skip
     try:
         token = wait_until(lambda: proc.poll() is None and _phase_token(proc.pid), 180, "the train phase")
@@ -67,6 +67,14 @@ def test_a_stop_mid_training_ends_the_run_interrupted_with_a_record(
     assert len(lines) == 1 and lines[0]["status"] == "interrupted"
     assert "status        interrupted" in out  # the card
     assert processes_with_token(token) == [], "a training process outlived the interrupt"
+
+
+def _sigint_as_a_terminal_has_it() -> None:
+    """SIGINT at its default in the run, as under a terminal. A suite started in the background (`cmd &` from a
+    script: the shell sets SIGINT to ignored, and exec keeps an ignored signal ignored) would otherwise hand the
+    run an ignored SIGINT, which Python then never turns into KeyboardInterrupt: the run rightly goes on, and
+    this test hung on every busy-machine run started that way (stop 20's and 2026-12-02's)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _communicate_or_explain(proc: subprocess.Popen[str], token: str, timeout_s: float) -> tuple[str, str]:
