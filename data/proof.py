@@ -34,6 +34,7 @@ import re
 import time
 import unicodedata
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -187,6 +188,40 @@ class CaseTransform:
 
 
 TRANSFORMS: dict[str, Callable[[], TextTransform]] = {"case": CaseTransform}
+
+
+class BatchTransform(Protocol):
+    """One split's transform, a batch at a time (a confined child's, or a built-in one run here)."""
+
+    def encode_texts(self, texts: list[str]) -> list[str]: ...
+
+    def decode_texts(self, texts: list[str]) -> list[str]: ...
+
+
+class SplitTransforms(Protocol):
+    """A declared transform that is run one split at a time (`for_split("val"|"train")`): a submitted
+    transform.py runs in a confined child per split (scoring/worker/transform.py), never two alive together,
+    so that what it sees of one split cannot reach the other. `sha256` is the transform file's."""
+
+    name: str
+    markers: tuple[str, ...]
+    sha256: str | None
+
+    def for_split(self, split: str) -> AbstractContextManager[BatchTransform]: ...
+
+
+class DeclaredTransform:
+    """A TextTransform that only declares (name, markers): what TransformedTokenizer needs of a batch
+    transform for its marker check and byte table; its texts go through a BatchTransform instead."""
+
+    def __init__(self, name: str, markers: tuple[str, ...]):
+        self.name, self.markers = name, tuple(markers)
+
+    def encode_text(self, text: str) -> str:
+        raise RuntimeError(f"the {self.name} transform runs a batch at a time (for_split)")
+
+    def decode_text(self, text: str) -> str:
+        raise RuntimeError(f"the {self.name} transform runs a batch at a time (for_split)")
 
 
 class TransformedTokenizer:
