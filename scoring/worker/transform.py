@@ -289,7 +289,7 @@ class ConfinedTransforms:
                     except OSError:
                         pass
             if child is not None:
-                child.wait(5)
+                child.wait(min(5.0, self.timeout_s))  # it ends at the closed pipe; else its group is killed
                 child.close()
             shutil.rmtree(root, ignore_errors=True)
             self._live = False
