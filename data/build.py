@@ -843,7 +843,7 @@ def prove_dataset(
     texts: Iterable[str],
     *,
     canonical: str = "auto",
-    transform: str | None = None,
+    transform: str | SplitTransforms | None = None,
     workers: int | None = None,
     progress: bool | None = None,
 ) -> dict[str, Any]:
@@ -865,13 +865,20 @@ def prove_dataset(
     val = np.asarray(read_split(root, "val"))
     n_docs = int(m.raw["docs"]["val"])
     tok = load_tokenizer(m.tokenizer_path)
-    if canonical == "auto":
+    tname = _transform_name(transform)
+    batch_tf = None if transform is None or isinstance(transform, str) else transform
+    declared = None if batch_tf is None else (batch_tf.name, batch_tf.markers)
+    if canonical == "auto" and batch_tf is not None:
+        canonical = _choose_canonical_batch(tok, batch_tf)
+    elif canonical == "auto":
         canonical = choose_canonical(
-            tok if transform is None else TransformedTokenizer(tok, TRANSFORMS[transform]())
+            tok if transform is None else TransformedTokenizer(tok, TRANSFORMS[str(transform)]())
         )
-    spec = EncodeSpec(str(m.tokenizer_path), canonical, transform)
+    spec = EncodeSpec(
+        str(m.tokenizer_path), canonical, transform if isinstance(transform, str) else None, declared
+    )
     ProvingEncoder(spec)
-    workers = default_workers() if workers is None else workers
+    workers = 1 if batch_tf is not None else default_workers() if workers is None else workers
     selection = SelectionHash()
     val_hash = SelectionHash()
     token_bytes = np.zeros(val.size, dtype=TOKEN_BYTES_DTYPE)
@@ -882,7 +889,9 @@ def prove_dataset(
         tqdm(
             total=n_docs, desc="prove", unit="doc", disable=None if progress is None else not progress
         ) as bar,
-        closing(encode_proved_ordered(spec, _batches(docs_iter, n_docs, selection), workers)) as encoded,
+        closing(
+            encode_proved_ordered(spec, _batches(docs_iter, n_docs, selection), workers, batch_tf)
+        ) as encoded,
     ):
         for batch, enc in encoded:
             if enc.failure is not None:
@@ -917,7 +926,7 @@ def prove_dataset(
     sha = write_val_bytes(root / VAL_BYTES_NAME, token_bytes, counts)
     block = canonical_block(
         canonical,
-        transform,
+        tname,
         sha,
         token_bytes,
         counts,
@@ -926,6 +935,8 @@ def prove_dataset(
     )
     raw = {k: v for k, v in m.raw.items() if k not in ("format", "format_version")}
     raw["canonical"] = block
+    if batch_tf is not None:
+        raw["transform"] = {"name": batch_tf.name, "sha256": batch_tf.sha256}
     raw["split_sha256"] = {**(raw.get("split_sha256") or {}), "val": val_hash.hexdigest()}
     write_manifest(root, raw)
     return block

@@ -86,7 +86,7 @@ def cmd_prove(args: argparse.Namespace) -> int:
         args.dir,
         src,
         canonical=args.canonical,
-        transform=None if args.transform == "none" else args.transform,
+        transform=resolve_transform(args.transform),
         workers=args.workers,
     )
     vb = block["val_bytes"]
@@ -143,7 +143,12 @@ def register(sub: argparse._SubParsersAction, resolver: TransformResolver | None
     )
     p.add_argument("--field", default="text", help="field / column holding the text (default: text)")
     p.add_argument("--canonical", choices=("auto", *CANONICALS), default="auto", help="as for build")
-    p.add_argument("--transform", choices=("none", *TRANSFORMS), default="none", help="as for build")
+    p.add_argument(
+        "--transform",
+        default="none",
+        metavar="none|" + "|".join(TRANSFORMS) + "|FILE.py",
+        help="as for build",
+    )
     p.add_argument("--workers", type=int, default=None, help="tokenizing processes (default: all cores)")
     p.set_defaults(func=cmd_prove)
 
