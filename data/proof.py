@@ -224,6 +224,30 @@ class DeclaredTransform:
         raise RuntimeError(f"the {self.name} transform runs a batch at a time (for_split)")
 
 
+class _MemoTransform:
+    """A batch transform as a TextTransform for the proof: `load(texts)` sends a batch through the child
+    (encode, then decode of the tokens' decoding) and remembers the answers, which encode_text and
+    decode_text then give back."""
+
+    def __init__(self, name: str, markers: tuple[str, ...], child: BatchTransform, tok: Tokenizer):
+        self.name, self.markers, self.child, self.tok = name, tuple(markers), child, tok
+        self.enc: dict[str, str] = {}
+        self.dec: dict[str, str] = {}
+
+    def load(self, texts: list[str]) -> None:
+        self.enc, self.dec = {}, {}
+        fed = self.child.encode_texts(texts)
+        self.enc = dict(zip(texts, fed, strict=True))
+        inner = [self.tok.decode(ids) for ids in self.tok.encode(fed)]
+        self.dec = dict(zip(inner, self.child.decode_texts(inner), strict=True))
+
+    def encode_text(self, text: str) -> str:
+        return self.enc[text]
+
+    def decode_text(self, text: str) -> str:
+        return self.dec[text]
+
+
 class TransformedTokenizer:
     """A tokenizer with a declared transform: encode(encode_text(t)), decode_text(decode(ids))."""
 
@@ -526,11 +550,32 @@ def prove_tokenizer(
     texts: Sequence[str],
     *,
     canonical: str = "auto",
-    transform: TextTransform | None = None,
+    transform: TextTransform | SplitTransforms | None = None,
     table: ByteTable | None = None,
     batch_docs: int = 256,
 ) -> ProofReport:
-    """Run the proof on every document of `texts` (see the module's docstring)."""
+    """Run the proof on every document of `texts` (see the module's docstring).
+
+    A SplitTransforms (a submitted transform.py, run confined) proves through one child (split "audit"),
+    a batch at a time: each batch's texts and decodings go through it first, and the proof reads them back."""
+    if transform is not None and hasattr(transform, "for_split"):
+        split_tf: SplitTransforms = transform  # type: ignore[assignment]
+        with split_tf.for_split("audit") as child:
+            memo = _MemoTransform(split_tf.name, split_tf.markers, child, tok)
+            memo.load([AUTO_PROBE])
+            return _prove(tok, texts, canonical, memo, table, batch_docs, memo)
+    return _prove(tok, texts, canonical, transform, table, batch_docs, None)
+
+
+def _prove(
+    tok: Tokenizer,
+    texts: Sequence[str],
+    canonical: str,
+    transform: TextTransform | None,
+    table: ByteTable | None,
+    batch_docs: int,
+    memo: _MemoTransform | None,
+) -> ProofReport:
     t0 = time.perf_counter()
     if transform is not None:
         tok = TransformedTokenizer(tok, transform)
@@ -541,6 +586,8 @@ def prove_tokenizer(
     rep = ProofReport(name, None if transform is None else transform.name, tok.kind)
     for start in range(0, len(texts), batch_docs):
         chunk = list(texts[start : start + batch_docs])
+        if memo is not None:
+            memo.load(chunk)
         t1 = time.perf_counter()
         encoded = tok.encode(chunk)
         rep.encode_seconds += time.perf_counter() - t1

@@ -147,3 +147,15 @@ def test_transform_deadline(tmp_path: Path) -> None:
         pytest.raises(TransformFailure, match=r"within 2 s \(split train\)"),
     ):
         child.encode_texts(["abc"])
+
+
+def test_transform_audit_through_the_child_equals_builtin(docs: Path, tmp_path: Path) -> None:
+    from data.proof import CaseTransform, prove_tokenizer
+    from data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(_build(docs, tmp_path / "d", "case") / "tokenizer_400_bpe_case.model")
+    texts = _texts(docs)[:VAL_DOCS]
+    a = prove_tokenizer(tok, texts, transform=CaseTransform())
+    b = prove_tokenizer(tok, texts, transform=ConfinedTransforms(CASE_COPY, reset_page_cache=False))
+    assert a.passed and b.passed
+    assert (a.docs, a.tokens, a.canonical, a.transform) == (b.docs, b.tokens, b.canonical, b.transform)
