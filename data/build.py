@@ -567,6 +567,23 @@ def _transform_name(transform: str | SplitTransforms | None) -> str | None:
     return transform if transform is None or isinstance(transform, str) else transform.name
 
 
+def _encode_spec(
+    tok: Tokenizer, tok_path: str, canonical: str, transform: str | SplitTransforms | None
+) -> tuple[EncodeSpec, SplitTransforms | None]:
+    """The EncodeSpec (canonical `auto` resolved, through the transform) and the batch transform, if any."""
+    batch_tf = None if transform is None or isinstance(transform, str) else transform
+    declared = None if batch_tf is None else (batch_tf.name, batch_tf.markers)
+    if canonical == "auto" and batch_tf is not None:
+        canonical = _choose_canonical_batch(tok, batch_tf)
+    elif canonical == "auto":
+        canonical = choose_canonical(
+            tok if transform is None else TransformedTokenizer(tok, TRANSFORMS[str(transform)]())
+        )
+    return EncodeSpec(
+        tok_path, canonical, transform if isinstance(transform, str) else None, declared
+    ), batch_tf
+
+
 def _choose_canonical_batch(tok: Tokenizer, transforms: SplitTransforms) -> str:
     """choose_canonical through a batch transform: its own child, which sees the probe and no document."""
     with transforms.for_split("probe") as child:
@@ -646,16 +663,8 @@ def build_dataset(
         raise ValueError(
             f"a vocabulary of {tok.vocab_size} does not fit uint16 shards (max {MAX_VOCAB_SIZE})"
         )
-    tname = _transform_name(transform)
-    batch_tf = None if transform is None or isinstance(transform, str) else transform
-    declared = None if batch_tf is None else (batch_tf.name, batch_tf.markers)
-    if canonical == "auto" and batch_tf is not None:
-        canonical = _choose_canonical_batch(tok, batch_tf)
-    elif canonical == "auto":
-        canonical = choose_canonical(
-            tok if transform is None else TransformedTokenizer(tok, TRANSFORMS[str(transform)]())
-        )
-    spec = EncodeSpec(str(tok_path), canonical, transform if isinstance(transform, str) else None, declared)
+    spec, batch_tf = _encode_spec(tok, str(tok_path), canonical, transform)
+    canonical, tname = spec.canonical, _transform_name(transform)
     ProvingEncoder(spec)  # refuses here, before any worker starts, a tokenizer the proof cannot read
 
     if batch_tf is not None:
@@ -865,18 +874,8 @@ def prove_dataset(
     val = np.asarray(read_split(root, "val"))
     n_docs = int(m.raw["docs"]["val"])
     tok = load_tokenizer(m.tokenizer_path)
-    tname = _transform_name(transform)
-    batch_tf = None if transform is None or isinstance(transform, str) else transform
-    declared = None if batch_tf is None else (batch_tf.name, batch_tf.markers)
-    if canonical == "auto" and batch_tf is not None:
-        canonical = _choose_canonical_batch(tok, batch_tf)
-    elif canonical == "auto":
-        canonical = choose_canonical(
-            tok if transform is None else TransformedTokenizer(tok, TRANSFORMS[str(transform)]())
-        )
-    spec = EncodeSpec(
-        str(m.tokenizer_path), canonical, transform if isinstance(transform, str) else None, declared
-    )
+    spec, batch_tf = _encode_spec(tok, str(m.tokenizer_path), canonical, transform)
+    canonical, tname = spec.canonical, _transform_name(transform)
     ProvingEncoder(spec)
     workers = 1 if batch_tf is not None else default_workers() if workers is None else workers
     selection = SelectionHash()
