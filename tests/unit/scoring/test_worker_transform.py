@@ -159,3 +159,36 @@ def test_transform_audit_through_the_child_equals_builtin(docs: Path, tmp_path: 
     b = prove_tokenizer(tok, texts, transform=ConfinedTransforms(CASE_COPY, reset_page_cache=False))
     assert a.passed and b.passed
     assert (a.docs, a.tokens, a.canonical, a.transform) == (b.docs, b.tokens, b.canonical, b.transform)
+
+
+_RAW_REPLY = """import json, os, struct, sys
+NAME = 'raw'
+MARKERS = ()
+_FD = json.loads(sys.argv[1])['out_fd']
+
+
+def encode_text(t):
+    texts = {texts!r}
+    payload = struct.pack('<I', len(texts)) + b''.join(struct.pack('<I', len(b)) + b for b in texts)
+    os.write(_FD, struct.pack('<I', len(payload)) + payload)
+    os._exit(0)
+
+
+decode_text = encode_text
+"""
+
+
+@pytest.mark.parametrize(
+    ("texts", "refusal"),
+    [
+        ([b"a", b"b"], r"gave back 2 texts for 1 to encode \(split val\)"),
+        ([b"\xff"], r"not UTF-8 .*split val"),
+    ],
+)
+def test_transform_raw_reply_refused(tmp_path: Path, texts: list[bytes], refusal: str) -> None:
+    src = _submitted(tmp_path, _RAW_REPLY.format(texts=texts))
+    with (
+        ConfinedTransforms(src, reset_page_cache=False).for_split("val") as child,
+        pytest.raises(TransformFailure, match=refusal),
+    ):
+        child.encode_texts(["x"])
