@@ -40,7 +40,7 @@ import shutil
 import time
 from collections import deque
 from collections.abc import Generator, Iterable, Iterator, Sequence
-from contextlib import closing
+from contextlib import ExitStack, closing
 from dataclasses import dataclass
 from itertools import chain, islice
 from pathlib import Path
@@ -71,16 +71,21 @@ from data.disjoint import (
 from data.io import sha256_file
 from data.manifest import MANIFEST_NAME, shard_entry, write_manifest
 from data.proof import (
+    AUTO_PROBE,
     CANONICALS,
     PROOF_FORMAT,
     PROOF_FORMAT_VERSION,
     TRANSFORMS,
+    BatchTransform,
+    DeclaredTransform,
+    SplitTransforms,
     TransformedTokenizer,
     attribute_documents,
     canonical_description,
     canonical_function,
     choose_canonical,
     piece_lengths,
+    sp1024_canonical,
 )
 from data.shards import TOKEN_DTYPE, read_split, shard_name, write_shard
 from data.tokenizer import (
@@ -215,6 +220,9 @@ class EncodeSpec:
     """The canonical text (data/proof.py CANONICALS): what is tokenized, what decoding must give back."""
     transform: str | None = None
     """A declared reversible transform (data/proof.py TRANSFORMS), applied after the canonical text."""
+    declared: tuple[str, tuple[str, ...]] | None = None
+    """(name, markers) of a batch transform (data/proof.py SplitTransforms: a submitted transform.py, run
+    confined one split at a time); its texts go through the encoder's `batch`, in this process."""
 
 
 @dataclass(frozen=True)
@@ -237,9 +245,13 @@ class ProvingEncoder:
         self.spec = spec
         self.inner = load_tokenizer(spec.tokenizer_path)
         self.transform = TRANSFORMS[spec.transform]() if spec.transform else None
+        self.batch: BatchTransform | None = None
+        """The split's batch transform, when `spec.declared` (set by encode_proved_ordered per split)."""
         self.tok: Tokenizer = (
             TransformedTokenizer(self.inner, self.transform) if self.transform is not None else self.inner
         )
+        if spec.declared is not None:
+            self.tok = TransformedTokenizer(self.inner, DeclaredTransform(*spec.declared))
         self.canon = canonical_function(spec.canonical)
         spell = piece_lengths(self.tok)
         if spell is None:
@@ -251,12 +263,19 @@ class ProvingEncoder:
 
     def encode(self, texts: Sequence[str], keep_bytes: bool) -> Encoded:
         canon = self.canon(list(texts))
-        fed = canon if self.transform is None else [self.transform.encode_text(c) for c in canon]
+        if self.spec.declared is not None:
+            assert self.batch is not None, "a batch transform's encoder is used inside for_split"
+            fed = self.batch.encode_texts(canon)
+        else:
+            fed = canon if self.transform is None else [self.transform.encode_text(c) for c in canon]
         flat, lens, ids = _encode(self.inner, fed)
         if ids is None:  # byte260: the ids are the bytes of what was fed
             bodies = np.split(flat, np.cumsum(lens)[:-1])
             ids = [b[1:].astype(np.int64).tolist() for b in bodies]
-        decoded = decode_documents(self.tok, ids)
+        if self.batch is not None:
+            decoded = self.batch.decode_texts(decode_documents(self.inner, ids))
+        else:
+            decoded = decode_documents(self.tok, ids)
         records = document_records(self.tok, texts, ids, decoded)
         per_doc, doc_bytes, failure = attribute_documents(canon, ids, decoded, self.spell)
         token_bytes = None
@@ -289,13 +308,25 @@ def _encode_proving_in_worker(texts: list[str], keep_bytes: bool) -> Encoded:
 
 
 def encode_proved_ordered(
-    spec: EncodeSpec, batches: Iterator[EncodeBatch], workers: int
+    spec: EncodeSpec,
+    batches: Iterator[EncodeBatch],
+    workers: int,
+    transforms: SplitTransforms | None = None,
 ) -> Generator[tuple[EncodeBatch, Encoded], None, None]:
-    """Encode and prove batches on `workers` processes; results in input order, at most 2*workers in flight."""
-    if workers <= 1:
+    """Encode and prove batches on `workers` processes; results in input order, at most 2*workers in flight.
+
+    With `transforms` (a batch transform: in this process, one split at a time) the split's transform is
+    opened at its first batch and closed before the next split's is opened."""
+    if workers <= 1 or transforms is not None:
         enc = ProvingEncoder(spec)
-        for b in batches:
-            yield b, enc.encode(b.texts, b.split == "val")
+        with ExitStack() as stack:
+            split = None
+            for b in batches:
+                if transforms is not None and b.split != split:
+                    stack.close()  # the other split's child ends before this one starts
+                    enc.batch = stack.enter_context(transforms.for_split(b.split))
+                    split = b.split
+                yield b, enc.encode(b.texts, b.split == "val")
         return
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
     with mp.get_context(method).Pool(workers, initializer=_init_proving_worker, initargs=(spec,)) as pool:
@@ -475,7 +506,7 @@ def _prepare_tokenizer(
     val_docs: int,
     tokenizer_train_docs: int | None,
     policy: str,
-    transform: str | None = None,
+    transform: str | SplitTransforms | None = None,
 ) -> Path:
     if vocab_size is not None:
         if iter(texts) is texts:
@@ -492,17 +523,25 @@ def _prepare_tokenizer(
         stop = None if tokenizer_train_docs is None else val_docs + tokenizer_train_docs
         train_texts: Iterable[str] = guard.filter_texts(islice(iter(texts), val_docs, stop), val_docs)
         markers: tuple[str, ...] = ()
-        if transform is not None:  # trained on what it will tokenize: the transformed text, markers as pieces
+        stack = ExitStack()
+        if isinstance(
+            transform, str
+        ):  # trained on what it will tokenize: the transformed text, markers as pieces
             tf = TRANSFORMS[transform]()
             markers = tf.markers
             train_texts = (tf.encode_text(t) for t in train_texts)
-        suffix = "" if transform is None else f"_{transform}"
-        path = train_sentencepiece(
-            train_texts,
-            vocab_size,
-            out / f"tokenizer_{vocab_size}_bpe{suffix}.model",
-            user_defined_symbols=markers,
-        )
+        elif transform is not None:  # a train-split child transforms the tokenizer's training text
+            markers = transform.markers
+            child = stack.enter_context(transform.for_split("train"))
+            train_texts = _batched_encode(child, train_texts)
+        suffix = "" if transform is None else f"_{_transform_name(transform)}"
+        with stack:
+            path = train_sentencepiece(
+                train_texts,
+                vocab_size,
+                out / f"tokenizer_{vocab_size}_bpe{suffix}.model",
+                user_defined_symbols=markers,
+            )
         try:
             guard.raise_if_refused()
         except ValidationLeakError:
@@ -524,6 +563,41 @@ def _prepare_tokenizer(
     return dst
 
 
+def _transform_name(transform: str | SplitTransforms | None) -> str | None:
+    return transform if transform is None or isinstance(transform, str) else transform.name
+
+
+def _encode_spec(
+    tok: Tokenizer, tok_path: str, canonical: str, transform: str | SplitTransforms | None
+) -> tuple[EncodeSpec, SplitTransforms | None]:
+    """The EncodeSpec (canonical `auto` resolved, through the transform) and the batch transform, if any."""
+    batch_tf = None if transform is None or isinstance(transform, str) else transform
+    declared = None if batch_tf is None else (batch_tf.name, batch_tf.markers)
+    if canonical == "auto" and batch_tf is not None:
+        canonical = _choose_canonical_batch(tok, batch_tf)
+    elif canonical == "auto":
+        canonical = choose_canonical(
+            tok if transform is None else TransformedTokenizer(tok, TRANSFORMS[str(transform)]())
+        )
+    return EncodeSpec(
+        tok_path, canonical, transform if isinstance(transform, str) else None, declared
+    ), batch_tf
+
+
+def _choose_canonical_batch(tok: Tokenizer, transforms: SplitTransforms) -> str:
+    """choose_canonical through a batch transform: its own child, which sees the probe and no document."""
+    with transforms.for_split("probe") as child:
+        ids = tok.encode(child.encode_texts([AUTO_PROBE]))[0]
+        back = child.decode_texts([tok.decode(ids)])[0]
+    return "sp1024" if back == sp1024_canonical([AUTO_PROBE])[0] else "raw"
+
+
+def _batched_encode(child: BatchTransform, texts: Iterable[str], batch: int = 256) -> Iterator[str]:
+    it = iter(texts)
+    while chunk := list(islice(it, batch)):
+        yield from child.encode_texts(chunk)
+
+
 def build_dataset(
     texts: Iterable[str],
     out: str | os.PathLike[str],
@@ -539,7 +613,7 @@ def build_dataset(
     progress: bool | None = None,
     drop_val_duplicates: bool = False,
     canonical: str = "auto",
-    transform: str | None = None,
+    transform: str | SplitTransforms | None = None,
 ) -> Path:
     """Tokenize `texts` (a list, or a re-iterable such as `DocumentSource`) into a dataset folder.
 
@@ -562,7 +636,7 @@ def build_dataset(
     """
     if canonical != "auto" and canonical not in CANONICALS:
         raise ValueError(f"--canonical {canonical!r}: expected auto or one of {', '.join(CANONICALS)}")
-    if transform is not None and transform not in TRANSFORMS:
+    if isinstance(transform, str) and transform not in TRANSFORMS:
         raise ValueError(f"--transform {transform!r}: expected none or one of {', '.join(TRANSFORMS)}")
     if (tokenizer is None) == (vocab_size is None):
         raise ValueError("give exactly one of --tokenizer MODEL|byte260 and --vocab-size N")
@@ -589,13 +663,12 @@ def build_dataset(
         raise ValueError(
             f"a vocabulary of {tok.vocab_size} does not fit uint16 shards (max {MAX_VOCAB_SIZE})"
         )
-    if canonical == "auto":
-        canonical = choose_canonical(
-            tok if transform is None else TransformedTokenizer(tok, TRANSFORMS[transform]())
-        )
-    spec = EncodeSpec(str(tok_path), canonical, transform)
+    spec, batch_tf = _encode_spec(tok, str(tok_path), canonical, transform)
+    canonical, tname = spec.canonical, _transform_name(transform)
     ProvingEncoder(spec)  # refuses here, before any worker starts, a tokenizer the proof cannot read
 
+    if batch_tf is not None:
+        workers = 1  # the split's one confined child transforms every batch of it, from this process
     if isinstance(tok, ByteTokenizer):
         workers = 1  # byte260 encoding is a memory copy (~500 MB/s); shipping text to workers costs more
     counts = np.zeros(tok.vocab_size, dtype=np.int64)
@@ -616,13 +689,15 @@ def build_dataset(
             tqdm(
                 total=total, desc="tokenize", unit="doc", disable=None if progress is None else not progress
             ) as bar,
-            closing(encode_proved_ordered(spec, _batches(texts, val_docs, selection), workers)) as encoded,
+            closing(
+                encode_proved_ordered(spec, _batches(texts, val_docs, selection), workers, batch_tf)
+            ) as encoded,
         ):
             for batch, enc in encoded:
                 if enc.failure is not None:
                     d, detail = enc.failure
                     raise TokenizerProofError(
-                        f"the tokenizer {tok_path.name} (canonical {canonical}, transform {transform or 'none'}) "
+                        f"the tokenizer {tok_path.name} (canonical {canonical}, transform {tname or 'none'}) "
                         f"fails its proof on {batch.split} document {batch.start + d} (source index): {detail}. "
                         "No dataset was written. HINT: check the tokenizer and transform with `pgolf audit-tokenizer`"
                     )
@@ -636,7 +711,7 @@ def build_dataset(
                 )
                 writers[batch.split].add(flat, len(lens), text_bytes)
                 bar.update(len(batch.texts))
-    except (ValidationLeakError, TokenizerProofError):
+    except BaseException:  # a leak, a failed proof, a refused submitted transform: no dataset
         _remove_outputs(out)
         raise
     elapsed_s = time.perf_counter() - t0
@@ -664,7 +739,7 @@ def build_dataset(
     text_mb = (writers["val"].text_bytes + writers["train"].text_bytes) / 1e6
     print(
         f"tokenized and proved {selection.docs} documents ({text_mb:.1f} MB, canonical {canonical}, transform "
-        f"{transform or 'none'}) in {elapsed_s:.1f} s on {workers} worker(s): "
+        f"{tname or 'none'}) in {elapsed_s:.1f} s on {workers} worker(s): "
         f"{text_mb / max(elapsed_s, 1e-9):.2f} MB/s, {text_mb / max(elapsed_s, 1e-9) / workers:.2f} MB/s per worker"
     )
     write_manifest(
@@ -704,13 +779,14 @@ def build_dataset(
             },
             "canonical": canonical_block(
                 canonical,
-                transform,
+                tname,
                 val_bytes_sha256,
                 token_bytes,
                 doc_bytes,
                 canonical_bytes,
                 {"docs": {"val": writers["val"].docs, "train": writers["train"].docs + guard.dropped_count}},
             ),
+            **({} if batch_tf is None else {"transform": {"name": batch_tf.name, "sha256": batch_tf.sha256}}),
             "shard_tokens": shard_tokens,
             "source": source or {},
             "shards": shards,
@@ -776,7 +852,7 @@ def prove_dataset(
     texts: Iterable[str],
     *,
     canonical: str = "auto",
-    transform: str | None = None,
+    transform: str | SplitTransforms | None = None,
     workers: int | None = None,
     progress: bool | None = None,
 ) -> dict[str, Any]:
@@ -798,13 +874,10 @@ def prove_dataset(
     val = np.asarray(read_split(root, "val"))
     n_docs = int(m.raw["docs"]["val"])
     tok = load_tokenizer(m.tokenizer_path)
-    if canonical == "auto":
-        canonical = choose_canonical(
-            tok if transform is None else TransformedTokenizer(tok, TRANSFORMS[transform]())
-        )
-    spec = EncodeSpec(str(m.tokenizer_path), canonical, transform)
+    spec, batch_tf = _encode_spec(tok, str(m.tokenizer_path), canonical, transform)
+    canonical, tname = spec.canonical, _transform_name(transform)
     ProvingEncoder(spec)
-    workers = default_workers() if workers is None else workers
+    workers = 1 if batch_tf is not None else default_workers() if workers is None else workers
     selection = SelectionHash()
     val_hash = SelectionHash()
     token_bytes = np.zeros(val.size, dtype=TOKEN_BYTES_DTYPE)
@@ -815,7 +888,9 @@ def prove_dataset(
         tqdm(
             total=n_docs, desc="prove", unit="doc", disable=None if progress is None else not progress
         ) as bar,
-        closing(encode_proved_ordered(spec, _batches(docs_iter, n_docs, selection), workers)) as encoded,
+        closing(
+            encode_proved_ordered(spec, _batches(docs_iter, n_docs, selection), workers, batch_tf)
+        ) as encoded,
     ):
         for batch, enc in encoded:
             if enc.failure is not None:
@@ -850,7 +925,7 @@ def prove_dataset(
     sha = write_val_bytes(root / VAL_BYTES_NAME, token_bytes, counts)
     block = canonical_block(
         canonical,
-        transform,
+        tname,
         sha,
         token_bytes,
         counts,
@@ -859,6 +934,8 @@ def prove_dataset(
     )
     raw = {k: v for k, v in m.raw.items() if k not in ("format", "format_version")}
     raw["canonical"] = block
+    if batch_tf is not None:
+        raw["transform"] = {"name": batch_tf.name, "sha256": batch_tf.sha256}
     raw["split_sha256"] = {**(raw.get("split_sha256") or {}), "val": val_hash.hexdigest()}
     write_manifest(root, raw)
     return block

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from data.build import DEFAULT_SHARD_TOKENS, DEFAULT_VAL_DOCS, build_dataset, prove_dataset, summarize
 from data.download import DEFAULT_REPO_ID, DownloadError, download_variant
@@ -24,6 +26,26 @@ from data.sources import DEFAULT_HF_CONFIG, DocumentSource, source_from_path
 from data.verify import verify_dataset
 
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
+
+TransformResolver = Callable[[str], Any]
+"""FILE.py -> data/proof.py SplitTransforms (a submitted transform, run confined): harness/cli.py's."""
+_RESOLVER: TransformResolver | None = None
+
+
+def resolve_transform(value: str) -> Any:
+    """--transform: none -> None, a built-in name, or FILE.py through the resolver `register` was given."""
+    if value == "none":
+        return None
+    if value in TRANSFORMS:
+        return value
+    if not value.endswith(".py"):
+        raise ValueError(f"--transform {value!r}: expected none, {', '.join(TRANSFORMS)} or a FILE.py")
+    if _RESOLVER is None:
+        raise ValueError(
+            f"--transform {value}: a submitted transform runs confined, which `python -m data.cli` cannot "
+            "do; use `pgolf data build`"
+        )
+    return _RESOLVER(value)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -52,7 +74,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         drop_val_duplicates=args.drop_val_duplicates,
         canonical=args.canonical,
-        transform=None if args.transform == "none" else args.transform,
+        transform=resolve_transform(args.transform),
     )
     print(summarize(out))
     return 0
@@ -64,7 +86,7 @@ def cmd_prove(args: argparse.Namespace) -> int:
         args.dir,
         src,
         canonical=args.canonical,
-        transform=None if args.transform == "none" else args.transform,
+        transform=resolve_transform(args.transform),
         workers=args.workers,
     )
     vb = block["val_bytes"]
@@ -106,7 +128,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction, resolver: TransformResolver | None = None) -> None:
+    """Add the commands; `resolver` runs a --transform FILE.py confined (harness/cli.py gives one)."""
+    global _RESOLVER
+    _RESOLVER = resolver
     p = sub.add_parser(
         "prove",
         help="prove a dataset built elsewhere (the official shards) against its validation documents, and "
@@ -118,7 +143,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--field", default="text", help="field / column holding the text (default: text)")
     p.add_argument("--canonical", choices=("auto", *CANONICALS), default="auto", help="as for build")
-    p.add_argument("--transform", choices=("none", *TRANSFORMS), default="none", help="as for build")
+    p.add_argument(
+        "--transform",
+        default="none",
+        metavar="none|" + "|".join(TRANSFORMS) + "|FILE.py",
+        help="as for build",
+    )
     p.add_argument("--workers", type=int, default=None, help="tokenizing processes (default: all cores)")
     p.set_defaults(func=cmd_prove)
 
@@ -152,9 +182,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--transform",
-        choices=("none", *TRANSFORMS),
         default="none",
-        help="a reversible text transform, part of the tokenizer (case: CaseOps-style case markers); with "
+        metavar="none|" + "|".join(TRANSFORMS) + "|FILE.py",
+        help="a reversible text transform, part of the tokenizer (case: CaseOps-style case markers; FILE.py: "
+        "a submitted transform.py, run confined, one child per split, docs/RULES.md); with "
         "--vocab-size the tokenizer is trained on the transformed text with the markers as pieces",
     )
     p.add_argument(

@@ -34,6 +34,7 @@ import re
 import time
 import unicodedata
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -187,6 +188,64 @@ class CaseTransform:
 
 
 TRANSFORMS: dict[str, Callable[[], TextTransform]] = {"case": CaseTransform}
+
+
+class BatchTransform(Protocol):
+    """One split's transform, a batch at a time (a confined child's, or a built-in one run here)."""
+
+    def encode_texts(self, texts: list[str]) -> list[str]: ...
+
+    def decode_texts(self, texts: list[str]) -> list[str]: ...
+
+
+class SplitTransforms(Protocol):
+    """A declared transform that is run one split at a time (`for_split("val"|"train")`): a submitted
+    transform.py runs in a confined child per split (scoring/worker/transform.py), never two alive together,
+    so that what it sees of one split cannot reach the other. `sha256` is the transform file's."""
+
+    name: str
+    markers: tuple[str, ...]
+    sha256: str | None
+
+    def for_split(self, split: str) -> AbstractContextManager[BatchTransform]: ...
+
+
+class DeclaredTransform:
+    """A TextTransform that only declares (name, markers): what TransformedTokenizer needs of a batch
+    transform for its marker check and byte table; its texts go through a BatchTransform instead."""
+
+    def __init__(self, name: str, markers: tuple[str, ...]):
+        self.name, self.markers = name, tuple(markers)
+
+    def encode_text(self, text: str) -> str:
+        raise RuntimeError(f"the {self.name} transform runs a batch at a time (for_split)")
+
+    def decode_text(self, text: str) -> str:
+        raise RuntimeError(f"the {self.name} transform runs a batch at a time (for_split)")
+
+
+class _MemoTransform:
+    """A batch transform as a TextTransform for the proof: `load(texts)` sends a batch through the child
+    (encode, then decode of the tokens' decoding) and remembers the answers, which encode_text and
+    decode_text then give back."""
+
+    def __init__(self, name: str, markers: tuple[str, ...], child: BatchTransform, tok: Tokenizer):
+        self.name, self.markers, self.child, self.tok = name, tuple(markers), child, tok
+        self.enc: dict[str, str] = {}
+        self.dec: dict[str, str] = {}
+
+    def load(self, texts: list[str]) -> None:
+        self.enc, self.dec = {}, {}
+        fed = self.child.encode_texts(texts)
+        self.enc = dict(zip(texts, fed, strict=True))
+        inner = [self.tok.decode(ids) for ids in self.tok.encode(fed)]
+        self.dec = dict(zip(inner, self.child.decode_texts(inner), strict=True))
+
+    def encode_text(self, text: str) -> str:
+        return self.enc[text]
+
+    def decode_text(self, text: str) -> str:
+        return self.dec[text]
 
 
 class TransformedTokenizer:
@@ -491,11 +550,32 @@ def prove_tokenizer(
     texts: Sequence[str],
     *,
     canonical: str = "auto",
-    transform: TextTransform | None = None,
+    transform: TextTransform | SplitTransforms | None = None,
     table: ByteTable | None = None,
     batch_docs: int = 256,
 ) -> ProofReport:
-    """Run the proof on every document of `texts` (see the module's docstring)."""
+    """Run the proof on every document of `texts` (see the module's docstring).
+
+    A SplitTransforms (a submitted transform.py, run confined) proves through one child (split "audit"),
+    a batch at a time: each batch's texts and decodings go through it first, and the proof reads them back."""
+    if transform is not None and hasattr(transform, "for_split"):
+        split_tf: SplitTransforms = transform  # type: ignore[assignment]
+        with split_tf.for_split("audit") as child:
+            memo = _MemoTransform(split_tf.name, split_tf.markers, child, tok)
+            memo.load([AUTO_PROBE])
+            return _prove(tok, texts, canonical, memo, table, batch_docs, memo)
+    return _prove(tok, texts, canonical, transform, table, batch_docs, None)
+
+
+def _prove(
+    tok: Tokenizer,
+    texts: Sequence[str],
+    canonical: str,
+    transform: TextTransform | None,
+    table: ByteTable | None,
+    batch_docs: int,
+    memo: _MemoTransform | None,
+) -> ProofReport:
     t0 = time.perf_counter()
     if transform is not None:
         tok = TransformedTokenizer(tok, transform)
@@ -506,6 +586,8 @@ def prove_tokenizer(
     rep = ProofReport(name, None if transform is None else transform.name, tok.kind)
     for start in range(0, len(texts), batch_docs):
         chunk = list(texts[start : start + batch_docs])
+        if memo is not None:
+            memo.load(chunk)
         t1 = time.perf_counter()
         encoded = tok.encode(chunk)
         rep.encode_seconds += time.perf_counter() - t1

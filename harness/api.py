@@ -19,6 +19,9 @@ A submission folder holds (see submissions/README.md):
     codec.py         optional custom codec: NAME, VERSION, encode(state) -> bytes, decode(bytes) -> state
                      (CODEC_ATTRS). Its encode runs in the training sandbox on the clock; its decode in the
                      model worker.
+    transform.py     optional reversible text transform, part of the tokenizer: NAME, MARKERS,
+                     encode_text(str) -> str, decode_text(str) -> str (docs/RULES.md). Runs only confined,
+                     one child per split (`pgolf data build --transform transform.py`).
 Counted code bytes: every file of the folder except UNCOUNTED_FILES (scoring/artifact/cap.py has the
 exact rule); bytes_code + bytes_model = bytes_total, at most the track's cap.
 Code may be shipped compressed as one `code.tar.xz` at the top of the folder (`tar -cJf code.tar.xz

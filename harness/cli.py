@@ -235,6 +235,13 @@ def summary_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _confined_transform(path: str) -> object:
+    """`--transform FILE.py`: the submitted transform, one confined child per split (scoring/worker/transform.py)."""
+    from scoring.worker.transform import ConfinedTransforms
+
+    return ConfinedTransforms(path)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser with every command, or with `only` that command's module imported."""
     parser = _top_parser()
@@ -244,7 +251,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if name == "data.cli":
             p = sub.add_parser("data", help="datasets: build, download, verify")
             importlib.import_module(name).register(
-                p.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND")
+                p.add_subparsers(dest="data_command", required=True, metavar="DATA_COMMAND"),
+                _confined_transform,
             )
         elif name == "harness.bench":
             p = sub.add_parser("bench", help="benchmarks that print figures")

@@ -234,7 +234,13 @@ def cmd_audit_tokenizer(args: argparse.Namespace) -> int:
         texts = texts[: args.max_docs]
     if not texts:
         raise DataError(f"{args.docs} holds no documents with a {args.field!r} field")
-    transform = None if args.transform == "none" else TRANSFORMS[args.transform]()
+    transform: Any = None
+    if args.transform in TRANSFORMS:
+        transform = TRANSFORMS[args.transform]()
+    elif args.transform != "none":  # a submitted transform.py: run confined (scoring/worker/transform.py)
+        from scoring.worker.transform import ConfinedTransforms
+
+        transform = ConfinedTransforms(args.transform)
     rep = prove_tokenizer(tok, texts, canonical=args.canonical, transform=transform)
     if args.json:
         print(json.dumps(rep.as_dict(), sort_keys=True))
@@ -264,9 +270,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--transform",
-        choices=("none", *TRANSFORMS),
+        metavar="none|" + "|".join(TRANSFORMS) + "|FILE.py",
         default="none",
-        help="a reversible text transform declared as part of the tokenizer (case: CaseOps markers)",
+        help="a reversible text transform declared as part of the tokenizer (case: CaseOps markers; FILE.py: a "
+        "submitted transform.py, run confined)",
     )
     p.add_argument("--json", action="store_true", help="print the proof's record as one JSON object")
     p.set_defaults(func=cmd_audit_tokenizer)

@@ -1,0 +1,194 @@
+"""A submitted transform.py, run confined one child per split (scoring/worker/transform.py).
+
+The equivalence: a submitted copy of the built-in case transform builds the same shards as `--transform case`,
+byte for byte. The hostile ones: a transform whose decode drops a character is refused by the proof (split
+and document named, no dataset); one that reads the documents file cannot (it is outside its sandbox);
+one that remembers what the validation child saw finds nothing in the training child.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from data.build import TokenizerProofError, build_dataset
+from scoring.worker.transform import ConfinedTransforms, TransformFailure, frame, unframe
+
+REPO = Path(__file__).resolve().parents[3]
+CASE_COPY = REPO / "tests" / "unit" / "data" / "transforms" / "case_copy.py"
+SAMPLE = REPO.parent / "shared" / "data" / "fineweb" / "sample.jsonl"
+N_DOCS, VAL_DOCS = 120, 30
+
+
+@pytest.fixture(scope="module")
+def docs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not SAMPLE.is_file():
+        pytest.skip(f"{SAMPLE} absent: the sample documents are not on this machine")
+    out = tmp_path_factory.mktemp("docs") / "docs.jsonl"
+    with SAMPLE.open(encoding="utf-8") as f:
+        out.write_text("".join(next(f) for _ in range(N_DOCS)), encoding="utf-8")
+    return out
+
+
+def _texts(path: Path) -> list[str]:
+    return [json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _build(docs: Path, out: Path, transform: object) -> Path:
+    return build_dataset(
+        _texts(docs),
+        out,
+        val_docs=VAL_DOCS,
+        vocab_size=400,  # trained on the transformed training text, the markers as pieces
+        workers=1,
+        transform=transform,  # type: ignore[arg-type]
+        progress=False,
+    )
+
+
+def _submitted(tmp: Path, body: str) -> Path:
+    src = tmp / "submitted" / "transform.py"
+    src.parent.mkdir(parents=True, exist_ok=True)
+    src.write_text(body, encoding="utf-8")
+    return src
+
+
+@given(st.lists(st.text(max_size=50), max_size=20))
+def test_transform_framing_round_trips(texts: list[str]) -> None:
+    assert unframe(frame(texts)) == texts
+
+
+def test_transform_submitted_case_copy_builds_identical_shards(docs: Path, tmp_path: Path) -> None:
+    a = _build(docs, tmp_path / "builtin", "case")
+    b = _build(docs, tmp_path / "submitted", ConfinedTransforms(CASE_COPY, reset_page_cache=False))
+    names = sorted(p.name for p in a.glob("*.bin"))
+    assert names and names == sorted(p.name for p in b.glob("*.bin"))
+    for name in names:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    manifest = json.loads((b / "manifest.json").read_text())
+    assert manifest["canonical"]["transform"] == "case"
+    assert manifest["transform"]["name"] == "case" and len(manifest["transform"]["sha256"]) == 64
+
+
+def test_transform_that_drops_a_character_is_refused(docs: Path, tmp_path: Path) -> None:
+    body = CASE_COPY.read_text(encoding="utf-8") + (
+        "\n_seen = [0]\n_decode0 = decode_text\n\n\ndef decode_text(text):\n"
+        "    _seen[0] += 1\n"
+        "    out = _decode0(text)\n"
+        "    return out[:-1] if _seen[0] == 7 and out else out\n"
+    )
+    out = tmp_path / "out"
+    with pytest.raises(TokenizerProofError, match=r"val document 6 .*No dataset was written"):
+        _build(docs, out, ConfinedTransforms(_submitted(tmp_path, body), reset_page_cache=False))
+    assert not list(out.glob("*.bin"))
+
+
+def test_transform_cannot_read_the_documents_file(docs: Path, tmp_path: Path) -> None:
+    body = (
+        f"NAME = 'peek'\nMARKERS = ()\nSTOLEN = open({str(docs)!r}).read(100)\n"
+        "def encode_text(t):\n    return t\n"
+        "def decode_text(t):\n    return t\n"
+    )
+    with pytest.raises(TransformFailure, match=r"failed to start .*(PermissionError|Errno)"):
+        ConfinedTransforms(_submitted(tmp_path, body), reset_page_cache=False)
+
+
+def test_transform_train_child_learns_nothing_of_validation(tmp_path: Path) -> None:
+    body = (
+        "import os\nNAME = 'spy'\nMARKERS = ()\n"
+        "def encode_text(t):\n"
+        "    for d in (os.environ.get('HOME', '/nonexistent'), '/tmp'):\n"
+        "        try:\n"
+        "            with open(os.path.join(d, 'spy-seen.txt'), 'a') as f:\n"
+        "                f.write(t)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    return t\n"
+        "def decode_text(t):\n"
+        "    found = []\n"
+        "    for d in (os.environ.get('HOME', '/nonexistent'), '/tmp'):\n"
+        "        try:\n"
+        "            found.append(open(os.path.join(d, 'spy-seen.txt')).read())\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    return '|'.join(found)\n"
+    )
+    tf = ConfinedTransforms(_submitted(tmp_path, body), reset_page_cache=False)
+    with tf.for_split("val") as val:
+        val.encode_texts(["the secret validation text"])
+    with tf.for_split("train") as train:
+        assert "secret" not in train.decode_texts(["x"])[0]
+
+
+def test_transform_output_refused_when_too_large_or_wrong_count(tmp_path: Path) -> None:
+    big = _submitted(
+        tmp_path,
+        "NAME = 'big'\nMARKERS = ()\ndef encode_text(t):\n    return t * 10 + 'x' * 2000\ndecode_text = encode_text\n",
+    )
+    with (
+        ConfinedTransforms(big, reset_page_cache=False).for_split("val") as child,
+        pytest.raises(TransformFailure, match=r"split val"),
+    ):
+        child.encode_texts(["abc"])
+
+
+def test_transform_deadline(tmp_path: Path) -> None:
+    slow = _submitted(
+        tmp_path,
+        "import time\nNAME = 'slow'\nMARKERS = ()\ndef encode_text(t):\n    time.sleep(30)\n    return t\n"
+        "decode_text = encode_text\n",
+    )
+    with (
+        ConfinedTransforms(slow, reset_page_cache=False, timeout_s=2).for_split("train") as child,
+        pytest.raises(TransformFailure, match=r"within 2 s \(split train\)"),
+    ):
+        child.encode_texts(["abc"])
+
+
+def test_transform_audit_through_the_child_equals_builtin(docs: Path, tmp_path: Path) -> None:
+    from data.proof import CaseTransform, prove_tokenizer
+    from data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(_build(docs, tmp_path / "d", "case") / "tokenizer_400_bpe_case.model")
+    texts = _texts(docs)[:VAL_DOCS]
+    a = prove_tokenizer(tok, texts, transform=CaseTransform())
+    b = prove_tokenizer(tok, texts, transform=ConfinedTransforms(CASE_COPY, reset_page_cache=False))
+    assert a.passed and b.passed
+    assert (a.docs, a.tokens, a.canonical, a.transform) == (b.docs, b.tokens, b.canonical, b.transform)
+
+
+_RAW_REPLY = """import json, os, struct, sys
+NAME = 'raw'
+MARKERS = ()
+_FD = json.loads(sys.argv[1])['out_fd']
+
+
+def encode_text(t):
+    texts = {texts!r}
+    payload = struct.pack('<I', len(texts)) + b''.join(struct.pack('<I', len(b)) + b for b in texts)
+    os.write(_FD, struct.pack('<I', len(payload)) + payload)
+    os._exit(0)
+
+
+decode_text = encode_text
+"""
+
+
+@pytest.mark.parametrize(
+    ("texts", "refusal"),
+    [
+        ([b"a", b"b"], r"gave back 2 texts for 1 to encode \(split val\)"),
+        ([b"\xff"], r"not UTF-8 .*split val"),
+    ],
+)
+def test_transform_raw_reply_refused(tmp_path: Path, texts: list[bytes], refusal: str) -> None:
+    src = _submitted(tmp_path, _RAW_REPLY.format(texts=texts))
+    with (
+        ConfinedTransforms(src, reset_page_cache=False).for_split("val") as child,
+        pytest.raises(TransformFailure, match=refusal),
+    ):
+        child.encode_texts(["x"])
