@@ -93,11 +93,20 @@ def unframe(data: bytes) -> list[str]:
     return [b.decode("utf-8") for b in unframe_bytes(data)]
 
 
-def _write_msg(fd: int, payload: bytes) -> None:
+def _write_msg(fd: int, payload: bytes, deadline: float | None = None) -> None:
+    """Write one framed message; with a `deadline` the fd must be non-blocking (a child that stops reading
+    its pipe cannot stall the trusted side past it: TimeoutError)."""
     data = _U32.pack(len(payload)) + payload
     view = memoryview(data)
     while view:
-        n = os.write(fd, view)
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([], [fd], [], left)[1]:
+                raise TimeoutError
+        try:
+            n = os.write(fd, view)
+        except BlockingIOError:
+            continue
         view = view[n:]
 
 
@@ -146,9 +155,10 @@ class _SplitChild:
     def _call(self, op: bytes, texts: list[str], what: str) -> list[str]:
         payload = frame(texts)
         limit = min(MAX_REPLY_BYTES, 4 * len(payload) + 1024 * (len(texts) + 1))
+        deadline = time.monotonic() + self.timeout_s
         try:
-            _write_msg(self.to_child, op + payload)
-            reply = _read_msg(self.from_child, time.monotonic() + self.timeout_s, limit)
+            _write_msg(self.to_child, op + payload, deadline)
+            reply = _read_msg(self.from_child, deadline, limit)
         except TimeoutError:
             raise self._fail(f"did not {what} a batch within {self.timeout_s:g} s") from None
         except OverflowError:
@@ -254,6 +264,7 @@ class ConfinedTransforms:
             os.close(r1)
             os.close(w2)
             r1 = w2 = -1
+            os.set_blocking(w1, False)  # writes to the child are bounded by the deadline too
             sc = _SplitChild(split, child, w1, r2, self.timeout_s)
             try:
                 hello = _read_msg(r2, time.monotonic() + self.timeout_s, 1 << 20)

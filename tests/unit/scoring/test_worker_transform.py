@@ -192,3 +192,18 @@ def test_transform_raw_reply_refused(tmp_path: Path, texts: list[bytes], refusal
         pytest.raises(TransformFailure, match=refusal),
     ):
         child.encode_texts(["x"])
+
+
+def test_a_child_that_stops_reading_cannot_stall_the_trusted_side(tmp_path: Path) -> None:
+    """The child answers its hello, then never reads again (it replaced its own reader): a batch larger than
+    the pipe's buffer must not block the trusted side's write past the deadline."""
+    deaf = _submitted(
+        tmp_path,
+        "import sys, time\nsys.modules['__main__']._read_msg = lambda *a, **k: time.sleep(3600)\n"
+        "NAME = 'deaf'\nMARKERS = ()\ndef encode_text(t):\n    return t\ndecode_text = encode_text\n",
+    )
+    with (
+        ConfinedTransforms(deaf, reset_page_cache=False, timeout_s=2).for_split("val") as child,
+        pytest.raises(TransformFailure, match=r"did not encode a batch within 2 s \(split val\)"),
+    ):
+        child.encode_texts(["x" * (1 << 20)])
