@@ -524,9 +524,8 @@ def _prepare_tokenizer(
         train_texts: Iterable[str] = guard.filter_texts(islice(iter(texts), val_docs, stop), val_docs)
         markers: tuple[str, ...] = ()
         stack = ExitStack()
-        if isinstance(
-            transform, str
-        ):  # trained on what it will tokenize: the transformed text, markers as pieces
+        # trained on what it will tokenize: the transformed text, markers as pieces
+        if isinstance(transform, str):
             tf = TRANSFORMS[transform]()
             markers = tf.markers
             train_texts = (tf.encode_text(t) for t in train_texts)

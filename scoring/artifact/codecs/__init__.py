@@ -25,9 +25,9 @@ from typing import Protocol
 import torch
 
 from harness.api import CODEC_ATTRS, CODEC_FILE
-from scoring.artifact.codec_names import CODEC_GRAMMAR, check_codec_spec
+from scoring.artifact.codec_names import CODEC_GRAMMAR, check_codec_spec, rowquant_names
 from scoring.artifact.codecs.int8_zlib import Int8Zlib
-from scoring.artifact.codecs.rowquant import codec_names, parse_codec
+from scoring.artifact.codecs.rowquant import parse_codec
 
 StateDict = dict[str, torch.Tensor]
 
@@ -41,7 +41,7 @@ class Codec(Protocol):
     def decode(self, payload: bytes) -> StateDict: ...
 
 
-CODECS: dict[str, Codec] = {"int8_zlib": Int8Zlib(), **{n: parse_codec(n) for n in codec_names()}}
+CODECS: dict[str, Codec] = {"int8_zlib": Int8Zlib(), **{n: parse_codec(n) for n in rowquant_names()}}
 SUBMISSION_CODEC_FILE = CODEC_FILE
 
 

@@ -55,7 +55,6 @@ from scoring.artifact.codec_names import (
     INT_SCHEMES,
     ROLE_TABLE_DEFAULT,
     parse_role_table,
-    rowquant_names,
     split_spec,
 )
 from scoring.artifact.codecs.compress import COMPRESSORS, Compressor, PayloadError
@@ -283,11 +282,6 @@ def _metadata(blob: bytes) -> dict[str, str]:
     if "layout" not in meta:
         raise PayloadError("payload's container has no layout")
     return meta
-
-
-def codec_names() -> list[str]:
-    """Every built-in name of this family (registered in CODECS)."""
-    return rowquant_names()
 
 
 def parse_codec(spec: str) -> RowQuantCodec:
