@@ -15,8 +15,8 @@ split digits, no dummy prefix, ids pad/bos/eos/unk = 0/1/2/3, character coverage
 
 from __future__ import annotations
 
+import io
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,6 +174,17 @@ def write_byte260(path: str | os.PathLike[str]) -> None:
     Path(path).write_text('{"kind": "byte260", "vocab_size": 260, "offset": 4}\n', encoding="utf-8")
 
 
+def reproducible_model_bytes(model: bytes) -> bytes:
+    """A trained model's bytes with the trainer spec's one machine fact cleared: `num_threads` (the pieces
+    and scores do not depend on it), so that two builds of the same documents give the same file."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model)
+    proto.trainer_spec.ClearField("num_threads")
+    return proto.SerializeToString(deterministic=True)
+
+
 def train_sentencepiece(
     texts: Iterable[str],
     vocab_size: int,
@@ -190,27 +201,28 @@ def train_sentencepiece(
         raise ValueError(f"--vocab-size must exceed 260 (4 specials + 256 byte pieces), got {vocab_size}")
     out_model = Path(out_model)
     out_model.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        prefix = Path(tmp) / "tok"
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=(t for t in texts if t),
-            model_prefix=str(prefix),
-            model_type="bpe",
-            vocab_size=vocab_size,
-            character_coverage=0.999,
-            byte_fallback=True,
-            split_digits=True,
-            normalization_rule_name="nmt_nfkc",
-            add_dummy_prefix=False,
-            hard_vocab_limit=False,
-            pad_id=PAD_ID,
-            bos_id=BOS_ID,
-            eos_id=EOS_ID,
-            unk_id=UNK_ID,
-            max_sentence_length=1 << 20,
-            num_threads=num_threads or os.cpu_count() or 1,
-            minloglevel=2,
-            user_defined_symbols=",".join(user_defined_symbols),
-        )
-        os.replace(prefix.with_suffix(".model"), out_model)
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=(t for t in texts if t),
+        model_writer=model,  # no model_prefix: the trainer spec records no temporary path
+        model_type="bpe",
+        vocab_size=vocab_size,
+        character_coverage=0.999,
+        byte_fallback=True,
+        split_digits=True,
+        normalization_rule_name="nmt_nfkc",
+        add_dummy_prefix=False,
+        hard_vocab_limit=False,
+        pad_id=PAD_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        unk_id=UNK_ID,
+        max_sentence_length=1 << 20,
+        num_threads=num_threads or os.cpu_count() or 1,
+        minloglevel=2,
+        user_defined_symbols=",".join(user_defined_symbols),
+    )
+    tmp = out_model.with_name(out_model.name + ".tmp")
+    tmp.write_bytes(reproducible_model_bytes(model.getvalue()))
+    os.replace(tmp, out_model)
     return out_model

@@ -18,7 +18,14 @@ from data.cli import main as data_main
 from data.io import read_json
 from data.shards import HEADER_BYTES, read_split, shard_name
 from data.sources import source_from_path
-from data.tokenizer import BOS_ID, BYTE260_OFFSET, SentencePieceTokenizer, load_tokenizer, write_byte260
+from data.tokenizer import (
+    BOS_ID,
+    BYTE260_OFFSET,
+    SentencePieceTokenizer,
+    load_tokenizer,
+    train_sentencepiece,
+    write_byte260,
+)
 from data.verify import verify_dataset
 from tests.conftest import SAMPLE_JSONL, SP1024, require_shared
 from tests.fixtures.texts import prose_documents
@@ -140,6 +147,19 @@ def test_trains_a_tokenizer_of_any_vocab_size_on_training_documents(tmp_path):
     tok = load_tokenizer(out / m["tokenizer"]["file"])
     got = split_docs(read_split(out, "train"), tok.bos_id)
     assert [g[1:].tolist() for g in got] == tok.encode(texts[5:])
+
+
+def test_a_trained_tokenizer_is_the_same_file_in_any_folder_and_thread_count(tmp_path):
+    # The trainer spec once recorded SentencePiece's temporary model_prefix path and the thread count:
+    # every build's tokenizer differed by those bytes though its pieces and scores were the same.
+    texts = prose_documents(40, 3000)
+    one = train_sentencepiece(texts, 400, tmp_path / "a" / "t.model", num_threads=1)
+    two = train_sentencepiece(texts, 400, tmp_path / "elsewhere" / "t.model", num_threads=2)
+    assert one.read_bytes() == two.read_bytes()
+    assert b"elsewhere" not in two.read_bytes() and str(tmp_path).encode() not in one.read_bytes()
+    a = build_dataset(texts, tmp_path / "x", val_docs=4, vocab_size=400, shard_tokens=50_000, workers=1)
+    b = build_dataset(texts, tmp_path / "y", val_docs=4, vocab_size=400, shard_tokens=50_000, workers=2)
+    assert (a / "manifest.json").read_bytes() == (b / "manifest.json").read_bytes()
 
 
 def test_user_errors_are_clear(tmp_path):
