@@ -71,11 +71,9 @@ from data.disjoint import (
 from data.io import sha256_file
 from data.manifest import MANIFEST_NAME, shard_entry, write_manifest
 from data.proof import (
-    AUTO_PROBE,
     CANONICALS,
     PROOF_FORMAT,
     PROOF_FORMAT_VERSION,
-    TRANSFORMS,
     BatchTransform,
     DeclaredTransform,
     SplitTransforms,
@@ -85,7 +83,7 @@ from data.proof import (
     canonical_function,
     choose_canonical,
     piece_lengths,
-    sp1024_canonical,
+    split_transforms,
 )
 from data.shards import TOKEN_DTYPE, read_split, shard_name, write_shard
 from data.tokenizer import (
@@ -244,14 +242,16 @@ class ProvingEncoder:
     def __init__(self, spec: EncodeSpec):
         self.spec = spec
         self.inner = load_tokenizer(spec.tokenizer_path)
-        self.transform = TRANSFORMS[spec.transform]() if spec.transform else None
+        builtin = split_transforms(spec.transform)
         self.batch: BatchTransform | None = None
-        """The split's batch transform, when `spec.declared` (set by encode_proved_ordered per split)."""
+        """The batch transform: a built-in's, or (`spec.declared`) the split's, set by encode_proved_ordered."""
+        if builtin is not None:
+            with builtin.for_split("any") as batch:  # in-process: the same object for every split
+                self.batch = batch
+        declared = (builtin.name, builtin.markers) if builtin is not None else spec.declared
         self.tok: Tokenizer = (
-            TransformedTokenizer(self.inner, self.transform) if self.transform is not None else self.inner
+            self.inner if declared is None else TransformedTokenizer(self.inner, DeclaredTransform(*declared))
         )
-        if spec.declared is not None:
-            self.tok = TransformedTokenizer(self.inner, DeclaredTransform(*spec.declared))
         self.canon = canonical_function(spec.canonical)
         spell = piece_lengths(self.tok)
         if spell is None:
@@ -263,19 +263,15 @@ class ProvingEncoder:
 
     def encode(self, texts: Sequence[str], keep_bytes: bool) -> Encoded:
         canon = self.canon(list(texts))
-        if self.spec.declared is not None:
-            assert self.batch is not None, "a batch transform's encoder is used inside for_split"
-            fed = self.batch.encode_texts(canon)
-        else:
-            fed = canon if self.transform is None else [self.transform.encode_text(c) for c in canon]
+        assert self.batch is not None or self.spec.declared is None, "a declared transform is set per split"
+        fed = canon if self.batch is None else self.batch.encode_texts(canon)
         flat, lens, ids = _encode(self.inner, fed)
         if ids is None:  # byte260: the ids are the bytes of what was fed
             bodies = np.split(flat, np.cumsum(lens)[:-1])
             ids = [b[1:].astype(np.int64).tolist() for b in bodies]
+        decoded = decode_documents(self.inner, ids)
         if self.batch is not None:
-            decoded = self.batch.decode_texts(decode_documents(self.inner, ids))
-        else:
-            decoded = decode_documents(self.tok, ids)
+            decoded = self.batch.decode_texts(decoded)
         records = document_records(self.tok, texts, ids, decoded)
         per_doc, doc_bytes, failure = attribute_documents(canon, ids, decoded, self.spell)
         token_bytes = None
@@ -522,24 +518,19 @@ def _prepare_tokenizer(
         guard = TrainGuard(index, policy)
         stop = None if tokenizer_train_docs is None else val_docs + tokenizer_train_docs
         train_texts: Iterable[str] = guard.filter_texts(islice(iter(texts), val_docs, stop), val_docs)
-        markers: tuple[str, ...] = ()
+        tfs = split_transforms(transform)
         stack = ExitStack()
-        # trained on what it will tokenize: the transformed text, markers as pieces
-        if isinstance(transform, str):
-            tf = TRANSFORMS[transform]()
-            markers = tf.markers
-            train_texts = (tf.encode_text(t) for t in train_texts)
-        elif transform is not None:  # a train-split child transforms the tokenizer's training text
-            markers = transform.markers
-            child = stack.enter_context(transform.for_split("train"))
-            train_texts = _batched_encode(child, train_texts)
+        # trained on what it will tokenize: the transformed text (a confined transform's train-split child
+        # transforms it), markers as pieces
+        if tfs is not None:
+            train_texts = _batched_encode(stack.enter_context(tfs.for_split("train")), train_texts)
         suffix = "" if transform is None else f"_{_transform_name(transform)}"
         with stack:
             path = train_sentencepiece(
                 train_texts,
                 vocab_size,
                 out / f"tokenizer_{vocab_size}_bpe{suffix}.model",
-                user_defined_symbols=markers,
+                user_defined_symbols=() if tfs is None else tfs.markers,
             )
         try:
             guard.raise_if_refused()
@@ -569,26 +560,20 @@ def _transform_name(transform: str | SplitTransforms | None) -> str | None:
 def _encode_spec(
     tok: Tokenizer, tok_path: str, canonical: str, transform: str | SplitTransforms | None
 ) -> tuple[EncodeSpec, SplitTransforms | None]:
-    """The EncodeSpec (canonical `auto` resolved, through the transform) and the batch transform, if any."""
+    """The EncodeSpec (canonical `auto` resolved, through the transform) and the batch transform of a
+    submitted one (None for a built-in, which every tokenizing process runs itself)."""
     batch_tf = None if transform is None or isinstance(transform, str) else transform
     declared = None if batch_tf is None else (batch_tf.name, batch_tf.markers)
-    if canonical == "auto" and batch_tf is not None:
-        canonical = _choose_canonical_batch(tok, batch_tf)
-    elif canonical == "auto":
-        canonical = choose_canonical(
-            tok if transform is None else TransformedTokenizer(tok, TRANSFORMS[str(transform)]())
-        )
+    if canonical == "auto":
+        tfs = split_transforms(transform)
+        if tfs is None:
+            canonical = choose_canonical(tok)
+        else:  # its own child ("probe"), which sees the probe text and no document
+            with tfs.for_split("probe") as child:
+                canonical = choose_canonical(tok, child)
     return EncodeSpec(
         tok_path, canonical, transform if isinstance(transform, str) else None, declared
     ), batch_tf
-
-
-def _choose_canonical_batch(tok: Tokenizer, transforms: SplitTransforms) -> str:
-    """choose_canonical through a batch transform: its own child, which sees the probe and no document."""
-    with transforms.for_split("probe") as child:
-        ids = tok.encode(child.encode_texts([AUTO_PROBE]))[0]
-        back = child.decode_texts([tok.decode(ids)])[0]
-    return "sp1024" if back == sp1024_canonical([AUTO_PROBE])[0] else "raw"
 
 
 def _batched_encode(child: BatchTransform, texts: Iterable[str], batch: int = 256) -> Iterator[str]:
@@ -635,8 +620,7 @@ def build_dataset(
     """
     if canonical != "auto" and canonical not in CANONICALS:
         raise ValueError(f"--canonical {canonical!r}: expected auto or one of {', '.join(CANONICALS)}")
-    if isinstance(transform, str) and transform not in TRANSFORMS:
-        raise ValueError(f"--transform {transform!r}: expected none or one of {', '.join(TRANSFORMS)}")
+    split_transforms(transform if isinstance(transform, str) else None)  # an unknown built-in name: refused
     if (tokenizer is None) == (vocab_size is None):
         raise ValueError("give exactly one of --tokenizer MODEL|byte260 and --vocab-size N")
     if isinstance(texts, Sequence) and not 0 < val_docs < len(texts):

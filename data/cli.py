@@ -32,20 +32,22 @@ TransformResolver = Callable[[str], Any]
 _RESOLVER: TransformResolver | None = None
 
 
-def resolve_transform(value: str) -> Any:
-    """--transform: none -> None, a built-in name, or FILE.py through the resolver `register` was given."""
+def resolve_transform(value: str, resolver: TransformResolver | None = None) -> Any:
+    """--transform: none -> None, a built-in name, or FILE.py through `resolver` (default: the one
+    `register` was given)."""
+    resolver = resolver or _RESOLVER
     if value == "none":
         return None
     if value in TRANSFORMS:
         return value
     if not value.endswith(".py"):
         raise ValueError(f"--transform {value!r}: expected none, {', '.join(TRANSFORMS)} or a FILE.py")
-    if _RESOLVER is None:
+    if resolver is None:
         raise ValueError(
             f"--transform {value}: a submitted transform runs confined, which `python -m data.cli` cannot "
             "do; use `pgolf data build`"
         )
-    return _RESOLVER(value)
+    return resolver(value)
 
 
 def cmd_build(args: argparse.Namespace) -> int:

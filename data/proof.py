@@ -33,8 +33,8 @@ from __future__ import annotations
 import re
 import time
 import unicodedata
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -104,10 +104,14 @@ def canonical_function(name: str) -> Callable[[list[str]], list[str]]:
     raise ValueError(f"unknown canonical text {name!r}: expected auto or one of {', '.join(CANONICALS)}")
 
 
-def choose_canonical(tok: Tokenizer) -> str:
-    """`auto`: sp1024 when the tokenizer's round trip of the probe is the probe's sp1024 canonical."""
-    ids = tok.encode([AUTO_PROBE])[0]
-    return "sp1024" if tok.decode(ids) == sp1024_canonical([AUTO_PROBE])[0] else "raw"
+def choose_canonical(tok: Tokenizer, transform: BatchTransform | None = None) -> str:
+    """`auto`: sp1024 when the tokenizer's round trip of the probe (through `transform`, when one is
+    declared) is the probe's sp1024 canonical text, raw otherwise."""
+    fed = [AUTO_PROBE] if transform is None else transform.encode_texts([AUTO_PROBE])
+    back = tok.decode(tok.encode(fed)[0])
+    if transform is not None:
+        back = transform.decode_texts([back])[0]
+    return "sp1024" if back == sp1024_canonical([AUTO_PROBE])[0] else "raw"
 
 
 # ---- reversible text transforms ----
@@ -224,28 +228,55 @@ class DeclaredTransform:
         raise RuntimeError(f"the {self.name} transform runs a batch at a time (for_split)")
 
 
-class _MemoTransform:
-    """A batch transform as a TextTransform for the proof: `load(texts)` sends a batch through the child
-    (encode, then decode of the tokens' decoding) and remembers the answers, which encode_text and
-    decode_text then give back."""
+class InProcessBatch:
+    """A TextTransform run here, a batch at a time: a built-in transform (the harness's own code) takes the
+    same path through the encoder and the proof as a confined one."""
 
-    def __init__(self, name: str, markers: tuple[str, ...], child: BatchTransform, tok: Tokenizer):
-        self.name, self.markers, self.child, self.tok = name, tuple(markers), child, tok
-        self.enc: dict[str, str] = {}
-        self.dec: dict[str, str] = {}
+    def __init__(self, transform: TextTransform):
+        self.transform = transform
 
-    def load(self, texts: list[str]) -> None:
-        self.enc, self.dec = {}, {}
-        fed = self.child.encode_texts(texts)
-        self.enc = dict(zip(texts, fed, strict=True))
-        inner = [self.tok.decode(ids) for ids in self.tok.encode(fed)]
-        self.dec = dict(zip(inner, self.child.decode_texts(inner), strict=True))
+    def encode_texts(self, texts: list[str]) -> list[str]:
+        return [self.transform.encode_text(t) for t in texts]
 
-    def encode_text(self, text: str) -> str:
-        return self.enc[text]
+    def decode_texts(self, texts: list[str]) -> list[str]:
+        return [self.transform.decode_text(t) for t in texts]
 
-    def decode_text(self, text: str) -> str:
-        return self.dec[text]
+
+class InProcessTransforms:
+    """A TextTransform as SplitTransforms: every split's batch transform is the same InProcessBatch (the
+    harness's own or a test's code: nothing of one split to keep from the other)."""
+
+    sha256: str | None = None
+
+    def __init__(self, transform: TextTransform):
+        self.name, self.markers = transform.name, tuple(transform.markers)
+        self._batch = InProcessBatch(transform)
+
+    @contextmanager
+    def for_split(self, split: str) -> Iterator[BatchTransform]:
+        yield self._batch
+
+
+def split_transforms(transform: str | TextTransform | SplitTransforms | None) -> SplitTransforms | None:
+    """Any declared transform as SplitTransforms: a built-in's name, a TextTransform (run here), or a
+    SplitTransforms already (a submitted transform.py, run confined)."""
+    if transform is None:
+        return None
+    if isinstance(transform, str):
+        if transform not in TRANSFORMS:
+            raise ValueError(f"--transform {transform!r}: expected none or one of {', '.join(TRANSFORMS)}")
+        return InProcessTransforms(TRANSFORMS[transform]())
+    if hasattr(transform, "for_split"):
+        return transform  # type: ignore[return-value]
+    return InProcessTransforms(transform)
+
+
+def declared_tokenizer(inner: Tokenizer, transforms: SplitTransforms | None) -> Tokenizer:
+    """The tokenizer with the transform's markers as zero-byte pieces, each checked to be one piece (its
+    texts go through a BatchTransform)."""
+    if transforms is None:
+        return inner
+    return TransformedTokenizer(inner, DeclaredTransform(transforms.name, transforms.markers))
 
 
 class TransformedTokenizer:
@@ -474,7 +505,8 @@ def _check_document(
     d: int,
     canonical: str,
     ids_list: Sequence[int],
-    tok: Tokenizer,
+    decoded: str,
+    bos_id: int,
     table: ByteTable,
     spell: PieceLengths | None,
     rep: ProofReport,
@@ -490,8 +522,8 @@ def _check_document(
     rep.tokens += int(ids.size)
     if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= table.vocab_size):
         return DocFailure(d, "text", None, f"a token id outside the byte table's {table.vocab_size} entries")
-    db = tok.decode(ids_list).encode("utf-8", errors="surrogatepass")
-    prev = np.concatenate([[tok.bos_id], ids[:-1]]).astype(np.int64)
+    db = decoded.encode("utf-8", errors="surrogatepass")
+    prev = np.concatenate([[bos_id], ids[:-1]]).astype(np.int64)
     per = table.token_bytes(prev, ids) if ids.size else np.zeros(0, np.int64)
     counted = int(per.sum())
     rep.table_bytes += counted
@@ -550,52 +582,51 @@ def prove_tokenizer(
     texts: Sequence[str],
     *,
     canonical: str = "auto",
-    transform: TextTransform | SplitTransforms | None = None,
+    transform: str | TextTransform | SplitTransforms | None = None,
     table: ByteTable | None = None,
     batch_docs: int = 256,
 ) -> ProofReport:
     """Run the proof on every document of `texts` (see the module's docstring).
 
-    A SplitTransforms (a submitted transform.py, run confined) proves through one child (split "audit"),
-    a batch at a time: each batch's texts and decodings go through it first, and the proof reads them back."""
-    if transform is not None and hasattr(transform, "for_split"):
-        split_tf: SplitTransforms = transform  # type: ignore[assignment]
-        with split_tf.for_split("audit") as child:
-            memo = _MemoTransform(split_tf.name, split_tf.markers, child, tok)
-            memo.load([AUTO_PROBE])
-            return _prove(tok, texts, canonical, memo, table, batch_docs, memo)
-    return _prove(tok, texts, canonical, transform, table, batch_docs, None)
+    A declared transform runs a batch at a time through one split's batch transform ("audit"; a submitted
+    transform.py in one confined child): each batch is transformed, tokenized once, decoded, and the
+    decodings transformed back."""
+    tfs = split_transforms(transform)
+    if tfs is None:
+        return _prove(tok, texts, canonical, None, None, table, batch_docs)
+    with tfs.for_split("audit") as child:
+        return _prove(tok, texts, canonical, tfs, child, table, batch_docs)
 
 
 def _prove(
-    tok: Tokenizer,
+    inner: Tokenizer,
     texts: Sequence[str],
     canonical: str,
-    transform: TextTransform | None,
+    transforms: SplitTransforms | None,
+    child: BatchTransform | None,
     table: ByteTable | None,
     batch_docs: int,
-    memo: _MemoTransform | None,
 ) -> ProofReport:
     t0 = time.perf_counter()
-    if transform is not None:
-        tok = TransformedTokenizer(tok, transform)
-    name = choose_canonical(tok) if canonical == "auto" else canonical
+    tok = declared_tokenizer(inner, transforms)
+    name = choose_canonical(inner, child) if canonical == "auto" else canonical
     canon = canonical_function(name)
     table = tok.byte_table() if table is None else table
     spell = piece_lengths(tok)
-    rep = ProofReport(name, None if transform is None else transform.name, tok.kind)
+    rep = ProofReport(name, None if transforms is None else transforms.name, tok.kind)
     for start in range(0, len(texts), batch_docs):
         chunk = list(texts[start : start + batch_docs])
-        if memo is not None:
-            memo.load(chunk)
         t1 = time.perf_counter()
-        encoded = tok.encode(chunk)
+        encoded = inner.encode(chunk if child is None else child.encode_texts(chunk))
         rep.encode_seconds += time.perf_counter() - t1
         if len(encoded) != len(chunk):
             raise ValueError(f"the tokenizer returned {len(encoded)} documents for {len(chunk)}")
-        for k, (c, ids) in enumerate(zip(canon(chunk), encoded, strict=True)):
+        decoded = [inner.decode(ids) for ids in encoded]  # the tokenizer's own decode, whatever it is
+        if child is not None:
+            decoded = child.decode_texts(decoded)
+        for k, (c, ids, dec) in enumerate(zip(canon(chunk), encoded, decoded, strict=True)):
             rep.docs += 1
-            failure = _check_document(start + k, c, ids, tok, table, spell, rep)
+            failure = _check_document(start + k, c, ids, dec, tok.bos_id, table, spell, rep)
             if failure is not None:
                 rep.failed_docs += 1
                 if rep.first is None:

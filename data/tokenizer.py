@@ -179,7 +179,7 @@ def reproducible_model_bytes(model: bytes) -> bytes:
     and scores do not depend on it), so that two builds of the same documents give the same file."""
     from sentencepiece import sentencepiece_model_pb2
 
-    proto = sentencepiece_model_pb2.ModelProto()
+    proto = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]
     proto.ParseFromString(model)
     proto.trainer_spec.ClearField("num_threads")
     return proto.SerializeToString(deterministic=True)

@@ -225,7 +225,8 @@ def audit_token_stream(
 def cmd_audit_tokenizer(args: argparse.Namespace) -> int:
     """The tokenizer's proof on the documents given (data/proof.py)."""
     from data.build import read_jsonl_texts
-    from data.proof import TRANSFORMS, prove_tokenizer
+    from data.cli import resolve_transform
+    from data.proof import prove_tokenizer
     from data.tokenizer import load_tokenizer
 
     tok = ByteTokenizer() if args.model == "byte260" else load_tokenizer(args.model)
@@ -234,13 +235,9 @@ def cmd_audit_tokenizer(args: argparse.Namespace) -> int:
         texts = texts[: args.max_docs]
     if not texts:
         raise DataError(f"{args.docs} holds no documents with a {args.field!r} field")
-    transform: Any = None
-    if args.transform in TRANSFORMS:
-        transform = TRANSFORMS[args.transform]()
-    elif args.transform != "none":  # a submitted transform.py: run confined (scoring/worker/transform.py)
-        from scoring.worker.transform import ConfinedTransforms
+    from scoring.worker.transform import ConfinedTransforms
 
-        transform = ConfinedTransforms(args.transform)
+    transform = resolve_transform(args.transform, ConfinedTransforms)  # none, a built-in, or FILE.py confined
     rep = prove_tokenizer(tok, texts, canonical=args.canonical, transform=transform)
     if args.json:
         print(json.dumps(rep.as_dict(), sort_keys=True))

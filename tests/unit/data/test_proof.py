@@ -8,6 +8,7 @@ import itertools
 import json
 import unicodedata
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -226,6 +227,45 @@ def test_the_case_transform_passes_on_sample_documents(case_model):
     assert rep.canonical_bytes == rep.table_bytes == plain.canonical_bytes  # the canonical text's bytes
 
 
+class CountsEncodes(SentencePieceTokenizer):
+    """An honest tokenizer that counts the texts it is asked to encode."""
+
+    encoded_texts = 0
+
+    def encode(self, texts):
+        self.encoded_texts += len(texts)
+        return super().encode(texts)
+
+
+class BatchCase:
+    """The case transform as a batch transform run one split at a time (what a confined one looks like)."""
+
+    name, markers, sha256 = "case", CaseTransform.markers, None
+
+    def encode_texts(self, texts):
+        return [CaseTransform().encode_text(t) for t in texts]
+
+    def decode_texts(self, texts):
+        return [CaseTransform().decode_text(t) for t in texts]
+
+    @contextmanager
+    def for_split(self, split):
+        yield self
+
+
+def test_a_batch_transform_is_proved_with_one_tokenization_of_each_document(case_model):
+    # The audit of a submitted transform once tokenized each batch twice (to learn its decodings first).
+    docs = sample_docs(30)
+    tok = CountsEncodes(case_model)
+    rep = prove_tokenizer(tok, docs, transform=BatchCase())
+    assert rep.passed, rep.summary()
+    # and canonical `auto`'s probe text, and each marker once (that it is one piece)
+    assert tok.encoded_texts == len(docs) + 1 + len(CaseTransform.markers)
+    assert rep.as_dict() | {"seconds": 0, "encode_seconds": 0, "tokens_per_s": 0} == prove_tokenizer(
+        SentencePieceTokenizer(case_model), docs, transform=CaseTransform()
+    ).as_dict() | {"seconds": 0, "encode_seconds": 0, "tokens_per_s": 0}
+
+
 class DropsAMarker(CaseTransform):
     """Broken: the first upper-case marker of each text is lost."""
 
@@ -310,3 +350,5 @@ def test_cli_refuses_in_one_line_and_passes_with_the_right_canonical(tmp_path, c
     assert rec["tokens_per_s"] > 0 and rec["canonical_bytes"] == rec["table_bytes"] == 25
     assert pgolf(["audit-tokenizer", str(SP1024), "--docs", str(docs), "--transform", "case"]) == 2
     assert "not one piece" in capsys.readouterr().err
+    assert pgolf(["audit-tokenizer", str(SP1024), "--docs", str(docs), "--transform", "cases"]) == 2
+    assert "--transform 'cases': expected none, case or a FILE.py" in capsys.readouterr().err
