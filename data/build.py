@@ -66,6 +66,7 @@ from data.disjoint import (
     decode_documents,
     document_records,
     split_records,
+    without_markers,
     write_val_digests,
 )
 from data.io import sha256_file
@@ -249,6 +250,7 @@ class ProvingEncoder:
             with builtin.for_split("any") as batch:  # in-process: the same object for every split
                 self.batch = batch
         declared = (builtin.name, builtin.markers) if builtin is not None else spec.declared
+        self.markers: tuple[str, ...] = () if declared is None else tuple(declared[1])
         self.tok: Tokenizer = (
             self.inner if declared is None else TransformedTokenizer(self.inner, DeclaredTransform(*declared))
         )
@@ -269,10 +271,11 @@ class ProvingEncoder:
         if ids is None:  # byte260: the ids are the bytes of what was fed
             bodies = np.split(flat, np.cumsum(lens)[:-1])
             ids = [b[1:].astype(np.int64).tolist() for b in bodies]
-        decoded = decode_documents(self.inner, ids)
-        if self.batch is not None:
-            decoded = self.batch.decode_texts(decoded)
-        records = document_records(self.tok, texts, ids, decoded)
+        spelled = decode_documents(self.inner, ids)  # what the tokens spell, markers and all
+        decoded = spelled if self.batch is None else self.batch.decode_texts(spelled)
+        # the tokenized digest is of what the tokens spell less the markers, which `pgolf data verify`
+        # computes from the shards and the manifest alone (it never runs a transform)
+        records = document_records(self.tok, texts, ids, without_markers(spelled, self.markers))
         per_doc, doc_bytes, failure = attribute_documents(canon, ids, decoded, self.spell)
         token_bytes = None
         if keep_bytes and failure is None:
@@ -553,6 +556,16 @@ def _prepare_tokenizer(
     return dst
 
 
+def transform_block(tfs: SplitTransforms) -> dict[str, Any]:
+    """The manifest's record of a submitted transform: its NAME, its file's sha256, and each child's split
+    and confinement (the layers and guarantees its sandbox held), in the order they ran."""
+    return {
+        "name": tfs.name,
+        "sha256": tfs.sha256,
+        "children": list(getattr(tfs, "confinement", [])),
+    }
+
+
 def _transform_name(transform: str | SplitTransforms | None) -> str | None:
     return transform if transform is None or isinstance(transform, str) else transform.name
 
@@ -648,7 +661,8 @@ def build_dataset(
         )
     spec, batch_tf = _encode_spec(tok, str(tok_path), canonical, transform)
     canonical, tname = spec.canonical, _transform_name(transform)
-    ProvingEncoder(spec)  # refuses here, before any worker starts, a tokenizer the proof cannot read
+    # refuses here, before any worker starts, a tokenizer the proof cannot read
+    markers = ProvingEncoder(spec).markers
 
     if batch_tf is not None:
         workers = 1  # the split's one confined child transforms every batch of it, from this process
@@ -768,8 +782,9 @@ def build_dataset(
                 doc_bytes,
                 canonical_bytes,
                 {"docs": {"val": writers["val"].docs, "train": writers["train"].docs + guard.dropped_count}},
+                markers,
             ),
-            **({} if batch_tf is None else {"transform": {"name": batch_tf.name, "sha256": batch_tf.sha256}}),
+            **({} if batch_tf is None else {"transform": transform_block(batch_tf)}),
             "shard_tokens": shard_tokens,
             "source": source or {},
             "shards": shards,
@@ -859,7 +874,7 @@ def prove_dataset(
     tok = load_tokenizer(m.tokenizer_path)
     spec, batch_tf = _encode_spec(tok, str(m.tokenizer_path), canonical, transform)
     canonical, tname = spec.canonical, _transform_name(transform)
-    ProvingEncoder(spec)
+    markers = ProvingEncoder(spec).markers
     workers = 1 if batch_tf is not None else default_workers() if workers is None else workers
     selection = SelectionHash()
     val_hash = SelectionHash()
@@ -914,11 +929,12 @@ def prove_dataset(
         counts,
         {"val": int(counts.sum())},
         {"docs": {"val": n_docs}, "proved_after_the_build": True},
+        markers,
     )
     raw = {k: v for k, v in m.raw.items() if k not in ("format", "format_version")}
     raw["canonical"] = block
     if batch_tf is not None:
-        raw["transform"] = {"name": batch_tf.name, "sha256": batch_tf.sha256}
+        raw["transform"] = transform_block(batch_tf)
     raw["split_sha256"] = {**(raw.get("split_sha256") or {}), "val": val_hash.hexdigest()}
     write_manifest(root, raw)
     return block
@@ -932,12 +948,15 @@ def canonical_block(
     doc_bytes: np.ndarray,
     canonical_bytes: dict[str, int],
     proof: dict[str, Any],
+    markers: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The manifest's `canonical` block (data/manifest.py version 3), for a build and for `prove_dataset`."""
+    """The manifest's `canonical` block (data/manifest.py version 3), for a build and for `prove_dataset`.
+    `markers`: the transform's, which spell no canonical byte (verify removes them before digesting)."""
     return {
         "text": canonical,
         "description": canonical_description(canonical),
         "transform": transform,
+        **({"markers": list(markers)} if markers else {}),
         "fed_to_tokenizer": "the canonical text"
         + ("" if transform is None else f", {transform}-transformed"),
         "val_bytes": {

@@ -4,6 +4,7 @@
     pgolf data build --hf-dataset HuggingFaceFW/fineweb --hf-config sample-10BT --max-docs N ... --out DIR
     pgolf data download --variant sp1024 [--train-shards N] [--repo ID] [--revision REV] [--out DIR]
     pgolf data verify DIR [--quick] [--against-docs VAL.jsonl [--ngram-threshold 0.5] [--ngram-sample 8]]
+    pgolf data verify DIR --transform FILE.py       (a dataset built with a submitted transform: its file)
     pgolf data verify SHARDS_DIR --tokenizer MODEL --against-docs VAL.jsonl     (a folder without a manifest)
 
 `register(subparsers)` adds the commands; harness/cli.py mounts them under `pgolf data`. The same
@@ -125,6 +126,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         ngram_sample=args.ngram_sample,
         workers=args.workers,
         tokenizer=args.tokenizer,
+        transform=args.transform,
     )
     print(report.table())
     return 0 if report.ok else 1
@@ -258,6 +260,12 @@ def register(sub: argparse._SubParsersAction, resolver: TransformResolver | None
         "--tokenizer",
         help="for a folder of shards without manifest.json (an entry's own): the tokenizer (.model or "
         "byte260.json) they were made with; headers and disjointness are checked",
+    )
+    p.add_argument(
+        "--transform",
+        metavar="FILE.py",
+        help="the submitted transform.py the dataset was built with: its sha256 against the manifest's (hashed, "
+        "never run)",
     )
     p.set_defaults(func=cmd_verify)
 

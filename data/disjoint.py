@@ -108,6 +108,14 @@ def normalised_digest(text: str) -> bytes:
     return digest(normalise(text))
 
 
+def without_markers(texts: Sequence[str], markers: Sequence[str]) -> list[str]:
+    """The texts with a declared transform's marker characters removed (they spell no canonical byte)."""
+    if not markers:
+        return list(texts)
+    drop = dict.fromkeys(map(ord, markers))
+    return [t.translate(drop) for t in texts]
+
+
 def decode_documents(tok: Tokenizer, docs: Sequence[np.ndarray] | Sequence[list[int]]) -> list[str]:
     """Each document's tokens (no BOS) as text, exactly as the tokenizer decodes them."""
     if isinstance(tok, ByteTokenizer):  # ByteTokenizer.decode, without a Python int per token

@@ -85,6 +85,11 @@ class Manifest:
         return int(self.raw["tokenizer"]["vocab_size"])
 
     @property
+    def markers(self) -> tuple[str, ...]:
+        """A declared transform's markers (canonical.markers): removed from decoded text before digesting."""
+        return tuple((self.raw.get("canonical") or {}).get("markers") or ())
+
+    @property
     def bos_id(self) -> int:
         return int(self.raw["tokenizer"]["bos_id"])
 

@@ -51,6 +51,7 @@ from data.disjoint import (
     digest,
     normalise,
     read_val_digests,
+    without_markers,
 )
 from data.io import sha256_file
 from data.manifest import DISJOINT_SINCE_VERSION, Manifest
@@ -294,7 +295,8 @@ def _scan_shard(k: int) -> _ShardScan:
                 f"{st['vocab_size']}: the shard's documents from token {batch[0][0]:,} on were not decoded"
             )
             return out
-        texts = [normalise(t) for t in decode_documents(st["tok"], [d for _, d in batch])]
+        spelled = decode_documents(st["tok"], [d for _, d in batch])
+        texts = [normalise(t) for t in without_markers(spelled, st["markers"])]
         base = out.docs
         for i, ((off, _), t) in enumerate(zip(batch, texts, strict=True)):
             dg = digest(t)
@@ -388,6 +390,7 @@ def check_disjoint(
         "tokenizer": str(m.tokenizer_path),
         "bos": m.bos_id,
         "vocab_size": m.vocab_size,
+        "markers": m.markers,
         "windows": None,
         "threshold": threshold,
     }

@@ -224,6 +224,46 @@ def bare_manifest(directory: str | os.PathLike[str], tokenizer: str | os.PathLik
     return Manifest(root, raw)
 
 
+def _check_transform(m: Manifest, path: str | os.PathLike[str] | None, *, quick: bool) -> list[FileCheck]:
+    """A submitted transform's file (`--transform FILE.py`) against the manifest's sha256 of the one the
+    dataset was built with: hashed, never run (without the file, verify_dataset's totals say so)."""
+    recorded = m.raw.get("transform")
+    if path is None:
+        return []
+    p = Path(path)
+    name = p.name
+    if not recorded:
+        return [
+            FileCheck(
+                name=name,
+                split="transform",
+                results={"sha256": FAIL},
+                problems=("the manifest records no submitted transform: this dataset was built without one",),
+            )
+        ]
+    if not p.is_file():
+        return [
+            FileCheck(name=name, split="transform", results={"sha256": FAIL}, problems=("file is missing",))
+        ]
+    if quick:
+        return [FileCheck(name=name, split="transform", results={})]
+    digest = sha256_file(p)
+    want = str(recorded.get("sha256"))
+    if digest == want:
+        return [FileCheck(name=name, split="transform", results={"sha256": OK})]
+    return [
+        FileCheck(
+            name=name,
+            split="transform",
+            results={"sha256": FAIL},
+            problems=(
+                f"sha256 {digest[:16]}… but the dataset was built with transform {recorded.get('name')!r} of sha256 "
+                f"{want[:16]}…: not the same file",
+            ),
+        )
+    ]
+
+
 def verify_dataset(
     directory: str | os.PathLike[str],
     *,
@@ -233,11 +273,13 @@ def verify_dataset(
     ngram_sample: int = DEFAULT_SAMPLE,
     workers: int | None = None,
     tokenizer: str | os.PathLike[str] | None = None,
+    transform: str | os.PathLike[str] | None = None,
 ) -> VerifyReport:
     """Check every file of a dataset folder against its manifest, and the training documents against
     the validation documents (see the module docstring). `tokenizer`: for a folder of shards without a
     manifest (an entry's own): the tokenizer they were made with; only their headers are checked, then
-    disjointness."""
+    disjointness. `transform`: the submitted transform.py the dataset was built with, hashed against the
+    manifest's record."""
     bare = tokenizer is not None
     m = bare_manifest(directory, tokenizer) if tokenizer is not None else load_manifest(directory)
     entries = list(m.raw["shards"])
@@ -266,6 +308,8 @@ def verify_dataset(
         files.append(FileCheck(name=tok_path.name, split="tokenizer", results=tok_results, problems=problems))
     else:
         files.append(FileCheck(name=tok_path.name, split="tokenizer", results=tok_results))
+
+    files += _check_transform(m, transform, quick=quick)
 
     listed = {str(e["name"]) for e in entries}
     for p in sorted(m.root.glob("fineweb_*.bin")):
@@ -308,6 +352,12 @@ def verify_dataset(
         total_problems.append("no validation shards listed")
     if not bare and view_split != "train":
         files.append(_check_val_bytes(m, quick=quick))
+    recorded = m.raw.get("transform")
+    if recorded and transform is None:
+        totals.append(
+            f"transform: built with the submitted transform {recorded.get('name')!r} (sha256 "
+            f"{str(recorded.get('sha256'))[:16]}…); its file was not checked (HINT: --transform FILE.py)"
+        )
     disjoint = None
     if not quick or against_docs is not None:
         failed = [f.name for f in files[: len(entries)] if not f.ok]

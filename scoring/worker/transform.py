@@ -197,6 +197,27 @@ class _SplitChild:
         return out
 
 
+CONFINEMENT_KEYS = (
+    "mode",
+    "landlock_abi",
+    "namespaces",
+    "seccomp",
+    "separate_user",
+    "guarantees",
+    "missing_layers",
+    "missing_allowed_by_official",
+)
+"""What a transform child's record keeps of its sandbox (not its temporary folders' paths)."""
+
+
+def _confinement(split: str, sandbox: dict[str, Any], page_cache_reset: bool) -> dict[str, Any]:
+    return {
+        "split": split,
+        **{k: sandbox.get(k) for k in CONFINEMENT_KEYS},
+        "page_cache_reset_before": page_cache_reset,
+    }
+
+
 class ConfinedTransforms:
     """A submitted transform.py (data/proof.py SplitTransforms): one confined child per split, in turn."""
 
@@ -216,6 +237,8 @@ class ConfinedTransforms:
         self._live = False
         self.children = 0
         """Children started so far (the page cache is reset before each one after the first)."""
+        self.confinement: list[dict[str, Any]] = []
+        """Each child's split and how it was confined (its sandbox's layers and guarantees): the manifest's."""
         self.name: str = ""
         self.markers: tuple[str, ...] = ()
         with self.for_split("declare") as _:
@@ -251,6 +274,7 @@ class ConfinedTransforms:
                 finally:
                     cache.close()
             self.children += 1
+            self.confinement.append(_confinement(split, plan.describe(), self.children > 1 and self.reset_page_cache))
             spec = {
                 "format": TRANSFORM_SPEC_FORMAT,
                 "format_version": TRANSFORM_SPEC_VERSION,

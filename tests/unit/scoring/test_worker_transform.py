@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from data.build import TokenizerProofError, build_dataset
+from data.verify import verify_dataset
 from scoring.worker.transform import ConfinedTransforms, TransformFailure, frame, unframe
 
 REPO = Path(__file__).resolve().parents[3]
@@ -72,6 +73,23 @@ def test_transform_submitted_case_copy_builds_identical_shards(docs: Path, tmp_p
     manifest = json.loads((b / "manifest.json").read_text())
     assert manifest["canonical"]["transform"] == "case"
     assert manifest["transform"]["name"] == "case" and len(manifest["transform"]["sha256"]) == 64
+    tokenizer = manifest["tokenizer"]["file"]  # trained on the same text: the same file, byte for byte
+    assert (a / tokenizer).read_bytes() == (b / tokenizer).read_bytes()
+    children = manifest["transform"]["children"]  # each child's split and confinement, in order
+    assert [c["split"] for c in children] == ["declare", "train", "probe", "val", "train"]
+    for c in children:
+        assert c["mode"] != "off" and set(c["guarantees"]) and "missing_layers" in c
+    # pgolf data verify proves both disjoint from the shards and the manifest's markers (it once decoded a
+    # transformed dataset with the markers in, and every validation digest differed from the build's)
+    assert verify_dataset(a).ok, verify_dataset(a).problems()
+    # and hashes the transform file against the manifest (never runs it)
+    assert verify_dataset(b, transform=CASE_COPY).ok
+    edited = _submitted(tmp_path, CASE_COPY.read_text(encoding="utf-8") + "\n# edited\n")
+    bad = verify_dataset(b, transform=edited)
+    assert not bad.ok and any("not the same file" in p for p in bad.problems())
+    assert any("its file was not checked" in line for line in verify_dataset(b, quick=True).totals)
+    plain = verify_dataset(a, transform=CASE_COPY, quick=True)
+    assert not plain.ok and "built without one" in " ".join(plain.problems())
 
 
 def test_transform_that_drops_a_character_is_refused(docs: Path, tmp_path: Path) -> None:
