@@ -5,7 +5,7 @@
 bpb divides by the bytes the byte table attributes to the scored tokens (data/tokenizer.py); a table
 that over-counts makes every score look better, a tokenizer that loses text is scored on less than
 the text. The proof, document by document, on every document given (docs/RULES.md, "A tokenizer's
-proof"), with `ids = tok.encode(transform.encode_text(doc))`:
+proof"), with `ids = tok.encode(transform.encode_text(canonical(doc)))`, what the build tokenizes:
 
 (a) `transform.decode_text(tok.decode(ids))` equals `canonical(doc)`, compared as UTF-8 bytes;
 (b) `table.count_bytes(ids)` (the per-token attribution the windows use, the document after its BOS)
@@ -594,6 +594,9 @@ def prove_tokenizer(
     tfs = split_transforms(transform)
     if tfs is None:
         return _prove(tok, texts, canonical, None, None, table, batch_docs)
+    if canonical == "auto":  # its own child, as the build's: the audit child's documents count from 0
+        with tfs.for_split("probe") as probe:
+            canonical = choose_canonical(tok, probe)
     with tfs.for_split("audit") as child:
         return _prove(tok, texts, canonical, tfs, child, table, batch_docs)
 
@@ -615,16 +618,17 @@ def _prove(
     spell = piece_lengths(tok)
     rep = ProofReport(name, None if transforms is None else transforms.name, tok.kind)
     for start in range(0, len(texts), batch_docs):
-        chunk = list(texts[start : start + batch_docs])
+        canonical_chunk = canon(list(texts[start : start + batch_docs]))
         t1 = time.perf_counter()
-        encoded = inner.encode(chunk if child is None else child.encode_texts(chunk))
+        # what the build tokenizes: the canonical text, transformed when a transform is declared
+        encoded = inner.encode(canonical_chunk if child is None else child.encode_texts(canonical_chunk))
         rep.encode_seconds += time.perf_counter() - t1
-        if len(encoded) != len(chunk):
-            raise ValueError(f"the tokenizer returned {len(encoded)} documents for {len(chunk)}")
+        if len(encoded) != len(canonical_chunk):
+            raise ValueError(f"the tokenizer returned {len(encoded)} documents for {len(canonical_chunk)}")
         decoded = [inner.decode(ids) for ids in encoded]  # the tokenizer's own decode, whatever it is
         if child is not None:
             decoded = child.decode_texts(decoded)
-        for k, (c, ids, dec) in enumerate(zip(canon(chunk), encoded, decoded, strict=True)):
+        for k, (c, ids, dec) in enumerate(zip(canonical_chunk, encoded, decoded, strict=True)):
             rep.docs += 1
             failure = _check_document(start + k, c, ids, dec, tok.bos_id, table, spell, rep)
             if failure is not None:

@@ -44,13 +44,16 @@ from typing import Any
 from scoring.worker.child import default_memory_limit_bytes, exit_how, one_line, run_child
 
 TRANSFORM_SPEC_FORMAT = "pg-transform-spec"
-TRANSFORM_SPEC_VERSION = 1
+TRANSFORM_SPEC_VERSION = 2
+"""2: a reply is K + frame, or X + {index, error} naming the text the transform raised on."""
 TRANSFORM_TIMEOUT_S = 120.0
 """Per batch (and for the start): a transform that takes longer is refused."""
 MAX_REPLY_BYTES = 1 << 30
 STAGED_NAME = "transform.py"
 _U32 = struct.Struct("<I")
 OP_ENCODE, OP_DECODE = b"E", b"D"
+REPLY_OK, REPLY_RAISED = b"K", b"X"
+"""A reply: K + the frame, or X + JSON {index, error} when the transform raised on the batch's text `index`."""
 
 
 class TransformFailure(ValueError):
@@ -138,6 +141,10 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+BUILD_SPLITS = ("train", "val", "probe")
+"""The splits of a build (a failure there leaves no dataset); `audit` and `declare` are not."""
+
+
 class _SplitChild:
     """The one live child of a split: encode_texts / decode_texts, each one round trip per batch."""
 
@@ -149,7 +156,8 @@ class _SplitChild:
 
     def _fail(self, what: str) -> TransformFailure:
         return TransformFailure(
-            f"the submitted transform {what} (split {self.split}); no dataset was written"
+            f"the submitted transform {what} (split {self.split})"
+            + ("; no dataset was written" if self.split in BUILD_SPLITS else "")
         )
 
     def _call(self, op: bytes, texts: list[str], what: str) -> list[str]:
@@ -168,8 +176,19 @@ class _SplitChild:
             said = self.child.error_line()
             how = "did not end" if code is None else exit_how(code)
             raise self._fail(f"failed to {what} a batch ({how})" + (f": {said}" if said else "")) from None
+        if reply[:1] == REPLY_RAISED:
+            try:
+                said = json.loads(reply[1:])
+                i, error = int(said["index"]), str(said["error"])
+            except (ValueError, KeyError, TypeError):
+                raise self._fail(f"gave back a malformed reply to {what}") from None
+            raise self._fail(
+                f"raised on document {self.done + i} of the split ({what}): {one_line(error, 200)}"
+            )
         try:
-            outs = unframe_bytes(reply)
+            if reply[:1] != REPLY_OK:
+                raise ValueError("no reply tag")
+            outs = unframe_bytes(reply[1:])
         except ValueError as e:
             raise self._fail(f"gave back a malformed reply to {what} ({e})") from None
         if len(outs) != len(texts):
@@ -274,7 +293,9 @@ class ConfinedTransforms:
                 finally:
                     cache.close()
             self.children += 1
-            self.confinement.append(_confinement(split, plan.describe(), self.children > 1 and self.reset_page_cache))
+            self.confinement.append(
+                _confinement(split, plan.describe(), self.children > 1 and self.reset_page_cache)
+            )
             spec = {
                 "format": TRANSFORM_SPEC_FORMAT,
                 "format_version": TRANSFORM_SPEC_VERSION,
@@ -351,7 +372,23 @@ def _serve(spec: dict[str, Any], memory: str) -> int:
         except EOFError:
             return 0
         fn = encode if msg[:1] == OP_ENCODE else decode
-        _write_msg(fout, frame([fn(t) for t in unframe(msg[1:])]))
+        outs = []
+        for i, t in enumerate(unframe(msg[1:])):
+            try:
+                outs.append(fn(t))
+            except Exception as e:  # noqa: BLE001 - reported, naming the text; the child then ends
+                where = _raised_where(e)
+                said = json.dumps({"index": i, "error": f"{type(e).__name__}: {e}{where}"})
+                _write_msg(fout, REPLY_RAISED + said.encode())
+                return 1
+        _write_msg(fout, REPLY_OK + frame(outs))
+
+
+def _raised_where(e: BaseException) -> str:
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return "" if tb is None else f" ({Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno})"
 
 
 def main(argv: list[str]) -> int:

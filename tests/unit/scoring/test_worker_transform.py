@@ -187,7 +187,7 @@ _FD = json.loads(sys.argv[1])['out_fd']
 
 def encode_text(t):
     texts = {texts!r}
-    payload = struct.pack('<I', len(texts)) + b''.join(struct.pack('<I', len(b)) + b for b in texts)
+    payload = {tag!r} + struct.pack('<I', len(texts)) + b''.join(struct.pack('<I', len(b)) + b for b in texts)
     os.write(_FD, struct.pack('<I', len(payload)) + payload)
     os._exit(0)
 
@@ -199,12 +199,14 @@ decode_text = encode_text
 @pytest.mark.parametrize(
     ("texts", "refusal"),
     [
-        ([b"a", b"b"], r"gave back 2 texts for 1 to encode \(split val\)"),
+        ([b"a", b"b"], r"gave back 2 texts for 1 to encode \(split val\); no dataset was written$"),
         ([b"\xff"], r"not UTF-8 .*split val"),
+        (b"untagged", r"malformed reply to encode \(no reply tag\)"),
     ],
 )
-def test_transform_raw_reply_refused(tmp_path: Path, texts: list[bytes], refusal: str) -> None:
-    src = _submitted(tmp_path, _RAW_REPLY.format(texts=texts))
+def test_transform_raw_reply_refused(tmp_path: Path, texts: list[bytes] | bytes, refusal: str) -> None:
+    tag, texts = (b"", [texts]) if isinstance(texts, bytes) else (b"K", texts)
+    src = _submitted(tmp_path, _RAW_REPLY.format(texts=texts, tag=tag))
     with (
         ConfinedTransforms(src, reset_page_cache=False).for_split("val") as child,
         pytest.raises(TransformFailure, match=refusal),
@@ -225,3 +227,34 @@ def test_a_child_that_stops_reading_cannot_stall_the_trusted_side(tmp_path: Path
         pytest.raises(TransformFailure, match=r"did not encode a batch within 2 s \(split val\)"),
     ):
         child.encode_texts(["x" * (1 << 20)])
+
+
+_RAISES_ON_ONE = """NAME = 'fussy'
+MARKERS = ()
+
+
+def encode_text(t):
+    return t
+
+
+def decode_text(t):
+    if 'sorry' in t:
+        raise ValueError('invalid marker placement')
+    return t
+"""
+
+
+def test_a_transform_that_raises_is_refused_naming_the_document(tmp_path: Path) -> None:
+    # The record's own case transform raised on one sample document under sp1024's NFKC (U+00BA), and the
+    # refusal named only the batch; the audit's document numbers also counted canonical auto's probe text.
+    from data.proof import prove_tokenizer
+    from data.tokenizer import ByteTokenizer
+
+    src = _submitted(tmp_path, _RAISES_ON_ONE)
+    texts = ["fine", "also fine", "so sorry", "fine again"]
+    with pytest.raises(
+        TransformFailure,
+        match=r"raised on document 2 of the split \(decode\): ValueError: invalid marker placement "
+        r"\(transform.py:11\) \(split audit\)$",
+    ):
+        prove_tokenizer(ByteTokenizer(), texts, transform=ConfinedTransforms(src, reset_page_cache=False))
