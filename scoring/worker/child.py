@@ -123,7 +123,7 @@ def load_spec(argv: list[str], fmt: str, version: int, usage: str) -> dict[str, 
     return spec
 
 
-def _where(e: BaseException, code_dir: object) -> str:
+def where_raised(e: BaseException, code_dir: object) -> str:
     """(file:line) of the deepest frame in the submission's code, if any."""
     if not isinstance(code_dir, str) or not code_dir:
         return ""
@@ -135,7 +135,7 @@ def report_failure(e: BaseException, spec: dict[str, Any]) -> int:
     """The traceback, then the one error line, on stderr; the exit status the failure calls for."""
     print("".join(traceback.format_exception(e))[-TRACEBACK_KEEP_CHARS:], file=sys.stderr)
     print(
-        f"{ERROR_PREFIX}{type(e).__name__}: {one_line(str(e))}{_where(e, spec.get('code_dir'))}",
+        f"{ERROR_PREFIX}{type(e).__name__}: {one_line(str(e))}{where_raised(e, spec.get('code_dir'))}",
         file=sys.stderr,
         flush=True,
     )

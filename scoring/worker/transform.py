@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from scoring.worker.child import default_memory_limit_bytes, exit_how, one_line, run_child
+from scoring.worker.child import default_memory_limit_bytes, exit_how, one_line, run_child, where_raised
 
 TRANSFORM_SPEC_FORMAT = "pg-transform-spec"
 TRANSFORM_SPEC_VERSION = 2
@@ -377,18 +377,11 @@ def _serve(spec: dict[str, Any], memory: str) -> int:
             try:
                 outs.append(fn(t))
             except Exception as e:  # noqa: BLE001 - reported, naming the text; the child then ends
-                where = _raised_where(e)
+                where = where_raised(e, spec["code_dir"])
                 said = json.dumps({"index": i, "error": f"{type(e).__name__}: {e}{where}"})
                 _write_msg(fout, REPLY_RAISED + said.encode())
                 return 1
         _write_msg(fout, REPLY_OK + frame(outs))
-
-
-def _raised_where(e: BaseException) -> str:
-    tb = e.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return "" if tb is None else f" ({Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno})"
 
 
 def main(argv: list[str]) -> int:
