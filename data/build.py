@@ -75,14 +75,15 @@ from data.proof import (
     CANONICALS,
     PROOF_FORMAT,
     PROOF_FORMAT_VERSION,
+    TRANSFORMS,
     BatchTransform,
-    DeclaredTransform,
+    InProcessBatch,
     SplitTransforms,
-    TransformedTokenizer,
     attribute_documents,
     canonical_description,
     canonical_function,
     choose_canonical,
+    declared_tokenizer,
     piece_lengths,
     split_transforms,
 )
@@ -243,17 +244,12 @@ class ProvingEncoder:
     def __init__(self, spec: EncodeSpec):
         self.spec = spec
         self.inner = load_tokenizer(spec.tokenizer_path)
-        builtin = split_transforms(spec.transform)
-        self.batch: BatchTransform | None = None
+        builtin = TRANSFORMS[spec.transform]() if spec.transform else None
+        self.batch: BatchTransform | None = None if builtin is None else InProcessBatch(builtin)
         """The batch transform: a built-in's, or (`spec.declared`) the split's, set by encode_proved_ordered."""
-        if builtin is not None:
-            with builtin.for_split("any") as batch:  # in-process: the same object for every split
-                self.batch = batch
-        declared = (builtin.name, builtin.markers) if builtin is not None else spec.declared
+        declared = (builtin.name, tuple(builtin.markers)) if builtin is not None else spec.declared
         self.markers: tuple[str, ...] = () if declared is None else tuple(declared[1])
-        self.tok: Tokenizer = (
-            self.inner if declared is None else TransformedTokenizer(self.inner, DeclaredTransform(*declared))
-        )
+        self.tok: Tokenizer = declared_tokenizer(self.inner, declared)
         self.canon = canonical_function(spec.canonical)
         spell = piece_lengths(self.tok)
         if spell is None:

@@ -271,12 +271,12 @@ def split_transforms(transform: str | TextTransform | SplitTransforms | None) ->
     return InProcessTransforms(transform)
 
 
-def declared_tokenizer(inner: Tokenizer, transforms: SplitTransforms | None) -> Tokenizer:
-    """The tokenizer with the transform's markers as zero-byte pieces, each checked to be one piece (its
-    texts go through a BatchTransform)."""
-    if transforms is None:
+def declared_tokenizer(inner: Tokenizer, declared: tuple[str, tuple[str, ...]] | None) -> Tokenizer:
+    """The tokenizer with a declared transform's (name, markers) markers as zero-byte pieces, each checked
+    to be one piece (its texts go through a BatchTransform)."""
+    if declared is None:
         return inner
-    return TransformedTokenizer(inner, DeclaredTransform(transforms.name, transforms.markers))
+    return TransformedTokenizer(inner, DeclaredTransform(*declared))
 
 
 class TransformedTokenizer:
@@ -611,7 +611,7 @@ def _prove(
     batch_docs: int,
 ) -> ProofReport:
     t0 = time.perf_counter()
-    tok = declared_tokenizer(inner, transforms)
+    tok = declared_tokenizer(inner, None if transforms is None else (transforms.name, transforms.markers))
     name = choose_canonical(inner, child) if canonical == "auto" else canonical
     canon = canonical_function(name)
     table = tok.byte_table() if table is None else table

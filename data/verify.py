@@ -23,6 +23,7 @@ The result is a table, one row per file; the exit status is 0 when every check h
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -224,41 +225,48 @@ def bare_manifest(directory: str | os.PathLike[str], tokenizer: str | os.PathLik
     return Manifest(root, raw)
 
 
+def _hashed_file(
+    name: str, split: str, path: Path, want: object, *, quick: bool, differs: Callable[[str], str]
+) -> FileCheck:
+    """A file the manifest names by sha256 (`want`; not checked when absent or under --quick): missing, equal,
+    or `differs(digest)`."""
+    if not path.is_file():
+        return FileCheck(name=name, split=split, results={"sha256": FAIL}, problems=("file is missing",))
+    if not want or quick:
+        return FileCheck(name=path.name, split=split, results={})
+    digest = sha256_file(path)
+    if digest == want:
+        return FileCheck(name=path.name, split=split, results={"sha256": OK})
+    return FileCheck(name=path.name, split=split, results={"sha256": FAIL}, problems=(differs(digest),))
+
+
 def _check_transform(m: Manifest, path: str | os.PathLike[str] | None, *, quick: bool) -> list[FileCheck]:
     """A submitted transform's file (`--transform FILE.py`) against the manifest's sha256 of the one the
     dataset was built with: hashed, never run (without the file, verify_dataset's totals say so)."""
-    recorded = m.raw.get("transform")
     if path is None:
         return []
     p = Path(path)
-    name = p.name
+    recorded = m.raw.get("transform")
     if not recorded:
         return [
             FileCheck(
-                name=name,
+                name=p.name,
                 split="transform",
                 results={"sha256": FAIL},
                 problems=("the manifest records no submitted transform: this dataset was built without one",),
             )
         ]
-    if not p.is_file():
-        return [
-            FileCheck(name=name, split="transform", results={"sha256": FAIL}, problems=("file is missing",))
-        ]
-    if quick:
-        return [FileCheck(name=name, split="transform", results={})]
-    digest = sha256_file(p)
     want = str(recorded.get("sha256"))
-    if digest == want:
-        return [FileCheck(name=name, split="transform", results={"sha256": OK})]
     return [
-        FileCheck(
-            name=name,
-            split="transform",
-            results={"sha256": FAIL},
-            problems=(
-                f"sha256 {digest[:16]}… but the dataset was built with transform {recorded.get('name')!r} of sha256 "
-                f"{want[:16]}…: not the same file",
+        _hashed_file(
+            p.name,
+            "transform",
+            p,
+            want,
+            quick=quick,
+            differs=lambda digest: (
+                f"sha256 {digest[:16]}… but the dataset was built with transform "
+                f"{recorded.get('name')!r} of sha256 {want[:16]}…: not the same file"
             ),
         )
     ]
@@ -287,27 +295,16 @@ def verify_dataset(
 
     tok = m.raw["tokenizer"]
     tok_path = m.root / str(tok["file"])
-    tok_results = dict.fromkeys(CHECKS, SKIP)
-    if not tok_path.is_file():
-        files.append(
-            FileCheck(
-                name=str(tok["file"]),
-                split="tokenizer",
-                results={"sha256": FAIL},
-                problems=("file is missing",),
-            )
+    files.append(
+        _hashed_file(
+            str(tok["file"]),
+            "tokenizer",
+            tok_path,
+            tok.get("sha256"),
+            quick=quick,
+            differs=lambda digest: f"sha256 {digest[:16]}… but manifest says {str(tok['sha256'])[:16]}…",
         )
-    elif tok.get("sha256") and not quick:
-        digest = sha256_file(tok_path)
-        tok_results["sha256"] = OK if digest == tok["sha256"] else FAIL
-        problems = (
-            ()
-            if digest == tok["sha256"]
-            else (f"sha256 {digest[:16]}… but manifest says {str(tok['sha256'])[:16]}…",)
-        )
-        files.append(FileCheck(name=tok_path.name, split="tokenizer", results=tok_results, problems=problems))
-    else:
-        files.append(FileCheck(name=tok_path.name, split="tokenizer", results=tok_results))
+    )
 
     files += _check_transform(m, transform, quick=quick)
 
