@@ -312,25 +312,36 @@ print(json.dumps("".join(got)))
 def test_pages_a_world_made_resident_are_gone_before_the_next_world(tmp_path, reset):
     """The page-cache channel an attacker ran at 20 kbit/s from a closed worker to the next: a world reads the
     pages that spell its bits, a later one reads each page's major-fault count. The scorer empties the page
-    cache between its workers (isolation.world.PageCacheReset): nothing of the first world is left."""
+    cache between its workers (isolation.world.PageCacheReset): nothing of the first world is left.
+
+    The control (no reset) shows the channel is real on this machine. drop_caches is global, so a scorer in
+    another test worker may empty the cache mid-send (CI saw half the bits lost that way): the control gets
+    three tries, each with a fresh secret, and one clean send proves the channel."""
     from isolation.world import PageCacheReset
 
-    plan, code, out = _plan(tmp_path, world=True)
-    secret = "".join(secrets.choice("01") for _ in range(256))
-    carrier = code / "weights.bin"
-    carrier.write_bytes(os.urandom(len(secret) * 4096))
-    fd = os.open(carrier, os.O_RDONLY)
-    os.fsync(fd)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # a file nobody has read since boot
-    os.close(fd)
-    _run(plan, out, SEND + "print('{}')", str(carrier), secret)
-    cache = PageCacheReset.open(roots=[str(code)])
-    if reset:
-        cache.reset()
-    later, _, out2 = _plan(tmp_path, world=True)
-    got = _run(later, out2, RECEIVE, str(carrier), str(len(secret)))
-    cache.close()
-    if reset:
-        assert got == "0" * len(secret), got
-    else:
-        assert sum(a == b for a, b in zip(got, secret, strict=True)) > 0.9 * len(secret), (got, secret)
+    tries = []
+    for attempt in range(1 if reset else 3):
+        root = tmp_path / f"try{attempt}"
+        root.mkdir()
+        plan, code, out = _plan(root, world=True)
+        secret = "".join(secrets.choice("01") for _ in range(256))
+        carrier = code / "weights.bin"
+        carrier.write_bytes(os.urandom(len(secret) * 4096))
+        fd = os.open(carrier, os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # a file nobody has read since boot
+        os.close(fd)
+        _run(plan, out, SEND + "print('{}')", str(carrier), secret)
+        cache = PageCacheReset.open(roots=[str(code)])
+        if reset:
+            cache.reset()
+        later, _, out2 = _plan(root, world=True)
+        got = _run(later, out2, RECEIVE, str(carrier), str(len(secret)))
+        cache.close()
+        if reset:
+            assert got == "0" * len(secret), got
+            return
+        tries.append(sum(a == b for a, b in zip(got, secret, strict=True)) / len(secret))
+        if tries[-1] > 0.9:
+            return
+    pytest.fail(f"the channel carried no clean send in {len(tries)} tries (fraction of bits right: {tries})")
