@@ -1,60 +1,57 @@
-"""GPU check: does each baseline reproduce its record's speed, and what does the harness cost, in one command.
+"""GPU check: each baseline trained, packed, scored with probes and verified on a GPU, beside its record's speed.
 
-    python scripts/gpu_check.py                          # one GPU, the `one-gpu` presets, 30 s of training each (~6 min)
-    python scripts/gpu_check.py --train-s 20 --baselines naive_baseline,int6_era
-    python scripts/gpu_check.py --device cpu --train-s 5 # the CPU path of this script (`tiny` presets)
+    python scripts/gpu_check.py --data DIR                 # one GPU, the `one-gpu` presets (~8 min)
+    python scripts/gpu_check.py --data DIR --train-s 30 --baselines naive_baseline
+    python scripts/gpu_check.py --device cpu --train-s 5   # the CPU path of this script (`tiny` presets)
 
-Uses the machine's preinstalled PyTorch and the project's own code only (no downloads; the sandbox,
-the worker and the bench need no package beyond torch and numpy; the state is not saved). It writes
-synthetic datasets (uniform random token ids < 1024, and < 8192 for a model of vocab 8192; one
-training shard each: the content does not matter for speed), then:
+What an official runs on a GPU host before the first real run, in one command of at most about 8
+minutes. It uses the machine's PyTorch and the project's own code; DIR is a dataset made by `pgolf data
+build` (any documents, tokenized by the official sp1024 for the naive and int6 baselines, sp8192 for
+sp8192_era: pass --data once per vocabulary); without --data, the embedded corpus (vocabulary 1,024).
 
-1. each baseline (baselines/naive_baseline, int6_era, sp8192_era) runs its `one-gpu` preset through the
-   harness (harness/run/train_phase.py: staging, sandbox, torchrun, worker, a clock that syncs the GPU and
-   reads time every step) for --train-s seconds, its torch.compile warm-up off the clock. Its ms/step
-   (steady: between the 2nd and the last logged step, every step logged) is printed beside its record's
-   own: the record ran 8 GPUs with the same global batch, so one GPU doing 8 gradient-accumulation
-   micro-steps should take about 8x the record's ms/step (a little less: one GPU has no all-reduce, and
-   Muon's Newton-Schulz, sharded over 8 ranks in the record, is done once, not 8 times). The records'
-   figures are constants below (RECORDS), read from their logs, which are not on a GPU machine;
-2. bare: `python -m harness.bench.runner bare` runs the naive baseline's same train() with the same config,
-   a clock that only reads time, no torchrun, no sandbox: the harness/bare tokens/s ratio is the harness's cost.
+1. The host: kernel, Python and `pgolf check --machine`'s report (which isolation guarantee holds by which
+   mechanism). A host that lacks a layer is said in one line; the runs go on with every layer that holds.
+2. Each baseline (default naive_baseline and int6_era) as `pgolf run` runs it (harness/run/pipeline.py,
+   in this process; every phase its own sandboxed process): its `one-gpu` preset trains --train-s seconds
+   on the supervisor's clock (its compile warm-up off the clock, late QAT's graph compiled in it), is
+   packed by its own codec, scored on the first --eval-tokens validation tokens by the scorer and a
+   confined model worker, with the probes in fresh workers, then verified (`pgolf verify`: every hash and a
+   re-score in a fresh process). The runs are on the unranked track `smoke` (CHECK_TRACK): the data is not
+   the official documents. A run that ends `error` is rerun once with launch.sandbox='off' (one line
+   each), so a sandbox problem on a new host shows up as one; `--set run.track=...` or an isolation key
+   is the official's and then nothing is changed.
+3. bare: `python -m harness.bench.runner bare` runs the naive baseline's same train() with the same
+   config for --bare-s seconds, a clock that only reads time, no torchrun, no sandbox: the steady ms/step
+   through the harness over the bare one is the harness's cost per step.
 
-Overrides for the speed check, printed at start: every step logged (`train.train_log_every=1`, for the
-steady figure; the harness syncs every step anyway), 6 compile warm-up steps (20 in the presets; the
-graphs compile in the first ones), int6_era's late QAT off (a short budget is all warmdown, so QAT would
-switch on at step 0 and recompile on the clock; the record ran it for its last 7 % of steps),
-sp8192_era's GPTQ off (it is not step time, and its 12 s reserve would shorten a short run). sp8192_era's
-depth recurrence switches on at 35 % of the budget, as in the record: its two phases are compared
-separately (the record's figures per phase are derived from its log, see RECORDS).
-
-A baseline whose run fails is reported in one line and the others go on; one table ends the output.
-Isolation: the machine is probed first (isolation/sandbox.py). A record track (the `one-gpu` presets')
-requires its guarantees (isolation/sandbox.py GUARANTEES); on a host that cannot give one, the check says
-which layers it lacks in one line and runs each
-preset on the unranked track UNRANKED_TRACK instead, with every layer that holds (sandbox 'auto', each
-missing one recorded): the speed is measured, not refused. A harness run that fails under the sandbox
-on an unranked track is rerun once with launch.sandbox='off' (one line each), so a sandbox problem on a
-new machine shows up as such; the next run tries the sandbox again. `--set run.track=...`,
-`launch.sandbox=...` or `launch.allow_missing_layers=...` are the official's: then nothing is changed. MFU (naive baseline only) = tokens/s x
-(6N + 12 L d T) FLOPs per token / the GPU's dense bf16 peak. On CPU the `tiny` presets run: their figures
-test this script and say nothing about the records (printed as such, no ratio).
+Two tables end the output. The first puts each run's steady ms/step (between the 2nd and the last logged
+step; every step is logged) beside its record's own: the record ran 8 GPUs with the same global batch,
+so one GPU doing 8 gradient-accumulation micro-steps should take about 8x the record's ms/step (a little
+less: no all-reduce, and Muon's Newton-Schulz, sharded over 8 ranks there, runs once). The records'
+figures are constants (RECORDS), read from their logs, which are not on a GPU machine; sp8192_era's two
+phases (depth recurrence from 35 % of the budget) are compared separately. The second table is each
+run's pipeline: status, val_bpb on the subset, steps, seconds on the clock, warm-up off it, pack, score
+(probes included), the probes' verdict, bytes, verify's verdict and seconds. Any failure is one line and
+the rest still runs; a part whose estimate would end past --max-total-s is skipped. Overrides, printed
+at start: every step logged (`train.train_log_every=1`), 6 compile warm-up steps (20 in the presets),
+sp8192_era's GPTQ off (its reserve would shorten a short run). MFU (naive baseline only) = tokens/s x
+(6N + 12 L d T) FLOPs per token / the GPU's dense bf16 peak. On CPU the `tiny` presets run: their
+figures test this script and say nothing about the records (printed as such, no ratio).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -65,8 +62,6 @@ except ImportError:
 
     sys.modules["tqdm"] = types.SimpleNamespace(tqdm=lambda it=None, *a, **k: it)  # type: ignore[assignment]
 
-from data.manifest import shard_entry, write_manifest  # noqa: E402
-from data.shards import shard_name, write_shard  # noqa: E402
 
 BASELINES_DIR = REPO / "baselines"
 NAIVE = "naive_baseline"
@@ -233,6 +228,21 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: r["step"])
 
 
+def qat_switch(train_log: str, rows: Sequence[dict[str, Any]]) -> str | None:
+    """int6_era's late QAT: the step it switched on at, that step's time and the median step's. A recompile on the
+    clock would show as a step many times the median (train.py compiles the QAT graph in its warm-up)."""
+    m = re.search(r"late_qat: on at step (\d+)", train_log)
+    if m is None:
+        return None
+    at = int(m.group(1))
+    # metrics row s+1 holds the clock at the start of step index s (see steady_step_ms)
+    clock = {int(r["step"]): float(r["elapsed_s"]) for r in rows if "elapsed_s" in r}
+    steps = [clock[s + 1] - clock[s] for s in sorted(clock) if s + 1 in clock]
+    took = clock[at + 2] - clock[at + 1] if at + 2 in clock and at + 1 in clock else None
+    median = sorted(steps)[len(steps) // 2] if steps else None
+    return f"late QAT on at step {at}: that step took {fmt_ms(None if took is None else 1000 * took)} ms, the median step {fmt_ms(None if median is None else 1000 * median)} ms"
+
+
 def loop_step_of(train_log: str) -> int | None:
     """The step index sp8192_era's train.py switched the recurrence on at (`layer_loop: on at step N`)."""
     m = re.search(r"layer_loop: on at step (\d+)", train_log)
@@ -356,23 +366,28 @@ def one_line(err: BaseException, limit: int = 400) -> str:
 # ---------------------------------------------------------------------------------------------------
 # Plan and estimate.
 
-OVERHEAD_S = {"naive_baseline": 45.0, "int6_era": 60.0, "sp8192_era": 90.0, "bare": 40.0}
-"""Guessed seconds of each run beyond its training budget on one H100-class GPU: start-up (staging, sandbox,
-torchrun, imports) and the off-clock compile warm-up (sp8192_era compiles two graphs). Not measured yet."""
-CPU_OVERHEAD_S = 25.0
+OVERHEAD_S = {"naive_baseline": 110.0, "int6_era": 170.0, "sp8192_era": 200.0, "bare": 45.0}
+"""Guessed seconds of each part beyond its training budget on one H100-class GPU: start-up (staging,
+sandbox, torchrun, imports), the off-clock compile warm-up, the pack, the scored subset with its probe
+workers and verify's re-score in fresh processes (the eras compile bigger graphs and score sliding windows
+with test-time training). Replaced by the measured figures of the first lent GPU in docs/OFFICIALS.md."""
+CPU_OVERHEAD_S = 60.0
+EVAL_TOKENS_CUDA = 262_144
+"""The validation subset each GPU run scores (eval.max_tokens): 256 windows of the naive baseline's 1,024."""
+CHECK_TRACK = "smoke"
+"""The track the check's runs are on: unranked, because its data is not the official documents (a record
+track refuses any other dataset as invalid_data); `--set run.track=...` is the official's choice."""
 
 
 def overrides_for(name: str, device: str) -> list[str]:
-    """The check's overrides of one baseline's preset (see the module docstring)."""
+    """The check's speed overrides of one baseline's preset (see the module docstring)."""
     out = [
         "launch.nproc_per_node=1",
         f"launch.device={device!r}",
-        "budget.startup_s=120.0",
+        "budget.startup_s=180.0",
         "train.train_log_every=1",
         f"train.warmup_steps={WARMUP_STEPS}",
     ]
-    if name == "int6_era":
-        out.append("train.late_qat_threshold=0.0")
     if name == "sp8192_era":
         out.append("train.gptq_calibration_batches=0")
         if device == "cpu":
@@ -382,67 +397,50 @@ def overrides_for(name: str, device: str) -> list[str]:
     return out
 
 
+def run_overrides(train_s: float, eval_tokens: int | None, user_set: Sequence[str]) -> list[str]:
+    """The check's run settings: its budget, its scored subset and its (unranked) track, unless the official set
+    the track or any isolation key."""
+    out = [f"budget.train_s={float(train_s)!r}"]
+    if eval_tokens:
+        out.append(f"eval.max_tokens={int(eval_tokens)}")
+    if not track_overrides_blocked(user_set):
+        out.append(f"run.track={CHECK_TRACK!r}")
+    return out
+
+
 def isolation_note(missing: Sequence[str]) -> str:
     """One line: what this host lacks, and what the check does about it."""
     from isolation.sandbox import KERNEL_LAYERS
 
     lacks = "; ".join(f"{m} ({KERNEL_LAYERS[m]})" for m in missing)
     return (
-        f"  isolation: this host lacks {lacks}; a record track would refuse to train here, so each record-track "
-        f"preset runs on the unranked track {UNRANKED_TRACK} with every layer that holds (sandbox 'auto')"
+        f"  isolation: this host lacks {lacks}; a record track would refuse to train here; the check's runs are on "
+        f"the unranked track {CHECK_TRACK} with every layer that holds (sandbox 'auto'), each missing one recorded"
     )
 
 
-def track_overrides(cfg: Any, missing: Sequence[str], user_set: Sequence[str]) -> list[str]:
-    """[run.track=UNRANKED_TRACK] when `cfg` is on a record track this host cannot isolate fully (and the
-    official set nothing about isolation), else []."""
-    from scoring.tracks import get_track
-
-    if not missing or track_overrides_blocked(user_set):
-        return []
-    return [f"run.track={UNRANKED_TRACK!r}"] if get_track(cfg.tables["run"]["track"]).record else []
-
-
 def track_overrides_blocked(user_set: Sequence[str]) -> bool:
-    """Whether the official set a key about isolation (then the check changes none)."""
+    """Whether the official set the track or a key about isolation (then the check changes none of them)."""
     return any(s.split("=", 1)[0].strip() in ISOLATION_KEYS for s in user_set)
 
 
-def estimate_s(names: Sequence[str], train_s: float, device: str) -> float:
-    runs = [*names, "bare"] if NAIVE in names else list(names)
+def estimate_s(names: Sequence[str], train_s: float, device: str, bare_s: float | None = None) -> float:
+    """Seconds the whole check is expected to take: each baseline's budget plus its guessed overhead, and the bare
+    loop (naive baseline only)."""
+    bare = [bare_s if bare_s is not None else train_s] if NAIVE in names else []
     if device != "cuda":
-        return 10.0 + len(runs) * (train_s + CPU_OVERHEAD_S)
-    return 10.0 + sum(train_s + OVERHEAD_S[r] for r in runs)
+        return 10.0 + sum(train_s + CPU_OVERHEAD_S for _ in names) + sum(b + CPU_OVERHEAD_S for b in bare)
+    return 10.0 + sum(train_s + OVERHEAD_S[n] for n in names) + sum(b + OVERHEAD_S["bare"] for b in bare)
 
 
 # ---------------------------------------------------------------------------------------------------
 # Running.
 
 
-def synthetic_dataset(root: Path, train_tokens: int, vocab: int) -> Path:
-    rng = np.random.default_rng(0)
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "synthetic_tokenizer.json").write_text(json.dumps({"kind": "synthetic", "vocab_size": vocab}))
-    shards = []
-    for split, n in (("train", train_tokens), ("val", 65_536)):
-        path = root / shard_name(split, 0)
-        write_shard(path, rng.integers(0, vocab, n, dtype=np.uint16))
-        shards.append(shard_entry(path, split, docs=1))
-    write_manifest(
-        root,
-        {
-            "tokenizer": {
-                "file": "synthetic_tokenizer.json",
-                "kind": "synthetic",
-                "vocab_size": vocab,
-                "bos_id": 0,
-            },
-            "docs": {"train": 1, "val": 1},
-            "shards": shards,
-            "source": {"kind": f"synthetic uniform tokens < {vocab} (scripts/gpu_check.py)"},
-        },
-    )
-    return root
+def dataset_vocab(root: Path) -> int:
+    from data.manifest import load_manifest
+
+    return load_manifest(root).vocab_size
 
 
 def flops_per_token(model_config: dict, n_params: int, seq_len: int) -> float:
@@ -468,28 +466,166 @@ def count_params(model_config: dict) -> int:
     return sum(p.numel() for p in build_model(dict(model_config)).parameters())
 
 
-def speed_line(name: str, rec: dict, fpt: float | None, peak: float | None) -> tuple[str, float]:
-    tps = rec["tokens_seen"] / rec["train_time_s"]
-    mfu = f"{100 * tps * fpt / peak:5.1f}%" if peak and fpt else "    -"
-    step_ms = 1000 * rec["train_time_s"] / max(rec["steps"], 1)
-    off = rec.get("off_clock_s") or 0.0
-    return (
-        f"  {name:22s} {rec['steps']:6d} steps  {rec['train_time_s']:7.1f} s  step {step_ms:8.1f} ms  "
-        f"{tps:13,.0f} tokens/s  MFU {mfu}  (warm-up off the clock {off:.1f} s)"
-    ), tps
+@dataclass
+class Outcome:
+    """One baseline's whole check: the pipeline's result and verify's verdict, as the table shows them."""
+
+    name: str
+    status: str = "skipped"
+    detail: str = ""
+    val_bpb: float | None = None
+    val_tokens: int = 0
+    steps: int = 0
+    train_s: float | None = None
+    off_clock_s: float | None = None
+    pack_s: float | None = None
+    score_s: float | None = None
+    probes: str = "-"
+    bytes_total: int | None = None
+    verify: str = "-"
+    verify_s: float | None = None
+    wall_s: float | None = None
+    sandbox: str = ""
+
+
+def outcome_of(name: str, result: dict[str, Any], wall_s: float) -> Outcome:
+    """The table's figures from a run's result.json (any status: a failed run shows how far it got)."""
+    phases = result.get("phases", {})
+    train, score = phases.get("train", {}), phases.get("score", {})
+    times = result.get("phase_times_s", {})
+    probes = score.get("probes") or {}
+    iso = train.get("isolation") or {}
+    detail = next(
+        (str(p.get("detail")) for p in phases.values() if isinstance(p, dict) and p.get("detail")), ""
+    )
+    return Outcome(
+        name=name,
+        status=str(result.get("status")),
+        detail=detail,
+        val_bpb=result.get("val_bpb"),
+        val_tokens=int(result.get("val_tokens") or 0),
+        steps=int(result.get("steps") or train.get("steps") or 0),
+        train_s=result.get("train_time_s"),
+        off_clock_s=train.get("off_clock_s"),
+        pack_s=times.get("pack_wall"),
+        score_s=times.get("score_wall"),
+        probes=("passed" if probes.get("passed") else "FAILED") if probes.get("ran") else "-",
+        bytes_total=result.get("bytes_total"),
+        wall_s=wall_s,
+        sandbox=(
+            f"landlock {iso.get('landlock')}, namespaces {iso.get('namespaces')}, verified {iso.get('verified')}, "
+            f"guarantees {iso.get('guarantees')}, warnings {iso.get('warnings')}"
+            if iso
+            else ""
+        ),
+    )
+
+
+def run_and_verify(
+    name: str,
+    *,
+    preset: str,
+    data_root: Path,
+    overrides: list[str],
+    run_dir: Path,
+    ledger: Path,
+    verify: bool,
+) -> Outcome:
+    """`pgolf run` (train, pack, score with probes) then `pgolf verify`, in this process as the CLI does them."""
+    from harness.records.verify import verify_result
+    from harness.run.pipeline import run_pipeline
+
+    t0 = time.time()
+    result = run_pipeline(
+        BASELINES_DIR / name,
+        preset=preset,
+        data_dir=data_root,
+        out_dir=run_dir,
+        overrides=overrides,
+        ledger=ledger,
+    )
+    got = outcome_of(name, result, time.time() - t0)
+    if verify and got.status == "ok":
+        rec = verify_result(run_dir, ledger=ledger)
+        got.verify, got.verify_s = str(rec.get("status")), rec.get("verify_wall_s")
+        if rec.get("status") != "verified":
+            diffs = rec.get("differences") or [{"name": rec.get("detail") or rec.get("status")}]
+            got.detail = "verify: " + "; ".join(
+                f"{d.get('name')} {d.get('expected', '')} != {d.get('actual', '')}".strip() for d in diffs[:3]
+            )
+    return got
+
+
+def fmt(v: float | None, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def pipeline_table(outcomes: Sequence[Outcome]) -> str:
+    """The second table: each baseline's whole run (train on the clock, pack, score with probes, verify)."""
+    head = (
+        f"{'baseline':22s} {'status':13s} {'val_bpb':>8s} {'scored':>8s} {'steps':>6s} {'train s':>8s} "
+        f"{'warm-up s':>9s} {'pack s':>7s} {'score s':>8s} {'probes':>7s} {'bytes_total':>12s} {'verify':>9s} "
+        f"{'verify s':>8s} {'wall s':>7s}"
+    )
+    lines = [head, "-" * len(head)]
+    for o in outcomes:
+        lines.append(
+            f"{o.name:22s} {o.status:13s} {fmt(o.val_bpb, '.4f'):>8s} {o.val_tokens:8d} {o.steps:6d} "
+            f"{fmt(o.train_s):>8s} {fmt(o.off_clock_s):>9s} {fmt(o.pack_s):>7s} {fmt(o.score_s):>8s} "
+            f"{o.probes:>7s} {'-' if o.bytes_total is None else f'{o.bytes_total:,}':>12s} {o.verify:>9s} "
+            f"{fmt(o.verify_s):>8s} {fmt(o.wall_s, '.0f'):>7s}"
+        )
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def machine_lines() -> list[str]:
+    """The host's facts, first in the output: kernel, Python, the isolation report of `pgolf check --machine`."""
+    import platform
+
+    import isolation.sandbox as sandbox
+
+    out = [f"  host: Linux {platform.release()}, Python {platform.python_version()}, {os.cpu_count()} CPUs"]
+    try:
+        out += ["  " + line for line in sandbox.machine_report(sandbox.probe_machine())]
+    except Exception as e:  # noqa: BLE001 - a report that cannot be made is one line, never the end of the check
+        out.append(f"  machine report failed: {one_line(e)}")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--train-s", type=float, default=30.0, help="training budget of each run, seconds (default 30)"
+        "--train-s",
+        type=float,
+        default=60.0,
+        help="training budget of each baseline's run, seconds (default 60)",
+    )
+    ap.add_argument(
+        "--bare-s", type=float, default=30.0, help="training budget of the bare loop, seconds (default 30)"
     )
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument(
         "--baselines",
-        default="naive_baseline,int6_era,sp8192_era",
-        help="comma-separated baselines/ folders with a record in RECORDS (default all three)",
+        default="naive_baseline,int6_era",
+        help=f"comma-separated baselines/ folders with a record in RECORDS (default naive_baseline,int6_era; "
+        f"known: {', '.join(RECORDS)})",
     )
+    ap.add_argument(
+        "--data",
+        type=Path,
+        action="append",
+        default=[],
+        help="a dataset folder (pgolf data build); repeat for several vocabularies: each baseline takes the one whose "
+        "vocabulary its model has (default: the embedded corpus, vocabulary 1,024)",
+    )
+    ap.add_argument(
+        "--eval-tokens",
+        type=int,
+        default=None,
+        help=f"validation tokens each run scores (eval.max_tokens; default {EVAL_TOKENS_CUDA:,} on cuda, the preset's "
+        "on cpu)",
+    )
+    ap.add_argument("--no-verify", action="store_true", help="skip `pgolf verify` of each scored run")
     ap.add_argument(
         "--preset",
         "--shape",
@@ -506,12 +642,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--max-total-s",
         type=float,
-        default=570.0,
-        help="skip a run whose estimate would end past this many seconds from the start (default 570)",
+        default=480.0,
+        help="skip a part whose estimate would end past this many seconds from the start (default 480: 8 minutes)",
     )
     ap.add_argument(
         "--workdir", type=Path, default=None, help="keep the runs' folders here (default: a temp dir)"
     )
+    ap.add_argument("--json-out", type=Path, default=None, help="write every figure as JSON here too")
     args = ap.parse_args(argv)
     names = [n.strip() for n in args.baselines.split(",") if n.strip()]
     unknown = [n for n in names if n not in RECORDS]
@@ -523,14 +660,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     preset = args.preset or ("one-gpu" if args.device == "cuda" else "tiny")
     comparable = args.device == "cuda" and preset == "one-gpu"
+    eval_tokens = (
+        args.eval_tokens
+        if args.eval_tokens is not None
+        else (EVAL_TOKENS_CUDA if args.device == "cuda" else None)
+    )
     t_start = time.time()
 
     import torch
 
     import isolation.sandbox as sandbox
-    from harness.bench.runner import run_bare, run_harness
+    from data.embedded import ensure_embedded_dataset
+    from harness.bench.runner import run_bare
     from harness.config import load_config
-    from scoring.tracks import get_track
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print(
@@ -539,15 +681,19 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     name, peak = peak_flops(args.device)
-    est = estimate_s(names, args.train_s, args.device)
+    est = estimate_s(names, args.train_s, args.device, args.bare_s)
     print(
         f"gpu_check: {name}, torch {torch.__version__}, preset {preset} on 1 {args.device}, {args.train_s:.0f} s of "
-        f"training per run; baselines {', '.join(names)}{' + the naive bare loop' if NAIVE in names else ''}; "
+        f"training per baseline, then pack, score ({eval_tokens or 'the preset'} tokens, with probes) and verify; "
+        f"baselines {', '.join(names)}{f' + the naive bare loop ({args.bare_s:.0f} s)' if NAIVE in names else ''}; "
         f"estimated total {est / 60:.1f} min (cut at {args.max_total_s:.0f} s)",
         flush=True,
     )
+    for line in machine_lines():
+        print(line, flush=True)
     print(
-        f"  overrides: {' '.join(overrides_for('', args.device)[3:])}; int6_era train.late_qat_threshold=0.0; "
+        f"  overrides: {' '.join(overrides_for('', args.device)[2:])} "
+        f"{' '.join(run_overrides(args.train_s, eval_tokens, args.set))}; "
         f"sp8192_era train.gptq_calibration_batches=0{' model.vocab_size=8192' if args.device == 'cpu' else ''}"
         f"{'; --set ' + ' '.join(args.set) if args.set else ''}",
         flush=True,
@@ -564,119 +710,174 @@ def main(argv: list[str] | None = None) -> int:
     if missing and not track_overrides_blocked(args.set):
         print(isolation_note(missing), flush=True)
     rows: list[Row] = []
+    outcomes: list[Outcome] = []
+    steady: dict[str, float] = {}
     tps: dict[str, float] = {}
-    iso: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="pgolf-gpu-check-") as tmp_s:
-        tmp = args.workdir or Path(tmp_s)
+        tmp = (args.workdir or Path(tmp_s)).resolve()
         tmp.mkdir(parents=True, exist_ok=True)
         datasets: dict[int, Path] = {}
-        train_tokens = 50_000_000 if args.device == "cuda" else 2_000_000
+        for root in args.data:
+            try:
+                datasets.setdefault(dataset_vocab(root.resolve()), root.resolve())
+            except (OSError, ValueError, KeyError) as e:
+                print(f"  --data {root}: not a dataset ({one_line(e)}); left out", flush=True)
+        if not args.data:
+            datasets[1024] = ensure_embedded_dataset()
+        print(
+            "  data: " + ", ".join(f"vocabulary {v:,}: {p}" for v, p in sorted(datasets.items())), flush=True
+        )
         plan = [(n, "harness") for n in names] + ([(NAIVE, "bare")] if NAIVE in names else [])
         for bname, side in plan:
             label = bname if side == "harness" else f"{bname} (bare)"
-            key = side if side == "bare" else bname
-            overhead = OVERHEAD_S[key] if args.device == "cuda" else CPU_OVERHEAD_S
-            if time.time() - t_start + args.train_s + overhead > args.max_total_s:
+            budget_s = args.train_s if side == "harness" else args.bare_s
+            overhead = (
+                OVERHEAD_S[bname if side == "harness" else "bare"]
+                if args.device == "cuda"
+                else CPU_OVERHEAD_S
+            )
+            sub = BASELINES_DIR / bname
+            wd = tmp / f"{bname}-{side}"
+            if time.time() - t_start + budget_s + overhead > args.max_total_s:
                 print(
                     f"  {label}: SKIPPED: its estimate would end past --max-total-s {args.max_total_s:.0f} s",
                     flush=True,
                 )
                 rows.append(Row(label, "skipped"))
+                outcomes.append(Outcome(label, "skipped", "no time left"))
                 continue
-            sub = BASELINES_DIR / bname
-            wd = tmp / f"{bname}-{side}"
+            print(
+                f"== {label}: {'train, pack, score, verify' if side == 'harness' else 'bare loop'}",
+                flush=True,
+            )
+            status, res = "failed", None
             try:
-                base = [*overrides_for(bname, args.device), *args.set]
+                base = [
+                    *overrides_for(bname, args.device),
+                    *run_overrides(budget_s, eval_tokens, args.set),
+                    *args.set,
+                ]
                 cfg = load_config(sub, preset, base)
-                unranked = track_overrides(cfg, missing, args.set)
-                if unranked:
-                    base = [*overrides_for(bname, args.device), *unranked, *args.set]
-                    cfg = load_config(sub, preset, base)
-                track = get_track(cfg.tables["run"]["track"])
                 vocab = int(cfg.model["vocab_size"])
                 if vocab not in datasets:
-                    datasets[vocab] = synthetic_dataset(
-                        tmp / f"data-{vocab}", train_tokens, min(vocab, 65_535)
+                    raise ValueError(
+                        f"no dataset of vocabulary {vocab:,}: pass one with --data (pgolf data build --tokenizer ...)"
                     )
                 if side == "harness":
-                    try:
-                        res = run_harness(
-                            submission=sub,
-                            data_root=datasets[vocab],
-                            cfg=cfg,
-                            budget_s=args.train_s,
-                            device=args.device,
-                            workdir=wd,
-                        )
-                    except Exception as e:  # noqa: BLE001 - SandboxRefused is a ValueError, a failed run a RuntimeError
-                        if (
-                            track.record
-                            or cfg.section("launch").sandbox == "off"
-                            or track_overrides_blocked(args.set)
-                        ):
-                            raise  # a record track refuses sandbox 'off'; the official's own settings stand
-                        print(f"  {label}: FAILED with the sandbox: {one_line(e)}", flush=True)
-                        if time.time() - t_start + args.train_s + overhead > args.max_total_s:
-                            raise RuntimeError("no time left for a rerun without the sandbox") from e
-                        cfg = load_config(sub, preset, [*base, "launch.sandbox='off'"])
-                        wd = tmp / f"{bname}-{side}-nosandbox"
-                        res = run_harness(
-                            submission=sub,
-                            data_root=datasets[vocab],
-                            cfg=cfg,
-                            budget_s=args.train_s,
-                            device=args.device,
-                            workdir=wd,
-                        )
-                        print(
-                            f"  {label}: rerun with launch.sandbox='off' ran: the sandbox is what failed on this "
-                            "machine (the next run tries it again)",
-                            flush=True,
-                        )
-                    if not iso:
-                        iso = res.get("isolation", {})
+                    got = run_and_verify(
+                        bname,
+                        preset=preset,
+                        data_root=datasets[vocab],
+                        overrides=base,
+                        run_dir=wd,
+                        ledger=tmp / "ledger.jsonl",
+                        verify=not args.no_verify,
+                    )
+                    rerun = (
+                        got.status == "error"
+                        and cfg.section("launch").sandbox != "off"
+                        and not track_overrides_blocked(args.set)
+                    )
+                    if rerun:
+                        print(f"  {label}: FAILED with the sandbox: {got.detail[:400]}", flush=True)
+                        if time.time() - t_start + budget_s + overhead <= args.max_total_s:
+                            wd = tmp / f"{bname}-{side}-nosandbox"
+                            got = run_and_verify(
+                                bname,
+                                preset=preset,
+                                data_root=datasets[vocab],
+                                overrides=[*base, "launch.sandbox='off'"],
+                                run_dir=wd,
+                                ledger=tmp / "ledger.jsonl",
+                                verify=not args.no_verify,
+                            )
+                            got.name = f"{label} (no sandbox)"
+                            print(
+                                f"  {label}: rerun with launch.sandbox='off': {got.status} (a sandbox problem on this "
+                                "machine shows up as a difference between the two)",
+                                flush=True,
+                            )
+                    outcomes.append(got)
+                    status = "ok" if got.status == "ok" and got.verify in ("verified", "-") else "failed"
+                    if got.status != "ok" or got.verify not in ("verified", "-"):
+                        print(f"  {label}: FAILED: {got.status}: {got.detail[:400]}", flush=True)
+                    if got.sandbox:
+                        print(f"  {label}: sandbox: {got.sandbox}", flush=True)
+                    if got.train_s and got.steps:
+                        tokens = cfg.train["train_batch_tokens"] * got.steps
+                        tps[label] = tokens / got.train_s
                 else:
                     res = run_bare(
                         submission=sub,
                         data_root=datasets[vocab],
                         cfg=cfg,
-                        budget_s=args.train_s,
+                        budget_s=budget_s,
                         threads=cfg.section("launch").threads_per_rank(),
                         device=args.device,
                         workdir=wd,
                     )
-                status = "ok"
+                    tps[label] = res["tokens_seen"] / max(res["train_time_s"], 1e-9)
+                    status = "ok"
             except Exception as e:  # noqa: BLE001 - one baseline's failure must not stop the others
                 print(f"  {label}: FAILED: {one_line(e)}", flush=True)
-                status, res = "failed", None
-            fpt = None
-            if bname == NAIVE and res is not None:
-                fpt = flops_per_token(cfg.model, count_params(cfg.model), int(cfg.train["train_seq_len"]))
-            if res is not None:
-                line, tps[label] = speed_line(label, res, fpt, peak)
-                print(line, flush=True)
+                if side == "harness":
+                    outcomes.append(Outcome(label, "failed", one_line(e)))
             # the record rows, also from a failed run's metrics if it logged steps
             log = wd / "train.log"
             loop = loop_step_of(log.read_text(errors="replace")) if log.is_file() else None
-            got = record_rows(bname, status, read_metrics(wd / "metrics.jsonl"), loop)
-            got[0] = replace(got[0], name=label)
-            rows.extend(got)
+            metrics = read_metrics(wd / "metrics.jsonl")
+            qat = qat_switch(log.read_text(errors="replace"), metrics) if log.is_file() else None
+            if qat:
+                print(f"  {label}: {qat}", flush=True)
+            got_rows = record_rows(bname, status, metrics, loop)
+            got_rows[0] = replace(got_rows[0], name=label)
+            rows.extend(got_rows)
+            if got_rows[0].measured_ms is not None:
+                steady[label] = got_rows[0].measured_ms
+            if bname == NAIVE and label in tps and peak:
+                fpt = flops_per_token(cfg.model, count_params(cfg.model), int(cfg.train["train_seq_len"]))
+                print(
+                    f"  {label}: {tps[label]:,.0f} tokens/s on the clock, MFU {100 * tps[label] * fpt / peak:.1f}%"
+                )
             print(
-                f"  {label}: {fmt_ms(got[0].measured_ms)} ms/step over {got[0].steps} steps; record "
-                f"{got[0].record_ms:.2f} ms x {got[0].gpus} GPUs = {fmt_ms(got[0].expected_ms)} ms expected",
+                f"  {label}: {fmt_ms(got_rows[0].measured_ms)} ms/step over {got_rows[0].steps} steps; record "
+                f"{got_rows[0].record_ms:.2f} ms x {got_rows[0].gpus} GPUs = {fmt_ms(got_rows[0].expected_ms)} ms "
+                f"expected; {time.time() - t_start:.0f} s since the start",
                 flush=True,
             )
-    if iso:
-        print(
-            f"  sandbox: landlock {iso.get('landlock')}, namespaces {iso.get('namespaces')}, verified {iso.get('verified')}, "
-            f"warnings {iso.get('warnings')}"
-        )
     print()
     print(table(rows, comparable))
-    if NAIVE in tps and tps.get(f"{NAIVE} (bare)"):
-        print(f"naive_baseline harness/bare tokens/s ratio: {tps[NAIVE] / tps[f'{NAIVE} (bare)']:.4f}")
-    print(f"total {time.time() - t_start:.0f} s (estimated {est:.0f} s)")
-    return 0 if all(r.status == "ok" for r in rows) else 1
+    print()
+    print(pipeline_table(outcomes))
+    ratio = None
+    if steady.get(NAIVE) and steady.get(f"{NAIVE} (bare)"):
+        ratio = steady[NAIVE] / steady[f"{NAIVE} (bare)"]
+        print(
+            f"naive_baseline harness / bare steady ms/step: {ratio:.4f} (1.0: the harness costs nothing per step)"
+        )
+    total = time.time() - t_start
+    print(f"total {total:.0f} s (estimated {est:.0f} s)")
+    if args.json_out:
+        args.json_out.write_text(
+            json.dumps(
+                {
+                    "format": "pg-gpu-check",
+                    "format_version": 1,
+                    "device": name,
+                    "preset": preset,
+                    "records": [asdict(r) for r in rows],
+                    "runs": [asdict(o) for o in outcomes],
+                    "harness_over_bare": ratio,
+                    "tokens_per_s": tps,
+                    "total_s": total,
+                },
+                indent=1,
+            )
+        )
+    ok = all(r.status in ("ok", "skipped") for r in rows) and all(
+        o.status in ("ok", "skipped") and o.verify in ("verified", "-") for o in outcomes
+    )
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

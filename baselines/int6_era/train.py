@@ -143,11 +143,24 @@ def train(ctx: TrainContext):
             return torch.bfloat16, None
         return (torch.bfloat16, True) if mode == "bfloat16" else (None, False)
 
+    def set_qat(on):
+        for m in model.modules():
+            if isinstance(m, CastedLinear):
+                m.qat = on
+
+    # the compile warm-up runs its second half with late QAT on, so that both graphs are compiled off the clock
+    # and the switch mid-run finds its graph cached (Dynamo guards on `qat`): no recompile on the clock
+    qat_warm = cuda and hp.compile and hp.late_qat_threshold > 0
+
     def make_step(mode):
         amp, ns_bf16 = mode_setting(mode)
+        calls = [0]
 
         def warm_step(x, y):
             opt_muon.bf16 = ns_bf16
+            if qat_warm:
+                set_qat(calls[0] >= hp.warmup_steps // 2)
+                calls[0] += 1
             for micro in range(accum):
                 micro_step(x, y, amp, micro)
             for opt in optimizers:
@@ -164,6 +177,7 @@ def train(ctx: TrainContext):
         mode = "cuda_bfloat16"
         if hp.compile and hp.warmup_steps > 0:
             warm = ctx.clock.warmup(make_step(mode), steps=hp.warmup_steps, **wargs)
+            set_qat(False)
             ctx.log.info(f"warmup_steps:{warm.steps} off_clock:{warm.off_clock_s:.1f}s verified:{warm.verified}")
     amp, ns_bf16 = mode_setting(mode)
     opt_muon.bf16 = ns_bf16
@@ -191,9 +205,7 @@ def train(ctx: TrainContext):
         scale = lr_scale(step, reading.elapsed_s)
         if hp.late_qat_threshold > 0 and scale < hp.late_qat_threshold and not qat_on:
             qat_on = True
-            for m in model.modules():
-                if isinstance(m, CastedLinear):
-                    m.qat = True
+            set_qat(True)
             ctx.log.info(f"late_qat: on at step {step} (lr scale {scale:.3f})")
         loss_sum = torch.zeros((), device=d.device)
         for micro in range(accum):
