@@ -10,7 +10,9 @@ trusted side wrote):
   exist in it. A folder it may read is a read-only overlay of the real one: the overlay's inodes
   belong to this world's own superblock, so a lock (flock, POSIX or OFD byte ranges) taken on a file
   of the Python installation, the staged code or a system folder is seen by no other world, and a
-  change of mode, times or extended attributes fails (EROFS) on every file, whoever asks. A single
+  change of mode, times or extended attributes fails (EROFS) on every file, whoever asks. A mount
+  beneath such a folder (a GPU host's driver at /usr/local/nvidia under /usr) is placed the same way,
+  or its overlay would show an empty folder (the first H200 run: no libcuda in the world). A single
   file it may read (the artifact, a spec) is copied into the tmpfs: a private inode. Device files
   are made anew (mknod) on the tmpfs, so even /dev/null is this world's own inode. /proc is a fresh
   mount of the world's PID namespace; /sys a read-only overlay; /dev/shm a tmpfs of its own, with a
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -58,6 +61,12 @@ ROOT_SLACK_BYTES = 16 << 20
 CGROUP_PREFIX = "pgolf-world-"
 CGROUP_SWEEP_AGE_S = 30.0
 OLD = "/.pgolf-old-root"
+PRIVATE_FILES = "/.pgolf-files"
+"""Where the world keeps its private copies of files that are mount points beneath a folder it reads."""
+SUBMOUNT_COPY_MAX_BYTES = 1 << 20
+"""A file mounted beneath a readable folder up to this size is copied (a private inode); a larger one is bound."""
+NO_SUBMOUNTS = ("/proc", "/sys", "/dev")
+"""Folders whose mounts beneath are never placed: the kernel's own views (cgroups, debugfs, securityfs...)."""
 EMPTY = "/.pgolf-empty-layer"
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
@@ -244,6 +253,64 @@ def _read_only_folder(path: str) -> None:
     _mount("overlay", path, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, f"lowerdir={OLD + path}:{EMPTY}")
 
 
+def _bind_read_only(old: str, path: str, facts: dict[str, list[str]]) -> None:
+    _mount(old, path, None, MS_BIND)
+    _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    facts["bound_files"].append(path)
+
+
+def _mounts_beneath(path: str) -> list[str]:
+    """The old root's mount points strictly beneath `path` (as paths of the new root), shallowest first, once each."""
+    prefix = OLD + path.rstrip("/") + "/"
+    found: set[str] = set()
+    # the old root's /proc (this world's own is mounted later, or not yet): it shows this process's mounts too
+    where = next(
+        (p for p in (OLD + "/proc/self/mountinfo", "/proc/self/mountinfo") if os.path.exists(p)), None
+    )
+    if where is None:
+        return []
+    with open(where, encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 4:  # the mount point, with space, tab, newline and backslash escaped in octal
+                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+                if point.startswith(prefix):
+                    found.add(point[len(OLD) :])
+    return sorted(found, key=lambda p: (p.count("/"), p))
+
+
+def _place_mounts_beneath(path: str, facts: dict[str, list[str]]) -> None:
+    """A folder's overlay shows only the file system it is on: a mount beneath it (a GPU host's driver at
+    /usr/local/nvidia under /usr, a container's /etc/hosts) would be an empty folder or the file it hides. Each is
+    placed too, as the folder itself is: a folder as a read-only overlay (its own inodes), a small file as a
+    private copy bound over the path; anything else, or an overlay the kernel refuses, as a read-only bind of
+    the host's (recorded in bound_files: its locks are shared with whoever else can open it)."""
+    if any(path == top or path.startswith(top + "/") for top in NO_SUBMOUNTS):
+        return
+    for rel in _mounts_beneath(path):
+        old = OLD + rel
+        try:
+            st = os.stat(old)
+        except OSError:
+            continue
+        if not os.path.lexists(rel):
+            continue  # beneath a mount this world does not show
+        if stat.S_ISDIR(st.st_mode):
+            try:
+                _read_only_folder(rel)
+            except OSError:
+                _bind_read_only(old, rel, facts)
+        elif stat.S_ISREG(st.st_mode) and st.st_size <= SUBMOUNT_COPY_MAX_BYTES:
+            os.makedirs(PRIVATE_FILES, mode=0o755, exist_ok=True)
+            private = os.path.join(PRIVATE_FILES, str(len(os.listdir(PRIVATE_FILES))))
+            shutil.copyfile(old, private)
+            os.chmod(private, 0o444 | (stat.S_IMODE(st.st_mode) & 0o111))
+            _mount(private, rel, None, MS_BIND)
+            _mount(None, rel, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        else:
+            _bind_read_only(old, rel, facts)
+
+
 def _place(path: str, access: str, facts: dict[str, list[str]], shm_bytes: int, uid: int) -> None:
     old = OLD + path
     if not os.path.lexists(old):
@@ -277,6 +344,7 @@ def _place(path: str, access: str, facts: dict[str, list[str]], shm_bytes: int, 
     elif stat.S_ISDIR(st.st_mode):
         _ensure_dir(path)
         _read_only_folder(path)
+        _place_mounts_beneath(path, facts)
     elif stat.S_ISREG(st.st_mode) and st.st_size <= COPY_MAX_BYTES:
         shutil.copyfile(old, path)
         os.chmod(path, 0o444 | (stat.S_IMODE(st.st_mode) & 0o111))

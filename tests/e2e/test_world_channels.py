@@ -345,3 +345,62 @@ def test_pages_a_world_made_resident_are_gone_before_the_next_world(tmp_path, re
         if tries[-1] > 0.9:
             return
     pytest.fail(f"the channel carried no clean send in {len(tries)} tries (fraction of bits right: {tries})")
+
+
+READ_BENEATH = """
+import json, os, sys
+root = sys.argv[1]
+got = {}
+for rel in ("top.txt", "sub/inner.txt", "sub/deeper/deepest.txt", "single.txt"):
+    try:
+        got[rel] = open(os.path.join(root, rel)).read()
+    except OSError as e:
+        got[rel] = type(e).__name__
+print(json.dumps(got))
+"""
+
+
+def test_a_mount_beneath_a_readable_folder_is_seen_in_the_world(tmp_path):
+    """A GPU host keeps its driver on a mount of its own beneath a folder every sandbox reads (/usr/local/nvidia
+    under /usr): an overlay of /usr shows only an empty folder there, so the first H200 run found no libcuda
+    inside the world ("local rank 0 has no GPU"). Every mount beneath a readable folder is now placed too
+    (folders as read-only overlays, files copied), nested ones included."""
+    plan, code, out = _plan(tmp_path, world=True)
+    (code / "top.txt").write_text("top")
+    sub = code / "sub"
+    sub.mkdir()
+    single = code / "single.txt"
+    single.write_text("the host's file under the mount")
+    src = tmp_path / "bound.txt"
+    src.write_text("a file mounted over a file")
+    mounted: list[Path] = []
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(sub)], check=True)
+        mounted.append(sub)
+        (sub / "inner.txt").write_text("inner")
+        (sub / "deeper").mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(sub / "deeper")], check=True)
+        mounted.append(sub / "deeper")
+        (sub / "deeper" / "deepest.txt").write_text("deepest")
+        subprocess.run(["mount", "--bind", str(src), str(single)], check=True)
+        mounted.append(single)
+        outside = _run_plain(READ_BENEATH, str(code))  # the control: what the host sees
+        inside = _run(plan, out, READ_BENEATH, str(code))
+    finally:
+        for m in reversed(mounted):
+            subprocess.run(["umount", "-l", str(m)], check=False)
+    assert outside == {
+        "top.txt": "top",
+        "sub/inner.txt": "inner",
+        "sub/deeper/deepest.txt": "deepest",
+        "single.txt": "a file mounted over a file",
+    }
+    assert inside == outside
+
+
+def _run_plain(program: str, *args: str) -> dict:
+    p = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(program), *args], capture_output=True, text=True
+    )
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1])
