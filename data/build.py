@@ -552,13 +552,35 @@ def _prepare_tokenizer(
     return dst
 
 
+TRANSFORM_RECORD_FORMAT = "pg-transform-record"
+TRANSFORM_RECORD_VERSION = 1
+"""1: `children` (each child's split, sandbox mode, layers and guarantees, in the order they ran) and their
+sums `missing_layers` and `guarantees_not_held` (docs/RULES.md "A submitted transform")."""
+
+
 def transform_block(tfs: SplitTransforms) -> dict[str, Any]:
     """The manifest's record of a submitted transform: its NAME, its file's sha256, and each child's split
-    and confinement (the layers and guarantees its sandbox held), in the order they ran."""
+    and confinement (the layers and guarantees its sandbox held), in the order they ran; then what any child
+    lacked (`missing_layers`), and each guarantee some child ran without, with how (`guarantees_not_held`:
+    "missing" or "allowed missing: L"), so that a build with sandbox 'auto' on a machine without some layers
+    says afterwards how confined its transform was."""
+    children = [dict(c) for c in getattr(tfs, "confinement", [])]
+    missing = sorted({str(m) for c in children for m in c.get("missing_layers") or ()})
+    not_held: dict[str, str] = {}
+    for c in children:
+        if c.get("mode") == "off":
+            not_held.update({"sandbox": "off"})
+        for prop, how in (c.get("guarantees") or {}).items():
+            if str(how) == "missing" or str(how).startswith("allowed missing"):
+                not_held.setdefault(str(prop), str(how))
     return {
+        "format": TRANSFORM_RECORD_FORMAT,
+        "format_version": TRANSFORM_RECORD_VERSION,
         "name": tfs.name,
         "sha256": tfs.sha256,
-        "children": list(getattr(tfs, "confinement", [])),
+        "children": children,
+        "missing_layers": missing,
+        "guarantees_not_held": not_held,
     }
 
 

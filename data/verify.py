@@ -26,6 +26,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -272,6 +273,30 @@ def _check_transform(m: Manifest, path: str | os.PathLike[str] | None, *, quick:
     ]
 
 
+def transform_confinement_line(recorded: dict[str, Any]) -> str:
+    """One line of what the manifest records of a submitted transform's confined children (data/build.py
+    transform_block): their splits in order, the sandbox modes, and every layer or guarantee one lacked."""
+    name = recorded.get("name")
+    if recorded.get("format_version") is None:
+        return (
+            f"transform {name!r}: how its children were confined is not recorded (built before "
+            "pg-transform-record v1)"
+        )
+    children = list(recorded.get("children") or ())
+    splits = ", ".join(str(c.get("split")) for c in children)
+    modes = "/".join(dict.fromkeys(str(c.get("mode")) for c in children)) or "none"
+    missing = list(recorded.get("missing_layers") or ())
+    not_held = dict(recorded.get("guarantees_not_held") or {})
+    line = f"transform {name!r}: {len(children)} confined child(ren) ({splits}), sandbox {modes}; "
+    if not missing and not not_held:
+        return line + "every isolation layer and guarantee held"
+    return (
+        line
+        + f"layers missing: {', '.join(missing) or 'none'}; guarantees not held: "
+        + (", ".join(f"{p} ({how})" for p, how in not_held.items()) or "none")
+    )
+
+
 def verify_dataset(
     directory: str | os.PathLike[str],
     *,
@@ -350,6 +375,8 @@ def verify_dataset(
     if not bare and view_split != "train":
         files.append(_check_val_bytes(m, quick=quick))
     recorded = m.raw.get("transform")
+    if recorded:
+        totals.append(transform_confinement_line(recorded))
     if recorded and transform is None:
         totals.append(
             f"transform: built with the submitted transform {recorded.get('name')!r} (sha256 "

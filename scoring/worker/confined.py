@@ -144,5 +144,8 @@ class ConfinedChild:
         self._closed = True
         kill_group_reaped(self.proc)
         self._drain.join(timeout=2)
-        if self.proc.stdout is not None:
+        # A process that left the group (setsid; only where no PID namespace ends it) may still hold the
+        # output pipe: closing it under the draining thread would wait for that process's exit (a transform's
+        # daemon stalled the build 60 s so). The thread is a daemon; the pipe closes when the holder exits.
+        if self.proc.stdout is not None and not self._drain.is_alive():
             self.proc.stdout.close()

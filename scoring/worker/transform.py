@@ -137,6 +137,49 @@ def _read_msg(fd: int, deadline: float | None, limit: int) -> bytes:
 # ---- the trusted side ----
 
 
+def _code_points(text: str) -> Any:
+    import numpy as np
+
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+
+
+def unexplained_change(text: str, out: str, markers: Sequence[str]) -> str | None:
+    """Why `out` (the transform's encoding of `text`) says more than a case transform may, or None.
+
+    Checked on every encode reply: the reply less its declared markers must be `text` character for
+    character, but for a character of another case (str.lower or str.casefold equal) or one standing where
+    `text` has a marker character (its escape); and it may hold at most one marker per character so changed.
+    Without this a reply could decode back to its document and still hand the tokenizer text of the
+    transform's own (validation text it carries, spelled in the document's bytes) with the document hidden
+    in zero-byte markers: the proof holds and the text reaches the training shards."""
+    import numpy as np
+
+    mset = set(markers)
+    bare = out.translate(dict.fromkeys(map(ord, mset))) if mset else out
+    added = len(out) - len(bare)
+    if bare == text:
+        return None if added == 0 else f"adds {added:,} marker(s) to a text it leaves unchanged"
+    a, b = _code_points(bare), _code_points(text)
+    n = min(a.size, b.size)
+    diff = np.flatnonzero(a[:n] != b[:n]) if n else a[:0]
+    lo, lt = bare.lower(), text.lower()
+    if len(lo) == len(bare) and len(lt) == len(text):  # fast path: positions still differing in lower case
+        la, lb = _code_points(lo), _code_points(lt)
+        suspect = diff[la[diff] != lb[diff]] if a.size == b.size else diff
+    else:
+        suspect = diff
+    for i in (int(j) for j in suspect):
+        x, y = bare[i], text[i]
+        if not (x.lower() == y.lower() or x.casefold() == y.casefold() or y in mset):
+            return f"at byte {len(text[:i].encode('utf-8', 'surrogatepass')):,}: {y!r} became {x!r}"
+    if a.size != b.size:
+        at = len(text[:n].encode("utf-8", "surrogatepass"))
+        return f"at byte {at:,}: its text less the markers has {a.size:,} characters, the document {b.size:,}"
+    if added > diff.size:
+        return f"adds {added:,} markers for {diff.size:,} changed character(s)"
+    return None
+
+
 def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -151,6 +194,8 @@ class _SplitChild:
     def __init__(self, split: str, child: Any, to_child: int, from_child: int, timeout_s: float):
         self.split, self.child, self.to_child, self.from_child = split, child, to_child, from_child
         self.timeout_s = timeout_s
+        self.markers: tuple[str, ...] = ()
+        """The markers its hello declared (each encode reply is held to them: unexplained_change)."""
         self.done = 0
         """Documents of this split already through encode (the index of a failing one is done + i)."""
 
@@ -208,6 +253,12 @@ class _SplitChild:
 
     def encode_texts(self, texts: list[str]) -> list[str]:
         out = self._call(OP_ENCODE, texts, "encode")
+        for i, (t, e) in enumerate(zip(texts, out, strict=True)):
+            why = unexplained_change(t, e, self.markers)
+            if why is not None:
+                raise self._fail(
+                    f"changed document {self.done + i} of the batch's split (encode) beyond case and markers {why}"
+                )
         return out
 
     def decode_texts(self, texts: list[str]) -> list[str]:
@@ -332,6 +383,7 @@ class ConfinedTransforms:
                     raise sc._fail(
                         f"declares a marker {one_line(m, 20)!r} of {len(m)} characters: expected one"
                     )
+            sc.markers = markers
             if split == "declare":
                 self.name, self.markers = name, markers
             elif (name, markers) != (self.name, self.markers):

@@ -258,3 +258,55 @@ def test_a_transform_that_raises_is_refused_naming_the_document(tmp_path: Path) 
         r"\(transform.py:11\) \(split audit\)$",
     ):
         prove_tokenizer(ByteTokenizer(), texts, transform=ConfinedTransforms(src, reset_page_cache=False))
+
+
+_IDENTITY = "NAME = 'ident'\nMARKERS = ()\ndef encode_text(t):\n    return t\ndecode_text = encode_text\n"
+
+
+def _lacking_caps():
+    from isolation.sandbox import MachineCaps
+
+    return MachineCaps(landlock_abi=5, root=False, unshare=None)  # as tests/unit/test_gpu_check.py's
+
+
+def test_the_manifest_says_how_confined_the_transform_was(tmp_path: Path, monkeypatch) -> None:
+    """A build with sandbox 'auto' on a machine without namespaces, worlds or signal scoping runs its
+    transform with what holds; the manifest (pg-transform-record v1) and `pgolf data verify` name what was
+    missing. The control: the same build on this machine's own layers says every one held (where it has
+    them), so the record does tell the two apart."""
+    import isolation.sandbox as sandbox
+    from data.build import TRANSFORM_RECORD_FORMAT, TRANSFORM_RECORD_VERSION
+
+    texts = [f"document {i}: " + "some plain text " * 20 for i in range(12)]
+    src = _submitted(tmp_path, _IDENTITY)
+
+    def build(out: Path) -> tuple[dict, str]:
+        tf = ConfinedTransforms(src, reset_page_cache=False)
+        build_dataset(texts, out, val_docs=4, tokenizer="byte260", canonical="raw", workers=1, transform=tf)
+        return json.loads((out / "manifest.json").read_text())["transform"], verify_dataset(out).table()
+
+    held, held_table = build(tmp_path / "held")
+    assert held["format"] == TRANSFORM_RECORD_FORMAT and held["format_version"] == TRANSFORM_RECORD_VERSION
+    assert [c["split"] for c in held["children"]] == ["declare", "val", "train"]
+    if not sandbox.missing_layers(sandbox.probe_machine(), network="auto", multi_node=False, seccomp=True):
+        assert held["missing_layers"] == [] and held["guarantees_not_held"] == {}
+        assert "every isolation layer and guarantee held" in held_table, held_table
+
+    monkeypatch.setattr(sandbox, "probe_machine", _lacking_caps)
+    lacking, table = build(tmp_path / "lacking")
+    lost = ["namespaces", "network_namespace", "signal_scoping", "world"]
+    assert lacking["missing_layers"] == lost
+    for c in lacking["children"]:
+        assert c["mode"] == "auto" and c["missing_layers"] == lost and c["namespaces"] == []
+    assert lacking["guarantees_not_held"] == {
+        "no_network": "missing",
+        "no_signals_or_tracing_outside": "missing",  # Landlock ABI 5 and no PID namespace
+        "no_ipc_outside": "missing",
+        "nothing_shared": "missing",
+    }
+    line = next(ln for ln in table.splitlines() if ln.startswith("transform 'ident'"))
+    assert (
+        "sandbox auto" in line
+        and "layers missing: namespaces, network_namespace, signal_scoping, world" in line
+    )
+    assert "no_network (missing)" in line and "nothing_shared (missing)" in line
