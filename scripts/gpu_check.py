@@ -366,11 +366,11 @@ def one_line(err: BaseException, limit: int = 400) -> str:
 # ---------------------------------------------------------------------------------------------------
 # Plan and estimate.
 
-OVERHEAD_S = {"naive_baseline": 110.0, "int6_era": 170.0, "sp8192_era": 200.0, "bare": 45.0}
-"""Guessed seconds of each part beyond its training budget on one H100-class GPU: start-up (staging,
-sandbox, torchrun, imports), the off-clock compile warm-up, the pack, the scored subset with its probe
-workers and verify's re-score in fresh processes (the eras compile bigger graphs and score sliding windows
-with test-time training). Replaced by the measured figures of the first lent GPU in docs/OFFICIALS.md."""
+OVERHEAD_S = {"naive_baseline": 170.0, "int6_era": 330.0, "sp8192_era": 360.0, "bare": 75.0}
+"""Seconds of each part beyond its training budget on one GPU, from the first H200 run (2026-12-04): the naive
+baseline's start-up 8 s, compile warm-up 69 s off the clock, pack 15 s, score 57 s (probes 40 s), verify about
+25 s; int6_era's warm-up alone took 166 s (two graphs: late QAT's too), then its int6 pack, sliding windows
+with test-time training and verify (not all measured: the run was cut in its pack); sp8192_era not run yet."""
 CPU_OVERHEAD_S = 60.0
 EVAL_TOKENS_CUDA = 262_144
 """The validation subset each GPU run scores (eval.max_tokens): 256 windows of the naive baseline's 1,024."""

@@ -64,23 +64,29 @@ def rms_norm(x):
 
 
 class CastedLinear(nn.Linear):
-    """Bias-free linear, float32 weight cast to the activations' dtype. With `qat` set (late QAT, train.py),
-    the forward sees the weight rounded to the int6 grid (straight-through gradient), as the record."""
+    """Bias-free linear, float32 weight cast to the activations' dtype. With late QAT on (train.py), the
+    forward sees the weight rounded to the int6 grid (straight-through gradient), as the record.
+
+    Two switches, one meaning: `qat` (a Python flag, eager CPU training) or `qat_mix` (a 0-dim tensor buffer,
+    0.0 or 1.0, given by train.py to a compiled model: the graph reads it, so switching QAT on is a fill, not a
+    recompile on the clock; with 0.0 the weight is exactly the plain one, w + 0 * delta = w)."""
 
     qat = False
 
     def __init__(self, fan_in, fan_out, zero_init=False):
         super().__init__(fan_in, fan_out, bias=False)
         self.zero_init = zero_init
+        self.register_buffer("qat_mix", None, persistent=False)  # never in the state (train.py sets it)
 
     def forward(self, x):
         w = self.weight.to(x.dtype)
-        if self.qat and self.training:
+        if self.training and (self.qat or self.qat_mix is not None):
             with torch.no_grad():
                 w32 = self.weight.float()
                 scale = (w32.abs().amax(dim=1) / 31.0).clamp_min(1.0 / 31.0)
                 w_q = (torch.clamp(torch.round(w32 / scale[:, None]), -32, 31) * scale[:, None]).to(x.dtype)
-            w = w + (w_q - w).detach()
+            delta = (w_q - w).detach()
+            w = w + (delta if self.qat_mix is None else self.qat_mix.to(x.dtype) * delta)
         return F.linear(x, w)
 
 
@@ -114,7 +120,9 @@ class Attention(nn.Module):
     def __init__(self, dim, num_heads, num_kv_heads, rope_base, rope_dims, rope_train_len, qk_gain_init, xsa):
         super().__init__()
         if dim % num_heads or num_heads % num_kv_heads:
-            raise ValueError(f"model_dim {dim} must divide by num_heads {num_heads}, and num_heads by num_kv_heads {num_kv_heads}")
+            raise ValueError(
+                f"model_dim {dim} must divide by num_heads {num_heads}, and num_heads by num_kv_heads {num_kv_heads}"
+            )
         self.num_heads, self.num_kv_heads, self.xsa = num_heads, num_kv_heads, xsa
         self.head_dim = dim // num_heads
         self.rope_dims = min(rope_dims, self.head_dim) if rope_dims > 0 else self.head_dim
@@ -140,7 +148,9 @@ class Attention(nn.Module):
         cos, sin = self.rotary(T, x.device, q.dtype)
         q, k = apply_rotary(q, cos, sin, self.rope_dims), apply_rotary(k, cos, sin, self.rope_dims)
         q = q * self.q_gain.to(q.dtype)[None, :, None, None]
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.num_kv_heads != self.num_heads)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=self.num_kv_heads != self.num_heads
+        )
         if self.xsa:  # remove each head's component along its own (normalised) value vector
             group = self.num_heads // self.num_kv_heads
             yg = y.view(B, self.num_kv_heads, group, T, self.head_dim)
@@ -162,10 +172,24 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, dim, num_heads, num_kv_heads, mlp_mult, rope_base, rope_dims, rope_train_len, qk_gain_init, leaky_slope,
-                 xsa, ln_factor):
+    def __init__(
+        self,
+        dim,
+        num_heads,
+        num_kv_heads,
+        mlp_mult,
+        rope_base,
+        rope_dims,
+        rope_train_len,
+        qk_gain_init,
+        leaky_slope,
+        xsa,
+        ln_factor,
+    ):
         super().__init__()
-        self.attn = Attention(dim, num_heads, num_kv_heads, rope_base, rope_dims, rope_train_len, qk_gain_init, xsa)
+        self.attn = Attention(
+            dim, num_heads, num_kv_heads, rope_base, rope_dims, rope_train_len, qk_gain_init, xsa
+        )
         self.mlp = MLP(dim, mlp_mult, leaky_slope)
         self.attn_scale = nn.Parameter(torch.ones(dim))
         self.mlp_scale = nn.Parameter(torch.ones(dim))
@@ -218,15 +242,29 @@ class GPT(nn.Module):
         self.ttt_optimizer = None  # eval.py's SGD, made on its first chunk
         self.ttt_chunks_done = 0
         self.tok_emb = nn.Embedding(cfg["vocab_size"], C)
-        self.bigram = BigramHash(cfg["bigram_vocab_size"], cfg["bigram_dim"], C) if cfg["bigram_vocab_size"] > 0 else None
+        self.bigram = (
+            BigramHash(cfg["bigram_vocab_size"], cfg["bigram_dim"], C)
+            if cfg["bigram_vocab_size"] > 0
+            else None
+        )
         self.smear = SmearGate(C)
         self.num_encoder = L // 2
         self.num_decoder = L - self.num_encoder
         self.skip_weights = nn.Parameter(torch.ones(min(self.num_encoder, self.num_decoder), C))
         self.blocks = nn.ModuleList(
-            Block(C, cfg["num_heads"], cfg["num_kv_heads"], cfg["mlp_mult"], cfg["rope_base"], cfg["rope_dims"],
-                  cfg["rope_train_seq_len"], cfg["qk_gain_init"], cfg["leaky_slope"], i >= L - cfg["xsa_last_n"],
-                  1.0 / math.sqrt(i + 1) if cfg["ln_scale"] else 1.0)
+            Block(
+                C,
+                cfg["num_heads"],
+                cfg["num_kv_heads"],
+                cfg["mlp_mult"],
+                cfg["rope_base"],
+                cfg["rope_dims"],
+                cfg["rope_train_seq_len"],
+                cfg["qk_gain_init"],
+                cfg["leaky_slope"],
+                i >= L - cfg["xsa_last_n"],
+                1.0 / math.sqrt(i + 1) if cfg["ln_scale"] else 1.0,
+            )
             for i in range(L)
         )
         self.ve_layers = [int(s) for s in str(cfg["ve_layers"]).split(",") if s.strip() and int(s) < L]
@@ -257,10 +295,16 @@ class GPT(nn.Module):
             x = x + self.bigram(input_ids).to(x.dtype)
         x = self.smear(rms_norm(x))
         x0 = x
-        ve = self.ve_proj(self.ve_embed(input_ids)) * self.ve_scale.to(x.dtype) if self.ve_layers else None  # (B, T, K*D)
+        ve = (
+            self.ve_proj(self.ve_embed(input_ids)) * self.ve_scale.to(x.dtype) if self.ve_layers else None
+        )  # (B, T, K*D)
 
         def v_embed(i):
-            return ve * self.ve_layer_scales[self.ve_layers.index(i)].to(x.dtype) if i in self.ve_layers else None
+            return (
+                ve * self.ve_layer_scales[self.ve_layers.index(i)].to(x.dtype)
+                if i in self.ve_layers
+                else None
+            )
 
         skips = []
         for i in range(self.num_encoder):
