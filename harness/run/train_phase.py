@@ -24,6 +24,7 @@ training-side code, so it gets the sandbox and what is left of train_s + grace_s
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from data.loader import train_shard_paths
-from data.manifest import MANIFEST_NAME, load_manifest, make_split_view
+from data.manifest import MANIFEST_NAME, Manifest, load_manifest, make_split_view
 from harness.config import LaunchConfig
 from harness.run.clock_server import ClockServer
 from harness.run.launch import (
@@ -103,6 +104,16 @@ def worker_import_path(env: dict[str, str], cwd: Path) -> list[str]:
         check=True,
     )
     return [p for p in json.loads(r.stdout) if p]
+
+
+def data_identity_of(manifest: Manifest, shard_names: list[str]) -> str:
+    """sha256 over the training shards a run reads (name and sha256, in order) and the tokenizer's vocabulary size
+    and file hash: equal on two nodes exactly when they would train on the same tokens."""
+    by_name = {s.name: s.sha256 for s in manifest.shards}
+    parts = [f"{n}:{by_name.get(n, '?')}" for n in shard_names]
+    tok = manifest.raw.get("tokenizer", {})
+    parts.append(f"vocab:{manifest.vocab_size}:{tok.get('sha256', '')}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def phase_env(base: dict[str, str], out: Path, token: str, threads: int) -> dict[str, str]:
@@ -242,8 +253,9 @@ def run_train_phase(
     val_shards = manifest.shard_paths("val")
     # the supervisor's end of the wire; at the handover it moves the state here, out of the ranks' reach
     handed_state = stage / f"handed-{STATE_FILE}"
+    shards = train_shard_paths(train_view, train_shards or None)
     wire = ClockServer(
-        shards=train_shard_paths(train_view, train_shards or None),
+        shards=shards,
         local_ranks=launch.nproc_per_node,
         warmup_max_s=budget.warmup_max_s,
         state_src=out / STATE_FILE,
@@ -280,6 +292,9 @@ def run_train_phase(
         "submission_dir": str(staged_sub),
         "wire": wire.address(),
         "vocab_size": manifest.vocab_size,
+        # what this node trains on (the shards' hashes, in stream order, and the tokenizer's): the ranks of
+        # several nodes compare it before the first step (harness/train/rank.py agree_on_data)
+        "data_identity": data_identity_of(manifest, [p.name for p in shards]),
         "out_dir": str(out),
         "model_config": model_config,
         "hparams": hparams,

@@ -233,6 +233,43 @@ def _process_facts() -> dict[str, Any]:
     return facts
 
 
+def _rank_failed(info: DistInfo, out_dir: Path, what: str) -> int:
+    """Record the exception being handled (OUT/train_error_rank{R}.txt and stderr) and end this rank."""
+    (out_dir / f"train_error_rank{info.rank}.txt").write_text(traceback.format_exc(), encoding="utf-8")
+    print(f"rank {info.rank}: {what} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+    if info.distributed:
+        os._exit(1)  # a barrier would hang on the other ranks; torchrun stops them
+    return 1
+
+
+def agree_on_data(info: DistInfo, identity: str | None) -> None:
+    """Every rank trains on the same tokens: on several nodes each reads its own dataset, so before the first step
+    the ranks compare what their nodes' supervisors staged (the spec's data_identity) and all stop with one
+    message naming the ranks whose data differs from rank 0's."""
+    if not info.distributed or identity is None:
+        return
+    seen: list[Any] = [None] * info.world_size
+    dist.all_gather_object(seen, (identity, os.uname().nodename))
+    problem = data_mismatch(seen)
+    if problem:
+        raise ValueError(problem)
+
+
+def data_mismatch(seen: list[tuple[str, str]]) -> str | None:
+    """None when every rank's (data identity, host) has rank 0's identity, else the one-line error."""
+    first = seen[0][0]
+    odd = [(r, host, ident) for r, (ident, host) in enumerate(seen) if ident != first]
+    if not odd:
+        return None
+    names = ", ".join(f"rank {r} on {host} ({ident[:12]})" for r, host, ident in odd[:4])
+    more = f" and {len(odd) - 4} more" if len(odd) > 4 else ""
+    return (
+        f"the nodes' training data differ: {names}{more} against rank 0 on {seen[0][1]} ({first[:12]}). "
+        "HINT: give every node the same dataset (the same manifest.json and shards; `pgolf data verify DIR` on "
+        "each prints its hashes)"
+    )
+
+
 def _agree(info: DistInfo, values: list[float]) -> list[float]:
     """All-reduce MAX of a few numbers, so every rank records the same."""
     t = torch.tensor(values, dtype=torch.float64)
@@ -287,6 +324,11 @@ def main(spec_path: str) -> int:
     )
     setup_s = time.perf_counter() - t_enter
     try:
+        # several nodes: the same tokens everywhere, or none starts
+        agree_on_data(info, spec.get("data_identity"))
+    except ValueError:
+        return _rank_failed(info, out_dir, "the data check")
+    try:
         clock.start()  # before the submission's code is imported: its module-level work is on the clock
         module = import_submission_file(Path(spec["submission_dir"]) / "train.py", "pgolf_submission_train")
         train_fn = getattr(module, "train", None)
@@ -312,11 +354,7 @@ def main(spec_path: str) -> int:
             gptq_record["submission_budget_s"] = budget_s
             del model
     except Exception:  # noqa: BLE001 - the boundary: any submission failure is recorded, not raised
-        (out_dir / f"train_error_rank{info.rank}.txt").write_text(traceback.format_exc(), encoding="utf-8")
-        print(f"rank {info.rank}: train(ctx) failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
-        if info.distributed:
-            os._exit(1)  # a barrier would hang on the other ranks; torchrun stops them
-        return 1
+        return _rank_failed(info, out_dir, "train(ctx)")
     rank_train_s, after_stop, ticks_after = _agree(
         info, [rank_train_s, gate.batches_after_stop, clock.ticks_after_stop]
     )

@@ -139,6 +139,42 @@ def test_two_nodes_through_the_rendezvous_give_the_same_curve(one_rank, tiny_dat
     assert_same_curve(losses(main_dir), losses(one_rank[1]))
 
 
+def test_two_nodes_with_different_data_both_stop_before_training(tiny_dataset, tmp_path):
+    """Each node's supervisor stages its own dataset: a node holding other documents is found by the ranks'
+    comparison of their data identities before the clock starts, and both nodes end in error, naming it."""
+    from data.build import build_dataset
+    from data.embedded import embedded_documents
+
+    other = build_dataset(
+        [d[:4000] for d in embedded_documents()[40:80]], tmp_path / "other_ds", val_docs=4,
+        tokenizer="byte260", shard_tokens=50_000,
+    )  # fmt: skip
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    results: dict[int, tuple[dict[str, Any], Path]] = {}
+
+    def node(i: int) -> None:
+        results[i] = train_phase(
+            "tiny_lm",
+            tiny_dataset if i == 0 else other,
+            tmp_path / f"node{i}",
+            "launch.nnodes=2",
+            f"launch.rdzv_endpoint='127.0.0.1:{port}'",
+            f"launch.rdzv_id='test{port}'",
+        )
+
+    threads = [threading.Thread(target=node, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    recs = [results[i][0] for i in range(2)]
+    assert all(r["status"] == "error" and not r.get("steps") for r in recs), recs
+    errors = [e for r in recs for e in (r.get("errors") or {}).values()]
+    assert errors and all("the nodes' training data differ: rank 1 on " in e for e in errors), recs
+
+
 def test_ignoring_the_stop_is_killed_at_budget_plus_grace(tiny_dataset, tmp_path):
     rec, run_dir = train_phase("ignore_stop", tiny_dataset, tmp_path)
     deadline = 2.0 + 2.0  # the fixture's budget.train_s + budget.grace_s
