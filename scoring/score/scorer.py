@@ -54,6 +54,7 @@ from data.manifest import MANIFEST_NAME, Manifest, load_manifest
 from data.shards import read_split
 from data.tokenizer import Tokenizer, load_tokenizer
 from harness.api import EVAL_HOOK_FILE, UNCOUNTED_FILES
+from isolation.sandbox import raise_memlock
 from isolation.world import PageCacheReset
 from scoring.artifact.format import ArtifactError, read_artifact
 from scoring.codecheck import require_clean_code, scored_files
@@ -222,6 +223,8 @@ class CoreScore:
     tokenizer_sha256: str
     artifact_sha256: str
     manifest_sha256: str
+    crossing: dict[str, Any] | None = None
+    """How the logits crossed from the scoring workers (remote.py WorkerModel.crossing_record, bytes summed)."""
 
 
 BYTE_SOURCES = ("dataset", "byte_table")
@@ -262,6 +265,10 @@ def score_core(
         raise DeviceUnavailable(
             f"scoring_workers={scoring_workers}: this machine has {torch.cuda.device_count()} CUDA device(s)"
         )
+    if dev.type == "cuda":
+        # this side page-locks the logits buffers (scoring/worker/pinning.py), as the workers do theirs (their
+        # sandbox raises the limit: isolation/sandbox.py memlock_unlimited); a refusal only leaves them pageable
+        raise_memlock()
     shard_devices = [
         worker_cfg.device if dev.type == "cpu" else f"cuda:{k}" for k in range(1, scoring_workers)
     ]
@@ -361,6 +368,9 @@ def score_core(
         main_described = main.describe()
         shards_described = [w.describe() for w in shards]
         forwards = main.forwards + sum(w.forwards for w in shards)
+        crossing = main.crossing_record()  # the main worker's paths; every scoring worker's bytes
+        crossing["logits_bytes"] += sum(w.bytes_read for w in shards)
+        crossing["tokens_bytes"] += sum(w.bytes_sent for w in shards)
         adaptation = (
             main.adaptation_record(cfg.adapt_chunk_tokens, sha256_file(code_dir / EVAL_HOOK_FILE))
             if adapting
@@ -419,6 +429,7 @@ def score_core(
         tokenizer_sha256=tokenizer_sha256,
         artifact_sha256=artifact_sha256,
         manifest_sha256=manifest_sha256,
+        crossing=crossing,
     )
 
 
@@ -554,4 +565,5 @@ def score_artifact(
         data_manifest_sha256=core.manifest_sha256,
         tokenizer_sha256=core.tokenizer_sha256,
         torch=torch.__version__,
+        crossing=core.crossing,
     ).to_json()
