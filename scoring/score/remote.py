@@ -175,6 +175,10 @@ class WorkerModel:
         self._started = False
         self._adapt_s = 0.0
         self.delivered: list[tuple[int, int]] = []
+        self.chunk_replay_s: list[float] = []
+        """Seconds per adaptation chunk, chunk_begin and adapt, by this process's clock: what a probe worker's
+        replay of that chunk repeats (scoring/score/probes.py bounds the replays with it)."""
+        self._chunk_t0 = 0.0
 
     # ---- talking to it ----
 
@@ -322,7 +326,9 @@ class WorkerModel:
         return self._adapt_s
 
     def before_chunk(self, model: Any, chunk: int) -> None:
+        t0 = time.perf_counter()
         self._ask({"op": "chunk_begin", "chunk": chunk})
+        self._chunk_t0 = time.perf_counter() - t0
 
     def after_chunk(self, model: Any, chunk: int, scored_tokens: np.ndarray, first_position: int) -> None:
         n = int(scored_tokens.size)
@@ -331,7 +337,9 @@ class WorkerModel:
         self.inbuf.array(np.int64, n)[:] = scored_tokens
         t0 = time.perf_counter()
         self._ask({"op": "adapt", "chunk": chunk, "n": n, "first_position": first_position})
-        self._adapt_s += time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        self._adapt_s += took
+        self.chunk_replay_s.append(self._chunk_t0 + took)
         self.delivered.append((first_position, first_position + n))
 
     def adaptation_record(self, chunk_tokens: int, hook_sha256: str) -> dict[str, Any]:
@@ -417,6 +425,9 @@ class WorkerPool:
         self.workers = workers
         self.output_kind = workers[0].output_kind
         self._adapt_s = 0.0
+        self.chunk_replay_s: list[float] = []
+        """As WorkerModel.chunk_replay_s, for the pool's workers together (they adapt at once)."""
+        self._chunk_t0 = 0.0
 
     def logits(self, x_BL: torch.Tensor) -> torch.Tensor:
         return self.workers[0].logits(x_BL)
@@ -429,10 +440,12 @@ class WorkerPool:
         return self._adapt_s
 
     def before_chunk(self, model: Any, chunk: int) -> None:
+        t0 = time.perf_counter()
         for w in self.workers:
             w._send({"op": "chunk_begin", "chunk": chunk})
         for w in self.workers:
             w._ask(None)
+        self._chunk_t0 = time.perf_counter() - t0
 
     def after_chunk(self, model: Any, chunk: int, scored_tokens: np.ndarray, first_position: int) -> None:
         n = int(scored_tokens.size)
@@ -445,7 +458,9 @@ class WorkerPool:
         for w in self.workers:
             w._ask(None)
             w.delivered.append((first_position, first_position + n))
-        self._adapt_s += time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        self._adapt_s += took
+        self.chunk_replay_s.append(self._chunk_t0 + took)
 
 
 def start_worker(cfg: WorkerConfig) -> WorkerModel:
