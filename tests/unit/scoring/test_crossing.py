@@ -181,3 +181,23 @@ def test_a_real_worker_scores_the_same_bits_pinned_or_pageable_and_records_each_
     finally:
         worker.close()
     assert not ok.live  # unregistered when the worker closed
+
+
+@pytest.mark.parametrize(("device", "raised"), [("cuda:0", True), ("cuda", True), ("cpu", False)])
+def test_a_cuda_model_worker_s_sandbox_raises_its_memlock_limit(tmp_path, device, raised):
+    """Page-locking counts against RLIMIT_MEMLOCK: the worker's sandbox raises it for a CUDA worker (planned with
+    the worker's own device, as remote.py WorkerModel plans it), while it still holds the capability."""
+    from isolation.sandbox import MachineCaps, plan_sandbox
+    from scoring.worker.confined import PROJECT_ROOT, WORKER_ISOLATION
+
+    plan = plan_sandbox(
+        mode="auto",
+        device=device,
+        project_root=PROJECT_ROOT,
+        read_paths=[tmp_path],
+        write_paths=[tmp_path],
+        protected=(),
+        caps=MachineCaps(landlock_abi=5, root=True, unshare=None),
+        **WORKER_ISOLATION,
+    )
+    assert plan.policy()["memlock_unlimited"] is raised
