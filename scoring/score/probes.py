@@ -29,6 +29,17 @@ Causality, the way the scorer checks it:
 - Normalization is not sampled: returned log-probabilities are checked at every position of every
   batch (scoring/score/evaluate.py, check_normalized); logits are normalized by the scorer itself.
 
+Replays are bounded (score-first adaptation): both fresh workers of a probe replay the main worker's
+chunks before the batch's, so a probe on a late batch costs about two adaptations. The replays of all
+probes together get `replay_allowance(chunk_replay_s)`: PROBE_REPLAY_PASSES passes of the main worker's
+whole adaptation, as it measured per chunk (so the eval budget, which bounded that adaptation, bounds
+them too), whatever the number of probes. The batches are still drawn before the evaluation from the
+whole range with the secret seed; after it, in the secret order of the probes, a probe whose replays
+would pass what is left of the allowance is skipped (never replaced: the main worker is gone, and
+nothing was kept for another batch), and the record says so (`replay_bound`). The first probe of the
+order, drawn from the whole range, always fits (its replays are at most two passes): late batches are
+probed as often as any when one probe is asked for, and at least as one of them when several are.
+
 Only the scored positions' logits cross from a worker (every batch asks for them the same way, a
 probe's with the ranges of the batch it varies), so the comparisons run on those: a position that is
 not scored has no logits that count. The comparison runs on plain tensors the scorer copied out of the
@@ -40,7 +51,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,11 +62,45 @@ from scoring.score.evaluate import KeptBatch, RuleViolation, Scorable, model_sco
 from scoring.score.remote import EvalDeadline, WorkerFailure
 from scoring.worker.wire import scored_positions
 
-PROBE_VERSION = 5
-"""5: logits compared at the scored positions only (the only ones that cross), the cut drawn among them."""
+PROBE_VERSION = 6
+"""6: replays bounded (`replay_bound`, probes skipped past it); 5: logits compared at the scored positions
+only (the only ones that cross), the cut drawn among them."""
 PROBE_WORKERS_PER_PROBE = 2
 """Fresh workers a probe takes: one for the causality variant (then the unchanged batch), one for the
 row-isolation variant; neither has seen the batch before its variant."""
+PROBE_REPLAY_PASSES = PROBE_WORKERS_PER_PROBE
+"""The replays of all probes together take at most this many passes of the main worker's whole adaptation:
+one probe on the last batch (each of its workers replays every chunk before it) always fits."""
+
+
+def replay_allowance(chunk_replay_s: Sequence[float]) -> float:
+    """Seconds the probes' replays get, all together: PROBE_REPLAY_PASSES x the main worker's adaptation time
+    (`chunk_replay_s`: its seconds per chunk, chunk_begin and adapt, by the scorer's clock)."""
+    return PROBE_REPLAY_PASSES * float(sum(chunk_replay_s))
+
+
+def replay_cost_s(chunk: int, chunk_replay_s: Sequence[float]) -> float:
+    """The estimated replays of a probe on a batch of `chunk`: each fresh worker replays chunks 0 .. chunk-1."""
+    return PROBE_WORKERS_PER_PROBE * float(sum(chunk_replay_s[:chunk]))
+
+
+def bound_replays(
+    order: Sequence[int], kept_chunks: dict[int, int], chunk_replay_s: Sequence[float], allowance_s: float
+) -> tuple[list[int], list[dict[str, Any]]]:
+    """(the probes of `order` that run, the skipped ones): in order, each runs if its replays fit in what is
+    left of `allowance_s`; one that does not is skipped and the next ones are still tried."""
+    run: list[int] = []
+    skipped: list[dict[str, Any]] = []
+    spent = 0.0
+    for b in order:
+        chunk = kept_chunks.get(b, 0)
+        cost = replay_cost_s(chunk, chunk_replay_s)
+        if spent + cost <= allowance_s:
+            run.append(b)
+            spent += cost
+        else:
+            skipped.append({"batch": b, "adaptation_chunks": chunk, "replay_estimate_s": cost})
+    return run, skipped
 
 
 class ProbeFailure(RuleViolation):
@@ -230,6 +275,7 @@ def run_probes(
     replay: Replay | None = None,
     kept_chunks: dict[int, int] | None = None,
     total_batches: int = 0,
+    chunk_replay_s: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """Probe each planned batch (see the module docstring); `fresh` yields PROBE_WORKERS_PER_PROBE fresh
     models per probe.
@@ -238,6 +284,10 @@ def run_probes(
     adapts): the causality variant must agree with the main worker's scored logits up to the cut; then
     the unchanged batch must give them everywhere, bit for bit (a model that behaves one way when scored
     and another when probed fails here). Second fresh worker: the row-isolation variant on its kept row.
+
+    With `replay` and `chunk_replay_s` (the main worker's seconds per adaptation chunk), the replays are bounded
+    (module docstring: `bound_replays` within `replay_allowance`); the record's `replay_bound` says what was
+    skipped. Without `chunk_replay_s` they are not bounded (recorded so).
     """
     t0 = time.perf_counter()
     if not plan.batches:
@@ -251,6 +301,23 @@ def run_probes(
     results = []
     # the order of the probes comes from the secret seed
     order = [plan.batches[i] for i in rng.permutation(len(plan.batches))]
+    bound: dict[str, Any] | None = None
+    if replay is not None:
+        bound = {"bounded": False, "why": "no time per chunk was measured"}
+        if chunk_replay_s is not None:
+            allowance_s = replay_allowance(chunk_replay_s)
+            order, skipped = bound_replays(order, kept_chunks or {}, chunk_replay_s, allowance_s)
+            bound = {
+                "bounded": True,
+                "allowance_s": allowance_s,
+                "passes": PROBE_REPLAY_PASSES,
+                "measured_by": "the main worker's time per adaptation chunk (chunk_begin + adapt), scorer's clock",
+                "estimate_s": sum(
+                    replay_cost_s((kept_chunks or {}).get(b, 0), chunk_replay_s) for b in order
+                ),
+                "skipped": skipped,
+                "reduced": bool(skipped),
+            }
     for i, b in enumerate(order):
         if b not in kept:
             raise RuntimeError(f"probe batch {b} was not kept by the evaluation")
@@ -277,7 +344,12 @@ def run_probes(
         + (", after replaying the adaptation" if replay is not None else ""),
         "workers_per_probe": PROBE_WORKERS_PER_PROBE,
         "probes": results,
-        "coverage": {"batches_probed": len(results), "batches_total": total_batches},
+        "coverage": {
+            "batches_probed": len(results),
+            "batches_total": total_batches,
+            "batches_skipped": len(bound["skipped"]) if bound and bound["bounded"] else 0,
+        },
+        "replay_bound": bound,
         "probe_time_s": time.perf_counter() - t0,
     }
 

@@ -77,6 +77,9 @@ class ScoreRecord:
     """What val_bytes counts: the dataset's canonical byte counts (source "canonical", data/canonical.py) or the
     tokenizer's byte table ("piece_table": a dataset built without counts); None in records from before it."""
     """The scorer's readings behind eval_time_s: build_time_s, scoring_time_s, the probes' allowance."""
+    crossing: dict[str, Any] | None = None
+    """How the logits crossed from the model worker (version 1: scoring/worker/pinning.py): `scorer` and `worker`
+    "pinned" or "pageable" (the worker's as it reported it), `why` each, and the bytes; None before it."""
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -153,9 +156,10 @@ _SCORE_FIELDS: dict[str, Types] = {
     "torch": str,
     "eval_clock": _DICT_OR_NONE,
     "denominator": _DICT_OR_NONE,
+    "crossing": _DICT_OR_NONE,
 }
 """Each field of ScoreRecord with the JSON types it may hold (numbers must be finite)."""
-_OPTIONAL = frozenset({"eval_clock", "denominator"})
+_OPTIONAL = frozenset({"eval_clock", "denominator", "crossing"})
 """Fields a record from before them may lack."""
 _NON_NEGATIVE = frozenset(
     {"val_tokens", "val_bytes", "val_tokens_available", "val_loss_sum_nats", "eval_time_s", "score_wall_s"}

@@ -10,7 +10,10 @@ record), never to a file the worker could truncate.
 `WorkerModel` is what the evaluator and the probes call (scoring/score/evaluate.py's Scorable):
 `scored_logits(x_BL, ranges)` writes the batch and each row's scored range into the input buffer,
 asks for a forward pass, checks the reply's shape and returns its own copy of the logits at those
-positions only ([N, V]; `logits(x_BL)` asks for every position). It is also the score-first adapter: `after_chunk` hands the worker
+positions only ([N, V]; `logits(x_BL)` asks for every position). On CUDA the output buffer is page-locked
+where it can be (scoring/worker/pinning.py; the worker does the same on its side): the copy is then a DMA
+into a device tensor of the scorer's own, waited for before it is read; `crossing_record` says which path
+each side took. It is also the score-first adapter: `after_chunk` hands the worker
 a chunk's tokens only after the scorer has recorded the chunk's scores. Every wait has a deadline:
 past it the worker is killed (EvalDeadline). A worker error reply, a crash, a broken message or a
 death by signal becomes a WorkerFailure with a verdict kind.
@@ -38,6 +41,7 @@ from isolation.sandbox import SandboxPlan, plan_sandbox
 from scoring.statuses import Status
 from scoring.worker.confined import PRIVATE_DIRS, PROJECT_ROOT, WORKER_ISOLATION, OutputTail, worker_env
 from scoring.worker.env import names
+from scoring.worker.pinning import CROSSING_VERSION, PAGEABLE, PINNED, registrar_for, side_record, synchronize
 from scoring.worker.process import WORKER_SPEC_FORMAT, WORKER_SPEC_VERSION, kernel_oom_kills, oom_killed_since
 from scoring.worker.wire import (
     ProtocolError,
@@ -165,9 +169,16 @@ class WorkerModel:
         self._pending: tuple[int, torch.device] | None = None
         self.bytes_read = 0
         """Bytes of logits read out of the worker's answers (the scored positions' [N, V] float32)."""
+        self.bytes_sent = 0
+        """Bytes of batches written for the worker (int64 token ids and scored ranges)."""
+        self._pin_asked = False
         self._started = False
         self._adapt_s = 0.0
         self.delivered: list[tuple[int, int]] = []
+        self.chunk_replay_s: list[float] = []
+        """Seconds per adaptation chunk, chunk_begin and adapt, by this process's clock: what a probe worker's
+        replay of that chunk repeats (scoring/score/probes.py bounds the replays with it)."""
+        self._chunk_t0 = 0.0
 
     # ---- talking to it ----
 
@@ -282,6 +293,7 @@ class WorkerModel:
         both = self.inbuf.array(np.int64, n + 2 * B)
         both[:n] = x_BL.reshape(-1).cpu().numpy()
         both[n:] = ranges_B2.reshape(-1)
+        self.bytes_sent += need
         self._send({"op": "forward", "rows": B, "length": L})
         self._pending = (int((ranges_B2[:, 1] - ranges_B2[:, 0]).sum()), x_BL.device)
 
@@ -294,7 +306,17 @@ class WorkerModel:
         _, V = reply.shape(N, self.cfg.vocab_size, self.max_vocab)
         self.forwards += 1
         self.bytes_read += N * V * 4
+        if not self._pin_asked:  # once, for the device the scorer computes on (a shard's worker has its own)
+            self._pin_asked = True
+            self.outbuf.pin(registrar_for(device))
         out = self.outbuf.tensor(torch.float32, N * V).view(N, V)
+        if self.outbuf.pinned:
+            # DMA from the page-locked buffer into a tensor of the scorer's own, waited for before anything reads
+            # it: what is scored is that copy, never memory the worker can still write
+            own = torch.empty((N, V), dtype=torch.float32, device=device)
+            own.copy_(out, non_blocking=True)
+            synchronize(device)
+            return own
         return out.clone() if device.type == "cpu" else out.to(device)
 
     # ---- ChunkAdapter: score-first adaptation in the worker ----
@@ -304,7 +326,9 @@ class WorkerModel:
         return self._adapt_s
 
     def before_chunk(self, model: Any, chunk: int) -> None:
+        t0 = time.perf_counter()
         self._ask({"op": "chunk_begin", "chunk": chunk})
+        self._chunk_t0 = time.perf_counter() - t0
 
     def after_chunk(self, model: Any, chunk: int, scored_tokens: np.ndarray, first_position: int) -> None:
         n = int(scored_tokens.size)
@@ -313,7 +337,9 @@ class WorkerModel:
         self.inbuf.array(np.int64, n)[:] = scored_tokens
         t0 = time.perf_counter()
         self._ask({"op": "adapt", "chunk": chunk, "n": n, "first_position": first_position})
-        self._adapt_s += time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        self._adapt_s += took
+        self.chunk_replay_s.append(self._chunk_t0 + took)
         self.delivered.append((first_position, first_position + n))
 
     def adaptation_record(self, chunk_tokens: int, hook_sha256: str) -> dict[str, Any]:
@@ -354,11 +380,31 @@ class WorkerModel:
 
     def describe(self) -> dict[str, Any]:
         """For the score record: how the worker was confined (with the names of the variables its environment
-        held, never a value) and what it said of itself (not believed)."""
+        held, never a value), how its logits crossed on this side, and what it said of itself (not believed)."""
         return {
             "role": self.cfg.role,
             "isolation": {**self.plan.describe(), "environment": names(self.env)},
+            "crossing": side_record({"logits": self.outbuf}),
             "reported": self.facts,
+        }
+
+    def crossing_record(self) -> dict[str, Any]:
+        """How the logits crossed from this worker (the score record's `crossing`, version CROSSING_VERSION):
+        this side's path for the output buffer, measured here; the worker's, as it reported it in its ready
+        (not believed: it changes the speed only, never a scored number); the bytes that crossed."""
+        reported = self.facts.get("crossing")
+        ok = isinstance(reported, dict) and reported.get("logits") in (PINNED, PAGEABLE)
+        worker: dict[str, Any] = (
+            reported if isinstance(reported, dict) and ok else {"logits": "unknown", "why": "not reported"}
+        )
+        return {
+            "version": CROSSING_VERSION,
+            "scorer": PINNED if self.outbuf.pinned else PAGEABLE,
+            "worker": worker["logits"],
+            "why": {"scorer": self.outbuf.pin_why, "worker": str(worker.get("why", ""))[:300]},
+            "worker_reported": {k: str(v)[:300] for k, v in worker.items()} if ok else None,
+            "logits_bytes": self.bytes_read,
+            "tokens_bytes": self.bytes_sent,
         }
 
 
@@ -379,6 +425,9 @@ class WorkerPool:
         self.workers = workers
         self.output_kind = workers[0].output_kind
         self._adapt_s = 0.0
+        self.chunk_replay_s: list[float] = []
+        """As WorkerModel.chunk_replay_s, for the pool's workers together (they adapt at once)."""
+        self._chunk_t0 = 0.0
 
     def logits(self, x_BL: torch.Tensor) -> torch.Tensor:
         return self.workers[0].logits(x_BL)
@@ -391,10 +440,12 @@ class WorkerPool:
         return self._adapt_s
 
     def before_chunk(self, model: Any, chunk: int) -> None:
+        t0 = time.perf_counter()
         for w in self.workers:
             w._send({"op": "chunk_begin", "chunk": chunk})
         for w in self.workers:
             w._ask(None)
+        self._chunk_t0 = time.perf_counter() - t0
 
     def after_chunk(self, model: Any, chunk: int, scored_tokens: np.ndarray, first_position: int) -> None:
         n = int(scored_tokens.size)
@@ -407,7 +458,9 @@ class WorkerPool:
         for w in self.workers:
             w._ask(None)
             w.delivered.append((first_position, first_position + n))
-        self._adapt_s += time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        self._adapt_s += took
+        self.chunk_replay_s.append(self._chunk_t0 + took)
 
 
 def start_worker(cfg: WorkerConfig) -> WorkerModel:

@@ -54,6 +54,7 @@ from data.manifest import MANIFEST_NAME, Manifest, load_manifest
 from data.shards import read_split
 from data.tokenizer import Tokenizer, load_tokenizer
 from harness.api import EVAL_HOOK_FILE, UNCOUNTED_FILES
+from isolation.sandbox import raise_memlock
 from isolation.world import PageCacheReset
 from scoring.artifact.format import ArtifactError, read_artifact
 from scoring.codecheck import require_clean_code, scored_files
@@ -68,7 +69,14 @@ from scoring.score.evaluate import (
     eval_tokens,
     evaluate,
 )
-from scoring.score.probes import PROBE_WORKERS_PER_PROBE, ProbeConfig, ProbeFailure, plan_probes, run_probes
+from scoring.score.probes import (
+    PROBE_WORKERS_PER_PROBE,
+    ProbeConfig,
+    ProbeFailure,
+    plan_probes,
+    replay_allowance,
+    run_probes,
+)
 from scoring.score.record import ScoreRecord
 from scoring.score.remote import EvalDeadline, WorkerConfig, WorkerModel, WorkerPool, start_worker
 from scoring.worker.child import default_memory_limit_bytes, tune_cpu_allocator
@@ -160,13 +168,19 @@ PROBE_SLACK_S = 60.0
 
 
 def probe_allowance(
-    build_s: float, scoring_s: float, batches: int, workers: int, adapt_s: float = 0.0
+    build_s: float,
+    scoring_s: float,
+    batches: int,
+    workers: int,
+    adapt_s: float = 0.0,
+    chunk_replay_s: tuple[float, ...] | list[float] = (),
 ) -> float:
     """Seconds the probe workers get, all together, to build and answer their probes: each build as long as the
-    main worker's (they run one at a time), each replay of the score-first adaptation as long as the main
-    worker's whole adaptation, a few forward passes each at the main worker's pace, and PROBE_SLACK_S."""
+    main worker's (they run one at a time), a few forward passes each at the main worker's pace, the replays of
+    the score-first adaptation (all of them together: scoring/score/probes.py replay_allowance, from the main
+    worker's seconds per chunk; the probes whose replays would not fit are skipped), and PROBE_SLACK_S."""
     per_forward = max(scoring_s - adapt_s, 0.0) / max(batches, 1)
-    return PROBE_SLACK_S + workers * (build_s + adapt_s + 2 * per_forward)
+    return PROBE_SLACK_S + workers * (build_s + 2 * per_forward) + replay_allowance(chunk_replay_s)
 
 
 def _wait_ready_in_background(worker: WorkerModel) -> concurrent.futures.Future[float]:
@@ -222,6 +236,8 @@ class CoreScore:
     tokenizer_sha256: str
     artifact_sha256: str
     manifest_sha256: str
+    crossing: dict[str, Any] | None = None
+    """How the logits crossed from the scoring workers (remote.py WorkerModel.crossing_record, bytes summed)."""
 
 
 BYTE_SOURCES = ("dataset", "byte_table")
@@ -262,6 +278,10 @@ def score_core(
         raise DeviceUnavailable(
             f"scoring_workers={scoring_workers}: this machine has {torch.cuda.device_count()} CUDA device(s)"
         )
+    if dev.type == "cuda":
+        # this side page-locks the logits buffers (scoring/worker/pinning.py), as the workers do theirs (their
+        # sandbox raises the limit: isolation/sandbox.py memlock_unlimited); a refusal only leaves them pageable
+        raise_memlock()
     shard_devices = [
         worker_cfg.device if dev.type == "cpu" else f"cuda:{k}" for k in range(1, scoring_workers)
     ]
@@ -351,8 +371,9 @@ def score_core(
             )
         # The probe workers repeat the build and a few forward passes: bounded by an allowance, recorded, from
         # what the main worker took (a probe worker past it is a failed probe: scoring/score/probes.py).
+        chunk_replay_s = list(scoring.chunk_replay_s) if adapting else []
         probe_allowance_s = probe_allowance(
-            build_s, result.eval_time_s, result.batches, n_probe_workers, result.adapt_time_s
+            build_s, result.eval_time_s, result.batches, n_probe_workers, result.adapt_time_s, chunk_replay_s
         )
         # the main worker is gone before any probe worker runs submitted code: nothing of it is alive to hold
         # a lock, a socket or a page for them, and it never learns which of its batches are compared
@@ -361,6 +382,9 @@ def score_core(
         main_described = main.describe()
         shards_described = [w.describe() for w in shards]
         forwards = main.forwards + sum(w.forwards for w in shards)
+        crossing = main.crossing_record()  # the main worker's paths; every scoring worker's bytes
+        crossing["logits_bytes"] += sum(w.bytes_read for w in shards)
+        crossing["tokens_bytes"] += sum(w.bytes_sent for w in shards)
         adaptation = (
             main.adaptation_record(cfg.adapt_chunk_tokens, sha256_file(code_dir / EVAL_HOOK_FILE))
             if adapting
@@ -391,6 +415,7 @@ def score_core(
             replay=replay if adapting else None,
             kept_chunks=result.kept_chunks,
             total_batches=result.batches,
+            chunk_replay_s=chunk_replay_s,
         )
         probe_wall_s = time.monotonic() - t_probes
         if probes.get(
@@ -419,6 +444,7 @@ def score_core(
         tokenizer_sha256=tokenizer_sha256,
         artifact_sha256=artifact_sha256,
         manifest_sha256=manifest_sha256,
+        crossing=crossing,
     )
 
 
@@ -554,4 +580,5 @@ def score_artifact(
         data_manifest_sha256=core.manifest_sha256,
         tokenizer_sha256=core.tokenizer_sha256,
         torch=torch.__version__,
+        crossing=core.crossing,
     ).to_json()

@@ -11,7 +11,8 @@ score-first adaptation, the tokens of a chunk after the scorer has recorded that
 
 It decodes the artifact with its codec, checks the staged code against the artifact's hashes,
 builds the model (strict load), then answers messages (scoring/worker/wire.py): a `forward` writes
-the model's logits at the batch's scored positions into the shared output buffer, `chunk_begin`/`adapt` run the eval.py hook
+the model's logits at the batch's scored positions into the shared output buffer (on CUDA page-locked
+where it could be registered, scoring/worker/pinning.py: a DMA copy, waited for before the reply), `chunk_begin`/`adapt` run the eval.py hook
 score-first (scoring/worker/adapt.py's ScoreFirstAdapter, in this process), `quit` ends it. Any
 failure is answered with an error reply naming its kind (error, illegal, out_of_memory) before the
 process exits; the scorer believes none of what it says beyond the bytes it reads itself. It starts and
@@ -33,6 +34,7 @@ import torch
 from scoring.statuses import Status
 from scoring.worker.child import report_failure, run_child, tune_cpu_allocator
 from scoring.worker.cpu_math import warm_cpu_math
+from scoring.worker.pinning import registrar_for, side_record, synchronize
 from scoring.worker.wire import WIRE_VERSION, SharedBuffer, check_ranges, recv, select_scored, send
 
 WORKER_SPEC_FORMAT = "pg-worker-spec"
@@ -96,6 +98,11 @@ class Worker:
         self.inbuf = SharedBuffer(int(spec["in_fd"]), int(spec["in_bytes"]))
         self.outbuf = SharedBuffer(int(spec["out_fd"]), int(spec["out_bytes"]))
         self.device = torch.device(spec["device"])
+        # on CUDA both buffers page-locked (scoring/worker/pinning.py), before any submitted code runs; a buffer
+        # that cannot be registered stays pageable (its reason goes in the ready reply's `crossing`)
+        registrar = registrar_for(self.device)
+        self.outbuf.pin(registrar)
+        self.inbuf.pin(registrar)
         self.dtype = spec["dtype"]
         self.model: torch.nn.Module | None = None
         self.adapter: Any = None
@@ -148,7 +155,12 @@ class Worker:
             raise ValueError(
                 f"model returned V = {V} logits per position: more than the scorer's buffer holds"
             )
-        self.outbuf.tensor(torch.float32, N * V).view(N, V).copy_(out_NV)
+        dst_NV = self.outbuf.tensor(torch.float32, N * V).view(N, V)
+        if self.outbuf.pinned:  # DMA into the page-locked buffer, complete before the reply says it is there
+            dst_NV.copy_(out_NV, non_blocking=True)
+            synchronize(self.device)
+        else:
+            dst_NV.copy_(out_NV)
         return [N, V]
 
     def handle(self, msg: dict[str, Any]) -> dict[str, Any] | None:
@@ -183,6 +195,7 @@ class Worker:
                 "output": output,
                 **_facts(self.memory),
                 "cpu_math_warmed": self.cpu_math,
+                "crossing": side_record({"logits": self.outbuf, "tokens": self.inbuf}),
             },
         )
         while True:

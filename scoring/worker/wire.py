@@ -11,6 +11,10 @@
   After a `forward` reply, the scorer reads the logits out of `outbuf` into its own memory (the
   float64 loss buffer) before it sends the next message: the worker is idle then, and whatever it
   wrote later could only change values the scorer has already copied.
+- On CUDA each side may register its mapping of a buffer as page-locked memory (scoring/worker/pinning.py,
+  `SharedBuffer.pin`): the same bytes, copied by DMA; the scorer still copies the logits into a device
+  tensor of its own, and waits for that copy, before it reads any of them. A buffer that cannot be
+  registered stays pageable; the score is the same either way.
 
 Messages, scorer -> worker (`op`): forward {rows, length} (inbuf: rows x length token ids, then
 rows x 2 scored ranges [from, to) of each row); chunk_begin {chunk}; adapt {chunk, n,
@@ -28,6 +32,7 @@ import fcntl
 import json
 import mmap
 import os
+import resource
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +41,7 @@ import numpy as np
 import torch
 
 from scoring.statuses import Status
+from scoring.worker.pinning import Registrar
 
 WIRE_VERSION = 2
 """2: a forward answers the scored positions only ([N, V]); 1 answered [B, L, V]."""
@@ -144,12 +150,22 @@ def select_scored(out_BLV: torch.Tensor, ranges_B2: np.ndarray) -> torch.Tensor:
 
 
 class SharedBuffer:
-    """A memfd-backed buffer mapped in both processes; grown by its creator, re-mapped by the other side."""
+    """A memfd-backed buffer mapped in both processes; grown by its creator, re-mapped by the other side.
+
+    On CUDA a side may `pin` its mapping (scoring/worker/pinning.py): registered as page-locked memory, and
+    registered again whenever it is re-mapped (a grow on the creator's side, a new size announced on the
+    other), unregistered before any mapping is closed. A registration that fails leaves the buffer pageable
+    (`pinned` False, `pin_why` the reason): the copies work either way, only their speed differs."""
 
     def __init__(self, fd: int, nbytes: int):
         self.fd = fd
         self.nbytes = 0
         self._map: mmap.mmap | None = None
+        self._registrar: Registrar | None = None
+        self._registered: int | None = None
+        """The address registered with `_registrar` (None: nothing registered)."""
+        self.pin_why = "not asked"
+        """Why the buffer is pageable ("" while pinned)."""
         self.remap(nbytes)
 
     @staticmethod
@@ -160,6 +176,61 @@ class SharedBuffer:
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
         os.set_inheritable(fd, True)
         return SharedBuffer(fd, max(nbytes, 8))
+
+    @property
+    def pinned(self) -> bool:
+        return self._registered is not None
+
+    def pin(self, registrar: Registrar | None) -> bool:
+        """Register this mapping as page-locked memory with `registrar` (None: no CUDA device, reason "cpu"),
+        now and after every re-map; whether it is pinned now (`pin_why` says why not)."""
+        if registrar is None:
+            self.pin_why = "cpu"
+            return False
+        if self._registered is None:
+            self._registrar = registrar
+            self._register()
+        return self.pinned
+
+    def _address(self) -> int:
+        assert self._map is not None
+        view = np.frombuffer(self._map, dtype=np.uint8, count=1)
+        address = int(view.ctypes.data)
+        del view  # no export of the mapping may outlive this call (it could not be closed)
+        return address
+
+    def _register(self) -> None:
+        assert self._registrar is not None and self._registered is None
+        address = self._address()
+        try:
+            code = self._registrar.register(address, self.nbytes)
+        # noqa reason: an optimisation may not fail a score, whatever the CUDA runtime raises (no CUDA in this
+        # build, a driver refusal, an out-of-range pointer): the buffer stays on the pageable path, recorded
+        except Exception as e:  # noqa: BLE001
+            self.pin_why = (
+                f"cudaHostRegister of {self.nbytes} bytes raised {type(e).__name__}: {str(e)[:200]}"
+            )
+            return
+        if code != 0:
+            self.pin_why = f"cudaHostRegister of {self.nbytes} bytes returned {code}" + _memlock_note()
+            return
+        self._registered, self.pin_why = address, ""
+
+    def _unregister(self) -> None:
+        """Before the mapping closes: the registration must not outlive the pages it names."""
+        if self._registered is None:
+            return
+        assert self._registrar is not None
+        address, self._registered = self._registered, None
+        try:
+            code = self._registrar.unregister(address)
+        except Exception as e:  # noqa: BLE001 - as in _register: recorded, never a failed score
+            self.pin_why = f"cudaHostUnregister raised {type(e).__name__}: {str(e)[:200]}"
+            self._registrar = None  # a registration of unknown state: never register this buffer again
+            return
+        if code != 0:
+            self.pin_why = f"cudaHostUnregister returned {code}"
+            self._registrar = None
 
     def grow(self, nbytes: int) -> None:
         """Creator side: make room for `nbytes` (the other side re-maps when told the new size)."""
@@ -173,9 +244,12 @@ class SharedBuffer:
         if os.fstat(self.fd).st_size < nbytes:
             raise ProtocolError(f"shared buffer holds {os.fstat(self.fd).st_size} bytes, {nbytes} announced")
         if self._map is not None:
+            self._unregister()
             self._map.close()
         self._map = mmap.mmap(self.fd, nbytes)
         self.nbytes = nbytes
+        if self._registrar is not None:
+            self._register()
 
     def array(self, dtype: np.dtype[Any] | type | str, count: int) -> np.ndarray:
         """A numpy view of the first `count` items (no copy)."""
@@ -188,6 +262,7 @@ class SharedBuffer:
         return torch.from_numpy(self.array(np_dtype, count))
 
     def close(self) -> None:
+        self._unregister()
         if self._map is not None:
             try:
                 self._map.close()
@@ -198,3 +273,9 @@ class SharedBuffer:
             os.close(self.fd)
         except OSError:
             pass
+
+
+def _memlock_note() -> str:
+    """RLIMIT_MEMLOCK, for a failed registration's reason (a limit too low is the usual cause)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return f" (RLIMIT_MEMLOCK {'unlimited' if soft == resource.RLIM_INFINITY else f'{soft} bytes'})"

@@ -211,3 +211,11 @@ def test_score_artifact_runs_the_submission_hook(tmp_path, tiny_dataset):
     assert all(p["replay_time_s"] > 0 for p in replayed)
     assert probes["replay_time_s"] == sum(p["replay_time_s"] for p in probes["probes"])
     assert rec["eval_clock"]["probe_allowance_s"] > probes["replay_time_s"]
+    # bounded by two passes of the main worker's adaptation, timed per chunk (chunk_begin + adapt)
+    bound = probes["replay_bound"]
+    assert bound["bounded"] and bound["allowance_s"] >= 2 * ad["adapt_time_s"] > 0
+    assert bound["estimate_s"] <= bound["allowance_s"]
+    # on CPU the logits cross as they always did: pageable shared memory, recorded with its reason
+    crossing = rec["crossing"]
+    assert (crossing["scorer"], crossing["worker"]) == ("pageable", "pageable")
+    assert crossing["why"] == {"scorer": "cpu", "worker": "cpu"} and crossing["logits_bytes"] > 0
