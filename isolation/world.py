@@ -65,8 +65,10 @@ PRIVATE_FILES = "/.pgolf-files"
 """Where the world keeps its private copies of files that are mount points beneath a folder it reads."""
 SUBMOUNT_COPY_MAX_BYTES = 1 << 20
 """A file mounted beneath a readable folder up to this size is copied (a private inode); a larger one is bound."""
-NO_SUBMOUNTS = ("/proc", "/sys", "/dev")
-"""Folders whose mounts beneath are never placed: the kernel's own views (cgroups, debugfs, securityfs...)."""
+NO_SUBMOUNTS = ("/proc", "/sys", "/dev", "/etc")
+"""Folders whose mounts beneath are never placed: the kernel's own views (cgroups, debugfs, securityfs...), and
+/etc, where a host mounts its configuration and secrets (a Kubernetes Secret or ConfigMap, a container's
+resolv.conf): a world sees /etc as the image has it, which is all a single node needs (no DNS, loopback only)."""
 EMPTY = "/.pgolf-empty-layer"
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8

@@ -398,6 +398,28 @@ def test_a_mount_beneath_a_readable_folder_is_seen_in_the_world(tmp_path):
     assert inside == outside
 
 
+def test_mounts_beneath_etc_stay_hidden(tmp_path):
+    """A host's secrets and configuration mounted beneath /etc (a Kubernetes Secret) are not placed in a world:
+    the world sees /etc as the image has it. The control reads the mounted file outside."""
+    from isolation import world
+
+    assert "/etc" in world.NO_SUBMOUNTS
+    plan, code, out = _plan(tmp_path, world=True)
+    target = Path("/etc") / f"pgolf-test-secret-{secrets.token_hex(4)}"
+    target.mkdir()
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(target)], check=True)
+        try:
+            (target / "token").write_text("an official's secret")
+            program = "import json, os, sys; p = sys.argv[1]; print(json.dumps(os.path.exists(p)))"
+            assert _run_plain(program, str(target / "token")) is True
+            assert _run(plan, out, program, str(target / "token")) is False
+        finally:
+            subprocess.run(["umount", "-l", str(target)], check=False)
+    finally:
+        target.rmdir()
+
+
 def _run_plain(program: str, *args: str) -> dict:
     p = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(program), *args], capture_output=True, text=True
