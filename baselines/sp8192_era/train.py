@@ -5,7 +5,8 @@ train(ctx) follows the harness contract (harness/api.py). The record's procedure
   0.92 -> 0.99 over 1500 steps, 5 steps, decoupled weight decay 0.095) on every block matrix;
   AdamW on the tied embedding (lr 0.03, wd 0.085) and on vectors and scalars (lr 0.02, wd 0.02);
 - gradient clipping at norm 0.3; 786,432-token batches of 2,048-token sequences;
-- the schedule runs on the fraction of the budget spent, frac = elapsed / (budget - gptq_reserve_s):
+- the schedule runs on the fraction of the budget spent, frac = elapsed / (budget - gptq_reserve_s -
+  encode_reserve_s; the codec's encode runs on the harness's clock, the record's after it):
   the LR decays linearly to 0 over the last 72 % (warmdown_frac), and the depth recurrence
   (model.py) is switched on once frac reaches 0.35 (enable_looping_at);
 - EMA of the weights (decay 0.9965, float32), loaded into the model when training ends;
@@ -177,7 +178,8 @@ def train(ctx: TrainContext):
     opt_muon.bf16 = ns_bf16
     model.looping_active = False
 
-    train_s = ctx.clock.budget_s - (hp.gptq_reserve_s if hp.gptq_calibration_batches > 0 else 0.0)
+    # the codec's encode runs on the clock after the state is handed over (train_time + encode <= budget + grace)
+    train_s = ctx.clock.budget_s - (hp.gptq_reserve_s if hp.gptq_calibration_batches > 0 else 0.0) - hp.encode_reserve_s
 
     def training_frac(step, elapsed_s):
         return elapsed_s / max(train_s, 1e-9) if math.isfinite(train_s) else step / max(hp.iterations, 1)
