@@ -202,10 +202,10 @@ def test_overrides_and_estimate() -> None:
     # naive and int6 60 s each and the bare loop 30 s, with the overheads measured on an H200: over 12 minutes
     assert (
         gc.estimate_s(["naive_baseline", "int6_era"], 60.0, "cuda", 30.0)
-        == 10 + 60 + 110 + 60 + 170 + 30 + 45
+        == 10 + 60 + 170 + 60 + 330 + 30 + 75
     )
     assert (
-        gc.estimate_s(["int6_era"], 30.0, "cuda") == 10 + 30 + 170
+        gc.estimate_s(["int6_era"], 30.0, "cuda") == 10 + 30 + 330
     )  # no bare run without the naive baseline
 
 

@@ -145,6 +145,12 @@ def test_requantizing_is_idempotent_on_codes(w):
     assert torch.equal(q2[same_scale], q[same_scale])
 
 
+_SEEDED = torch.Generator().manual_seed(20240520)
+"""The cases' random tensors are drawn once, the same in every process: unseeded, about one draw in a few
+hundred put the 3-D tensor's largest value so far above the next that its clip alone exceeded the tolerance
+(a CI failure, not a codec change)."""
+
+
 @pytest.mark.parametrize(
     "t",
     [
@@ -152,9 +158,9 @@ def test_requantizing_is_idempotent_on_codes(w):
         torch.full((300, 300), 0.37),
         torch.ones(1),
         torch.zeros(0, 5),
-        torch.randn(70_000).to(torch.bfloat16),
-        torch.randn(3, 4, 6000),
-        torch.randn(10).to(torch.float16),
+        torch.randn(70_000, generator=_SEEDED).to(torch.bfloat16),
+        torch.randn(3, 4, 6000, generator=_SEEDED),
+        torch.randn(10, generator=_SEEDED).to(torch.float16),
         torch.randint(0, 5, (7,), dtype=torch.int32),
         torch.tensor([True, False]),
     ],
