@@ -519,7 +519,7 @@ def plan_sandbox(
     world = None
     if "world" not in missing:
         sweep_cgroups()
-        world = plan_world(memory_limit_bytes)
+        world = plan_world(memory_limit_bytes, prot)
     else:
         warnings.append(
             "no world of its own (needs root, a mount namespace and overlayfs): the phase shares inodes, "

@@ -94,6 +94,8 @@ class WorldPlan:
     """Size of the world's /dev/shm tmpfs (and the ceiling of the root tmpfs beyond its copied files)."""
     memory_limit_bytes: int = 0
     """The memory cgroup's limit (0: no cgroup wanted)."""
+    protected: tuple[str, ...] = ()
+    """Paths no rule reaches (the dataset, the validation shards): a mount that shows one is never placed."""
 
     def policy(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,13 +110,14 @@ class WorldPlan:
         }
 
 
-def plan_world(memory_limit_bytes: int) -> WorldPlan:
+def plan_world(memory_limit_bytes: int, protected: Sequence[str] = ()) -> WorldPlan:
     """A world with a fresh uid; /dev/shm sized to a quarter of the memory limit (at most 1 GiB)."""
     shm = min(SHM_DEFAULT_BYTES, memory_limit_bytes // 4) if memory_limit_bytes else SHM_DEFAULT_BYTES
     return WorldPlan(
         uid=WORLD_UID_BASE + secrets.randbelow(WORLD_UID_SPAN),
         shm_bytes=max(shm, 64 << 20),
         memory_limit_bytes=memory_limit_bytes,
+        protected=tuple(protected),
     )
 
 
@@ -261,27 +264,71 @@ def _bind_read_only(old: str, path: str, facts: dict[str, list[str]]) -> None:
     facts["bound_files"].append(path)
 
 
-def _mounts_beneath(path: str) -> list[str]:
-    """The old root's mount points strictly beneath `path` (as paths of the new root), shallowest first, once each."""
-    prefix = OLD + path.rstrip("/") + "/"
-    found: set[str] = set()
+def _unescape(field: str) -> str:
+    """A path of /proc/self/mountinfo: space, tab, newline and backslash are escaped in octal."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def _mount_table() -> list[tuple[str, str, str]]:
+    """(device major:minor, root of the mount within its file system, mount point) of this process's mounts, in
+    the order the kernel lists them (a mount stacked on another comes after it)."""
     # the old root's /proc (this world's own is mounted later, or not yet): it shows this process's mounts too
     where = next(
         (p for p in (OLD + "/proc/self/mountinfo", "/proc/self/mountinfo") if os.path.exists(p)), None
     )
     if where is None:
         return []
+    table = []
     with open(where, encoding="utf-8", errors="surrogateescape") as f:
         for line in f:
             fields = line.split()
-            if len(fields) > 4:  # the mount point, with space, tab, newline and backslash escaped in octal
-                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
-                if point.startswith(prefix):
-                    found.add(point[len(OLD) :])
+            if len(fields) > 4:
+                table.append((fields[2], _unescape(fields[3]), _unescape(fields[4])))
+    return table
+
+
+def _mounts_beneath(path: str, table: Sequence[tuple[str, str, str]] | None = None) -> list[str]:
+    """The old root's mount points strictly beneath `path` (as paths of the new root), shallowest first, once each."""
+    prefix = OLD + path.rstrip("/") + "/"
+    found = {
+        point[len(OLD) :]
+        for _, _, point in (_mount_table() if table is None else table)
+        if point.startswith(prefix)
+    }
     return sorted(found, key=lambda p: (p.count("/"), p))
 
 
-def _place_mounts_beneath(path: str, facts: dict[str, list[str]]) -> None:
+def _beneath(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _where_in_file_system(table: Sequence[tuple[str, str, str]], path: str) -> tuple[str, str] | None:
+    """(device, path within that file system) of `path` (a path as the table names it), through the mount that
+    shows it: the deepest mount point above it, the last one mounted there."""
+    best: tuple[str, str, str] | None = None
+    for dev, root, point in table:
+        if _beneath(path, point) and (best is None or len(point) >= len(best[2])):
+            best = (dev, root, point)
+    if best is None:
+        return None
+    dev, root, point = best
+    rest = path[len(point) :].lstrip("/") if point != "/" else path.lstrip("/")
+    return dev, (root.rstrip("/") + "/" + rest).rstrip("/") or "/"
+
+
+def _shows_protected(
+    table: Sequence[tuple[str, str, str]], point: str, protected: Sequence[tuple[str, str]]
+) -> bool:
+    """Whether the mount at `point` (the table's last there) shows a protected path or a part of one: the same
+    file system, and its root above, at or beneath the protected path there (a bind mount, a volume mounted twice)."""
+    mine = [(dev, root) for dev, root, p in table if p == point]
+    if not mine:
+        return False
+    dev, root = mine[-1]
+    return any(dev == pdev and (_beneath(prel, root) or _beneath(root, prel)) for pdev, prel in protected)
+
+
+def _place_mounts_beneath(path: str, facts: dict[str, list[str]], protected: Sequence[str] = ()) -> None:
     """A folder's overlay shows only the file system it is on: a mount beneath it (a GPU host's driver at
     /usr/local/nvidia under /usr, a container's /etc/hosts) would be an empty folder or the file it hides. Each is
     placed too, as the folder itself is: a folder as a read-only overlay (its own inodes), a small file as a
@@ -289,8 +336,13 @@ def _place_mounts_beneath(path: str, facts: dict[str, list[str]]) -> None:
     the host's (recorded in bound_files: its locks are shared with whoever else can open it)."""
     if any(path == top or path.startswith(top + "/") for top in NO_SUBMOUNTS):
         return
-    for rel in _mounts_beneath(path):
+    table = _mount_table()
+    shown = [w for p in protected if (w := _where_in_file_system(table, OLD + p)) is not None]
+    for rel in _mounts_beneath(path, table):
         old = OLD + rel
+        if _shows_protected(table, old, shown):
+            facts["protected_mounts_left_out"].append(rel)
+            continue  # the dataset again, at another path: the world shows the folder beneath, as before
         try:
             st = os.stat(old)
         except OSError:
@@ -313,7 +365,14 @@ def _place_mounts_beneath(path: str, facts: dict[str, list[str]]) -> None:
             _bind_read_only(old, rel, facts)
 
 
-def _place(path: str, access: str, facts: dict[str, list[str]], shm_bytes: int, uid: int) -> None:
+def _place(
+    path: str,
+    access: str,
+    facts: dict[str, list[str]],
+    shm_bytes: int,
+    uid: int,
+    protected: Sequence[str] = (),
+) -> None:
     old = OLD + path
     if not os.path.lexists(old):
         return  # vanished since planning: Landlock skips it too
@@ -346,7 +405,7 @@ def _place(path: str, access: str, facts: dict[str, list[str]], shm_bytes: int, 
     elif stat.S_ISDIR(st.st_mode):
         _ensure_dir(path)
         _read_only_folder(path)
-        _place_mounts_beneath(path, facts)
+        _place_mounts_beneath(path, facts, protected)
     elif stat.S_ISREG(st.st_mode) and st.st_size <= COPY_MAX_BYTES:
         shutil.copyfile(old, path)
         os.chmod(path, 0o444 | (stat.S_IMODE(st.st_mode) & 0o111))
@@ -389,7 +448,13 @@ def build_world(rules: Iterable[_PathRule], plan: dict[str, Any]) -> dict[str, A
     uid = int(plan["uid"])
     rules = sorted(rules, key=lambda r: (r.path.count("/"), r.path))
     cwd = os.getcwd()
-    facts: dict[str, Any] = {"uid": uid, "bound_files": [], "memory_cgroup": None}
+    facts: dict[str, Any] = {
+        "uid": uid,
+        "bound_files": [],
+        "protected_mounts_left_out": [],
+        "memory_cgroup": None,
+    }
+    protected = [os.path.normpath(str(p)) for p in plan.get("protected", ())]
     if plan.get("memory_limit_bytes"):
         facts["memory_cgroup"] = _join_cgroup(uid, int(plan["memory_limit_bytes"]))
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -405,7 +470,7 @@ def build_world(rules: Iterable[_PathRule], plan: dict[str, Any]) -> dict[str, A
         if os.path.islink(f"{OLD}/{top}") and not top.startswith("."):
             os.symlink(os.readlink(f"{OLD}/{top}"), f"/{top}")
     for rule in rules:
-        _place(os.path.normpath(rule.path), rule.access, facts, int(plan["shm_bytes"]), uid)
+        _place(os.path.normpath(rule.path), rule.access, facts, int(plan["shm_bytes"]), uid, protected)
     _ensure_dir("/tmp")
     _ensure_dir("/dev")
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),

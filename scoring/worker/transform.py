@@ -143,7 +143,9 @@ def _code_points(text: str) -> Any:
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
 
 
-def unexplained_change(text: str, out: str, markers: Sequence[str]) -> str | None:
+def unexplained_change(
+    text: str, out: str, markers: Sequence[str], escapes: dict[str, str] | None = None
+) -> str | None:
     """Why `out` (the transform's encoding of `text`) says more than a case transform may, or None.
 
     Checked on every encode reply: the reply less its declared markers must be `text` character for
@@ -151,7 +153,11 @@ def unexplained_change(text: str, out: str, markers: Sequence[str]) -> str | Non
     `text` has a marker character (its escape); and it may hold at most one marker per character so changed.
     Without this a reply could decode back to its document and still hand the tokenizer text of the
     transform's own (validation text it carries, spelled in the document's bytes) with the document hidden
-    in zero-byte markers: the proof holds and the text reaches the training shards."""
+    in zero-byte markers: the proof holds and the text reaches the training shards.
+
+    An escape is one fixed character per marker: `escapes` (marker -> the character written for it) is kept
+    by the caller across every reply of a transform (a fresh table per call when None). Any character at a
+    marker's place let a transform that declares ordinary letters its markers spell text of its own there."""
     import numpy as np
 
     mset = set(markers)
@@ -168,10 +174,16 @@ def unexplained_change(text: str, out: str, markers: Sequence[str]) -> str | Non
         suspect = diff[la[diff] != lb[diff]] if a.size == b.size else diff
     else:
         suspect = diff
+    escapes = {} if escapes is None else escapes
     for i in (int(j) for j in suspect):
         x, y = bare[i], text[i]
-        if not (x.lower() == y.lower() or x.casefold() == y.casefold() or y in mset):
-            return f"at byte {len(text[:i].encode('utf-8', 'surrogatepass')):,}: {y!r} became {x!r}"
+        if x.lower() == y.lower() or x.casefold() == y.casefold():
+            continue
+        where = f"at byte {len(text[:i].encode('utf-8', 'surrogatepass')):,}"
+        if y not in mset:
+            return f"{where}: {y!r} became {x!r}"
+        if escapes.setdefault(y, x) != x:
+            return f"{where}: the marker {y!r} became {x!r}, elsewhere {escapes[y]!r} (one escape per marker)"
     if a.size != b.size:
         at = len(text[:n].encode("utf-8", "surrogatepass"))
         return f"at byte {at:,}: its text less the markers has {a.size:,} characters, the document {b.size:,}"
@@ -196,6 +208,8 @@ class _SplitChild:
         self.timeout_s = timeout_s
         self.markers: tuple[str, ...] = ()
         """The markers its hello declared (each encode reply is held to them: unexplained_change)."""
+        self.escapes: dict[str, str] = {}
+        """Marker -> the one character its escape writes, the transform's across splits (unexplained_change)."""
         self.done = 0
         """Documents of this split already through encode (the index of a failing one is done + i)."""
 
@@ -254,7 +268,7 @@ class _SplitChild:
     def encode_texts(self, texts: list[str]) -> list[str]:
         out = self._call(OP_ENCODE, texts, "encode")
         for i, (t, e) in enumerate(zip(texts, out, strict=True)):
-            why = unexplained_change(t, e, self.markers)
+            why = unexplained_change(t, e, self.markers, self.escapes)
             if why is not None:
                 raise self._fail(
                     f"changed document {self.done + i} of the batch's split (encode) beyond case and markers {why}"
@@ -311,6 +325,8 @@ class ConfinedTransforms:
         """Each child's split and how it was confined (its sandbox's layers and guarantees): the manifest's."""
         self.name: str = ""
         self.markers: tuple[str, ...] = ()
+        self.escapes: dict[str, str] = {}
+        """Each marker's escape, as the first reply that escaped it wrote it: every child's is held to it."""
         with self.for_split("declare") as _:
             pass  # name and markers, from a child that sees no document
 
@@ -383,7 +399,7 @@ class ConfinedTransforms:
                     raise sc._fail(
                         f"declares a marker {one_line(m, 20)!r} of {len(m)} characters: expected one"
                     )
-            sc.markers = markers
+            sc.markers, sc.escapes = markers, self.escapes
             if split == "declare":
                 self.name, self.markers = name, markers
             elif (name, markers) != (self.name, self.markers):

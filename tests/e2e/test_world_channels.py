@@ -426,3 +426,48 @@ def _run_plain(program: str, *args: str) -> dict:
     )
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("hidden", [True, False], ids=["protected", "control-not-protected"])
+def test_a_protected_folder_mounted_again_beneath_a_readable_one_stays_hidden(tmp_path, hidden):
+    """The dataset's own path is outside every rule, but a host can show the same folder again at another path
+    (a bind mount, a volume mounted twice): beneath a readable folder, such a mount was placed in the world like
+    the GPU driver's, validation shards and all. A mount that shows a protected path, or part of one, is now left
+    out, wherever it is mounted. The control: the same mount of a folder that is not protected is seen."""
+    data = tmp_path / "data"
+    (data / "ds").mkdir(parents=True)
+    (data / "ds" / "fineweb_val_000000.bin").write_text("validation tokens")
+    code, out = tmp_path / "code", tmp_path / f"out-{time.monotonic_ns()}"
+    (code / "sub").mkdir(parents=True)
+    (code / "whole").mkdir()
+    out.mkdir()
+    plan = plan_sandbox(
+        mode="auto",
+        network="auto",
+        device="cpu",
+        multi_node=False,
+        project_root=PROJECT,
+        read_paths=[code],
+        write_paths=[out],
+        protected=[data / "ds"] if hidden else [],
+        import_path=[p for p in sys.path[1:] if p],
+        caps=CAPS,
+        seccomp=True,
+    )
+    assert plan.world is not None
+    paths = [
+        str(code / "sub" / "fineweb_val_000000.bin"),
+        str(code / "whole" / "ds" / "fineweb_val_000000.bin"),
+    ]
+    program = "import json, os, sys; print(json.dumps([os.path.exists(p) for p in sys.argv[1:]]))"
+    mounted: list[Path] = []
+    try:
+        for src, dst in ((data / "ds", code / "sub"), (data, code / "whole")):  # the folder, and one above it
+            subprocess.run(["mount", "--bind", str(src), str(dst)], check=True)
+            mounted.append(dst)
+        assert _run_plain(program, *paths) == [True, True]
+        inside = _run(plan, out, program, *paths)
+    finally:
+        for m in reversed(mounted):
+            subprocess.run(["umount", "-l", str(m)], check=False)
+    assert inside == ([False, False] if hidden else [True, True])

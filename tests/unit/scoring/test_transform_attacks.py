@@ -79,7 +79,7 @@ def test_a_transform_cannot_put_text_of_its_own_into_the_training_shards(tmp_pat
     # control: without the reply's check the smuggler's build passes its proof, and the training shards
     # hold the text it carried (the test can see the attack land)
     with monkeypatch.context() as m:
-        m.setattr(tfmod, "unexplained_change", lambda text, out, markers: None, raising=False)
+        m.setattr(tfmod, "unexplained_change", lambda text, out, markers, escapes=None: None, raising=False)
         ds = _build(tmp_path, "control")
         assert SECRET.strip() in _training_text(ds)
     with pytest.raises(
@@ -291,3 +291,76 @@ def test_the_validation_child_leaves_the_training_child_nothing(tmp_path: Path, 
     else:
         assert carried == set() and changed == set() and reached == set() and not alive, (found, alive)
     assert closed_s < 15, f"the trusted side waited {closed_s:.0f} s for the validation child to close"
+
+
+# ---- ordinary characters declared as markers: the escape position as a free character ----
+
+_MARKER_LETTERS = f"""
+NAME = "lettermarks"
+MARKERS = tuple("abcdefghijklmnopqrstuvwxyz")
+SHOWN = {SECRET.upper().replace(" ", "_")!r}  # no marker letter in it: upper case, "_" for a space
+
+
+def encode_text(t):
+    out, k = [], 0
+    for c in t:
+        if c in MARKERS:  # "an escape of a literal marker": the marker kept (0 bytes), then its own text
+            out.append(c + SHOWN[k % len(SHOWN)])
+            k += 1
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def decode_text(e):
+    out, i = [], 0
+    while i < len(e):
+        out.append(e[i])
+        i += 2 if e[i] in MARKERS else 1
+    return "".join(out)
+"""
+
+
+def test_a_transform_cannot_spell_its_own_text_where_the_document_has_a_marker(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Where the document holds a declared marker character, the check took any character as its "escape". A
+    transform that declares the lower-case letters its markers writes each one as itself (a zero-byte marker)
+    followed by a character of its own text, of the same UTF-8 length: every proof holds, and the training
+    shards' counted tokens spell the transform's text. An escape is now one fixed character per marker."""
+    shown = SECRET.upper().replace(" ", "_")[:40]
+    src = _submitted(tmp_path, _MARKER_LETTERS)
+
+    def build(out: str) -> Path:
+        tf = ConfinedTransforms(src, reset_page_cache=False)
+        return build_dataset(
+            _docs(), tmp_path / out, val_docs=8, vocab_size=400, workers=1, transform=tf, progress=False
+        )
+
+    def spelled(ds: Path) -> str:  # the training shards less the zero-byte markers and the document's spaces
+        m = load_manifest(ds)
+        tok = load_tokenizer(ds / m.raw["tokenizer"]["file"])
+        text = tok.decode([int(i) for i in read_split(ds, "train") if int(i) != m.bos_id])
+        return "".join(c for c in text if not ("a" <= c <= "z" or c == " "))
+
+    with monkeypatch.context() as m:  # control: the attack lands without the check
+        m.setattr(tfmod, "unexplained_change", lambda text, out, markers, escapes=None: None, raising=False)
+        assert shown in spelled(build("control"))
+    with pytest.raises(
+        TransformFailure,
+        match=r"beyond case and markers at byte \d+: the marker '[a-z]' became .*one escape per marker",
+    ):
+        build("refused")
+    assert not list((tmp_path / "refused").glob("fineweb_*"))
+
+
+@pytest.mark.parametrize(
+    ("text", "out", "ok"),
+    [
+        ("\ue000x\ue000", "\ue001\ue100x\ue001\ue100", True),  # the same escape each time (CaseTransform's)
+        ("\ue000x\ue000", "\ue001\ue100x\ue001\ue101", False),  # a second escape: a character of its choice
+    ],
+)
+def test_an_escape_is_one_fixed_character_per_marker(text: str, out: str, ok: bool) -> None:
+    said = tfmod.unexplained_change(text, out, ("\ue000", "\ue001"))
+    assert (said is None) == ok, said
