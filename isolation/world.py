@@ -357,7 +357,15 @@ def _place_mounts_beneath(path: str, facts: dict[str, list[str]], protected: Seq
         elif stat.S_ISREG(st.st_mode) and st.st_size <= SUBMOUNT_COPY_MAX_BYTES:
             os.makedirs(PRIVATE_FILES, mode=0o755, exist_ok=True)
             private = os.path.join(PRIVATE_FILES, str(len(os.listdir(PRIVATE_FILES))))
-            shutil.copyfile(old, private)
+            try:
+                shutil.copyfile(old, private)
+            except (
+                OSError
+            ):  # the root's slack is spent (many such files): the host's inode, read-only, recorded
+                if os.path.exists(private):
+                    os.unlink(private)
+                _bind_read_only(old, rel, facts)
+                continue
             os.chmod(private, 0o444 | (stat.S_IMODE(st.st_mode) & 0o111))
             _mount(private, rel, None, MS_BIND)
             _mount(None, rel, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
