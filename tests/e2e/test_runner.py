@@ -106,7 +106,9 @@ def test_two_gloo_ranks_give_the_one_rank_loss_curve(one_rank, tiny_dataset, tmp
     assert_same_curve(losses(run_dir), losses(one_rank[1]))
 
 
-def test_two_nodes_through_the_rendezvous_give_the_same_curve(one_rank, tiny_dataset, tmp_path):
+def two_nodes(datasets: list[Path], tmp_path: Path) -> list[tuple[dict[str, Any], Path]]:
+    """Two `pgolf run` train phases on this machine, one per node, meeting through a c10d rendezvous on
+    loopback; node i stages datasets[i]. Their (record, run folder) in node order."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -115,7 +117,7 @@ def test_two_nodes_through_the_rendezvous_give_the_same_curve(one_rank, tiny_dat
     def node(i: int) -> None:
         results[i] = train_phase(
             "tiny_lm",
-            tiny_dataset,
+            datasets[i],
             tmp_path / f"node{i}",
             "launch.nnodes=2",
             f"launch.rdzv_endpoint='127.0.0.1:{port}'",
@@ -127,7 +129,12 @@ def test_two_nodes_through_the_rendezvous_give_the_same_curve(one_rank, tiny_dat
         t.start()
     for t in threads:
         t.join(timeout=120)
-    recs = [results[i][0] for i in range(2)]
+    return [results[i] for i in range(2)]
+
+
+def test_two_nodes_through_the_rendezvous_give_the_same_curve(one_rank, tiny_dataset, tmp_path):
+    results = two_nodes([tiny_dataset, tiny_dataset], tmp_path)
+    recs = [r for r, _ in results]
     assert all(r["status"] == "ok" for r in recs), recs
     assert sorted(r["role"] for r in recs) == ["main", "secondary_node"] and all(
         r["world_size"] == 2 for r in recs
@@ -135,7 +142,7 @@ def test_two_nodes_through_the_rendezvous_give_the_same_curve(one_rank, tiny_dat
     assert all(
         r["isolation"]["landlock"] == (landlock_abi() > 0) and not r["isolation"]["namespaces"] for r in recs
     )
-    main_dir = next(results[i][1] for i in range(2) if results[i][0]["role"] == "main")
+    main_dir = next(d for r, d in results if r["role"] == "main")
     assert_same_curve(losses(main_dir), losses(one_rank[1]))
 
 
@@ -149,27 +156,7 @@ def test_two_nodes_with_different_data_both_stop_before_training(tiny_dataset, t
         [d[:4000] for d in embedded_documents()[40:80]], tmp_path / "other_ds", val_docs=4,
         tokenizer="byte260", shard_tokens=50_000,
     )  # fmt: skip
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    results: dict[int, tuple[dict[str, Any], Path]] = {}
-
-    def node(i: int) -> None:
-        results[i] = train_phase(
-            "tiny_lm",
-            tiny_dataset if i == 0 else other,
-            tmp_path / f"node{i}",
-            "launch.nnodes=2",
-            f"launch.rdzv_endpoint='127.0.0.1:{port}'",
-            f"launch.rdzv_id='test{port}'",
-        )
-
-    threads = [threading.Thread(target=node, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    recs = [results[i][0] for i in range(2)]
+    recs = [r for r, _ in two_nodes([tiny_dataset, other], tmp_path)]
     assert all(r["status"] == "error" and not r.get("steps") for r in recs), recs
     errors = [e for r in recs for e in (r.get("errors") or {}).values()]
     assert errors and all("the nodes' training data differ: rank 1 on " in e for e in errors), recs
