@@ -120,9 +120,7 @@ class Attention(nn.Module):
     def __init__(self, dim, num_heads, num_kv_heads, rope_base, rope_dims, rope_train_len, qk_gain_init, xsa):
         super().__init__()
         if dim % num_heads or num_heads % num_kv_heads:
-            raise ValueError(
-                f"model_dim {dim} must divide by num_heads {num_heads}, and num_heads by num_kv_heads {num_kv_heads}"
-            )
+            raise ValueError(f"model_dim {dim} must divide by num_heads {num_heads}, and num_heads by num_kv_heads {num_kv_heads}")
         self.num_heads, self.num_kv_heads, self.xsa = num_heads, num_kv_heads, xsa
         self.head_dim = dim // num_heads
         self.rope_dims = min(rope_dims, self.head_dim) if rope_dims > 0 else self.head_dim
@@ -148,9 +146,7 @@ class Attention(nn.Module):
         cos, sin = self.rotary(T, x.device, q.dtype)
         q, k = apply_rotary(q, cos, sin, self.rope_dims), apply_rotary(k, cos, sin, self.rope_dims)
         q = q * self.q_gain.to(q.dtype)[None, :, None, None]
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=self.num_kv_heads != self.num_heads
-        )
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.num_kv_heads != self.num_heads)
         if self.xsa:  # remove each head's component along its own (normalised) value vector
             group = self.num_heads // self.num_kv_heads
             yg = y.view(B, self.num_kv_heads, group, T, self.head_dim)
@@ -172,24 +168,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(
-        self,
-        dim,
-        num_heads,
-        num_kv_heads,
-        mlp_mult,
-        rope_base,
-        rope_dims,
-        rope_train_len,
-        qk_gain_init,
-        leaky_slope,
-        xsa,
-        ln_factor,
-    ):
+    def __init__(self, dim, num_heads, num_kv_heads, mlp_mult, rope_base, rope_dims, rope_train_len, qk_gain_init, leaky_slope,
+                 xsa, ln_factor):
         super().__init__()
-        self.attn = Attention(
-            dim, num_heads, num_kv_heads, rope_base, rope_dims, rope_train_len, qk_gain_init, xsa
-        )
+        self.attn = Attention(dim, num_heads, num_kv_heads, rope_base, rope_dims, rope_train_len, qk_gain_init, xsa)
         self.mlp = MLP(dim, mlp_mult, leaky_slope)
         self.attn_scale = nn.Parameter(torch.ones(dim))
         self.mlp_scale = nn.Parameter(torch.ones(dim))
@@ -242,29 +224,15 @@ class GPT(nn.Module):
         self.ttt_optimizer = None  # eval.py's SGD, made on its first chunk
         self.ttt_chunks_done = 0
         self.tok_emb = nn.Embedding(cfg["vocab_size"], C)
-        self.bigram = (
-            BigramHash(cfg["bigram_vocab_size"], cfg["bigram_dim"], C)
-            if cfg["bigram_vocab_size"] > 0
-            else None
-        )
+        self.bigram = BigramHash(cfg["bigram_vocab_size"], cfg["bigram_dim"], C) if cfg["bigram_vocab_size"] > 0 else None
         self.smear = SmearGate(C)
         self.num_encoder = L // 2
         self.num_decoder = L - self.num_encoder
         self.skip_weights = nn.Parameter(torch.ones(min(self.num_encoder, self.num_decoder), C))
         self.blocks = nn.ModuleList(
-            Block(
-                C,
-                cfg["num_heads"],
-                cfg["num_kv_heads"],
-                cfg["mlp_mult"],
-                cfg["rope_base"],
-                cfg["rope_dims"],
-                cfg["rope_train_seq_len"],
-                cfg["qk_gain_init"],
-                cfg["leaky_slope"],
-                i >= L - cfg["xsa_last_n"],
-                1.0 / math.sqrt(i + 1) if cfg["ln_scale"] else 1.0,
-            )
+            Block(C, cfg["num_heads"], cfg["num_kv_heads"], cfg["mlp_mult"], cfg["rope_base"], cfg["rope_dims"],
+                  cfg["rope_train_seq_len"], cfg["qk_gain_init"], cfg["leaky_slope"], i >= L - cfg["xsa_last_n"],
+                  1.0 / math.sqrt(i + 1) if cfg["ln_scale"] else 1.0)
             for i in range(L)
         )
         self.ve_layers = [int(s) for s in str(cfg["ve_layers"]).split(",") if s.strip() and int(s) < L]
@@ -295,16 +263,10 @@ class GPT(nn.Module):
             x = x + self.bigram(input_ids).to(x.dtype)
         x = self.smear(rms_norm(x))
         x0 = x
-        ve = (
-            self.ve_proj(self.ve_embed(input_ids)) * self.ve_scale.to(x.dtype) if self.ve_layers else None
-        )  # (B, T, K*D)
+        ve = self.ve_proj(self.ve_embed(input_ids)) * self.ve_scale.to(x.dtype) if self.ve_layers else None  # (B, T, K*D)
 
         def v_embed(i):
-            return (
-                ve * self.ve_layer_scales[self.ve_layers.index(i)].to(x.dtype)
-                if i in self.ve_layers
-                else None
-            )
+            return ve * self.ve_layer_scales[self.ve_layers.index(i)].to(x.dtype) if i in self.ve_layers else None
 
         skips = []
         for i in range(self.num_encoder):

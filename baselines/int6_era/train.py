@@ -52,12 +52,8 @@ def newton_schulz5(G, steps, eps=1e-7, bf16=None):
 class Muon(torch.optim.Optimizer):
     """Nesterov momentum, orthogonalised update, decoupled weight decay p *= 1 - lr * wd."""
 
-    def __init__(
-        self, params, lr, momentum, backend_steps, weight_decay, rank=0, world_size=1, all_reduce=None
-    ):
-        super().__init__(
-            params, dict(lr=lr, momentum=momentum, backend_steps=backend_steps, weight_decay=weight_decay)
-        )
+    def __init__(self, params, lr, momentum, backend_steps, weight_decay, rank=0, world_size=1, all_reduce=None):
+        super().__init__(params, dict(lr=lr, momentum=momentum, backend_steps=backend_steps, weight_decay=weight_decay))
         self.rank, self.world_size, self.all_reduce = rank, world_size, all_reduce
         self.bf16 = None
 
@@ -74,9 +70,7 @@ class Muon(torch.optim.Optimizer):
                 if i % self.world_size == self.rank and p.grad is not None:
                     buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad))
                     buf.mul_(group["momentum"]).add_(p.grad)
-                    g = newton_schulz5(
-                        p.grad.add(buf, alpha=group["momentum"]), group["backend_steps"], bf16=self.bf16
-                    )
+                    g = newton_schulz5(p.grad.add(buf, alpha=group["momentum"]), group["backend_steps"], bf16=self.bf16)
                     g = g * max(1.0, g.size(0) / g.size(1)) ** 0.5
                     flat[offset : offset + p.numel()] = g.reshape(-1).to(dtype)
                 offset += p.numel()
@@ -102,9 +96,7 @@ def train(ctx: TrainContext):
             f"of whole {hp.train_seq_len}-token sequences"
         )
     if ctx.model_config.get("vocab_size", 1024) < ctx.vocab_size:
-        raise ValueError(
-            f"model vocab_size {ctx.model_config.get('vocab_size')} < tokenizer vocab {ctx.vocab_size}"
-        )
+        raise ValueError(f"model vocab_size {ctx.model_config.get('vocab_size')} < tokenizer vocab {ctx.vocab_size}")
 
     model = build_model(dict(ctx.model_config)).to(d.device)
     if cuda:  # the record's precision: bf16 body, fp32 linear weights and control/low-dim params
@@ -122,52 +114,28 @@ def train(ctx: TrainContext):
         qat_mix = torch.zeros((), device=d.device)
         for m in model.modules():
             if isinstance(m, CastedLinear):
-                m.register_buffer(
-                    "qat_mix", qat_mix, persistent=False
-                )  # not in the state: the artifact is unchanged
+                m.register_buffer("qat_mix", qat_mix, persistent=False)  # not in the state: the artifact is unchanged
     fwd = torch.compile(model, dynamic=False) if cuda and hp.compile else model
     ddp = d.ddp(fwd, broadcast_buffers=False) if d.distributed else fwd
 
     named = list(model.named_parameters())
-    matrices = [
-        p
-        for n, p in named
-        if n.startswith("blocks.") and p.ndim == 2 and not any(k in n for k in CONTROL_PATTERNS)
-    ]
+    matrices = [p for n, p in named if n.startswith("blocks.") and p.ndim == 2 and not any(k in n for k in CONTROL_PATTERNS)]
     embeds = [p for n, p in named if n in EMBEDDINGS]
     taken = {id(p) for p in matrices + embeds}
     scalars = [p for _, p in named if id(p) not in taken]
     adamw = dict(betas=(hp.beta1, hp.beta2), eps=hp.adam_eps, weight_decay=hp.adam_wd, fused=cuda)
-    opt_tok = torch.optim.AdamW(
-        [{"params": embeds, "lr": hp.tied_embed_lr, "base_lr": hp.tied_embed_lr}], **adamw
-    )
-    opt_scalar = torch.optim.AdamW(
-        [{"params": scalars, "lr": hp.scalar_lr, "base_lr": hp.scalar_lr}], **adamw
-    )
-    opt_muon = Muon(
-        matrices,
-        hp.matrix_lr,
-        hp.muon_momentum,
-        hp.muon_backend_steps,
-        hp.muon_wd,
-        d.rank,
-        d.world_size,
-        d.all_reduce,
-    )
+    opt_tok = torch.optim.AdamW([{"params": embeds, "lr": hp.tied_embed_lr, "base_lr": hp.tied_embed_lr}], **adamw)
+    opt_scalar = torch.optim.AdamW([{"params": scalars, "lr": hp.scalar_lr, "base_lr": hp.scalar_lr}], **adamw)
+    opt_muon = Muon(matrices, hp.matrix_lr, hp.muon_momentum, hp.muon_backend_steps, hp.muon_wd, d.rank, d.world_size,
+                    d.all_reduce)
     for g in opt_muon.param_groups:
         g["base_lr"] = hp.matrix_lr
     optimizers = [opt_tok, opt_muon, opt_scalar]
     n_params = sum(p.numel() for p in model.parameters())
-    ctx.log.info(
-        f"model_params:{n_params} world_size:{d.world_size} grad_accum_steps:{accum} micro_tokens:{micro_tokens}"
-    )
+    ctx.log.info(f"model_params:{n_params} world_size:{d.world_size} grad_accum_steps:{accum} micro_tokens:{micro_tokens}")
 
     def autocast(amp):
-        return (
-            torch.autocast(device_type=d.device.type, dtype=amp)
-            if amp is not None
-            else contextlib.nullcontext()
-        )
+        return torch.autocast(device_type=d.device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
 
     def micro_step(x, y, amp, micro):
         if d.distributed:
@@ -183,14 +151,6 @@ def train(ctx: TrainContext):
             return torch.bfloat16, None
         return (torch.bfloat16, True) if mode == "bfloat16" else (None, False)
 
-    def set_qat(on):
-        if qat_mix is not None:
-            qat_mix.fill_(float(on))
-            return
-        for m in model.modules():
-            if isinstance(m, CastedLinear):
-                m.qat = on
-
     def make_step(mode):
         amp, ns_bf16 = mode_setting(mode)
 
@@ -204,22 +164,15 @@ def train(ctx: TrainContext):
 
         return warm_step
 
-    wargs = dict(
-        modules=[model],
-        optimizers=optimizers,
-        batch_tokens=micro_tokens,
-        seq_len=hp.train_seq_len,
-        vocab_size=ctx.vocab_size,
-    )
+    wargs = dict(modules=[model], optimizers=optimizers, batch_tokens=micro_tokens, seq_len=hp.train_seq_len,
+                 vocab_size=ctx.vocab_size)
     if not cuda:  # off the clock: float32 or (where native, faster) bfloat16, eager
         mode = ctx.cpu.choose(hp.cpu_mode, make_step, repeats=hp.cpu_trial_repeats, compiled=False, **wargs)
     else:
         mode = "cuda_bfloat16"
         if hp.compile and hp.warmup_steps > 0:
             warm = ctx.clock.warmup(make_step(mode), steps=hp.warmup_steps, **wargs)
-            ctx.log.info(
-                f"warmup_steps:{warm.steps} off_clock:{warm.off_clock_s:.1f}s verified:{warm.verified}"
-            )
+            ctx.log.info(f"warmup_steps:{warm.steps} off_clock:{warm.off_clock_s:.1f}s verified:{warm.verified}")
     amp, ns_bf16 = mode_setting(mode)
     opt_muon.bf16 = ns_bf16
 
@@ -239,21 +192,19 @@ def train(ctx: TrainContext):
     step, last_s, step_s = 0, 0.0, 0.0
     for step in range(hp.iterations):
         reading = ctx.clock.tick()
-        step_s, last_s = (
-            reading.elapsed_s - last_s,
-            reading.elapsed_s,
-        )  # the last step's time (the same on every rank)
-        if (
-            reading.stop or reading.elapsed_s + step_s > ctx.clock.budget_s
-        ):  # a step that would end past the budget is not started
-            ctx.log.info(
-                f"stopping: budget spent at step {step} ({reading.elapsed_s:.1f} s, last step {step_s:.1f} s)"
-            )
+        step_s, last_s = reading.elapsed_s - last_s, reading.elapsed_s  # the last step's time (the same on every rank)
+        if reading.stop or reading.elapsed_s + step_s > ctx.clock.budget_s:  # a step that would end past the budget is not started
+            ctx.log.info(f"stopping: budget spent at step {step} ({reading.elapsed_s:.1f} s, last step {step_s:.1f} s)")
             break
         scale = lr_scale(step, reading.elapsed_s)
         if hp.late_qat_threshold > 0 and scale < hp.late_qat_threshold and not qat_on:
             qat_on = True
-            set_qat(True)
+            if qat_mix is not None:
+                qat_mix.fill_(1.0)
+            else:
+                for m in model.modules():
+                    if isinstance(m, CastedLinear):
+                        m.qat = True
             ctx.log.info(f"late_qat: on at step {step} (lr scale {scale:.3f})")
         loss_sum = torch.zeros((), device=d.device)
         for micro in range(accum):
@@ -276,9 +227,7 @@ def train(ctx: TrainContext):
                     ema[n].mul_(hp.ema_decay).add_(t.detach().float(), alpha=1.0 - hp.ema_decay)
         if step < 10 or (step + 1) % hp.train_log_every == 0:
             train_loss = loss_sum.item() / accum
-            ctx.log.info(
-                f"step:{step + 1} train_loss:{train_loss:.4f} lr_scale:{scale:.3f} elapsed:{reading.elapsed_s:.1f}s"
-            )
+            ctx.log.info(f"step:{step + 1} train_loss:{train_loss:.4f} lr_scale:{scale:.3f} elapsed:{reading.elapsed_s:.1f}s")
             ctx.log.metrics(step + 1, train_loss=train_loss, lr_scale=scale, elapsed_s=reading.elapsed_s)
     for m in model.modules():
         if isinstance(m, CastedLinear):
