@@ -21,12 +21,18 @@ import torch
 
 from data.tokenizer import ByteTokenizer
 from scoring.score.evaluate import EvalConfig, evaluate
-from scoring.score.remote import WorkerConfig, start_worker
+from scoring.score.remote import start_worker
 from scoring.worker import pinning
 from scoring.worker.pinning import registrar_for, side_record
 from scoring.worker.process import Worker
 from scoring.worker.wire import SharedBuffer
-from tests.unit.scoring.test_eval_support import TINY_CONFIG, _one_thread, pack_tiny, write_submission  # noqa: F401
+from tests.unit.scoring.test_eval_support import (  # noqa: F401
+    TINY_CONFIG,
+    _one_thread,
+    pack_tiny,
+    tiny_worker_config,
+    write_submission,
+)
 from tests.unit.scoring.test_probes import TOKENS, Bigram
 
 CPU = torch.device("cpu")
@@ -141,15 +147,7 @@ def test_a_real_worker_scores_the_same_bits_pinned_or_pageable_and_records_each_
     table = ByteTokenizer().byte_table()
     failing, ok = FakeRegistrar(code=3), FakeRegistrar()
     monkeypatch.setattr("scoring.score.remote.registrar_for", lambda device: failing)
-    worker = start_worker(
-        WorkerConfig(
-            code_dir=folder,
-            artifact=tmp_path / "a.pgolf",
-            threads=1,
-            vocab_size=V,
-            max_tokens_per_batch=4 * 32,
-        )
-    )
+    worker = start_worker(tiny_worker_config(folder, tmp_path / "a.pgolf"))
     try:
         worker.wait_ready()
         pageable = evaluate(worker, TOKENS, table, cfg, CPU, shuffle_seed=5).sums

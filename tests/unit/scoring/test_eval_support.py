@@ -24,6 +24,7 @@ from harness.records.verify import append_ledger
 from scoring.artifact.cap import ARTIFACT_CAP_BYTES
 from scoring.artifact.pack import pack_state
 from scoring.score.evaluate import EvalConfig
+from scoring.score.remote import WorkerConfig
 from scoring.score.scorer import score_artifact
 from scoring.worker.loading import build_model
 
@@ -93,6 +94,18 @@ def write_submission(
     if eval_src is not None:
         (folder / "eval.py").write_text(eval_src)
     return folder
+
+
+def tiny_worker_config(folder: Path, artifact: Path, **kw: Any) -> WorkerConfig:
+    """A model worker for a pack_tiny artifact: one thread, TINY_CONFIG's vocabulary, batches of up to 4 x 32."""
+    return WorkerConfig(
+        code_dir=folder,
+        artifact=artifact,
+        threads=1,
+        vocab_size=TINY_CONFIG["vocab_size"],
+        max_tokens_per_batch=4 * 32,
+        **kw,
+    )
 
 
 def pack_tiny(folder: Path, out: Path, seed: int = 0, model_config: dict | None = None) -> dict[str, Any]:

@@ -18,9 +18,15 @@ import torch
 
 from data.tokenizer import ByteTokenizer
 from scoring.score.evaluate import EvalConfig, LocalModel, evaluate
-from scoring.score.remote import WorkerConfig, start_worker
+from scoring.score.remote import start_worker
 from scoring.worker.wire import Reply, check_ranges, scored_positions, select_scored
-from tests.unit.scoring.test_eval_support import TINY_CONFIG, _one_thread, pack_tiny, write_submission  # noqa: F401
+from tests.unit.scoring.test_eval_support import (  # noqa: F401
+    TINY_CONFIG,
+    _one_thread,
+    pack_tiny,
+    tiny_worker_config,
+    write_submission,
+)
 from tests.unit.scoring.test_probes import SLIDING, STANDARD, TOKENS, Bigram, PeekNext, probe
 
 CPU = torch.device("cpu")
@@ -61,15 +67,7 @@ def test_a_real_worker_ships_only_the_scored_positions_and_scores_the_same_bits(
     folder = write_submission(tmp_path / "sub")
     pack_tiny(folder, tmp_path / "a.pgolf")
     V = TINY_CONFIG["vocab_size"]
-    worker = start_worker(
-        WorkerConfig(
-            code_dir=folder,
-            artifact=tmp_path / "a.pgolf",
-            threads=1,
-            vocab_size=V,
-            max_tokens_per_batch=4 * 32,
-        )
-    )
+    worker = start_worker(tiny_worker_config(folder, tmp_path / "a.pgolf"))
     try:
         worker.wait_ready()
         for mode, cfg in MODES.items():

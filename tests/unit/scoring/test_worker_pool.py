@@ -11,11 +11,12 @@ import torch
 
 from data.tokenizer import ByteTokenizer
 from scoring.score.evaluate import EvalConfig, evaluate
-from scoring.score.remote import WorkerConfig, WorkerPool, start_worker
+from scoring.score.remote import WorkerPool, start_worker
 from tests.unit.scoring.test_eval_support import (
     TINY_CONFIG,
     _one_thread,  # noqa: F401 (fixture)
     pack_tiny,
+    tiny_worker_config,
     write_submission,
 )
 from tests.unit.scoring.test_probes import TOKENS
@@ -34,19 +35,7 @@ def adapt(model, tokens):
 
 def _workers(tmp_path, folder, k, **kw):
     pack_tiny(folder, tmp_path / "a.pgolf")
-    ws = [
-        start_worker(
-            WorkerConfig(
-                code_dir=folder,
-                artifact=tmp_path / "a.pgolf",
-                threads=1,
-                vocab_size=V,
-                max_tokens_per_batch=4 * 32,
-                **kw,
-            )
-        )
-        for _ in range(k)
-    ]
+    ws = [start_worker(tiny_worker_config(folder, tmp_path / "a.pgolf", **kw)) for _ in range(k)]
     for w in ws:
         w.wait_ready()
     return ws
