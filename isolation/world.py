@@ -287,14 +287,10 @@ def _mount_table() -> list[tuple[str, str, str]]:
     return table
 
 
-def _mounts_beneath(path: str, table: Sequence[tuple[str, str, str]] | None = None) -> list[str]:
+def _mounts_beneath(path: str, table: Sequence[tuple[str, str, str]]) -> list[str]:
     """The old root's mount points strictly beneath `path` (as paths of the new root), shallowest first, once each."""
     prefix = OLD + path.rstrip("/") + "/"
-    found = {
-        point[len(OLD) :]
-        for _, _, point in (_mount_table() if table is None else table)
-        if point.startswith(prefix)
-    }
+    found = {point[len(OLD) :] for _, _, point in table if point.startswith(prefix)}
     return sorted(found, key=lambda p: (p.count("/"), p))
 
 
@@ -328,7 +324,21 @@ def _shows_protected(
     return any(dev == pdev and (_beneath(prel, root) or _beneath(root, prel)) for pdev, prel in protected)
 
 
-def _place_mounts_beneath(path: str, facts: dict[str, list[str]], protected: Sequence[str] = ()) -> None:
+@dataclass(frozen=True)
+class _OldMounts:
+    """The old root's mount table, read once per world after pivot_root (the world's own mounts, made at other
+    paths, never change it), and where each protected path lies in its file system."""
+
+    table: list[tuple[str, str, str]]
+    protected: list[tuple[str, str]]
+
+    @classmethod
+    def read(cls, protected: Sequence[str]) -> _OldMounts:
+        table = _mount_table()
+        return cls(table, [w for p in protected if (w := _where_in_file_system(table, OLD + p)) is not None])
+
+
+def _place_mounts_beneath(path: str, facts: dict[str, list[str]], mounts: _OldMounts) -> None:
     """A folder's overlay shows only the file system it is on: a mount beneath it (a GPU host's driver at
     /usr/local/nvidia under /usr, a container's /etc/hosts) would be an empty folder or the file it hides. Each is
     placed too, as the folder itself is: a folder as a read-only overlay (its own inodes), a small file as a
@@ -336,11 +346,9 @@ def _place_mounts_beneath(path: str, facts: dict[str, list[str]], protected: Seq
     the host's (recorded in bound_files: its locks are shared with whoever else can open it)."""
     if any(path == top or path.startswith(top + "/") for top in NO_SUBMOUNTS):
         return
-    table = _mount_table()
-    shown = [w for p in protected if (w := _where_in_file_system(table, OLD + p)) is not None]
-    for rel in _mounts_beneath(path, table):
+    for rel in _mounts_beneath(path, mounts.table):
         old = OLD + rel
-        if _shows_protected(table, old, shown):
+        if _shows_protected(mounts.table, old, mounts.protected):
             facts["protected_mounts_left_out"].append(rel)
             continue  # the dataset again, at another path: the world shows the folder beneath, as before
         try:
@@ -379,7 +387,7 @@ def _place(
     facts: dict[str, list[str]],
     shm_bytes: int,
     uid: int,
-    protected: Sequence[str] = (),
+    mounts: _OldMounts,
 ) -> None:
     old = OLD + path
     if not os.path.lexists(old):
@@ -413,7 +421,7 @@ def _place(
     elif stat.S_ISDIR(st.st_mode):
         _ensure_dir(path)
         _read_only_folder(path)
-        _place_mounts_beneath(path, facts, protected)
+        _place_mounts_beneath(path, facts, mounts)
     elif stat.S_ISREG(st.st_mode) and st.st_size <= COPY_MAX_BYTES:
         shutil.copyfile(old, path)
         os.chmod(path, 0o444 | (stat.S_IMODE(st.st_mode) & 0o111))
@@ -477,8 +485,9 @@ def build_world(rules: Iterable[_PathRule], plan: dict[str, Any]) -> dict[str, A
     for top in sorted(os.listdir(OLD)):  # /bin -> usr/bin and the like, on merged-/usr systems
         if os.path.islink(f"{OLD}/{top}") and not top.startswith("."):
             os.symlink(os.readlink(f"{OLD}/{top}"), f"/{top}")
+    mounts = _OldMounts.read(protected)
     for rule in rules:
-        _place(os.path.normpath(rule.path), rule.access, facts, int(plan["shm_bytes"]), uid, protected)
+        _place(os.path.normpath(rule.path), rule.access, facts, int(plan["shm_bytes"]), uid, mounts)
     _ensure_dir("/tmp")
     _ensure_dir("/dev")
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
