@@ -86,9 +86,10 @@ def replay_cost_s(chunk: int, chunk_replay_s: Sequence[float]) -> float:
 
 def bound_replays(
     order: Sequence[int], kept_chunks: dict[int, int], chunk_replay_s: Sequence[float], allowance_s: float
-) -> tuple[list[int], list[dict[str, Any]]]:
-    """(the probes of `order` that run, the skipped ones): in order, each runs if its replays fit in what is
-    left of `allowance_s`; one that does not is skipped and the next ones are still tried."""
+) -> tuple[list[int], list[dict[str, Any]], float]:
+    """(the probes of `order` that run, the skipped ones, the seconds the run ones' replays are estimated at): in
+    order, each runs if its replays fit in what is left of `allowance_s`; one that does not is skipped and the
+    next ones are still tried."""
     run: list[int] = []
     skipped: list[dict[str, Any]] = []
     spent = 0.0
@@ -100,7 +101,7 @@ def bound_replays(
             spent += cost
         else:
             skipped.append({"batch": b, "adaptation_chunks": chunk, "replay_estimate_s": cost})
-    return run, skipped
+    return run, skipped, spent
 
 
 class ProbeFailure(RuleViolation):
@@ -306,15 +307,13 @@ def run_probes(
         bound = {"bounded": False, "why": "no time per chunk was measured"}
         if chunk_replay_s is not None:
             allowance_s = replay_allowance(chunk_replay_s)
-            order, skipped = bound_replays(order, kept_chunks or {}, chunk_replay_s, allowance_s)
+            order, skipped, estimate_s = bound_replays(order, kept_chunks or {}, chunk_replay_s, allowance_s)
             bound = {
                 "bounded": True,
                 "allowance_s": allowance_s,
                 "passes": PROBE_REPLAY_PASSES,
                 "measured_by": "the main worker's time per adaptation chunk (chunk_begin + adapt), scorer's clock",
-                "estimate_s": sum(
-                    replay_cost_s((kept_chunks or {}).get(b, 0), chunk_replay_s) for b in order
-                ),
+                "estimate_s": estimate_s,
                 "skipped": skipped,
                 "reduced": bool(skipped),
             }
