@@ -344,6 +344,9 @@ class SandboxPlan:
     memlock_unlimited: bool = False
     """RLIMIT_MEMLOCK raised to unlimited before capabilities go (CUDA: NCCL's InfiniBand/EFA registration
     pins memory; without CAP_SYS_RESOURCE a process cannot raise it past root's default 8 MiB)."""
+    join_net: int | None = None
+    """PID of an isolation/shared_net.py holder whose loopback-only network namespace this sandbox enters in
+    place of one of its own (a group of model workers that all-reduce among themselves); None: its own."""
 
     @property
     def landlock(self) -> bool:
@@ -357,6 +360,18 @@ class SandboxPlan:
         inner = [sys.executable, "-m", "isolation.sandbox", "enter", str(policy_path), "--", *cmd]
         if not self.namespaces:
             return inner
+        if self.join_net is not None and "net" in self.namespaces:
+            ns = list(_NS_FLAGS)  # the network namespace is the holder's: entered first, never made again
+            nsenter = shutil.which("nsenter") or "nsenter"  # util-linux, as unshare
+            return [
+                nsenter,
+                f"--net=/proc/{self.join_net}/ns/net",
+                "--",
+                str(self.unshare),
+                *ns,
+                "--",
+                *inner,
+            ]
         ns = list(_NS_FLAGS) + (["--net"] if "net" in self.namespaces else [])
         return [str(self.unshare), *ns, "--", *inner]
 
@@ -385,6 +400,7 @@ class SandboxPlan:
             "landlock_abi": self.landlock_abi,
             "landlock": self.landlock,
             "namespaces": list(self.namespaces),
+            "network_namespace_shared": self.join_net is not None and "net" in self.namespaces,
             "capabilities_dropped": self.drop_caps,
             "signals_scoped": self.scope_signals,
             # enter() gives every sandbox the "world" profile wherever seccomp exists, world or not

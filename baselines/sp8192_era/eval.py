@@ -12,11 +12,17 @@ The settings are the model config's ttt_* keys (model.py), so a preset can chang
 Like the record, the last chunk is scored but never trained on (the hook only sees scored tokens;
 what it learns from the last chunk is simply never used). The optimizer's momentum carries from
 chunk to chunk, as the record's single SGD optimizer does.
+
+Over several scoring workers (one per GPU) the harness makes them a torch.distributed group and hands each
+chunk to all (scoring/worker/group.py): as the record, each worker then trains on its share of every batch's
+sequences and the gradients are summed over the group, so every worker takes the same steps, as one would
+(up to the order of the sums).
 """
 
 import math
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 
@@ -38,14 +44,27 @@ def adapt(model, tokens):
     L = min(L, tokens.numel() - 1)
     x_all = tokens[: n_seqs * L].view(n_seqs, L)  # (N, L)
     y_all = tokens[1 : n_seqs * L + 1].view(n_seqs, L)  # (N, L)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    rank = dist.get_rank() if world > 1 else 0
     model.train()
     for _ in range(int(cfg["ttt_epochs"])):
         for i in range(0, n_seqs, int(cfg["ttt_batch_seqs"])):
             x, y = x_all[i : i + int(cfg["ttt_batch_seqs"])], y_all[i : i + int(cfg["ttt_batch_seqs"])]
-            logits = model(x)  # (B, L, V)
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
             model.ttt_optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            if world == 1:
+                logits = model(x)  # (B, L, V)
+                loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
+                loss.backward()
+            else:  # this worker's rows of the batch; the batch's mean loss is the group's sum over all of them
+                n, x, y = y.numel(), x[rank::world], y[rank::world]
+                if x.numel():
+                    logits = model(x)
+                    loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), reduction="sum")
+                    (loss / n).backward()
+                for p in model.parameters():
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                    dist.all_reduce(p.grad)
             if cfg["ttt_grad_clip"] > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["ttt_grad_clip"])
             model.ttt_optimizer.step()

@@ -80,8 +80,10 @@ class Scorable(Protocol):
     """What the evaluator and the probes call: a model in a worker process (scoring/score/remote.py's
     WorkerModel) or in this one (LocalModel, for tests and in-process tools)."""
 
-    output_kind: str
-    """"logits" or "log_probs" (harness.api.MODEL_OUTPUTS)."""
+    @property
+    def output_kind(self) -> str:
+        """ "logits" or "log_probs" (harness.api.MODEL_OUTPUTS)."""
+        ...
 
     def logits(self, x_BL: torch.Tensor) -> torch.Tensor:
         """[B, L, V] output for the token ids x_BL (possibly a view valid until the next call)."""
@@ -128,6 +130,11 @@ class KeptBatch(NamedTuple):
     """int64 [B, 2]: row b's scored positions are ranges_B2[b, 0] .. ranges_B2[b, 1] - 1."""
     logits_NV: torch.Tensor
     """float32 [N, V]: the scored positions, row by row."""
+    group: tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...] = ()
+    """With a worker pool: (x_BL, valid_BL, ranges_B2) of every batch the pool's workers held at the same time
+    as this one, in worker order (this one included, at `slot`): a probe gives a fresh pool all of them."""
+    slot: int = 0
+    """The worker of the pool (its rank) that scored this batch."""
 
 
 @dataclass(frozen=True)
@@ -486,11 +493,13 @@ def evaluate(
                         group = [_prepare_batch(toks, plan, w, shuffle) for w in batches[g : g + len(pool)]]
                         for worker, bt in zip(pool, group, strict=False):
                             worker.submit(torch.from_numpy(bt.x_BL).to(device), bt.ranges_B2)
-                        for worker, bt in zip(pool, group, strict=False):
+                        for slot, (worker, bt) in enumerate(zip(pool, group, strict=False)):
                             out_NV = check_scored(worker.collect(), bt.ranges_B2, table.vocab_size)
                             _finish_batch(bt, out_NV, table, device, output, sums, on_scored, ws, keep, b)
                             if b in keep:
                                 kept_chunks[b] = c
+                                held = tuple((g.x_BL, g.valid_BL, g.ranges_B2) for g in group)
+                                keep[b] = keep[b]._replace(group=held, slot=slot)  # type: ignore[union-attr]
                             b += 1
                             bar.update(int(bt.x_BL.shape[0]))
                     batches = []

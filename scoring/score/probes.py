@@ -58,7 +58,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from scoring.score.evaluate import KeptBatch, RuleViolation, Scorable, model_scored_logits
+from scoring.score.evaluate import KeptBatch, RuleViolation, Scorable, check_scored, model_scored_logits
+from scoring.score.pool import WorkerPool
 from scoring.score.remote import EvalDeadline, WorkerFailure
 from scoring.worker.wire import scored_positions
 
@@ -364,15 +365,29 @@ def _probe_batch(
     kept_chunks: dict[int, int] | None,
 ) -> dict[str, Any]:
     """One probe of batch `b` in PROBE_WORKERS_PER_PROBE fresh workers (see run_probes); its record."""
-    x_BL, valid_BL, ranges_B2, scored_NV = kept_b
+    x_BL, valid_BL, ranges_B2, scored_NV = kept_b.x_BL, kept_b.valid_BL, kept_b.ranges_B2, kept_b.logits_NV
     L = x_BL.shape[1]
     pos_N = scored_positions(ranges_B2, L)
     scored_BL = np.zeros(x_BL.size, dtype=bool)
     scored_BL[pos_N] = True
     x2_BL, r, t, cut = make_variant(x_BL, valid_BL, tokens, rng, scored_BL.reshape(x_BL.shape))
     iso_BL = isolate_row(x_BL, valid_BL, r, tokens, rng)
+    # the batches the other workers of a pool held at the same time, their real positions replaced: a worker
+    # of a group (its workers may talk, scoring/worker/group.py) must not use what the others hold
+    elsewhere = [isolate_row(x, valid, -1, tokens, rng) for x, valid, _ in kept_b.group]
     V = int(scored_NV.shape[1])
     chunk = (kept_chunks or {}).get(b, 0)
+
+    def ask(unit: Scorable, x: np.ndarray, peers: list[np.ndarray] | None) -> torch.Tensor:
+        """The unit's logits for `x` at the batch's ranges; a pool gets every batch of the group at once
+        (`peers`: the others' inputs, None: as they were), so a probe looks like the scoring it repeats."""
+        if not isinstance(unit, WorkerPool) or not kept_b.group:
+            return logits_of(unit, x, ranges_B2, V)
+        xs = [g[0] for g in kept_b.group] if peers is None else list(peers)
+        xs[kept_b.slot] = x
+        outs = unit.scored_group(xs, [g[2] for g in kept_b.group])
+        return check_scored(outs[kept_b.slot], ranges_B2, V).detach().float().cpu().clone()
+
     # one worker at a time, in this order: the causal one (variant, then the unchanged batch) is done
     # and closed before the row-isolation one, which holds row r whole, runs any submitted code (`fresh`
     # closes the previous worker and empties the page cache before it starts the next): a worker that
@@ -386,11 +401,11 @@ def _probe_batch(
         replay_s += time.perf_counter() - t0
     upto = r * L + t
     diff, compared = _compare(
-        scored_NV, logits_of(causal, x2_BL, ranges_B2, V), pos_N, L, upto, cfg.atol, f"batch {b}"
+        scored_NV, ask(causal, x2_BL, elsewhere), pos_N, L, upto, cfg.atol, f"batch {b}"
     )
     same, _ = _compare(
         scored_NV,
-        logits_of(causal, x_BL, ranges_B2, V),
+        ask(causal, x_BL, None),
         pos_N,
         L,
         x_BL.size,
@@ -403,7 +418,7 @@ def _probe_batch(
         t0 = time.perf_counter()
         replay(isolated, chunk)
         replay_s += time.perf_counter() - t0
-    iso_logits = logits_of(isolated, iso_BL, ranges_B2, V)
+    iso_logits = ask(isolated, iso_BL, elsewhere)
     row_diff = _compare_row(scored_NV, iso_logits, pos_N, L, r, cfg.atol, f"batch {b}")
     return {
         "batch": b,

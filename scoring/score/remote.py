@@ -21,6 +21,7 @@ death by signal becomes a WorkerFailure with a verdict kind.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import signal
@@ -70,6 +71,19 @@ class EvalDeadline(RuntimeError):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerGroup:
+    """This worker's place in a group of workers whose adaptation hook may talk (scoring/worker/group.py)."""
+
+    rank: int
+    world_size: int
+    port: int
+    """The TCP port of the group's rendezvous on 127.0.0.1."""
+    net_pid: int | None = None
+    """The isolation/shared_net.py holder whose namespace the group shares; None: the host's loopback (no
+    network namespaces here, or the sandbox off)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class WorkerConfig:
     code_dir: Path
     """The staged scored code (no train.py), checked against the artifact's hashes by the worker."""
@@ -94,6 +108,8 @@ class WorkerConfig:
     """Isolation layers an official accepts as missing under sandbox 'required' (recorded)."""
     role: str = "main"
     """"main" (scores every window) or "probe" (a fresh worker for one probe batch)."""
+    group: WorkerGroup | None = None
+    """With score-first adaptation over several workers: this one's rank in their group (scoring/score/pool.py)."""
     legacy: dict[str, Any] | None = None
     """A reference-challenge record instead of staged code: {"script", "gpt_kwargs", "gpt_call",
     "hyperparameters"} (scoring/score/legacy.py; built by scoring/worker/legacy.py)."""
@@ -124,6 +140,9 @@ class WorkerModel:
             phase="model worker",
             **WORKER_ISOLATION,
         )
+        group = cfg.group
+        if group is not None and group.net_pid is not None:
+            self.plan = dataclasses.replace(self.plan, join_net=group.net_pid)
         spec = {
             "format": WORKER_SPEC_FORMAT,
             "format_version": WORKER_SPEC_VERSION,
@@ -140,11 +159,16 @@ class WorkerModel:
             "adapt": cfg.adapt,
             "memory_limit_bytes": cfg.memory_limit_bytes,
             "legacy": cfg.legacy,
+            "group": None
+            if group is None
+            else {"rank": group.rank, "world_size": group.world_size, "port": group.port},
         }
         # -P: no working folder on sys.path (what the worker writes cannot shadow an import); -B: no bytecode
         cmd = [sys.executable, "-P", "-B", "-m", "scoring.worker", json.dumps(spec)]
         policy = self._tmp.with_name(self._tmp.name + "-policy.json")  # outside the worker's own folder
         self.env = worker_env(self._tmp, cfg.threads)  # an allow-list: nothing else of the official's
+        if group is not None:  # the group meets on loopback; /dev/shm is each worker's own (NCCL: no SHM)
+            self.env.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo", NCCL_SHM_DISABLE="1")
         self._oom_kills = kernel_oom_kills()  # the kernel's count before: a SIGKILL is its only if it rose
         self.proc = subprocess.Popen(
             self.plan.wrap(cmd, policy),
@@ -406,61 +430,6 @@ class WorkerModel:
             "logits_bytes": self.bytes_read,
             "tokens_bytes": self.bytes_sent,
         }
-
-
-class WorkerPool:
-    """Several model workers (one per device) scoring one evaluation: evaluate() sends batch i of each group to
-    worker i, each computes at once, and the answers are scored in batch order, so the sums are the same to the
-    bit as with one worker (every worker computes deterministically: scoring/worker/process.py). As a
-    score-first adapter it hands every chunk to every worker, all at once, so their weights stay the same."""
-
-    def __init__(self, workers: list[WorkerModel]):
-        if not workers:
-            raise ValueError("a worker pool needs at least one worker")
-        kinds = {w.output_kind for w in workers}
-        if len(kinds) != 1:
-            raise WorkerFailure(
-                Status.ERROR, f"the pool's workers answered different output kinds: {sorted(kinds)}"
-            )
-        self.workers = workers
-        self.output_kind = workers[0].output_kind
-        self._adapt_s = 0.0
-        self.chunk_replay_s: list[float] = []
-        """As WorkerModel.chunk_replay_s, for the pool's workers together (they adapt at once)."""
-        self._chunk_t0 = 0.0
-
-    def logits(self, x_BL: torch.Tensor) -> torch.Tensor:
-        return self.workers[0].logits(x_BL)
-
-    def scored_logits(self, x_BL: torch.Tensor, ranges_B2: np.ndarray) -> torch.Tensor:
-        return self.workers[0].scored_logits(x_BL, ranges_B2)
-
-    @property
-    def adapt_time_s(self) -> float:
-        return self._adapt_s
-
-    def before_chunk(self, model: Any, chunk: int) -> None:
-        t0 = time.perf_counter()
-        for w in self.workers:
-            w._send({"op": "chunk_begin", "chunk": chunk})
-        for w in self.workers:
-            w._ask(None)
-        self._chunk_t0 = time.perf_counter() - t0
-
-    def after_chunk(self, model: Any, chunk: int, scored_tokens: np.ndarray, first_position: int) -> None:
-        n = int(scored_tokens.size)
-        t0 = time.perf_counter()
-        for w in self.workers:
-            if n * 8 > w.inbuf.nbytes:
-                w.inbuf.grow(n * 8)
-            w.inbuf.array(np.int64, n)[:] = scored_tokens
-            w._send({"op": "adapt", "chunk": chunk, "n": n, "first_position": first_position})
-        for w in self.workers:
-            w._ask(None)
-            w.delivered.append((first_position, first_position + n))
-        took = time.perf_counter() - t0
-        self._adapt_s += took
-        self.chunk_replay_s.append(self._chunk_t0 + took)
 
 
 def start_worker(cfg: WorkerConfig) -> WorkerModel:

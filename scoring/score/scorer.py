@@ -69,6 +69,7 @@ from scoring.score.evaluate import (
     eval_tokens,
     evaluate,
 )
+from scoring.score.pool import WorkerPool, start_pool
 from scoring.score.probes import (
     PROBE_WORKERS_PER_PROBE,
     ProbeConfig,
@@ -78,7 +79,7 @@ from scoring.score.probes import (
     run_probes,
 )
 from scoring.score.record import ScoreRecord
-from scoring.score.remote import EvalDeadline, WorkerConfig, WorkerModel, WorkerPool, start_worker
+from scoring.score.remote import EvalDeadline, WorkerConfig, WorkerModel, start_worker
 from scoring.worker.child import default_memory_limit_bytes, tune_cpu_allocator
 from scoring.worker.cpu_math import warm_cpu_math
 
@@ -199,10 +200,13 @@ def _wait_ready_in_background(worker: WorkerModel) -> concurrent.futures.Future[
     return future
 
 
-def _one_at_a_time(workers: Iterable[WorkerModel], cache: PageCacheReset) -> Iterator[WorkerModel]:
-    """Each worker started only once the one before it is closed and the page cache emptied of it: no two
-    probe workers ever run submitted code at the same time, and none finds what another left."""
-    before: WorkerModel | None = None
+def _one_at_a_time(
+    workers: Iterable[WorkerModel | WorkerPool], cache: PageCacheReset
+) -> Iterator[WorkerModel | WorkerPool]:
+    """Each worker (or a group's fresh workers, together) started only once the one before it is closed and the
+    page cache emptied of it: no two probe workers ever run submitted code at the same time, and none finds what
+    another left."""
+    before: WorkerModel | WorkerPool | None = None
     for w in workers:
         if before is not None:
             before.close()
@@ -285,27 +289,33 @@ def score_core(
     shard_devices = [
         worker_cfg.device if dev.type == "cpu" else f"cuda:{k}" for k in range(1, scoring_workers)
     ]
+    # with score-first adaptation over several workers, they form a group (scoring/score/pool.py) and so does
+    # each probe's set of fresh workers, of the same size on the same devices: a probe looks like scoring
+    grouped = adapting and scoring_workers > 1
+    devices = [worker_cfg.device, *shard_devices]
     with ExitStack() as stack:
-        main = start_worker(worker_cfg)
-        stack.callback(main.close)
+        pool = start_pool(worker_cfg, devices, grouped=grouped, stack=stack)
+        main, shards = pool.workers[0], pool.workers[1:]
         # The eval clock starts now: decoding the artifact, building the model and any warm-up in the worker
         # count against the budget (a model that fitted itself at build time ran 62 s off every clock).
         t_clock = time.monotonic()
         main.deadline = t_clock + eval_budget_s if finite else None
         main.start()  # decodes and builds while this process reads the data; probe workers wait idle
         ready = _wait_ready_in_background(main)
-        shards = [start_worker(dataclasses.replace(worker_cfg, device=d)) for d in shard_devices]
         for w in shards:
-            stack.callback(w.close)
             w.deadline = main.deadline
             w.start()
         shards_ready = [_wait_ready_in_background(w) for w in shards]
         # the probe workers get the main one's spec (adaptation included): nothing tells them apart
-        probe_workers = [
-            start_worker(dataclasses.replace(worker_cfg, role="probe")) for _ in range(n_probe_workers)
+        probe_cfg_w = dataclasses.replace(worker_cfg, role="probe")
+        probe_workers: list[WorkerModel | WorkerPool] = [
+            start_pool(probe_cfg_w, devices, grouped=True, stack=stack)
+            if grouped
+            else start_worker(probe_cfg_w)
+            for _ in range(n_probe_workers)
         ]
-        for w in probe_workers:
-            stack.callback(w.close)
+        for u in probe_workers:
+            stack.callback(u.close)
         # opened while this process may write it (before it confines itself): see isolation/world.py
         cache = PageCacheReset.open(roots=[r.path for r in main.plan.rules if r.access == "ro"])
         stack.callback(cache.close)
@@ -351,7 +361,7 @@ def score_core(
         main.deadline = time.monotonic() + eval_budget_s - build_s if finite else None
         for w in shards:
             w.deadline = main.deadline
-        scoring: WorkerModel | WorkerPool = WorkerPool([main, *shards]) if shards else main
+        scoring: WorkerModel | WorkerPool = pool if shards else main
         result = evaluate(
             scoring,
             tokens,
@@ -390,18 +400,27 @@ def score_core(
             if adapting
             else None
         )
+        if adaptation is not None and grouped:  # what the scorer made, not what the workers said of it
+            adaptation["group"] = {
+                "world_size": len(devices),
+                "devices": devices,
+                "network": "a loopback-only namespace of the group's own"
+                if pool.nets
+                else "the host's loopback",
+                "probes": "each probe in a fresh group of the same size, every worker given its batch",
+            }
         for w in shards:
             w.close()
         main.close()
         cache.reset()
         t_probes = time.monotonic()
-        for w in probe_workers:  # one deadline for them all: the allowance is for every probe worker together
-            w.deadline = t_probes + probe_allowance_s
+        for u in probe_workers:  # one deadline for them all: the allowance is for every probe worker together
+            u.deadline = t_probes + probe_allowance_s
         fresh = _one_at_a_time(probe_workers, cache)
         scored_toks = eval_tokens(tokens, cfg)
 
         def replay(worker: Scorable, chunk: int) -> None:  # the main worker's adaptation, chunk by chunk
-            assert isinstance(worker, WorkerModel)
+            assert isinstance(worker, WorkerModel | WorkerPool)
             for k, (first, end) in enumerate(main.delivered[:chunk]):
                 worker.before_chunk(None, k)
                 worker.after_chunk(None, k, np.ascontiguousarray(scored_toks[first:end]), first)
@@ -422,8 +441,8 @@ def score_core(
             "ran"
         ):  # the replays' share of the probes (eval_clock.probe_allowance_s bounded them all)
             probes["replay_time_s"] = sum(p.get("replay_time_s", 0.0) for p in probes["probes"])
-        for w in probe_workers:  # the last of them gone, the page cache emptied: nothing for a later run
-            w.close()
+        for u in probe_workers:  # the last of them gone, the page cache emptied: nothing for a later run
+            u.close()
         cache.reset()
         probes["page_cache"] = cache.describe()
         workers = [main_described, *(w.describe() for w in probe_workers[:1]), *shards_described]

@@ -106,6 +106,8 @@ class Worker:
         self.dtype = spec["dtype"]
         self.model: torch.nn.Module | None = None
         self.adapter: Any = None
+        self.group: dict[str, Any] | None = None
+        """The process group this worker joined (rank, world size, backend); None: alone."""
 
     def build(self) -> str:
         """Decode the artifact, build and load the model, load the eval.py hook; returns the output kind."""
@@ -126,6 +128,10 @@ class Worker:
         if hook is not None:
             # the hook runs under the scoring forward's autocast: its forward and backward see the same numerics
             self.adapter = ScoreFirstAdapter(hook[0], hook[1], autocast_bf16=self.dtype == "bfloat16")
+            if self.spec.get("group"):  # several workers adapt together: their process group (group.py)
+                from scoring.worker.group import join_group
+
+                self.group = join_group(self.spec["group"], self.device)
         return output_kind(self.model)
 
     def forward(self, rows: int, length: int) -> list[int]:
@@ -195,6 +201,7 @@ class Worker:
                 "output": output,
                 **_facts(self.memory),
                 "cpu_math_warmed": self.cpu_math,
+                "group": self.group,
                 "crossing": side_record({"logits": self.outbuf, "tokens": self.inbuf}),
             },
         )

@@ -15,6 +15,7 @@ import json
 import os
 import resource
 import secrets
+import socket
 import subprocess
 import sys
 import textwrap
@@ -471,3 +472,57 @@ def test_a_protected_folder_mounted_again_beneath_a_readable_one_stays_hidden(tm
         for m in reversed(mounted):
             subprocess.run(["umount", "-l", str(m)], check=False)
     assert inside == ([False, False] if hidden else [True, True])
+
+
+LISTEN = """
+import json, socket, sys
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen(1)
+print(json.dumps({"port": s.getsockname()[1]}), flush=True)
+s.settimeout(20)
+try:
+    c, _ = s.accept()
+    got = c.recv(16).decode()
+except OSError:
+    got = ""
+print(json.dumps({"got": got}), flush=True)
+"""
+CONNECT = """
+import json, socket, sys
+try:
+    socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=2).sendall(b"hello")
+    print(json.dumps({"reached": True}))
+except OSError as e:
+    print(json.dumps({"reached": False, "why": str(e)}))
+"""
+
+
+@pytest.mark.skipif(not CAPS.net_namespace, reason="needs `unshare --net` (a network namespace)")
+def test_a_group_shares_one_loopback_of_its_own_and_reaches_nothing_else(tmp_path):
+    """Two sandboxes joined to one SharedNet reach each other; a sandbox with a namespace of its own (another
+    group, or the scorer's other workers) does not reach them, and they do not reach the host's loopback."""
+    from isolation.shared_net import SharedNet
+
+    net = SharedNet(PROJECT)
+    try:
+        plan, _, out = _plan(tmp_path, world=True)
+        joined = dataclasses.replace(plan, join_net=net.pid)
+        assert (
+            joined.describe()["network_namespace_shared"] and not plan.describe()["network_namespace_shared"]
+        )
+        listener = _start(joined, out, LISTEN)
+        assert listener.stdout is not None
+        port = json.loads(listener.stdout.readline())["port"]
+        alone = _run(plan, out, CONNECT, str(port))  # its own namespace: the group's port is not there
+        assert alone["reached"] is False
+        peer = _run(joined, out, CONNECT, str(port))  # the control: the same program, joined
+        assert peer["reached"] is True
+        stdout, _ = listener.communicate(timeout=30)
+        assert json.loads(stdout.strip().splitlines()[-1]) == {"got": "hello"}
+        with socket.socket() as host:  # the host's loopback, where the scorer and the official live
+            host.bind(("127.0.0.1", 0))
+            host.listen(1)
+            assert _run(joined, out, CONNECT, str(host.getsockname()[1]))["reached"] is False
+    finally:
+        net.close()

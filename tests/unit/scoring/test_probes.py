@@ -304,7 +304,7 @@ def test_a_probe_batch_is_scored_from_the_copy_the_probes_compare(monkeypatch):
     some = plan_probes(batch_count(TOKENS, cfg), ProbeConfig(probes=2, seed=1)).batches
     raced = evaluate(racer, TOKENS, table, cfg, CPU, keep_batches=some)
     assert raced.sums.loss_nats < honest.sums.loss_nats  # the rewrite does cheat on batches not kept
-    for x_BL, _, _, kept in raced.kept.values():
+    for x_BL, _, _, kept, *_ in raced.kept.values():
         answered = racer.model(torch.from_numpy(x_BL)).detach()
         assert torch.equal(
             kept, answered.reshape(kept.shape)

@@ -11,7 +11,8 @@ import torch
 
 from data.tokenizer import ByteTokenizer
 from scoring.score.evaluate import EvalConfig, evaluate
-from scoring.score.remote import WorkerPool, start_worker
+from scoring.score.pool import WorkerPool
+from scoring.score.remote import start_worker
 from tests.unit.scoring.test_eval_support import (
     TINY_CONFIG,
     _one_thread,  # noqa: F401 (fixture)

@@ -1,0 +1,183 @@
+"""Several model workers scoring one evaluation, and the group their adaptation hook may talk in.
+
+`WorkerPool` shards the windows over its workers (one per device) and, as a score-first adapter, hands every
+chunk to every worker at once. `start_pool` starts one: with score-first adaptation the workers form a group
+(`grouped`): each learns its rank, the group's size and a rendezvous port (scoring/worker/group.py makes the
+torch.distributed process group from them, gloo on CPU, NCCL on CUDA), and they share one loopback-only network
+namespace of their own (isolation/shared_net.py) where the machine gives network namespaces. So a hook can
+split each chunk's training over the workers and all-reduce, as the records' distributed test-time training did.
+
+What a group's channel opens, and what closes it: a worker could pass the batch it holds to the others while
+they score theirs, a later window's text to the worker scoring an earlier one. The probes hold the line
+(scoring/score/probes.py): a probe of a batch scored by a group is run by a fresh group of the same size, every
+worker given the batch it held at the same time (KeptBatch.group), the others' text replaced by real tokens
+from elsewhere in the variants, so a probe looks like scoring and a model that uses another worker's batch
+answers otherwise than it scored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+import torch
+
+from isolation.sandbox import probe_machine
+from isolation.shared_net import SharedNet
+from scoring.score.remote import WorkerConfig, WorkerFailure, WorkerGroup, WorkerModel, start_worker
+from scoring.statuses import Status
+from scoring.worker.confined import PROJECT_ROOT
+
+GROUP_PORT = 29500
+"""The rendezvous port in a group's own network namespace (nothing else listens there)."""
+
+
+class WorkerPool:
+    """Several model workers (one per device) scoring one evaluation: evaluate() sends batch i of each group to
+    worker i, each computes at once, and the answers are scored in batch order, so the sums are the same to the
+    bit as with one worker (every worker computes deterministically: scoring/worker/process.py). As a
+    score-first adapter it hands every chunk to every worker, all at once, so their weights stay the same."""
+
+    def __init__(self, workers: list[WorkerModel], nets: Sequence[SharedNet] = ()):
+        if not workers:
+            raise ValueError("a worker pool needs at least one worker")
+        self.workers = workers
+        self.nets = list(nets)
+        """The shared network namespace of a group (held until the pool is closed)."""
+        self._adapt_s = 0.0
+        self.chunk_replay_s: list[float] = []
+        """As WorkerModel.chunk_replay_s, for the pool's workers together (they adapt at once)."""
+        self._chunk_t0 = 0.0
+
+    @property
+    def output_kind(self) -> str:
+        """What every worker said it returns, once all are ready (a pool whose workers differ is refused)."""
+        kinds = {w.output_kind for w in self.workers}
+        if len(kinds) != 1:
+            raise WorkerFailure(
+                Status.ERROR, f"the pool's workers answered different output kinds: {sorted(kinds)}"
+            )
+        return self.workers[0].output_kind
+
+    # ---- as one worker: started, waited for, closed together (a probe's fresh group) ----
+
+    @property
+    def deadline(self) -> float | None:
+        return self.workers[0].deadline
+
+    @deadline.setter
+    def deadline(self, value: float | None) -> None:
+        for w in self.workers:
+            w.deadline = value
+
+    def start(self) -> None:
+        for w in self.workers:
+            w.start()
+
+    def wait_ready(self) -> None:
+        """Every worker started before any is waited for: a group's workers meet while they build."""
+        self.start()
+        for w in self.workers:
+            w.wait_ready()
+        _ = self.output_kind
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+        for net in self.nets:
+            net.close()
+
+    def describe(self) -> dict[str, Any]:
+        return self.workers[0].describe()
+
+    # ---- Scorable ----
+
+    def logits(self, x_BL: torch.Tensor) -> torch.Tensor:
+        return self.workers[0].logits(x_BL)
+
+    def scored_logits(self, x_BL: torch.Tensor, ranges_B2: np.ndarray) -> torch.Tensor:
+        return self.workers[0].scored_logits(x_BL, ranges_B2)
+
+    def scored_group(self, xs: Sequence[np.ndarray], ranges: Sequence[np.ndarray]) -> list[torch.Tensor]:
+        """Batch k to worker k, all computing at once, as evaluate() sends a group (a probe repeats one)."""
+        if len(xs) != len(ranges) or len(xs) > len(self.workers):
+            raise ValueError(f"{len(xs)} batches and {len(ranges)} ranges for {len(self.workers)} workers")
+        for w, x, r in zip(self.workers, xs, ranges, strict=False):
+            w.submit(torch.from_numpy(np.ascontiguousarray(x)), r)
+        return [w.collect() for w in self.workers[: len(xs)]]
+
+    @property
+    def adapt_time_s(self) -> float:
+        return self._adapt_s
+
+    def before_chunk(self, model: Any, chunk: int) -> None:
+        t0 = time.perf_counter()
+        for w in self.workers:
+            w._send({"op": "chunk_begin", "chunk": chunk})
+        for w in self.workers:
+            w._ask(None)
+        self._chunk_t0 = time.perf_counter() - t0
+
+    def after_chunk(self, model: Any, chunk: int, scored_tokens: np.ndarray, first_position: int) -> None:
+        n = int(scored_tokens.size)
+        t0 = time.perf_counter()
+        for w in self.workers:
+            if n * 8 > w.inbuf.nbytes:
+                w.inbuf.grow(n * 8)
+            w.inbuf.array(np.int64, n)[:] = scored_tokens
+            w._send({"op": "adapt", "chunk": chunk, "n": n, "first_position": first_position})
+        for w in self.workers:
+            w._ask(None)
+            w.delivered.append((first_position, first_position + n))
+        took = time.perf_counter() - t0
+        self._adapt_s += took
+        self.chunk_replay_s.append(self._chunk_t0 + took)
+
+
+def _free_port() -> int:
+    """A port free on the host's loopback now (a group without a namespace of its own meets there)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def shared_net_here(sandbox: str) -> bool:
+    """Whether a worker's sandbox gets a network namespace on this machine (then its group needs a shared one)."""
+    if sandbox == "off":
+        return False
+    caps = probe_machine()
+    return caps.namespaces and caps.net_namespace
+
+
+def start_pool(
+    cfg: WorkerConfig, devices: Sequence[str], *, grouped: bool, stack: ExitStack, net: bool | None = None
+) -> WorkerPool:
+    """Workers for `devices` (the first is cfg's own place: rank 0), started later by the caller (`start` or
+    `wait_ready`); `grouped`: they form a group (module docstring). `net`: whether the sandbox makes network
+    namespaces here (default: asked of the machine). Everything started is closed by `stack`."""
+    nets: list[SharedNet] = []
+    port, net_pid = GROUP_PORT, None
+    if grouped and len(devices) > 1:
+        if net if net is not None else shared_net_here(cfg.sandbox):
+            shared = SharedNet(PROJECT_ROOT)
+            stack.callback(shared.close)
+            nets.append(shared)
+            net_pid = shared.pid
+        else:
+            port = _free_port()
+    workers = []
+    for rank, device in enumerate(devices):
+        group = (
+            WorkerGroup(rank=rank, world_size=len(devices), port=port, net_pid=net_pid)
+            if grouped and len(devices) > 1
+            else None
+        )
+        w = start_worker(dataclasses.replace(cfg, device=device, group=group))
+        stack.callback(w.close)
+        workers.append(w)
+    return WorkerPool(workers, nets)
