@@ -106,7 +106,10 @@ MODEL_OUTPUTS = ("logits", "log_probs")
 (used as they are; the normalization probe checks that they sum to one at every position)."""
 EVAL_HOOK_NAME = "adapt"
 """eval.py: adapt(model, tokens) -> None. Called after a chunk of validation tokens was scored, with a
-fresh int64 tensor of exactly those tokens; it may update the model (score-first test-time training)."""
+fresh int64 tensor of exactly those tokens; it may update the model (score-first test-time training).
+Over several scoring workers every worker gets every chunk, and torch.distributed is initialized over them
+(rank, world size; gloo on CPU, NCCL on CUDA): the hook may share the training and all-reduce
+(docs/RULES.md, "Score-first test-time training")."""
 CODEC_ATTRS = ("NAME", "VERSION", "encode", "decode")
 """codec.py: NAME (str), VERSION (int), encode(state: dict[str, Tensor]) -> bytes, decode(bytes) -> state."""
 
