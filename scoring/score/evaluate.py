@@ -480,6 +480,9 @@ def evaluate(
     kept_chunks: dict[int, int] = {}
     # several workers (scoring/score/remote.py WorkerPool: one per device) score the batches in turn
     pool: list[Any] = list(getattr(model, "workers", ()) or ())
+    pooled: Any = model if len(pool) > 1 else None
+    loss_devices = pooled.loss_devices(device) if pooled is not None else []
+    wss = [LossWorkspace() for _ in pool]  # one per device: a buffer is never moved between GPUs
     b = 0
     scored_upto = 0  # every target at a position <= scored_upto has been scored
     with tqdm(total=plan.num_windows, desc="score", unit="win", disable=None, leave=False) as bar:
@@ -491,11 +494,15 @@ def evaluate(
                 if len(pool) > 1:  # one batch per worker at a time, answers taken and scored in batch order
                     for g in range(0, len(batches), len(pool)):
                         group = [_prepare_batch(toks, plan, w, shuffle) for w in batches[g : g + len(pool)]]
-                        for worker, bt in zip(pool, group, strict=False):
-                            worker.submit(torch.from_numpy(bt.x_BL).to(device), bt.ranges_B2)
-                        for slot, (worker, bt) in enumerate(zip(pool, group, strict=False)):
-                            out_NV = check_scored(worker.collect(), bt.ranges_B2, table.vocab_size)
-                            _finish_batch(bt, out_NV, table, device, output, sums, on_scored, ws, keep, b)
+                        outs = pooled.scored_group(
+                            [bt.x_BL for bt in group], [bt.ranges_B2 for bt in group], device
+                        )
+                        for slot, (out, bt) in enumerate(zip(outs, group, strict=True)):
+                            out_NV = check_scored(out, bt.ranges_B2, table.vocab_size)
+                            dev_k = loss_devices[slot]  # on CUDA the worker's own GPU: the same kernels, bits
+                            _finish_batch(
+                                bt, out_NV, table, dev_k, output, sums, on_scored, wss[slot], keep, b
+                            )
                             if b in keep:
                                 kept_chunks[b] = c
                                 held = tuple((g.x_BL, g.valid_BL, g.ranges_B2) for g in group)

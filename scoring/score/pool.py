@@ -21,6 +21,7 @@ import dataclasses
 import socket
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any
 
@@ -47,6 +48,7 @@ class WorkerPool:
         if not workers:
             raise ValueError("a worker pool needs at least one worker")
         self.workers = workers
+        self._threads: ThreadPoolExecutor | None = None
         self.nets = list(nets)
         """The shared network namespace of a group (held until the pool is closed)."""
         self._adapt_s = 0.0
@@ -87,6 +89,8 @@ class WorkerPool:
         _ = self.output_kind
 
     def close(self) -> None:
+        if self._threads is not None:
+            self._threads.shutdown(wait=True)
         for w in self.workers:
             w.close()
         for net in self.nets:
@@ -103,13 +107,29 @@ class WorkerPool:
     def scored_logits(self, x_BL: torch.Tensor, ranges_B2: np.ndarray) -> torch.Tensor:
         return self.workers[0].scored_logits(x_BL, ranges_B2)
 
-    def scored_group(self, xs: Sequence[np.ndarray], ranges: Sequence[np.ndarray]) -> list[torch.Tensor]:
-        """Batch k to worker k, all computing at once, as evaluate() sends a group (a probe repeats one)."""
+    def loss_devices(self, device: torch.device) -> list[torch.device]:
+        """Where the scorer computes the loss on each worker's answers: on CUDA the worker's own GPU (each answer
+        crosses over that GPU's own link, the loss runs beside it), else `device`."""
+        if device.type != "cuda":
+            return [device] * len(self.workers)
+        return [torch.device(w.cfg.device) for w in self.workers]
+
+    def scored_group(
+        self, xs: Sequence[np.ndarray], ranges: Sequence[np.ndarray], device: torch.device | None = None
+    ) -> list[torch.Tensor]:
+        """Batch k to worker k, all computing at once, as evaluate() sends a group (a probe repeats one); the
+        answers taken by one thread per worker (the copies out of the shared buffers run side by side), each
+        on loss_devices(device)[k] (default: this process's memory)."""
         if len(xs) != len(ranges) or len(xs) > len(self.workers):
             raise ValueError(f"{len(xs)} batches and {len(ranges)} ranges for {len(self.workers)} workers")
-        for w, x, r in zip(self.workers, xs, ranges, strict=False):
-            w.submit(torch.from_numpy(np.ascontiguousarray(x)), r)
-        return [w.collect() for w in self.workers[: len(xs)]]
+        devices = self.loss_devices(device) if device is not None else [torch.device("cpu")] * len(xs)
+        for w, x, r, d in zip(self.workers, xs, ranges, devices, strict=False):
+            w.submit(torch.from_numpy(np.ascontiguousarray(x)), r, device=d)
+        if len(xs) == 1:
+            return [self.workers[0].collect()]
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(len(self.workers), thread_name_prefix="pgolf-collect")
+        return list(self._threads.map(WorkerModel.collect, self.workers[: len(xs)]))
 
     @property
     def adapt_time_s(self) -> float:

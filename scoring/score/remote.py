@@ -305,9 +305,9 @@ class WorkerModel:
         self.submit(x_BL, ranges_B2)
         return self.collect()
 
-    def submit(self, x_BL: torch.Tensor, ranges_B2: np.ndarray) -> None:
+    def submit(self, x_BL: torch.Tensor, ranges_B2: np.ndarray, device: torch.device | None = None) -> None:
         """Send a batch and its scored ranges for a forward pass without waiting for it (`collect` reads the
-        answer): several workers compute at once (WorkerPool)."""
+        answer, onto `device`, default x_BL's): several workers compute at once (scoring/score/pool.py)."""
         B, L = x_BL.shape
         ranges_B2 = check_ranges(ranges_B2, B, L)
         n = B * L
@@ -319,7 +319,7 @@ class WorkerModel:
         both[n:] = ranges_B2.reshape(-1)
         self.bytes_sent += need
         self._send({"op": "forward", "rows": B, "length": L})
-        self._pending = (int((ranges_B2[:, 1] - ranges_B2[:, 0]).sum()), x_BL.device)
+        self._pending = (int((ranges_B2[:, 1] - ranges_B2[:, 0]).sum()), device or x_BL.device)
 
     def collect(self) -> torch.Tensor:
         """The answer to the batch `submit` sent: [N, V] float32, the scorer's own copy (see scored_logits)."""

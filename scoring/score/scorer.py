@@ -409,9 +409,7 @@ def score_core(
                 else "the host's loopback",
                 "probes": "each probe in a fresh group of the same size, every worker given its batch",
             }
-        for w in shards:
-            w.close()
-        main.close()
+        pool.close()  # every scoring worker, the collecting threads, a group's namespace
         cache.reset()
         t_probes = time.monotonic()
         for u in probe_workers:  # one deadline for them all: the allowance is for every probe worker together

@@ -113,3 +113,15 @@ def test_score_artifact_with_two_scoring_workers_scores_the_same_bits(tmp_path, 
     assert two["val_bpb"] == one["val_bpb"] and two["probes"]["passed"]
     assert two["worker_forwards"] == one["worker_forwards"] == one["eval_batches"]
     assert len(two["workers"]) == len(one["workers"]) + 1  # the shard's isolation recorded too
+
+
+def test_on_cuda_each_answer_is_scored_on_its_workers_gpu():
+    """The scorer's loss beside each worker (its own GPU's link and kernels), on CPU all in this process."""
+    from types import SimpleNamespace
+
+    from scoring.score.pool import WorkerPool
+
+    stubs = [SimpleNamespace(cfg=SimpleNamespace(device=f"cuda:{k}")) for k in range(3)]
+    pool = WorkerPool(stubs)  # type: ignore[arg-type]
+    assert pool.loss_devices(torch.device("cuda:0")) == [torch.device(f"cuda:{k}") for k in range(3)]
+    assert pool.loss_devices(CPU) == [CPU] * 3
