@@ -489,6 +489,8 @@ class Outcome:
     verify_s: float | None = None
     wall_s: float | None = None
     sandbox: str = ""
+    crossing: str = "-"
+    """How the logits crossed (scorer/worker path: pinned or pageable) and at what rate over the scoring time."""
 
 
 def outcome_of(name: str, result: dict[str, Any], wall_s: float) -> Outcome:
@@ -498,6 +500,7 @@ def outcome_of(name: str, result: dict[str, Any], wall_s: float) -> Outcome:
     times = result.get("phase_times_s", {})
     probes = score.get("probes") or {}
     iso = train.get("isolation") or {}
+    cross, scoring_s = score.get("crossing") or {}, (score.get("eval_clock") or {}).get("scoring_time_s")
     detail = next(
         (str(p.get("detail")) for p in phases.values() if isinstance(p, dict) and p.get("detail")), ""
     )
@@ -515,12 +518,24 @@ def outcome_of(name: str, result: dict[str, Any], wall_s: float) -> Outcome:
         probes=("passed" if probes.get("passed") else "FAILED") if probes.get("ran") else "-",
         bytes_total=result.get("bytes_total"),
         wall_s=wall_s,
+        crossing=crossing_line(cross, scoring_s, int(result.get("val_tokens") or 0)),
         sandbox=(
             f"landlock {iso.get('landlock')}, namespaces {iso.get('namespaces')}, verified {iso.get('verified')}, "
             f"guarantees {iso.get('guarantees')}, warnings {iso.get('warnings')}"
             if iso
             else ""
         ),
+    )
+
+
+def crossing_line(cross: dict[str, Any], scoring_s: float | None, tokens: int) -> str:
+    """`scorer/worker` path, GB/s of logits over the scoring time, scored tokens/s: the figure the 8-GPU estimate
+    needs (docs/OFFICIALS.md), read from the score record."""
+    if not cross or not scoring_s:
+        return "-"
+    gbps = float(cross.get("logits_bytes") or 0) / scoring_s / 1e9
+    return (
+        f"{cross.get('scorer')}/{cross.get('worker')} {gbps:.2f} GB/s {tokens / scoring_s / 1e3:,.0f} k tok/s"
     )
 
 
@@ -803,6 +818,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  {label}: FAILED: {got.status}: {got.detail[:400]}", flush=True)
                     if got.sandbox:
                         print(f"  {label}: sandbox: {got.sandbox}", flush=True)
+                    print(f"  {label}: crossing: {got.crossing}", flush=True)
                     if got.train_s and got.steps:
                         tokens = cfg.train["train_batch_tokens"] * got.steps
                         tps[label] = tokens / got.train_s

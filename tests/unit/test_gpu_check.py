@@ -289,6 +289,7 @@ def test_the_check_runs_on_a_host_that_lacks_layers(monkeypatch, capsys, tmp_pat
     # the whole pipeline: scored (2,048 tokens), its probes passed
     assert re.search(r"^naive_baseline +ok +\d\.\d{4} +2048 .* passed ", out, re.M), out
     assert "sandbox: landlock True, namespaces []" in out  # sandboxed with what holds
+    assert re.search(r"naive_baseline: crossing: pageable/pageable [\d.]+ GB/s [\d,]+ k tok/s", out), out
     assert (
         "Landlock ABI 5 < 6: training can signal processes outside the sandbox" in out
     )  # and recorded as such
