@@ -21,7 +21,7 @@ import dataclasses
 import socket
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import ExitStack
 from typing import Any
 
@@ -82,17 +82,24 @@ class WorkerPool:
             w.start()
 
     def wait_ready(self) -> None:
-        """Every worker started before any is waited for: a group's workers meet while they build."""
+        """Every worker started before any is waited for (a group's workers meet while they build), all waited for
+        at once: the first to fail is the answer, not the timeout of another still waiting for it to join."""
         self.start()
-        for w in self.workers:
-            w.wait_ready()
+        waits = [self._pool().submit(w.wait_ready) for w in self.workers]
+        for done in as_completed(waits):
+            done.result()
         _ = self.output_kind
 
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(len(self.workers), thread_name_prefix="pgolf-pool")
+        return self._threads
+
     def close(self) -> None:
+        for w in self.workers:  # first: a thread still waiting on a worker then returns at once
+            w.close()
         if self._threads is not None:
             self._threads.shutdown(wait=True)
-        for w in self.workers:
-            w.close()
         for net in self.nets:
             net.close()
 
@@ -127,9 +134,7 @@ class WorkerPool:
             w.submit(torch.from_numpy(np.ascontiguousarray(x)), r, device=d)
         if len(xs) == 1:
             return [self.workers[0].collect()]
-        if self._threads is None:
-            self._threads = ThreadPoolExecutor(len(self.workers), thread_name_prefix="pgolf-collect")
-        return list(self._threads.map(WorkerModel.collect, self.workers[: len(xs)]))
+        return list(self._pool().map(WorkerModel.collect, self.workers[: len(xs)]))
 
     @property
     def adapt_time_s(self) -> float:

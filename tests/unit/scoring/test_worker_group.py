@@ -190,3 +190,28 @@ def test_score_artifact_with_a_group_of_two_scores_the_same_bits_and_probes_in_g
     assert "group" not in one["adaptation"]
     assert two["adaptation"]["group"]["world_size"] == 2
     assert two["probes"]["probes"][0]["adaptation_chunks_replayed"] >= 0
+
+
+def test_a_group_whose_worker_fails_to_build_fails_at_once(tmp_path):
+    """Rank 1 cannot build; rank 0 would wait for it in the rendezvous (minutes): the pool answers rank 1's
+    failure as soon as it comes."""
+    import dataclasses
+    import time
+
+    from scoring.score.pool import WorkerPool
+    from scoring.score.remote import WorkerGroup, start_worker
+
+    cfg = _entry(tmp_path, eval_src=DISTRIBUTED_HOOK)
+    broken = dataclasses.replace(cfg, artifact=tmp_path / "missing.pgolf")
+    ranks = [
+        dataclasses.replace(c, group=WorkerGroup(rank=k, world_size=2, port=1))
+        for k, c in enumerate((cfg, broken))
+    ]
+    pool = WorkerPool([start_worker(c) for c in ranks])
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(WorkerFailure):
+            pool.wait_ready()
+        assert time.monotonic() - t0 < 60
+    finally:
+        pool.close()
