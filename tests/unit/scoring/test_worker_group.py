@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from data.tokenizer import ByteTokenizer
-from scoring.score.evaluate import EvalConfig, batch_count, evaluate
+from scoring.score.evaluate import EvalConfig, batch_count, eval_tokens, evaluate
 from scoring.score.pool import start_pool
 from scoring.score.probes import ProbeConfig, ProbeFailure, plan_probes, run_probes
 from scoring.score.remote import WorkerFailure
@@ -81,8 +81,18 @@ def _entry(tmp_path, **kw):
     return tiny_worker_config(folder, tmp_path / "a.pgolf", adapt=True)
 
 
-def test_a_group_all_reduces_in_its_hook_and_scores_as_one_worker(tmp_path):
+def _fresh(cfg, stack):
+    """Fresh groups of two, one at a time, as the scorer hands them to the probes."""
+    while True:
+        unit = start_pool(cfg, ["cpu", "cpu"], grouped=True, stack=stack)
+        unit.wait_ready()
+        yield unit
+        unit.close()
+
+
+def test_a_group_all_reduces_in_its_hook_scores_as_one_worker_and_passes_its_probes(tmp_path):
     cfg = _entry(tmp_path, eval_src=DISTRIBUTED_HOOK)
+    plan = plan_probes(batch_count(TOKENS, ADAPTING, adapting=True), ProbeConfig(probes=1, seed=3))
     with ExitStack() as stack:
         group = start_pool(cfg, ["cpu", "cpu"], grouped=True, stack=stack)
         one = start_pool(cfg, ["cpu"], grouped=True, stack=stack)  # a group of one is no group
@@ -91,10 +101,25 @@ def test_a_group_all_reduces_in_its_hook_and_scores_as_one_worker(tmp_path):
         assert [w.facts["group"]["rank"] for w in group.workers] == [0, 1]
         assert one.workers[0].facts["group"] is None
         assert group.workers[0].plan.describe()["network_namespace_shared"] == bool(group.nets)
-        grouped, res = _sums(group, ADAPTING, adapter=group)
+        grouped, res = _sums(group, ADAPTING, adapter=group, keep_batches=plan.batches, shuffle_seed=2)
         single, res1 = _sums(one, ADAPTING, adapter=one)
         assert res.chunks == res1.chunks > 3
         assert grouped == single  # each adds its share, the group the whole: exactly one worker's nudge
+        group.close()
+        one.close()
+        toks, delivered = eval_tokens(TOKENS, ADAPTING), group.workers[0].delivered
+
+        def replay(unit, chunk):  # as the scorer replays: the fresh group all-reduces in its hook too
+            for k, (first, end) in enumerate(delivered[:chunk]):
+                unit.before_chunk(None, k)
+                unit.after_chunk(None, k, np.ascontiguousarray(toks[first:end]), first)
+
+        rec = run_probes(
+            plan, res.kept, _fresh(cfg, stack), toks, ProbeConfig(probes=1, seed=3), replay=replay,
+            kept_chunks=res.kept_chunks,
+        )  # fmt: skip
+        assert rec["passed"] and rec["probes"][0]["adaptation_chunks_replayed"] > 0
+        assert rec["probes"][0]["max_abs_diff"] == 0.0
 
 
 def test_without_a_group_the_hook_has_no_process_group(tmp_path):
@@ -119,38 +144,33 @@ def _full_groups_config() -> EvalConfig:
     raise AssertionError("no size fills the groups")
 
 
-def _probe_grouped(tmp_path, model_src: str) -> dict:
-    cfg = _entry(tmp_path, model_src=model_src, eval_src=NO_OP_HOOK)
+@pytest.fixture(scope="module")
+def peeking_scored(tmp_path_factory):
+    """The peeking model scored by a group of two (one chunk, every group full), its probe batch kept."""
+    tmp = tmp_path_factory.mktemp("peek")
+    cfg = _entry(tmp, model_src=PEEKING_MODEL, eval_src=NO_OP_HOOK)
     eval_cfg = _full_groups_config()
     plan = plan_probes(batch_count(TOKENS, eval_cfg, adapting=True), ProbeConfig(probes=1, seed=11))
     with ExitStack() as stack:
         pool = start_pool(cfg, ["cpu", "cpu"], grouped=True, stack=stack)
         pool.wait_ready()
         _, res = _sums(pool, eval_cfg, adapter=pool, keep_batches=plan.batches, shuffle_seed=4)
-        pool.close()
-        assert all(len(k.group) == 2 for k in res.kept.values())
-
-        def fresh():
-            while True:
-                unit = start_pool(cfg, ["cpu", "cpu"], grouped=True, stack=stack)
-                unit.wait_ready()
-                yield unit
-                unit.close()
-
-        return run_probes(plan, res.kept, fresh(), TOKENS, ProbeConfig(probes=1, seed=11))
+    assert all(len(k.group) == 2 for k in res.kept.values())
+    return cfg, plan, res.kept
 
 
-def test_probes_of_a_group_pass_an_honest_model(tmp_path):
-    rec = _probe_grouped(tmp_path, TINY_MODEL)
-    assert rec["passed"] and rec["probes"][0]["max_abs_diff"] == 0.0
+def _probe_peeking(peeking_scored) -> dict:
+    cfg, plan, kept = peeking_scored
+    with ExitStack() as stack:
+        return run_probes(plan, kept, _fresh(cfg, stack), TOKENS, ProbeConfig(probes=1, seed=11))
 
 
-def test_probes_of_a_group_catch_a_model_that_reads_the_other_workers_batches(tmp_path):
+def test_probes_of_a_group_catch_a_model_that_reads_the_other_workers_batches(peeking_scored):
     with pytest.raises(ProbeFailure, match="causality probe failed"):
-        _probe_grouped(tmp_path, PEEKING_MODEL)
+        _probe_peeking(peeking_scored)
 
 
-def test_control_with_the_other_batches_as_they_were_the_peeking_model_passes(tmp_path, monkeypatch):
+def test_control_with_the_other_batches_as_they_were_the_peeking_model_passes(peeking_scored, monkeypatch):
     """What catches it is that the other workers hold other text in the probe (so the test above can fail)."""
     import scoring.score.probes as probes
 
@@ -160,7 +180,7 @@ def test_control_with_the_other_batches_as_they_were_the_peeking_model_passes(tm
         "isolate_row",
         lambda x, valid, r, toks, rng: x.copy() if r < 0 else real(x, valid, r, toks, rng),
     )
-    assert _probe_grouped(tmp_path, PEEKING_MODEL)["passed"]
+    assert _probe_peeking(peeking_scored)["passed"]
 
 
 @pytest.mark.long  # a whole scored run, twice (about 20 s on 2 cores): the suite's 10 minutes are nearly spent
