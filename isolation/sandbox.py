@@ -345,8 +345,10 @@ class SandboxPlan:
     """RLIMIT_MEMLOCK raised to unlimited before capabilities go (CUDA: NCCL's InfiniBand/EFA registration
     pins memory; without CAP_SYS_RESOURCE a process cannot raise it past root's default 8 MiB)."""
     join_net: int | None = None
-    """PID of an isolation/shared_net.py holder whose loopback-only network namespace this sandbox enters in
-    place of one of its own (a group of model workers that all-reduce among themselves); None: its own."""
+    """A descriptor (of this process, passed to the child: Popen pass_fds) of the loopback-only network namespace
+    of an isolation/shared_net.py holder, which this sandbox enters in place of one of its own (a group of model
+    workers that all-reduce among themselves); None: its own. A descriptor, not the holder's pid: a pid can be
+    reused once the holder is gone, the namespace a descriptor names cannot change."""
 
     @property
     def landlock(self) -> bool:
@@ -365,7 +367,7 @@ class SandboxPlan:
             nsenter = shutil.which("nsenter") or "nsenter"  # util-linux, as unshare
             return [
                 nsenter,
-                f"--net=/proc/{self.join_net}/ns/net",
+                f"--net=/proc/self/fd/{self.join_net}",
                 "--",
                 str(self.unshare),
                 *ns,

@@ -4,7 +4,8 @@ A distributed adaptation hook (scoring/worker/group.py) runs in several model wo
 that all-reduce gradients over torch.distributed. Each sandbox otherwise gets a network namespace of its own
 (isolation/sandbox.py), where the others cannot be reached. A `SharedNet` is a small trusted process that
 makes a fresh network namespace (`unshare --net`), brings its loopback up and waits; each sandbox of the
-group enters it (`nsenter --net=/proc/PID/ns/net`: isolation/sandbox.py SandboxPlan.join_net) before making its other
+group enters it (`nsenter --net=/proc/self/fd/N`, N a descriptor of the namespace this process opened while the
+holder was known to be alive: isolation/sandbox.py SandboxPlan.join_net) before making its other
 namespaces. The group's workers then reach each other on 127.0.0.1 and nothing else: not the host's
 loopback, not another group's. The namespace ends with its last process: the holder and the workers it was
 made for (the holder exits when this side closes its stdin, or dies with this process).
@@ -15,6 +16,7 @@ gives none, the group meets on the host's loopback, as the phase's network alrea
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -56,6 +58,8 @@ class SharedNet:
             err = self.proc.stderr.read().decode(errors="replace")[-500:] if self.proc.stderr else ""
             self.close()
             raise SharedNetFailure(f"`unshare --net` could not make a shared namespace: {err.strip()}")
+        # opened now, while the holder is alive and said it is up: the descriptor names this namespace for good
+        self.fd = os.open(f"/proc/{self.proc.pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
 
     @property
     def pid(self) -> int:
@@ -63,6 +67,9 @@ class SharedNet:
 
     def close(self) -> None:
         """Let the holder go (the namespace ends once the group's sandboxes have ended too)."""
+        fd, self.fd = getattr(self, "fd", -1), -1
+        if fd >= 0:
+            os.close(fd)
         if self.proc.poll() is None:
             try:
                 if self.proc.stdin:

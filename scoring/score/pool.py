@@ -186,19 +186,19 @@ def start_pool(
     `wait_ready`); `grouped`: they form a group (module docstring). `net`: whether the sandbox makes network
     namespaces here (default: asked of the machine). Everything started is closed by `stack`."""
     nets: list[SharedNet] = []
-    port, net_pid = GROUP_PORT, None
+    port, net_fd = GROUP_PORT, None
     if grouped and len(devices) > 1:
         if net if net is not None else shared_net_here(cfg.sandbox):
             shared = SharedNet(PROJECT_ROOT)
             stack.callback(shared.close)
             nets.append(shared)
-            net_pid = shared.pid
+            net_fd = shared.fd
         else:
             port = _free_port()
     workers = []
     for rank, device in enumerate(devices):
         group = (
-            WorkerGroup(rank=rank, world_size=len(devices), port=port, net_pid=net_pid)
+            WorkerGroup(rank=rank, world_size=len(devices), port=port, net_fd=net_fd)
             if grouped and len(devices) > 1
             else None
         )

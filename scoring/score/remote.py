@@ -78,9 +78,9 @@ class WorkerGroup:
     world_size: int
     port: int
     """The TCP port of the group's rendezvous on 127.0.0.1."""
-    net_pid: int | None = None
-    """The isolation/shared_net.py holder whose namespace the group shares; None: the host's loopback (no
-    network namespaces here, or the sandbox off)."""
+    net_fd: int | None = None
+    """A descriptor of the network namespace the group shares (isolation/shared_net.py SharedNet.fd, passed to
+    the worker's sandbox); None: the host's loopback (no network namespaces here, or the sandbox off)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -141,8 +141,10 @@ class WorkerModel:
             **WORKER_ISOLATION,
         )
         group = cfg.group
-        if group is not None and group.net_pid is not None:
-            self.plan = dataclasses.replace(self.plan, join_net=group.net_pid)
+        net_fds: tuple[int, ...] = ()
+        if group is not None and group.net_fd is not None:
+            self.plan = dataclasses.replace(self.plan, join_net=group.net_fd)
+            net_fds = (group.net_fd,)
         spec = {
             "format": WORKER_SPEC_FORMAT,
             "format_version": WORKER_SPEC_VERSION,
@@ -175,7 +177,7 @@ class WorkerModel:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            pass_fds=(child.fileno(), self.inbuf.fd, self.outbuf.fd),
+            pass_fds=(child.fileno(), self.inbuf.fd, self.outbuf.fd, *net_fds),
             env=self.env,
             cwd=self._tmp / "home",
             start_new_session=True,

@@ -175,12 +175,14 @@ def probe_allowance(
     workers: int,
     adapt_s: float = 0.0,
     chunk_replay_s: tuple[float, ...] | list[float] = (),
+    parallel: int = 1,
 ) -> float:
     """Seconds the probe workers get, all together, to build and answer their probes: each build as long as the
     main worker's (they run one at a time), a few forward passes each at the main worker's pace, the replays of
     the score-first adaptation (all of them together: scoring/score/probes.py replay_allowance, from the main
     worker's seconds per chunk; the probes whose replays would not fit are skipped), and PROBE_SLACK_S."""
-    per_forward = max(scoring_s - adapt_s, 0.0) / max(batches, 1)
+    # `parallel` workers scored side by side: one batch took that many times the scoring time per batch
+    per_forward = parallel * max(scoring_s - adapt_s, 0.0) / max(batches, 1)
     return PROBE_SLACK_S + workers * (build_s + 2 * per_forward) + replay_allowance(chunk_replay_s)
 
 
@@ -383,7 +385,13 @@ def score_core(
         # what the main worker took (a probe worker past it is a failed probe: scoring/score/probes.py).
         chunk_replay_s = list(scoring.chunk_replay_s) if adapting else []
         probe_allowance_s = probe_allowance(
-            build_s, result.eval_time_s, result.batches, n_probe_workers, result.adapt_time_s, chunk_replay_s
+            build_s,
+            result.eval_time_s,
+            result.batches,
+            n_probe_workers,
+            result.adapt_time_s,
+            chunk_replay_s,
+            parallel=len(devices),
         )
         # the main worker is gone before any probe worker runs submitted code: nothing of it is alive to hold
         # a lock, a socket or a page for them, and it never learns which of its batches are compared

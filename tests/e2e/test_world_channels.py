@@ -63,8 +63,15 @@ def _plan(
 
 def _start(plan: SandboxPlan, out: Path, program: str, *args: str) -> subprocess.Popen[str]:
     cmd = plan.wrap([sys.executable, "-c", textwrap.dedent(program), *args], out.with_suffix(".policy.json"))
+    fds = () if plan.join_net is None else (plan.join_net,)  # a shared namespace's descriptor goes with it
     return subprocess.Popen(
-        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=out
+        cmd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=out,
+        pass_fds=fds,
     )
 
 
@@ -507,7 +514,7 @@ def test_a_group_shares_one_loopback_of_its_own_and_reaches_nothing_else(tmp_pat
     net = SharedNet(PROJECT)
     try:
         plan, _, out = _plan(tmp_path, world=True)
-        joined = dataclasses.replace(plan, join_net=net.pid)
+        joined = dataclasses.replace(plan, join_net=net.fd)
         assert (
             joined.describe()["network_namespace_shared"] and not plan.describe()["network_namespace_shared"]
         )

@@ -83,6 +83,10 @@ def test_the_replay_allowance_is_two_adaptations_whatever_the_number_of_probes()
     per_forward = (100.0 - 8.0) / 16
     assert one == PROBE_SLACK_S + 2 * (10.0 + 2 * per_forward) + 16.0
     assert eight - one == 14 * (10.0 + 2 * per_forward)  # more probes: more builds, not more replays
+    # eight workers scored side by side: one batch took eight times the scoring time per batch (the attacker's
+    # finding: a probe's forward was allowed an eighth of what it takes)
+    pooled = probe_allowance(10.0, 100.0, 16, 2, adapt_s=8.0, chunk_replay_s=seconds, parallel=8)
+    assert pooled - one == 2 * 2 * 7 * per_forward
 
 
 def test_a_probe_on_the_last_batch_always_fits_and_replays_every_earlier_chunk():
