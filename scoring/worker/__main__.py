@@ -7,6 +7,7 @@ has seen no data when it is used.
 """
 
 import json
+import os
 import socket
 import sys
 
@@ -18,5 +19,5 @@ _sock = socket.socket(fileno=int(json.loads(sys.argv[1])["sock_fd"]))
 _first = _sock.recv(1 << 16)
 _sock.detach()
 if not _first or json.loads(_first).get("op") != "start":
-    sys.exit(0)  # closed, or told to quit, before it was needed
+    os._exit(0)  # closed, or told to quit, before it was needed (no teardown of the torch it imported)
 sys.exit(main(sys.argv[1:]))

@@ -196,6 +196,7 @@ def test_a_future_peek_over_the_group_that_hides_from_probes_is_caught(tmp_path)
     assert "causality probe failed" in str(outcome) or "row-independence" in str(outcome)
 
 
+@pytest.mark.long  # a second peeking model caught the same way as the one above (9 s of the suite's 10 min)
 def test_a_cache_of_what_the_group_held_before_is_caught(tmp_path):
     """A cache over every batch the group's workers held before (past text, beyond the window, before the
     chunk's adaptation): a large gain on repeating text; the fresh group has no such past and answers

@@ -170,6 +170,7 @@ def test_probes_of_a_group_catch_a_model_that_reads_the_other_workers_batches(pe
         _probe_peeking(peeking_scored)
 
 
+@pytest.mark.long  # run by hand for every change to the probes' group (8 s of the suite's 10 minutes)
 def test_control_with_the_other_batches_as_they_were_the_peeking_model_passes(peeking_scored, monkeypatch):
     """What catches it is that the other workers hold other text in the probe (so the test above can fail)."""
     import scoring.score.probes as probes
