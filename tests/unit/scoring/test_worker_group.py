@@ -187,25 +187,12 @@ def test_control_with_the_other_batches_as_they_were_the_peeking_model_passes(pe
 @pytest.mark.long  # a whole scored run, twice (about 20 s on 2 cores): the suite's 10 minutes are nearly spent
 def test_score_artifact_with_a_group_of_two_scores_the_same_bits_and_probes_in_groups(tmp_path, tiny_dataset):
     """The whole scorer: two grouped workers and their probes in fresh groups give one worker's score."""
-    from scoring.score.scorer import score_artifact
+    from tests.unit.scoring.test_worker_pool import score_with_workers
 
-    folder = write_submission(tmp_path / "sub", eval_src=DISTRIBUTED_HOOK)
-    pack_tiny(folder, tmp_path / "a.pgolf")
     cfg = EvalConfig(
         mode="sliding", seq_len=32, batch_seqs=4, stride=16, max_tokens=1024, adapt_chunk_tokens=256
     )
-    one, two = (
-        score_artifact(
-            tmp_path / "a.pgolf",
-            folder,
-            tiny_dataset,
-            cfg,
-            threads=1,
-            probe_cfg=ProbeConfig(probes=1, seed=5),
-            scoring_workers=k,
-        )
-        for k in (1, 2)
-    )
+    one, two = score_with_workers(tmp_path, tiny_dataset, cfg, eval_src=DISTRIBUTED_HOOK)
     assert two["status"] == "ok" and two["probes"]["passed"] and two["probes"]["ran"]
     assert two["val_loss_sum_nats"] == one["val_loss_sum_nats"] and two["val_bpb"] == one["val_bpb"]
     assert "group" not in one["adaptation"]

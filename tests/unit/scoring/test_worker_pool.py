@@ -88,19 +88,18 @@ def test_two_adapting_workers_score_the_same_bits_as_one(tmp_path):
             w.close()
 
 
-@pytest.mark.long  # a whole scored run: minutes of the default suite's 10 on 2 cores
-def test_score_artifact_with_two_scoring_workers_scores_the_same_bits(tmp_path, tiny_dataset):
+def score_with_workers(tmp_path, dataset, cfg: EvalConfig, eval_src: str | None = None) -> list[dict]:
+    """The tiny entry scored whole (score_artifact, one probe) with one scoring worker, then two."""
     from scoring.score.probes import ProbeConfig
     from scoring.score.scorer import score_artifact
 
-    folder = write_submission(tmp_path / "sub")
+    folder = write_submission(tmp_path / "sub", eval_src=eval_src)
     pack_tiny(folder, tmp_path / "a.pgolf")
-    cfg = EvalConfig(mode="sliding", seq_len=32, batch_seqs=4, stride=8, max_tokens=1024)
-    recs = [
+    return [
         score_artifact(
             tmp_path / "a.pgolf",
             folder,
-            tiny_dataset,
+            dataset,
             cfg,
             threads=1,
             probe_cfg=ProbeConfig(probes=1, seed=5),
@@ -108,7 +107,12 @@ def test_score_artifact_with_two_scoring_workers_scores_the_same_bits(tmp_path, 
         )
         for k in (1, 2)
     ]
-    one, two = recs
+
+
+@pytest.mark.long  # a whole scored run: minutes of the default suite's 10 on 2 cores
+def test_score_artifact_with_two_scoring_workers_scores_the_same_bits(tmp_path, tiny_dataset):
+    cfg = EvalConfig(mode="sliding", seq_len=32, batch_seqs=4, stride=8, max_tokens=1024)
+    one, two = score_with_workers(tmp_path, tiny_dataset, cfg)
     assert two["val_loss_sum_nats"] == one["val_loss_sum_nats"] and two["val_bytes"] == one["val_bytes"]
     assert two["val_bpb"] == one["val_bpb"] and two["probes"]["passed"]
     assert two["worker_forwards"] == one["worker_forwards"] == one["eval_batches"]
