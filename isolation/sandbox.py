@@ -394,6 +394,7 @@ class SandboxPlan:
             "world": self.world.policy() if self.world else None,
             "memory_cgroup": self.memory_cgroup,
             "memlock_unlimited": self.memlock_unlimited,
+            "join_net_fd": self.join_net if "net" in self.namespaces else None,
         }
 
     def describe(self) -> dict[str, Any]:
@@ -598,6 +599,11 @@ def enter(policy_path: str, argv: Sequence[str]) -> NoReturn:
     the supervisor's probe, which runs through here too, then records the sandbox as not verified.
     """
     policy = load_policy(policy_path)
+    if policy.get("join_net_fd") is not None:  # nsenter has used it: the confined program never holds it
+        try:
+            os.close(int(policy["join_net_fd"]))
+        except OSError:
+            pass
     if policy["loopback_up"]:
         loopback_up()  # no skipping: in a network namespace without loopback, ranks cannot meet
     world = policy.get("world")

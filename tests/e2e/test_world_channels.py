@@ -496,12 +496,18 @@ except OSError:
 print(json.dumps({"got": got}), flush=True)
 """
 CONNECT = """
-import json, socket, sys
+import json, os, socket, sys
+held = []
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        held.append(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:  # the listing's own descriptor, closed by now
+        pass
 try:
     socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=2).sendall(b"hello")
-    print(json.dumps({"reached": True}))
+    print(json.dumps({"reached": True, "held": held}))
 except OSError as e:
-    print(json.dumps({"reached": False, "why": str(e)}))
+    print(json.dumps({"reached": False, "why": str(e), "held": held}))
 """
 
 
@@ -525,6 +531,7 @@ def test_a_group_shares_one_loopback_of_its_own_and_reaches_nothing_else(tmp_pat
         assert alone["reached"] is False
         peer = _run(joined, out, CONNECT, str(port))  # the control: the same program, joined
         assert peer["reached"] is True
+        assert not [h for h in peer["held"] if h.startswith("net:")]  # the namespace's descriptor was closed
         stdout, _ = listener.communicate(timeout=30)
         assert json.loads(stdout.strip().splitlines()[-1]) == {"got": "hello"}
         with socket.socket() as host:  # the host's loopback, where the scorer and the official live
