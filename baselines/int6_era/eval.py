@@ -61,10 +61,11 @@ def adapt(model, tokens):
                     logits = model(x)
                     loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), reduction="sum")
                     (loss / n).backward()
-                for p in model.parameters():
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-                    dist.all_reduce(p.grad)
+                params = list(model.parameters())  # one all-reduce of every gradient at once, not one per tensor
+                flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).float().reshape(-1) for p in params])
+                dist.all_reduce(flat)
+                for p, g in zip(params, flat.split([p.numel() for p in params]), strict=True):
+                    p.grad = g.view_as(p).to(p.dtype)
             if cfg["ttt_grad_clip"] > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["ttt_grad_clip"])
             model.ttt_optimizer.step()
