@@ -505,7 +505,7 @@ def evaluate(
                             )
                             if b in keep:
                                 kept_chunks[b] = c
-                                held = tuple((g.x_BL, g.valid_BL, g.ranges_B2) for g in group)
+                                held = tuple((q.x_BL, q.valid_BL, q.ranges_B2) for q in group)
                                 keep[b] = keep[b]._replace(group=held, slot=slot)  # type: ignore[union-attr]
                             b += 1
                             bar.update(int(bt.x_BL.shape[0]))

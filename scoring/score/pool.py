@@ -18,12 +18,13 @@ answers otherwise than it scored.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import socket
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import ExitStack
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -33,6 +34,8 @@ from isolation.shared_net import SharedNet
 from scoring.score.remote import WorkerConfig, WorkerFailure, WorkerGroup, WorkerModel, start_worker
 from scoring.statuses import Status
 from scoring.worker.confined import PROJECT_ROOT
+
+T = TypeVar("T")
 
 GROUP_PORT = 29500
 """The rendezvous port in a group's own network namespace (nothing else listens there)."""
@@ -85,10 +88,26 @@ class WorkerPool:
         """Every worker started before any is waited for (a group's workers meet while they build), all waited for
         at once: the first to fail is the answer, not the timeout of another still waiting for it to join."""
         self.start()
-        waits = [self._pool().submit(w.wait_ready) for w in self.workers]
-        for done in as_completed(waits):
-            done.result()
+        self._all([w.wait_ready for w in self.workers])
         _ = self.output_kind
+
+    def _all(self, calls: Sequence[Callable[[], T]]) -> list[T]:
+        """Each call in a thread of its own (one per worker), all ended before this returns. The first to fail is
+        the answer: every worker is killed (a group's others would wait for the failed one in a collective until
+        their timeout, minutes, and a verdict would name the wrong worker), the rest are waited for (no thread
+        still copies out of a buffer that closing frees), and that failure is raised."""
+        futures = [self._pool().submit(c) for c in calls]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        failed = next((f for f in futures if f in done and f.exception() is not None), None)
+        if failed is not None:
+            self.kill()
+            wait(futures)
+            raise failed.exception()  # type: ignore[misc]
+        return [f.result() for f in futures]
+
+    def kill(self) -> None:
+        for w in self.workers:
+            w.kill()
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._threads is None:
@@ -134,7 +153,7 @@ class WorkerPool:
             w.submit(torch.from_numpy(np.ascontiguousarray(x)), r, device=d)
         if len(xs) == 1:
             return [self.workers[0].collect()]
-        return list(self._pool().map(WorkerModel.collect, self.workers[: len(xs)]))
+        return self._all([w.collect for w in self.workers[: len(xs)]])
 
     @property
     def adapt_time_s(self) -> float:
@@ -144,9 +163,11 @@ class WorkerPool:
         t0 = time.perf_counter()
         for w in self.workers:
             w._send({"op": "chunk_begin", "chunk": chunk})
-        for w in self.workers:
-            w._ask(None)
+        self._replies()
         self._chunk_t0 = time.perf_counter() - t0
+
+    def _replies(self) -> None:
+        self._all([functools.partial(w._ask, None) for w in self.workers])
 
     def after_chunk(self, model: Any, chunk: int, scored_tokens: np.ndarray, first_position: int) -> None:
         n = int(scored_tokens.size)
@@ -156,8 +177,8 @@ class WorkerPool:
                 w.inbuf.grow(n * 8)
             w.inbuf.array(np.int64, n)[:] = scored_tokens
             w._send({"op": "adapt", "chunk": chunk, "n": n, "first_position": first_position})
+        self._replies()  # a hook that fails in one worker fails the chunk at once, named by that worker
         for w in self.workers:
-            w._ask(None)
             w.delivered.append((first_position, first_position + n))
         took = time.perf_counter() - t0
         self._adapt_s += took

@@ -70,6 +70,22 @@ class EvalDeadline(RuntimeError):
     """The evaluation ran past its budget (+ grace): the worker was killed."""
 
 
+GROUP_ENV = {
+    "GLOO_SOCKET_IFNAME": "lo",
+    "NCCL_SOCKET_IFNAME": "lo",
+    "NCCL_SHM_DISABLE": "1",
+    "NCCL_IB_DISABLE": "1",
+    "NCCL_NVLS_ENABLE": "0",
+    "NCCL_ALGO": "Ring",
+    "NCCL_PROTO": "Simple",
+}
+"""What a group's workers are given (scoring/worker/group.py). They meet on loopback, on one node; /dev/shm is
+each one's own, so no SHM transport; no InfiniBand probing. The probes compare a fresh group's logits with the
+scored ones bit for bit, after the fresh group replays the adaptation: its all-reduces must sum in the same
+order, so NCCL's algorithm and protocol are fixed (ring, simple) and NVLink SHARP, which reduces in the switch,
+is off."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class WorkerGroup:
     """This worker's place in a group of workers whose adaptation hook may talk (scoring/worker/group.py)."""
@@ -169,8 +185,8 @@ class WorkerModel:
         cmd = [sys.executable, "-P", "-B", "-m", "scoring.worker", json.dumps(spec)]
         policy = self._tmp.with_name(self._tmp.name + "-policy.json")  # outside the worker's own folder
         self.env = worker_env(self._tmp, cfg.threads)  # an allow-list: nothing else of the official's
-        if group is not None:  # the group meets on loopback; /dev/shm is each worker's own (NCCL: no SHM)
-            self.env.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo", NCCL_SHM_DISABLE="1")
+        if group is not None:
+            self.env.update(GROUP_ENV)
         self._oom_kills = kernel_oom_kills()  # the kernel's count before: a SIGKILL is its only if it rose
         self.proc = subprocess.Popen(
             self.plan.wrap(cmd, policy),

@@ -284,6 +284,11 @@ def score_core(
         raise DeviceUnavailable(
             f"scoring_workers={scoring_workers}: this machine has {torch.cuda.device_count()} CUDA device(s)"
         )
+    if dev.type == "cuda" and scoring_workers > 1 and dev.index != 0:
+        raise DeviceUnavailable(
+            f"--device {dev} with {scoring_workers} scoring workers: they take cuda:0 .. cuda:{scoring_workers - 1}; "
+            "give --device cuda:0 (or cuda), or set CUDA_VISIBLE_DEVICES"
+        )
     if dev.type == "cuda":
         # this side page-locks the logits buffers (scoring/worker/pinning.py), as the workers do theirs (their
         # sandbox raises the limit: isolation/sandbox.py memlock_unlimited); a refusal only leaves them pageable
@@ -357,7 +362,16 @@ def score_core(
                 "it was built (data/proof.py); the byte table counts nothing",
             }
         )
-        build_s = max([ready.result(), *(f.result() for f in shards_ready)]) - t_clock  # the last ready
+        building = [
+            ready,
+            *shards_ready,
+        ]  # all at once: a shard that fails is the answer, not the main one's wait
+        concurrent.futures.wait(building, return_when=concurrent.futures.FIRST_EXCEPTION)
+        failed = next((f for f in building if f.done() and f.exception() is not None), None)
+        if failed is not None:
+            pool.kill()  # a group's others would wait for it in the rendezvous until their timeout
+            raise failed.exception()  # type: ignore[misc]
+        build_s = max(f.result() for f in building) - t_clock  # the last ready
         plan = plan_probes(batch_count(tokens, cfg, tokenizer.bos_id, adapting), probe_cfg)
         # the rest of the budget, from now: this process's own preparation after the build is not the entry's
         main.deadline = time.monotonic() + eval_budget_s - build_s if finite else None
@@ -478,6 +492,8 @@ def scoring_device(device: str) -> torch.device:
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():  # the machine's, not the entry's: refused input
         raise DeviceUnavailable(f"--device {device}: this machine has no CUDA device torch can use")
+    if dev.type == "cuda" and dev.index is None:  # "cuda" is the current GPU: named, so every worker's is
+        dev = torch.device("cuda", torch.cuda.current_device())
     return dev
 
 

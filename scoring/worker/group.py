@@ -30,6 +30,8 @@ def join_group(group: dict[str, Any], device: torch.device) -> dict[str, Any]:
     backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs: dict[str, Any] = {}
     if device.type == "cuda":
+        if device.index is None:  # the scorer names every worker's GPU; "cuda" alone is the current one
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
         kwargs["device_id"] = device  # NCCL binds the group to this worker's own GPU at once
     dist.init_process_group(

@@ -223,3 +223,40 @@ def test_a_group_whose_worker_fails_to_build_fails_at_once(tmp_path):
         assert time.monotonic() - t0 < 60
     finally:
         pool.close()
+
+
+RANK_ONE_FAILS_HOOK = '''"""Rank 1 runs out of memory before the all-reduce; rank 0 waits for it there."""
+import torch
+import torch.distributed as dist
+
+
+def adapt(model, tokens):
+    if dist.get_rank() == 1:
+        raise MemoryError("rank one ran out of memory")
+    dist.all_reduce(torch.ones(1))
+'''
+
+
+def test_a_hook_that_fails_in_one_worker_is_named_by_that_worker(tmp_path):
+    """The pool waits for every worker's reply at once: rank 1's own failure is the verdict, not rank 0's broken
+    collective (waited for in order, rank 0 came first: on NCCL it would block until the watchdog)."""
+    from scoring.statuses import Status
+
+    cfg = _entry(tmp_path, eval_src=RANK_ONE_FAILS_HOOK)
+    with ExitStack() as stack:
+        pool = start_pool(cfg, ["cpu", "cpu"], grouped=True, stack=stack)
+        pool.wait_ready()
+        with pytest.raises(WorkerFailure) as failed:
+            _sums(pool, ADAPTING, adapter=pool)
+        assert failed.value.kind == Status.OUT_OF_MEMORY and "rank one" in str(failed.value)
+
+
+def test_cuda_without_an_index_is_the_current_gpu_named(monkeypatch):
+    """`--device cuda` (what the pipeline passes) becomes cuda:N: every worker's device has an index, which
+    torch.cuda.set_device and NCCL's device_id need (a group's rank 0 failed at build before)."""
+    from scoring.score.scorer import scoring_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert scoring_device("cuda") == torch.device("cuda:0")
+    assert scoring_device("cuda:1") == torch.device("cuda:1")
