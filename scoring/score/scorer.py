@@ -417,6 +417,7 @@ def score_core(
         crossing = main.crossing_record()  # the main worker's paths; every scoring worker's bytes
         crossing["logits_bytes"] += sum(w.bytes_read for w in shards)
         crossing["tokens_bytes"] += sum(w.bytes_sent for w in shards)
+        crossing["scorer_by_worker"] = [w.crossing_record()["scorer"] for w in pool.workers]
         adaptation = (
             main.adaptation_record(cfg.adapt_chunk_tokens, sha256_file(code_dir / EVAL_HOOK_FILE))
             if adapting

@@ -24,8 +24,9 @@ import torch
 
 PINNED = "pinned"
 PAGEABLE = "pageable"
-CROSSING_VERSION = 1
-"""Version of the `crossing` sub-record of a score (scoring/score/scorer.py crossing_record)."""
+CROSSING_VERSION = 2
+"""Version of the `crossing` sub-record of a score (scoring/score/remote.py crossing_record). 2: `scorer_by_worker`,
+the scorer's path for every scoring worker's buffer (on a node each worker's GPU registers its own)."""
 HOST_REGISTER_FLAGS = 0
 """cudaHostRegisterDefault: each side registers for its own device's context (the one that copies)."""
 

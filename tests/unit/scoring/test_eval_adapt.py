@@ -219,3 +219,4 @@ def test_score_artifact_runs_the_submission_hook(tmp_path, tiny_dataset):
     crossing = rec["crossing"]
     assert (crossing["scorer"], crossing["worker"]) == ("pageable", "pageable")
     assert crossing["why"] == {"scorer": "cpu", "worker": "cpu"} and crossing["logits_bytes"] > 0
+    assert crossing["version"] == 2 and crossing["scorer_by_worker"] == ["pageable"]  # one worker, one path
