@@ -22,7 +22,7 @@ import functools
 import socket
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from typing import Any, TypeVar
 
@@ -92,11 +92,17 @@ class WorkerPool:
         _ = self.output_kind
 
     def _all(self, calls: Sequence[Callable[[], T]]) -> list[T]:
-        """Each call in a thread of its own (one per worker), all ended before this returns. The first to fail is
-        the answer: every worker is killed (a group's others would wait for the failed one in a collective until
-        their timeout, minutes, and a verdict would name the wrong worker), the rest are waited for (no thread
-        still copies out of a buffer that closing frees), and that failure is raised."""
-        futures = [self._pool().submit(c) for c in calls]
+        return self.gather(self.submit_each(calls))
+
+    def submit_each(self, calls: Sequence[Callable[[], T]]) -> list[Future[T]]:
+        """Each call started in a thread of its own (one per worker); `gather` waits for them."""
+        return [self._pool().submit(c) for c in calls]
+
+    def gather(self, futures: Sequence[Future[T]]) -> list[T]:
+        """The calls' results, all ended before this returns. The first to fail is the answer: every worker is
+        killed (a group's others would wait for the failed one in a collective until their timeout, minutes, and a
+        verdict would name the wrong worker), the rest are waited for (no thread still copies out of a buffer that
+        closing frees), and that failure is raised."""
         done, _ = wait(futures, return_when=FIRST_EXCEPTION)
         failed = next((f for f in futures if f in done and f.exception() is not None), None)
         if failed is not None:
@@ -124,6 +130,18 @@ class WorkerPool:
 
     def describe(self) -> dict[str, Any]:
         return self.workers[0].describe()
+
+    def crossing_record(self) -> dict[str, Any]:
+        """The score's `crossing`: the first worker's record (remote.py WorkerModel.crossing_record), with every
+        worker's bytes summed and this side's path for each worker's buffer (`scorer_by_worker`: on a node, each
+        worker's GPU registers its own)."""
+        records = [w.crossing_record() for w in self.workers]
+        return {
+            **records[0],
+            "logits_bytes": sum(r["logits_bytes"] for r in records),
+            "tokens_bytes": sum(r["tokens_bytes"] for r in records),
+            "scorer_by_worker": [r["scorer"] for r in records],
+        }
 
     # ---- Scorable ----
 

@@ -33,12 +33,11 @@ audit and adaptation records, how each worker was confined, and which layer enfo
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
+import functools
 import math
 import os
 import platform
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
@@ -186,20 +185,11 @@ def probe_allowance(
     return PROBE_SLACK_S + workers * (build_s + 2 * per_forward) + replay_allowance(chunk_replay_s)
 
 
-def _wait_ready_in_background(worker: WorkerModel) -> concurrent.futures.Future[float]:
-    """Wait for the worker's ready in a thread while this one reads the data; the future holds the time the
-    ready arrived (this process's monotonic clock), or the worker's failure. The thread only reads the socket."""
-    future: concurrent.futures.Future[float] = concurrent.futures.Future()
-
-    def wait() -> None:
-        try:
-            worker.wait_ready()
-            future.set_result(time.monotonic())
-        except BaseException as e:  # noqa: BLE001 - handed to the caller
-            future.set_exception(e)
-
-    threading.Thread(target=wait, name="worker-ready", daemon=True).start()
-    return future
+def _ready_at(worker: WorkerModel) -> float:
+    """Wait for the worker's ready (in a pool's thread, while this one reads the data); when it came, by this
+    process's monotonic clock. The thread only reads the socket."""
+    worker.wait_ready()
+    return time.monotonic()
 
 
 def _one_at_a_time(
@@ -306,13 +296,10 @@ def score_core(
         # The eval clock starts now: decoding the artifact, building the model and any warm-up in the worker
         # count against the budget (a model that fitted itself at build time ran 62 s off every clock).
         t_clock = time.monotonic()
-        main.deadline = t_clock + eval_budget_s if finite else None
-        main.start()  # decodes and builds while this process reads the data; probe workers wait idle
-        ready = _wait_ready_in_background(main)
-        for w in shards:
-            w.deadline = main.deadline
-            w.start()
-        shards_ready = [_wait_ready_in_background(w) for w in shards]
+        pool.deadline = t_clock + eval_budget_s if finite else None
+        # started in order, the main one first: each decodes and builds while this process reads the data (probe
+        # workers wait idle)
+        building = pool.submit_each([functools.partial(_ready_at, w) for w in pool.workers])
         # the probe workers get the main one's spec (adaptation included): nothing tells them apart
         probe_cfg_w = dataclasses.replace(worker_cfg, role="probe")
         probe_workers: list[WorkerModel | WorkerPool] = [
@@ -362,21 +349,11 @@ def score_core(
                 "it was built (data/proof.py); the byte table counts nothing",
             }
         )
-        building = [
-            ready,
-            *shards_ready,
-        ]  # all at once: a shard that fails is the answer, not the main one's wait
-        concurrent.futures.wait(building, return_when=concurrent.futures.FIRST_EXCEPTION)
-        failed = next((f for f in building if f.done() and f.exception() is not None), None)
-        if failed is not None:
-            pool.kill()  # a group's others would wait for it in the rendezvous until their timeout
-            raise failed.exception()  # type: ignore[misc]
-        build_s = max(f.result() for f in building) - t_clock  # the last ready
+        # the last ready; all waited for at once (a shard that fails is the answer, not the main one's wait)
+        build_s = max(pool.gather(building)) - t_clock
         plan = plan_probes(batch_count(tokens, cfg, tokenizer.bos_id, adapting), probe_cfg)
         # the rest of the budget, from now: this process's own preparation after the build is not the entry's
-        main.deadline = time.monotonic() + eval_budget_s - build_s if finite else None
-        for w in shards:
-            w.deadline = main.deadline
+        pool.deadline = time.monotonic() + eval_budget_s - build_s if finite else None
         scoring: WorkerModel | WorkerPool = pool if shards else main
         result = evaluate(
             scoring,
@@ -413,11 +390,8 @@ def score_core(
             main._adapt_s = result.adapt_time_s
         main_described = main.describe()
         shards_described = [w.describe() for w in shards]
-        forwards = main.forwards + sum(w.forwards for w in shards)
-        crossing = main.crossing_record()  # the main worker's paths; every scoring worker's bytes
-        crossing["logits_bytes"] += sum(w.bytes_read for w in shards)
-        crossing["tokens_bytes"] += sum(w.bytes_sent for w in shards)
-        crossing["scorer_by_worker"] = [w.crossing_record()["scorer"] for w in pool.workers]
+        forwards = sum(w.forwards for w in pool.workers)
+        crossing = pool.crossing_record()
         adaptation = (
             main.adaptation_record(cfg.adapt_chunk_tokens, sha256_file(code_dir / EVAL_HOOK_FILE))
             if adapting
