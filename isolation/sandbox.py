@@ -362,20 +362,20 @@ class SandboxPlan:
         inner = [sys.executable, "-m", "isolation.sandbox", "enter", str(policy_path), "--", *cmd]
         if not self.namespaces:
             return inner
-        if self.join_net is not None and "net" in self.namespaces:
-            ns = list(_NS_FLAGS)  # the network namespace is the holder's: entered first, never made again
-            nsenter = shutil.which("nsenter") or "nsenter"  # util-linux, as unshare
-            return [
-                nsenter,
-                f"--net=/proc/self/fd/{self.join_net}",
-                "--",
-                str(self.unshare),
-                *ns,
-                "--",
-                *inner,
-            ]
-        ns = list(_NS_FLAGS) + (["--net"] if "net" in self.namespaces else [])
-        return [str(self.unshare), *ns, "--", *inner]
+        joined = self.joined_net
+        # a shared network namespace is the holder's: entered first (util-linux nsenter, as unshare), never made
+        enter_net = (
+            []
+            if joined is None
+            else [shutil.which("nsenter") or "nsenter", f"--net=/proc/self/fd/{joined}", "--"]
+        )
+        ns = list(_NS_FLAGS) + (["--net"] if "net" in self.namespaces and joined is None else [])
+        return [*enter_net, str(self.unshare), *ns, "--", *inner]
+
+    @property
+    def joined_net(self) -> int | None:
+        """`join_net` where this sandbox has a network namespace at all (else there is nothing to join)."""
+        return self.join_net if "net" in self.namespaces else None
 
     def policy(self) -> dict[str, Any]:
         return {
@@ -394,7 +394,7 @@ class SandboxPlan:
             "world": self.world.policy() if self.world else None,
             "memory_cgroup": self.memory_cgroup,
             "memlock_unlimited": self.memlock_unlimited,
-            "join_net_fd": self.join_net if "net" in self.namespaces else None,
+            "join_net_fd": self.joined_net,
         }
 
     def describe(self) -> dict[str, Any]:
@@ -403,7 +403,7 @@ class SandboxPlan:
             "landlock_abi": self.landlock_abi,
             "landlock": self.landlock,
             "namespaces": list(self.namespaces),
-            "network_namespace_shared": self.join_net is not None and "net" in self.namespaces,
+            "network_namespace_shared": self.joined_net is not None,
             "capabilities_dropped": self.drop_caps,
             "signals_scoped": self.scope_signals,
             # enter() gives every sandbox the "world" profile wherever seccomp exists, world or not

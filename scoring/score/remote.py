@@ -157,10 +157,9 @@ class WorkerModel:
             **WORKER_ISOLATION,
         )
         group = cfg.group
-        net_fds: tuple[int, ...] = ()
         if group is not None and group.net_fd is not None:
             self.plan = dataclasses.replace(self.plan, join_net=group.net_fd)
-            net_fds = (group.net_fd,)
+        net_fds = () if self.plan.joined_net is None else (self.plan.joined_net,)  # for nsenter, then closed
         spec = {
             "format": WORKER_SPEC_FORMAT,
             "format_version": WORKER_SPEC_VERSION,

@@ -63,7 +63,8 @@ def _plan(
 
 def _start(plan: SandboxPlan, out: Path, program: str, *args: str) -> subprocess.Popen[str]:
     cmd = plan.wrap([sys.executable, "-c", textwrap.dedent(program), *args], out.with_suffix(".policy.json"))
-    fds = () if plan.join_net is None else (plan.join_net,)  # a shared namespace's descriptor goes with it
+    # a shared namespace's descriptor goes with it
+    fds = () if plan.joined_net is None else (plan.joined_net,)
     return subprocess.Popen(
         cmd,
         stdin=subprocess.PIPE,
