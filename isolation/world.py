@@ -50,6 +50,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from isolation.landlock import is_beneath
+
 WORLD_UID_BASE = 1_500_000_000
 WORLD_UID_SPAN = 1 << 28
 """Worlds run as uid = gid = WORLD_UID_BASE + a random offset below WORLD_UID_SPAN (no account uses them)."""
@@ -258,9 +260,14 @@ def _read_only_folder(path: str) -> None:
     _mount("overlay", path, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV, f"lowerdir={OLD + path}:{EMPTY}")
 
 
-def _bind_read_only(old: str, path: str, facts: dict[str, list[str]]) -> None:
-    _mount(old, path, None, MS_BIND)
+def _bind_read_only(source: str, path: str) -> None:
+    _mount(source, path, None, MS_BIND)
     _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _bind_host_read_only(old: str, path: str, facts: dict[str, list[str]]) -> None:
+    """The host's inode itself, read-only: recorded (its locks are shared with whoever else can open it)."""
+    _bind_read_only(old, path)
     facts["bound_files"].append(path)
 
 
@@ -294,16 +301,12 @@ def _mounts_beneath(path: str, table: Sequence[tuple[str, str, str]]) -> list[st
     return sorted(found, key=lambda p: (p.count("/"), p))
 
 
-def _beneath(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
 def _where_in_file_system(table: Sequence[tuple[str, str, str]], path: str) -> tuple[str, str] | None:
     """(device, path within that file system) of `path` (a path as the table names it), through the mount that
     shows it: the deepest mount point above it, the last one mounted there."""
     best: tuple[str, str, str] | None = None
     for dev, root, point in table:
-        if _beneath(path, point) and (best is None or len(point) >= len(best[2])):
+        if is_beneath(path, point) and (best is None or len(point) >= len(best[2])):
             best = (dev, root, point)
     if best is None:
         return None
@@ -321,7 +324,7 @@ def _shows_protected(
     if not mine:
         return False
     dev, root = mine[-1]
-    return any(dev == pdev and (_beneath(prel, root) or _beneath(root, prel)) for pdev, prel in protected)
+    return any(dev == pdev and (is_beneath(prel, root) or is_beneath(root, prel)) for pdev, prel in protected)
 
 
 @dataclass(frozen=True)
@@ -344,7 +347,7 @@ def _place_mounts_beneath(path: str, facts: dict[str, list[str]], mounts: _OldMo
     placed too, as the folder itself is: a folder as a read-only overlay (its own inodes), a small file as a
     private copy bound over the path; anything else, or an overlay the kernel refuses, as a read-only bind of
     the host's (recorded in bound_files: its locks are shared with whoever else can open it)."""
-    if any(path == top or path.startswith(top + "/") for top in NO_SUBMOUNTS):
+    if any(is_beneath(path, top) for top in NO_SUBMOUNTS):
         return
     for rel in _mounts_beneath(path, mounts.table):
         old = OLD + rel
@@ -361,7 +364,7 @@ def _place_mounts_beneath(path: str, facts: dict[str, list[str]], mounts: _OldMo
             try:
                 _read_only_folder(rel)
             except OSError:
-                _bind_read_only(old, rel, facts)
+                _bind_host_read_only(old, rel, facts)
         elif stat.S_ISREG(st.st_mode) and st.st_size <= SUBMOUNT_COPY_MAX_BYTES:
             os.makedirs(PRIVATE_FILES, mode=0o755, exist_ok=True)
             private = os.path.join(PRIVATE_FILES, str(len(os.listdir(PRIVATE_FILES))))
@@ -372,13 +375,12 @@ def _place_mounts_beneath(path: str, facts: dict[str, list[str]], mounts: _OldMo
             ):  # the root's slack is spent (many such files): the host's inode, read-only, recorded
                 if os.path.exists(private):
                     os.unlink(private)
-                _bind_read_only(old, rel, facts)
+                _bind_host_read_only(old, rel, facts)
                 continue
             os.chmod(private, 0o444 | (stat.S_IMODE(st.st_mode) & 0o111))
-            _mount(private, rel, None, MS_BIND)
-            _mount(None, rel, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+            _bind_read_only(private, rel)
         else:
-            _bind_read_only(old, rel, facts)
+            _bind_host_read_only(old, rel, facts)
 
 
 def _place(
@@ -427,9 +429,7 @@ def _place(
         os.chmod(path, 0o444 | (stat.S_IMODE(st.st_mode) & 0o111))
     else:  # a large file (or something odd): read-only bind, recorded
         Path(path).touch(0o444)
-        _mount(old, path, None, MS_BIND)
-        _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-        facts["bound_files"].append(path)
+        _bind_host_read_only(old, path, facts)
 
 
 def _hand_over(folder: str, uid: int) -> None:
