@@ -47,13 +47,13 @@ class WorkerPool:
     bit as with one worker (every worker computes deterministically: scoring/worker/process.py). As a
     score-first adapter it hands every chunk to every worker, all at once, so their weights stay the same."""
 
-    def __init__(self, workers: list[WorkerModel], nets: Sequence[SharedNet] = ()):
+    def __init__(self, workers: list[WorkerModel], net: SharedNet | None = None):
         if not workers:
             raise ValueError("a worker pool needs at least one worker")
         self.workers = workers
         self._threads: ThreadPoolExecutor | None = None
-        self.nets = list(nets)
-        """The shared network namespace of a group (held until the pool is closed)."""
+        self.net = net
+        """A group's shared network namespace (held until the pool is closed); None: none of its own."""
         self._adapt_s = 0.0
         self.chunk_replay_s: list[float] = []
         """As WorkerModel.chunk_replay_s, for the pool's workers together (they adapt at once)."""
@@ -125,8 +125,8 @@ class WorkerPool:
             w.close()
         if self._threads is not None:
             self._threads.shutdown(wait=True)
-        for net in self.nets:
-            net.close()
+        if self.net is not None:
+            self.net.close()
 
     def describe(self) -> dict[str, Any]:
         return self.workers[0].describe()
@@ -224,24 +224,19 @@ def start_pool(
     """Workers for `devices` (the first is cfg's own place: rank 0), started later by the caller (`start` or
     `wait_ready`); `grouped`: they form a group (module docstring). `net`: whether the sandbox makes network
     namespaces here (default: asked of the machine). Everything started is closed by `stack`."""
-    nets: list[SharedNet] = []
-    port, net_fd = GROUP_PORT, None
-    if grouped and len(devices) > 1:
-        if net if net is not None else shared_net_here(cfg.sandbox):
-            shared = SharedNet(PROJECT_ROOT)
-            stack.callback(shared.close)
-            nets.append(shared)
-            net_fd = shared.fd
-        else:
-            port = _free_port()
+    grouped = grouped and len(devices) > 1  # a group of one is no group
+    shared: SharedNet | None = None
+    port = GROUP_PORT
+    if grouped and (net if net is not None else shared_net_here(cfg.sandbox)):
+        shared = SharedNet(PROJECT_ROOT)
+        stack.callback(shared.close)
+    elif grouped:
+        port = _free_port()
+    net_fd = None if shared is None else shared.fd
     workers = []
     for rank, device in enumerate(devices):
-        group = (
-            WorkerGroup(rank=rank, world_size=len(devices), port=port, net_fd=net_fd)
-            if grouped and len(devices) > 1
-            else None
-        )
+        group = WorkerGroup(rank=rank, world_size=len(devices), port=port, net_fd=net_fd) if grouped else None
         w = start_worker(dataclasses.replace(cfg, device=device, group=group))
         stack.callback(w.close)
         workers.append(w)
-    return WorkerPool(workers, nets)
+    return WorkerPool(workers, shared)

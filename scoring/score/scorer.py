@@ -68,7 +68,7 @@ from scoring.score.evaluate import (
     eval_tokens,
     evaluate,
 )
-from scoring.score.pool import WorkerPool, start_pool
+from scoring.score.pool import WorkerPool, shared_net_here, start_pool
 from scoring.score.probes import (
     PROBE_WORKERS_PER_PROBE,
     ProbeConfig,
@@ -289,9 +289,10 @@ def score_core(
     # with score-first adaptation over several workers, they form a group (scoring/score/pool.py) and so does
     # each probe's set of fresh workers, of the same size on the same devices: a probe looks like scoring
     grouped = adapting and scoring_workers > 1
+    net = grouped and shared_net_here(worker_cfg.sandbox)  # asked of the machine once for every group
     devices = [worker_cfg.device, *shard_devices]
     with ExitStack() as stack:
-        pool = start_pool(worker_cfg, devices, grouped=grouped, stack=stack)
+        pool = start_pool(worker_cfg, devices, grouped=grouped, stack=stack, net=net)
         main, shards = pool.workers[0], pool.workers[1:]
         # The eval clock starts now: decoding the artifact, building the model and any warm-up in the worker
         # count against the budget (a model that fitted itself at build time ran 62 s off every clock).
@@ -303,7 +304,7 @@ def score_core(
         # the probe workers get the main one's spec (adaptation included): nothing tells them apart
         probe_cfg_w = dataclasses.replace(worker_cfg, role="probe")
         probe_workers: list[WorkerModel | WorkerPool] = [
-            start_pool(probe_cfg_w, devices, grouped=True, stack=stack)
+            start_pool(probe_cfg_w, devices, grouped=True, stack=stack, net=net)
             if grouped
             else start_worker(probe_cfg_w)
             for _ in range(n_probe_workers)
@@ -402,7 +403,7 @@ def score_core(
                 "world_size": len(devices),
                 "devices": devices,
                 "network": "a loopback-only namespace of the group's own"
-                if pool.nets
+                if pool.net is not None
                 else "the host's loopback",
                 "probes": "each probe in a fresh group of the same size, every worker given its batch",
             }

@@ -100,7 +100,7 @@ def test_a_group_all_reduces_in_its_hook_scores_as_one_worker_and_passes_its_pro
         one.wait_ready()
         assert [w.facts["group"]["rank"] for w in group.workers] == [0, 1]
         assert one.workers[0].facts["group"] is None
-        assert group.workers[0].plan.describe()["network_namespace_shared"] == bool(group.nets)
+        assert group.workers[0].plan.describe()["network_namespace_shared"] == (group.net is not None)
         grouped, res = _sums(group, ADAPTING, adapter=group, keep_batches=plan.batches, shuffle_seed=2)
         single, res1 = _sums(one, ADAPTING, adapter=one)
         assert res.chunks == res1.chunks > 3
