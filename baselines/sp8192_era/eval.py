@@ -61,11 +61,15 @@ def adapt(model, tokens):
                     logits = model(x)
                     loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1), reduction="sum")
                     (loss / n).backward()
-                params = list(model.parameters())  # one all-reduce of every gradient at once, not one per tensor
-                flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).float().reshape(-1) for p in params])
+                # one all-reduce of every gradient at once, not one per tensor; the count of workers that had
+                # each one last: a parameter no worker had a gradient for is left without one, as one worker would
+                params = list(model.parameters())
+                had = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=params[0].device)
+                flat = torch.cat([*((p.grad if p.grad is not None else torch.zeros_like(p)).float().reshape(-1) for p in params), had])
                 dist.all_reduce(flat)
-                for p, g in zip(params, flat.split([p.numel() for p in params]), strict=True):
-                    p.grad = g.view_as(p).to(p.dtype)
+                *grads, had = flat.split([p.numel() for p in params] + [len(params)])
+                for p, g, n in zip(params, grads, had.tolist(), strict=True):
+                    p.grad = g.view_as(p).to(p.dtype) if n > 0 else None
             if cfg["ttt_grad_clip"] > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["ttt_grad_clip"])
             model.ttt_optimizer.step()
