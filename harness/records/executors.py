@@ -11,7 +11,7 @@ paths: a shared filesystem). Each job runs the harness's own `verify_job` (`veri
 writing, then RUN_DIR/verification.json) and returns the record as JSON text.
 
 Resources per job (flags override each): CPUs = the threads the result was scored with (at least 1);
-GPUs = 1 when the result was scored on CUDA (the re-score is one process on one device), else 0;
+GPUs = the result's scoring workers when it was scored on CUDA (one per GPU: the re-score uses as many), else 0;
 time = twice the track's eval budget plus 10 minutes (6 hours on an untimed track); memory = the
 partition's default.
 
@@ -66,6 +66,7 @@ from harness.records.verify import (
     is_scored,
     not_a_result,
     read_result,
+    recorded_scoring_workers,
     resolve_inputs,
     result_digest,
     score_checks,
@@ -117,7 +118,7 @@ class ExecutorConfig:
     cpus: int | None = None
     """CPUs per job (None: the threads the result was scored with, at least 1)."""
     gpus: int | None = None
-    """GPUs per job (None: 1 when the result was scored on CUDA, else 0)."""
+    """GPUs per job (None: the result's scoring workers when it was scored on CUDA, else 0)."""
     mem_gb: float | None = None
     """Memory per job in GB (None: the partition's default)."""
     max_parallel: int = 0
@@ -164,7 +165,9 @@ def resources_for(result: dict[str, Any], vcfg: VerifyConfig, ecfg: ExecutorConf
         time_min = UNTIMED_JOB_MIN
     return JobResources(
         cpus=ecfg.cpus or max(1, threads),
-        gpus=ecfg.gpus if ecfg.gpus is not None else int(device.startswith("cuda")),
+        gpus=ecfg.gpus
+        if ecfg.gpus is not None
+        else (vcfg.scoring_workers or recorded_scoring_workers(result)) * int(device.startswith("cuda")),
         time_min=time_min,
         mem_gb=ecfg.mem_gb,
     )
@@ -185,6 +188,7 @@ def verify_job(task_json: str) -> str:
         threads=int(task["threads"]),
         timeout_s=float(task["timeout_s"]),
         allow_missing_layers=tuple(task.get("allow_missing_layers", ())),
+        scoring_workers=task.get("scoring_workers"),
     )
     record = verify_result(
         task["run_dir"], submission=task["submission"], data=task["data"], cfg=cfg, write=False
@@ -532,6 +536,7 @@ def run_verifications(
                     "threads": vcfg.threads,
                     "timeout_s": vcfg.timeout_s,
                     "allow_missing_layers": list(vcfg.allow_missing_layers),
+                    "scoring_workers": vcfg.scoring_workers,
                 }
                 item.job = submit(executor, ecfg, item, task)
                 in_flight.append(item)

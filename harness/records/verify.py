@@ -78,9 +78,15 @@ class VerifyConfig:
     allow_missing_layers: tuple[str, ...] = ()
     """Isolation layers the verifying official accepts as missing on this machine (the re-score's model
     workers run under the track's sandbox rule, 'required' on record tracks); recorded in the re-score."""
+    scoring_workers: int | None = None
+    """Model workers of the re-score; None: as many as the result was scored with (`scoring_workers` of its score
+    record). With score-first adaptation they form a group whose size the bits depend on; with fewer GPUs than
+    that, another count re-scores it, and the difference is then the tolerance's to judge."""
 
     def __post_init__(self) -> None:
         parse_layers(self.allow_missing_layers, "--allow-missing-layer")
+        if self.scoring_workers is not None and self.scoring_workers < 1:
+            raise ValueError(f"--scoring-workers must be >= 1, got {self.scoring_workers}")
         if not self.tol_bpb >= 0:
             raise ValueError(f"--tol-bpb must be >= 0, got {self.tol_bpb}")
         if self.threads < 0 or self.timeout_s <= 0:
@@ -289,7 +295,13 @@ def rescore_request(
         protect=(data_dir,),
         allow_missing_layers=cfg.allow_missing_layers,
         json_out=out,
+        scoring_workers=cfg.scoring_workers or recorded_scoring_workers(result),
     )
+
+
+def recorded_scoring_workers(result: dict[str, Any]) -> int:
+    """The model workers the result was scored with (one in records from before the count)."""
+    return int(((result.get("phases") or {}).get("score") or {}).get("scoring_workers") or 1)
 
 
 def verify_sandbox(result: dict[str, Any]) -> str:

@@ -61,6 +61,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         device=args.device,
         threads=args.threads,
         allow_missing_layers=parse_layers(args.allow_missing_layer, "--allow-missing-layer"),
+        scoring_workers=args.scoring_workers,
     )
     paths: list[str] = args.result
     if args.executor == "inline":
@@ -116,6 +117,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", help="re-score device (default: the one the result was scored on)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: as recorded)")
     p.add_argument(
+        "--scoring-workers",
+        type=int,
+        default=None,
+        help="model workers of the re-score (default: as many as the result was scored with; on CUDA one per GPU)",
+    )
+    p.add_argument(
         "--allow-missing-layer",
         action="append",
         default=[],
@@ -146,7 +153,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--time-min", type=int, help="job time limit in minutes (default: 2x the track's eval budget + 10)"
     )
     p.add_argument("--cpus", type=int, help="CPUs per job (default: the threads the result was scored with)")
-    p.add_argument("--gpus", type=int, help="GPUs per job (default: 1 if the result was scored on CUDA)")
+    p.add_argument(
+        "--gpus", type=int, help="GPUs per job (default: the result's scoring workers if it was scored on CUDA)"
+    )
     p.add_argument("--mem-gb", type=float, help="memory per job in GB (default: the partition's default)")
     p.add_argument(
         "--max-parallel",

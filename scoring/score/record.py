@@ -80,6 +80,9 @@ class ScoreRecord:
     crossing: dict[str, Any] | None = None
     """How the logits crossed from the model worker (version 1: scoring/worker/pinning.py): `scorer` and `worker`
     "pinned" or "pageable" (the worker's as it reported it), `why` each, and the bytes; None before it."""
+    scoring_workers: int | None = None
+    """Model workers the windows were sharded over. With score-first adaptation they were a group, and the bits
+    depend on its size: a re-score uses as many (`pgolf verify`). None in records from before it: one."""
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -157,9 +160,10 @@ _SCORE_FIELDS: dict[str, Types] = {
     "eval_clock": _DICT_OR_NONE,
     "denominator": _DICT_OR_NONE,
     "crossing": _DICT_OR_NONE,
+    "scoring_workers": _INT_OR_NONE,
 }
 """Each field of ScoreRecord with the JSON types it may hold (numbers must be finite)."""
-_OPTIONAL = frozenset({"eval_clock", "denominator", "crossing"})
+_OPTIONAL = frozenset({"eval_clock", "denominator", "crossing", "scoring_workers"})
 """Fields a record from before them may lack."""
 _NON_NEGATIVE = frozenset(
     {"val_tokens", "val_bytes", "val_tokens_available", "val_loss_sum_nats", "eval_time_s", "score_wall_s"}

@@ -598,4 +598,5 @@ def score_artifact(
         tokenizer_sha256=core.tokenizer_sha256,
         torch=torch.__version__,
         crossing=core.crossing,
+        scoring_workers=scoring_workers,
     ).to_json()

@@ -55,6 +55,10 @@ def test_resources_follow_the_result_and_the_track_and_flags_override():
     )
     # --device cpu re-scores a CUDA result on CPU: no GPU asked for
     assert resources_for(gpu_result, VerifyConfig(device="cpu"), ExecutorConfig(kind="slurm")).gpus == 0
+    # scored by eight workers (one per GPU, a group with its adaptation): the re-score takes as many
+    gpu_result["phases"]["score"]["scoring_workers"] = 8
+    assert resources_for(gpu_result, VerifyConfig(), ExecutorConfig(kind="slurm")).gpus == 8
+    assert resources_for(gpu_result, VerifyConfig(scoring_workers=2), ExecutorConfig(kind="slurm")).gpus == 2
     flags = ExecutorConfig(kind="slurm", cpus=8, gpus=2, time_min=5, mem_gb=3.5)
     assert resources_for(RESULT, VerifyConfig(threads=1), flags) == JobResources(
         cpus=8, gpus=2, time_min=5, mem_gb=3.5

@@ -139,3 +139,31 @@ def test_a_harness_failure_is_error_keeping_the_verdict_and_a_batch_takes_any_fo
     verdicts = [json.loads(x) for x in ledger.read_text().splitlines() if '"pg-verification"' in x]
     assert [v["status"] for v in verdicts if v["run_dir"] == str(run_dir)] == ["verified"]
     assert "no CUDA device" in (run_dir / "verify_error.log").read_text()
+
+
+def test_the_rescore_takes_as_many_scoring_workers_as_the_score_had(run, tmp_path):
+    """A group's bits depend on its size (score-first adaptation over K workers): verify re-scores with the K the
+    score record names, one for a record from before the count, or the official's --scoring-workers."""
+    from harness.records.verify import rescore_request
+
+    run_dir, folder, _, result = run
+    assert result["phases"]["score"]["scoring_workers"] == 1  # the scorer records it
+
+    def request(res, cfg=VerifyConfig()):
+        return rescore_request(
+            res, run_dir / "artifact.pgolf", folder, tmp_path, tmp_path / "o.json", tmp_path, cfg
+        )
+
+    assert request(result).scoring_workers == 1
+    eight = json.loads(json.dumps(result))
+    eight["phases"]["score"]["scoring_workers"] = 8
+    assert request(eight).scoring_workers == 8
+    assert (
+        "--scoring-workers" in (argv := request(eight).to_argv())
+        and argv[argv.index("--scoring-workers") + 1] == "8"
+    )
+    assert request(eight, VerifyConfig(scoring_workers=2)).scoring_workers == 2
+    del eight["phases"]["score"]["scoring_workers"]
+    assert request(eight).scoring_workers == 1
+    with pytest.raises(ValueError, match="--scoring-workers must be >= 1"):
+        VerifyConfig(scoring_workers=0)

@@ -117,6 +117,7 @@ def test_score_artifact_with_two_scoring_workers_scores_the_same_bits(tmp_path, 
     assert two["val_bpb"] == one["val_bpb"] and two["probes"]["passed"]
     assert two["worker_forwards"] == one["worker_forwards"] == one["eval_batches"]
     assert len(two["workers"]) == len(one["workers"]) + 1  # the shard's isolation recorded too
+    assert (one["scoring_workers"], two["scoring_workers"]) == (1, 2)  # what a re-score takes (pgolf verify)
 
 
 def test_on_cuda_each_answer_is_scored_on_its_workers_gpu():
