@@ -26,6 +26,13 @@ sp8192_era: pass --data once per vocabulary); without --data, the embedded corpu
    baseline's same train() with the same config for --bare-s seconds, a clock that only reads time, no
    torchrun, no sandbox: the steady ms/step through the harness over the bare one is the harness's cost
    per step.
+4. group (on a node: two GPUs or more, --group-workers K, default every GPU up to 8): each adapting baseline's
+   artifact (an eval.py hook: int6_era, sp8192_era) re-scored by K scoring workers through `pgolf verify`'s
+   re-score, as `pgolf run` scores on a node. They form a group (NCCL between their sandboxes, in the group's own
+   network namespace) and train each chunk together. One line: val_bpb beside the one-worker score (the sums run
+   in another order), the adaptation's ms per chunk both ways, the scoring time, and the crossing with the
+   scorer's path for each worker's buffer (pinned or pageable). These are the figures the 8-GPU estimate in
+   docs/OFFICIALS.md lacks. One GPU cannot host a group: NCCL refuses two ranks on one GPU.
 
 Two tables end the output. The first puts each run's steady ms/step (between the 2nd and the last logged
 step; every step is logged) beside its record's own: the record ran 8 GPUs with the same global batch,
@@ -574,6 +581,67 @@ def run_and_verify(
     return got
 
 
+GROUP_OVERHEAD_S = 120.0
+"""Seconds a group re-score takes beyond the run's own scoring time: K workers' start (each imports torch and starts
+CUDA), the group's rendezvous, and its probes in fresh groups (a guess: not yet run on a node)."""
+
+
+def group_workers_default(device: str) -> int:
+    """The group part's size on this machine: every GPU (at most 8, a node) when there are two or more; else none
+    (NCCL refuses two ranks on one GPU)."""
+    if device != "cuda":
+        return 0
+    import torch
+
+    n = min(torch.cuda.device_count(), 8)
+    return n if n >= 2 else 0
+
+
+def group_rescore(run_dir: Path, workers: int, timeout_s: float) -> dict[str, Any]:
+    """The run's artifact scored again, its windows sharded over `workers` model workers, as `pgolf run` scores on a
+    node: with the entry's adaptation hook they form a group (NCCL on CUDA, in their shared network namespace;
+    scoring/worker/group.py), each worker's logits crossing to the scorer over its own GPU's link. Through
+    `pgolf verify`'s re-score (a fresh scorer process, the run's own settings and probes). Returns the score record;
+    ValueError with the re-score's own line when it failed."""
+    from harness.records.verify import VerifyConfig, read_result, rescore, resolve_inputs
+
+    _, run_dir, result = read_result(run_dir)
+    code_dir, data_dir = resolve_inputs(run_dir, result, None, None)
+    if code_dir is None or data_dir is None:
+        raise ValueError(f"{run_dir}: the run kept no code or names no dataset to re-score with")
+    record, tail = rescore(
+        result, run_dir, code_dir, data_dir, VerifyConfig(scoring_workers=workers, timeout_s=timeout_s)
+    )
+    if record is None:
+        raise ValueError(tail)
+    return record
+
+
+def group_line(one: dict[str, Any], group: dict[str, Any]) -> str:
+    """What the group re-score measured beside the run's own score (one worker): val_bpb and its difference (the
+    group's sums run in another order), the adaptation's time per chunk, the scoring time and the crossing with
+    this side's path for each worker's buffer."""
+    k = int(group.get("scoring_workers") or 1)
+    ad, ad1 = group.get("adaptation") or {}, one.get("adaptation") or {}
+    t, t1 = (
+        (group.get("eval_clock") or {}).get("scoring_time_s"),
+        (one.get("eval_clock") or {}).get("scoring_time_s"),
+    )
+    cross = group.get("crossing") or {}
+    paths = ",".join(str(p) for p in cross.get("scorer_by_worker") or []) or "-"
+    per_chunk = [
+        f"{1000 * float(a['adapt_time_s']) / max(int(a['chunks']), 1):,.0f}" if a.get("chunks") else "-"
+        for a in (ad1, ad)
+    ]
+    return (
+        f"{k} workers{' (a group: ' + str((ad.get('group') or {}).get('network')) + ')' if ad.get('group') else ''}: "
+        f"val_bpb {group['val_bpb']:.6f} (one worker {one['val_bpb']:.6f}, difference "
+        f"{group['val_bpb'] - one['val_bpb']:+.2e}); probes {'passed' if (group.get('probes') or {}).get('passed') else 'FAILED'}; "
+        f"adaptation ms/chunk {per_chunk[1]} (one worker {per_chunk[0]}); scoring {fmt(t)} s (one worker {fmt(t1)} s); "
+        f"crossing {crossing_line(cross, t, int(group.get('val_tokens') or 0))}, scorer side by worker {paths}"
+    )
+
+
 def fmt(v: float | None, spec: str = ".1f") -> str:
     return "-" if v is None else format(v, spec)
 
@@ -610,6 +678,34 @@ def machine_lines() -> list[str]:
     return out
 
 
+def group_part(
+    label: str,
+    run_dir: Path,
+    k: int,
+    score_s: float | None,
+    t_start: float,
+    max_total_s: float,
+    out: dict[str, str],
+) -> None:
+    """The group part of one adapting run (group_rescore): one line, FAILED or SKIPPED with the reason."""
+    from harness.records.verify import read_result
+
+    need = 2 * (score_s or 60.0) + GROUP_OVERHEAD_S
+    if time.time() - t_start + need > max_total_s:
+        out[label] = f"SKIPPED: its estimate ({need:.0f} s) would end past --max-total-s {max_total_s:.0f} s"
+    else:
+        print(f"== {label}: its artifact re-scored by {k} scoring workers", flush=True)
+        t0 = time.time()
+        try:
+            one = read_result(run_dir)[2]["phases"]["score"]
+            out[label] = group_line(one, group_rescore(run_dir, k, timeout_s=max(need, 600.0))) + (
+                f"; {time.time() - t0:.0f} s in all"
+            )
+        except Exception as e:  # noqa: BLE001 - the group's failure is one line, the rest of the check goes on
+            out[label] = f"FAILED: {one_line(e)}"
+    print(f"  {label}: group: {out[label]}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -644,6 +740,13 @@ def main(argv: list[str] | None = None) -> int:
         "on cpu)",
     )
     ap.add_argument("--no-verify", action="store_true", help="skip `pgolf verify` of each scored run")
+    ap.add_argument(
+        "--group-workers",
+        type=int,
+        default=None,
+        help="re-score each adapting baseline's artifact with this many scoring workers, a group (default: every "
+        "GPU when there are two or more, at most 8; 0: no group part)",
+    )
     ap.add_argument(
         "--preset",
         "--shape",
@@ -728,6 +831,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     if missing and not track_overrides_blocked(args.set):
         print(isolation_note(missing), flush=True)
+    group_k = args.group_workers if args.group_workers is not None else group_workers_default(args.device)
+    if group_k < 2:
+        print(
+            "  group: none (a group needs two or more GPUs: NCCL refuses two ranks on one; --group-workers K)",
+            flush=True,
+        )
+    groups: dict[str, str] = {}
     rows: list[Row] = []
     outcomes: list[Outcome] = []
     steady: dict[str, float] = {}
@@ -819,6 +929,8 @@ def main(argv: list[str] | None = None) -> int:
                     if got.sandbox:
                         print(f"  {label}: sandbox: {got.sandbox}", flush=True)
                     print(f"  {label}: crossing: {got.crossing}", flush=True)
+                    if group_k >= 2 and got.status == "ok" and (sub / "eval.py").is_file():
+                        group_part(label, wd, group_k, got.score_s, t_start, args.max_total_s, groups)
                     if got.train_s and got.steps:
                         tokens = cfg.train["train_batch_tokens"] * got.steps
                         tps[label] = tokens / got.train_s
@@ -885,14 +997,17 @@ def main(argv: list[str] | None = None) -> int:
                     "records": [asdict(r) for r in rows],
                     "runs": [asdict(o) for o in outcomes],
                     "harness_over_bare": ratio,
+                    "groups": groups,
                     "tokens_per_s": tps,
                     "total_s": total,
                 },
                 indent=1,
             )
         )
-    ok = all(r.status in ("ok", "skipped") for r in rows) and all(
-        o.status in ("ok", "skipped") and o.verify in ("verified", "-") for o in outcomes
+    ok = (
+        all(r.status in ("ok", "skipped") for r in rows)
+        and all(o.status in ("ok", "skipped") and o.verify in ("verified", "-") for o in outcomes)
+        and not any(line.startswith("FAILED") for line in groups.values())
     )
     return 0 if ok else 1
 

@@ -301,3 +301,54 @@ def test_the_check_runs_on_a_host_that_lacks_layers(monkeypatch, capsys, tmp_pat
         and got["runs"][0]["verify"] == "-"
     )
     assert json.loads((tmp_path / "naive_baseline-harness" / "result.json").read_text())["track"] == "smoke"
+
+
+def test_the_group_line_sets_the_group_beside_one_worker(tmp_path) -> None:
+    """The group part's line (a node's figure the 8-GPU estimate lacks): the difference from one worker's score,
+    the adaptation's ms per chunk both ways, the scorer's path for each worker's buffer; its failure one line."""
+    one = {
+        "val_bpb": 1.25,
+        "adaptation": {"chunks": 4, "adapt_time_s": 8.0},
+        "eval_clock": {"scoring_time_s": 40.0},
+    }
+    group = {
+        "val_bpb": 1.25 + 3e-9,
+        "scoring_workers": 8,
+        "val_tokens": 1_000_000,
+        "probes": {"passed": True},
+        "adaptation": {"chunks": 4, "adapt_time_s": 1.2, "group": {"network": "a loopback-only namespace"}},
+        "eval_clock": {"scoring_time_s": 6.0},
+        "crossing": {
+            "scorer": "pinned",
+            "worker": "pinned",
+            "logits_bytes": 12e9,
+            "scorer_by_worker": ["pinned"] * 7 + ["pageable"],
+        },
+    }
+    line = gc.group_line(one, group)
+    assert line.startswith("8 workers (a group: a loopback-only namespace): val_bpb 1.250000"), line
+    assert "difference +3.00e-09" in line and "probes passed" in line
+    assert (
+        "adaptation ms/chunk 300 (one worker 2,000)" in line and "scoring 6.0 s (one worker 40.0 s)" in line
+    )
+    assert "pinned/pinned 2.00 GB/s 167 k tok/s" in line and line.endswith(
+        "pinned,pinned,pinned,pinned,pinned,pinned,pinned,pageable"
+    )
+    assert gc.group_workers_default("cpu") == 0
+    out: dict[str, str] = {}
+    gc.group_part("x", tmp_path, 2, None, 0.0, 1e12, out)  # no run there
+    assert out["x"].startswith("FAILED: ") and len(out["x"].splitlines()) == 1
+    gc.group_part("y", tmp_path, 2, 30.0, 0.0, 100.0, out)  # 2 x 30 + 120 s past the cut
+    assert out["y"].startswith("SKIPPED: its estimate (180 s)")
+
+
+@pytest.mark.long  # about a minute on 2 cores: a tiny int6_era run, then its artifact re-scored by a group of two
+def test_the_group_part_rescores_an_adapting_run_with_a_group(capsys, tmp_path) -> None:
+    argv = ["--device", "cpu", "--baselines", "int6_era", "--train-s", "4", "--eval-tokens", "2048"]
+    rc = gc.main([*argv, "--no-verify", "--group-workers", "2", "--workdir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    m = re.search(
+        r"int6_era: group: 2 workers \(a group: .*\): .* difference ([-+][\d.e-]+)\); probes passed", out
+    )
+    assert m and abs(float(m.group(1))) < 1e-6, out
