@@ -16,8 +16,9 @@ fails the build. The counts go beside the validation shards in `val_bytes.bin`:
 
 The file size must be exactly 1024 + 2 * tokens + 4 * docs bytes. The scorer (scoring/score/scorer.py)
 loads it through `load_canonical_bytes`, which checks it against the manifest (sha256, counts), the
-validation tokens (a zero at every BOS and nowhere a document has text) and itself (each document's
-token counts sum to its canonical byte count), and a scored target then counts `counts[position]`:
+validation tokens (a zero at every BOS and nowhere a document has text), itself (each document's
+token counts sum to its canonical byte count) and the tokenizer (each count is what its token's piece
+spells, `check_spelled`), and a scored target then counts `counts[position]`:
 a windowed or subset evaluation counts exactly the bytes its scored tokens cover, and two tokenizers
 scored on the same documents divide by the same total.
 """
@@ -177,4 +178,48 @@ def load_canonical_bytes(
         )
     vb = read_val_bytes(path)
     check_val_bytes(vb, tokens, bos_id, str(path))
+    check_spelled(vb, tokens, bos_id, spelled_lengths(root, manifest_raw), str(path))
     return CanonicalBytes(vb.token_bytes.astype(np.int64), vocab_size)
+
+
+def spelled_lengths(root: str | os.PathLike[str], manifest_raw: dict[str, Any]) -> Any:
+    """What each piece of the dataset's tokenizer spells (data/proof.py PieceLengths: a declared transform's
+    markers 0), the harness's own spelling: what the build counted each token as."""
+    from data.proof import declared_tokenizer, piece_lengths
+    from data.tokenizer import load_tokenizer
+
+    block = canonical_entry(manifest_raw) or {}
+    markers = tuple(block.get("markers") or ())
+    inner = load_tokenizer(Path(root) / str(manifest_raw["tokenizer"]["file"]))
+    declared = (str(block.get("transform")), markers) if markers else None
+    try:
+        spell = piece_lengths(declared_tokenizer(inner, declared))
+    except ValueError as e:
+        raise CanonicalBytesError(f"{root}: the byte counts' tokenizer cannot be spelled: {e}") from e
+    if spell is None:
+        raise CanonicalBytesError(
+            f"{root}: the harness cannot spell this tokenizer's pieces, so no byte counts can belong to it"
+        )
+    return spell
+
+
+def check_spelled(vb: ValBytes, tokens: np.ndarray, bos_id: int, spell: Any, where: str) -> None:
+    """Each token counts the bytes its piece spells (a leading "▁" nothing right after its document's BOS, 0
+    at a BOS), as the build counted them: counts that sum right but are not the tokens' spelling (inflated
+    with each document's total and the manifest's sha256 rewritten) are refused."""
+    t = np.asarray(tokens).astype(np.int64)
+    if t.size and int(t.max()) >= spell.lengths.size:
+        raise CanonicalBytesError(f"{where}: a validation token id beyond the tokenizer's vocabulary")
+    want = spell.lengths[t].copy()
+    after_bos = np.zeros(t.size, dtype=np.bool_)
+    after_bos[1:] = t[:-1] == bos_id
+    want -= spell.lead_space[t] & after_bos
+    want[t == bos_id] = 0
+    bad = np.flatnonzero(vb.token_bytes.astype(np.int64) != want)
+    if bad.size:
+        i = int(bad[0])
+        raise CanonicalBytesError(
+            f"{where}: validation token {i:,} (id {int(t[i])}, piece {spell.pieces[int(t[i])]!r}) counts "
+            f"{int(vb.token_bytes[i])} bytes, its piece spells {int(want[i])} ({bad.size:,} token(s) differ): "
+            "the byte counts are not what the tokens spell. HINT: rebuild the dataset with `pgolf data build`"
+        )

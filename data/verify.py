@@ -14,7 +14,8 @@ folder built elsewhere. Each overlapping training document is a problem naming b
 
 The canonical byte counts (`val_bytes.bin`, manifest version 3: data/canonical.py) are checked against
 the manifest's sha256 and against the validation tokens: one count per token, 0 at each BOS, each
-document's counts summing to its canonical byte count.
+document's counts summing to its canonical byte count, each count what its token's piece spells (the
+dataset's tokenizer, a declared transform's markers 0), as the build counted it.
 
 The result is a table, one row per file; the exit status is 0 when every check holds, 1 otherwise
 (2 when the folder is not a dataset at all).
