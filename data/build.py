@@ -85,6 +85,7 @@ from data.proof import (
     choose_canonical,
     declared_tokenizer,
     piece_lengths,
+    refuse_long_pieces,
     split_transforms,
 )
 from data.shards import TOKEN_DTYPE, read_split, shard_name, write_shard
@@ -251,6 +252,7 @@ class ProvingEncoder:
         self.markers: tuple[str, ...] = () if declared is None else tuple(declared[1])
         self.tok: Tokenizer = declared_tokenizer(self.inner, declared)
         self.canon = canonical_function(spec.canonical)
+        refuse_long_pieces(self.tok)
         spell = piece_lengths(self.tok)
         if spell is None:
             raise ValueError(

@@ -185,7 +185,7 @@ def load_canonical_bytes(
 def spelled_lengths(root: str | os.PathLike[str], manifest_raw: dict[str, Any]) -> Any:
     """What each piece of the dataset's tokenizer spells (data/proof.py PieceLengths: a declared transform's
     markers 0), the harness's own spelling: what the build counted each token as."""
-    from data.proof import declared_tokenizer, piece_lengths
+    from data.proof import declared_tokenizer, piece_lengths, refuse_long_pieces
     from data.tokenizer import load_tokenizer
 
     block = canonical_entry(manifest_raw) or {}
@@ -193,7 +193,9 @@ def spelled_lengths(root: str | os.PathLike[str], manifest_raw: dict[str, Any]) 
     inner = load_tokenizer(Path(root) / str(manifest_raw["tokenizer"]["file"]))
     declared = (str(block.get("transform")), markers) if markers else None
     try:
-        spell = piece_lengths(declared_tokenizer(inner, declared))
+        tok = declared_tokenizer(inner, declared)
+        refuse_long_pieces(tok)
+        spell = piece_lengths(tok)
     except ValueError as e:
         raise CanonicalBytesError(f"{root}: the byte counts' tokenizer cannot be spelled: {e}") from e
     if spell is None:

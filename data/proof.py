@@ -311,6 +311,37 @@ class TransformedTokenizer:
         return ByteTable(base, space, boundary)
 
 
+# ---- the pieces' length: an entry's own tokenizer holds no long text ----
+
+MAX_PIECE_CHARS = 16
+"""The most characters a piece of a SentencePiece tokenizer may spell (its leading "▁" included): SentencePiece's
+own trainer bound (`max_sentencepiece_length`), and the longest piece of the official sp1024 (12) and sp8192 (16).
+A tokenizer does not count toward the cap, and its pieces are chosen by the entry: with pieces of any length it
+could hold the validation text itself, each document a few tokens of consecutive ids."""
+
+
+def refuse_long_pieces(tok: Tokenizer) -> None:
+    """ValueError (one line) when a piece of the tokenizer (a transform's inner one) spells more than
+    MAX_PIECE_CHARS characters; control, unknown, unused and byte pieces spell nothing or one byte."""
+    inner = tok.inner if isinstance(tok, TransformedTokenizer) else tok
+    if not isinstance(inner, SentencePieceTokenizer):
+        return
+    sp = inner.sp
+    long = [
+        i
+        for i in range(inner.vocab_size)
+        if len(sp.id_to_piece(i)) > MAX_PIECE_CHARS
+        and not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i))
+    ]
+    if long:
+        piece = sp.id_to_piece(long[0])
+        raise ValueError(
+            f"tokenizer {inner.path.name}: {len(long):,} piece(s) longer than {MAX_PIECE_CHARS} characters, the first id "
+            f"{long[0]} of {len(piece):,} ({piece[:24]!r}…): a tokenizer does not count toward the cap, so a piece may "
+            f"spell at most {MAX_PIECE_CHARS} characters (SentencePiece's own bound, max_sentencepiece_length)"
+        )
+
+
 # ---- the harness's own spelling of the pieces (for (c) and for locating a count failure) ----
 
 
@@ -612,6 +643,7 @@ def _prove(
 ) -> ProofReport:
     t0 = time.perf_counter()
     tok = declared_tokenizer(inner, None if transforms is None else (transforms.name, transforms.markers))
+    refuse_long_pieces(tok)
     name = choose_canonical(inner, child) if canonical == "auto" else canonical
     canon = canonical_function(name)
     table = tok.byte_table() if table is None else table

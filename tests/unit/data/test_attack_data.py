@@ -9,10 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from torch import nn
 
 from data.build import build_dataset
 from data.canonical import (
     VAL_BYTES_NAME,
+    CanonicalBytes,
     CanonicalBytesError,
     load_canonical_bytes,
     read_val_bytes,
@@ -20,9 +23,28 @@ from data.canonical import (
 )
 from data.io import sha256_file
 from data.manifest import MANIFEST_NAME, load_manifest
+from data.proof import sp1024_canonical
 from data.shards import read_split
+from data.tokenizer import SPACE_MARK
 from data.verify import verify_dataset
+from scoring.score.evaluate import EvalConfig, evaluate
+from tests.conftest import SAMPLE_JSONL, SP1024, require_shared
 from tests.fixtures.texts import prose_documents
+
+
+def sample_docs(n: int) -> list[str]:
+    """The first n documents of sample.jsonl (never the holdout)."""
+    require_shared(SAMPLE_JSONL)
+    with open(SAMPLE_JSONL, encoding="utf-8") as f:
+        return [json.loads(line)["text"] for _, line in zip(range(n), f, strict=False)]
+
+
+def _canonical(ds: Path) -> CanonicalBytes:
+    m = load_manifest(ds)
+    c = load_canonical_bytes(ds, m.raw, read_split(ds, "val"), m.vocab_size, m.bos_id)
+    assert c is not None
+    return c
+
 
 # ---- val_bytes.bin: counts inflated consistently, the manifest's sha256 and totals fixed ----
 
@@ -54,10 +76,7 @@ def _inflate_counts(ds: Path, extra: int) -> None:
 
 
 def _counts(ds: Path) -> np.ndarray:
-    m = load_manifest(ds)
-    c = load_canonical_bytes(ds, m.raw, read_split(ds, "val"), m.vocab_size, m.bos_id)
-    assert c is not None
-    return c.counts
+    return _canonical(ds).counts
 
 
 def test_control_an_honest_dataset_verifies_and_loads(small):
@@ -75,3 +94,62 @@ def test_counts_inflated_with_the_manifest_rewritten_are_refused(small):
     assert any("spell" in p for p in report.problems()), report.problems()
     with pytest.raises(CanonicalBytesError, match="spell"):
         assert int(_counts(small).sum()) == 2 * honest  # what the scorer divided by, had it loaded
+
+
+# ---- a submitted tokenizer that memorises the validation text in its pieces ----
+
+
+class NextId(nn.Module):
+    """A "model" that knows nothing of text: it predicts that token id i is followed by id i + 1."""
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.dummy = nn.Parameter(torch.zeros(1))
+
+    def forward(self, ids):
+        nxt = torch.remainder(ids + 1, self.vocab_size)
+        return 30.0 * nn.functional.one_hot(nxt, self.vocab_size).float() + 0 * self.dummy
+
+
+def _memorising_sp1024(canonical_val: list[str], out: Path, chunk: int) -> Path:
+    """The official sp1024 plus one user-defined piece per `chunk` characters of the validation documents'
+    canonical text, in order: consecutive ids along the validation stream. The tokenizer does not count
+    toward the cap, so it can hold the whole validation text."""
+    pb = pytest.importorskip("sentencepiece.sentencepiece_model_pb2", reason="needs protobuf to edit a model")
+    m = pb.ModelProto()
+    m.ParseFromString(SP1024.read_bytes())
+    have = {p.piece for p in m.pieces}
+    for text in canonical_val:
+        s = text.replace(" ", SPACE_MARK)
+        for i in range(0, len(s), chunk):
+            if (piece := s[i : i + chunk]) not in have:
+                have.add(piece)
+                p = m.pieces.add()
+                p.piece, p.type, p.score = piece, pb.ModelProto.SentencePiece.USER_DEFINED, 0.0
+    out.write_bytes(m.SerializeToString())
+    return out
+
+
+def test_a_tokenizer_holding_the_validation_text_in_its_pieces_is_refused(tmp_path):
+    """HOLE (before the fix): an entry's own tokenizer is held only to the proof, and its bytes do not count
+    toward the cap. sp1024 plus user-defined pieces of 200 characters of the validation text each, with
+    consecutive ids, passed the build's proof and `pgolf data verify`: 10 validation documents (99,885 bytes)
+    became 506 tokens, 96 % of them the previous id + 1, and a model that predicts id + 1 scored 0.008
+    bpb. A piece may spell at most 16 characters (SentencePiece's own bound; sp8192's longest is 16)."""
+    require_shared(SP1024, SAMPLE_JSONL)
+    docs = sample_docs(40)
+    model = _memorising_sp1024(sp1024_canonical(docs[:10]), tmp_path / "memo.model", chunk=200)
+    try:
+        ds = build_dataset(docs, tmp_path / "d", val_docs=10, tokenizer=model, workers=1, canonical="sp1024")
+    except ValueError as e:
+        assert "16 characters" in str(e) and "\n" not in str(e)
+        return
+    m = load_manifest(ds)
+    toks = read_split(ds, "val")
+    cfg = EvalConfig(mode="sliding", seq_len=64, batch_seqs=8, stride=64)
+    res = evaluate(NextId(m.vocab_size), toks, _canonical(ds), cfg, torch.device("cpu"))
+    pytest.fail(
+        f"built and verified ({verify_dataset(ds).ok}): {toks.size} validation tokens for "
+        f"{res.sums.bytes:,} bytes, val_bpb {res.sums.val_bpb:.4f} from a model that predicts id + 1"
+    )
