@@ -17,7 +17,9 @@ One pass over the training shards (a pool of processes, a shard each at a time) 
   more than MAX_DOCS_PER_WINDOW validation documents is dropped as boilerplate. A training document is
   reported when it holds more than `threshold` (0.5 by default) of a validation document's kept
   windows, and at least MIN_SHARED_WINDOWS of them: the training document, the validation document's
-  index in FILE, and the fraction. Training documents equal to one of FILE's documents after
+  index in FILE, and the fraction. A validation document more than `threshold` of whose kept windows are in
+  the training documents taken together (a document cut in parts, each its own training document) is
+  reported too ("spread"), naming the training documents that hold the most of them. Training documents equal to one of FILE's documents after
   normalisation are reported too.
 
 Why 50 characters of normalised text rather than 13 tokens: a window of tokens means a different
@@ -177,6 +179,17 @@ class WindowIndex:
         key, shared = np.unique(tdoc * max(1, self.windows.size) + vdoc, return_counts=True)
         return key // max(1, self.windows.size), key % max(1, self.windows.size), shared
 
+    def positions(self, h: np.ndarray) -> np.ndarray:
+        """The places in the index (into `hashes` and `docs`) of every kept window among the hashes `h`: what
+        a set of training documents covers of each validation document, whichever document holds the window."""
+        if not self.hashes.size or not h.size:
+            return np.zeros(0, np.int64)
+        h = np.unique(h)
+        lo = np.searchsorted(self.hashes, h, "left")
+        n = np.searchsorted(self.hashes, h, "right") - lo
+        row = np.repeat(np.arange(h.size), n)
+        return lo[row] + np.arange(row.size) - np.repeat(np.cumsum(n) - n, n)
+
 
 # ---- The pass over a split's shards ----
 
@@ -198,14 +211,24 @@ class Overlap:
     against: str
     """"validation shards" or the --against-docs file."""
     match: str
-    """MATCH_NORMALISED for a digest hit, "windows" for the window check."""
+    """MATCH_NORMALISED for a digest hit, "windows" for the window check, "spread" for a validation document
+    whose windows are mostly in training, spread over several documents (`train_docs`)."""
     fraction: float = 1.0
     shared: int = 0
     val_windows: int = 0
     train_fraction: float = 1.0
     val_place: DocPlace | None = None
+    train_docs: tuple[int, ...] = ()
+    """"spread": the training documents that hold most of the windows, most first (at most SPREAD_LISTED)."""
 
     def line(self) -> str:
+        if self.match == "spread":
+            docs = ", ".join(map(str, self.train_docs))
+            return (
+                f"validation document {self.val_doc} of {self.against}: {self.fraction:.1%} of its {WINDOW_CHARS}-character "
+                f"windows ({self.shared} of its {self.val_windows} kept) are in training, spread over training documents "
+                f"{docs} (the first in {self.train_place.shard}, token {self.train_place.offset:,}); none holds most of them"
+            )
         where = f"training document {self.train_doc} ({self.train_place.shard}, token {self.train_place.offset:,})"
         if self.match == "windows":
             return (
@@ -232,6 +255,10 @@ class _ShardScan:
     """(document in shard, offset, which set, validation document)."""
     windows: list[tuple[int, int, int, int, float]] = field(default_factory=list)
     """(document in shard, offset, validation document, shared, fraction of the training document's)."""
+    covered: list[np.ndarray] = field(default_factory=list)
+    """Places in the window index (WindowIndex.positions) that the shard's documents hold."""
+    pairs: list[np.ndarray] = field(default_factory=list)
+    """Rows (document in shard, offset, validation document, shared windows): every pair that shares one."""
     undecodable: str | None = None
     """Why the shard's documents could not be decoded (token ids beyond the vocabulary)."""
 
@@ -311,7 +338,10 @@ def _scan_shard(k: int) -> _ShardScan:
         if index is not None:
             h, d = window_hashes(texts, index.sample)
             tdoc, vdoc, shared = index.shared(h, d)
+            out.covered.append(np.unique(index.positions(h)))
             if tdoc.size:
+                offs = np.fromiter((off for off, _ in batch), dtype=np.int64, count=len(batch))
+                out.pairs.append(np.stack([base + tdoc, offs[tdoc], vdoc, shared], axis=1))
                 own = np.bincount(d, minlength=len(texts))
                 frac = shared / np.maximum(index.windows[vdoc], 1)
                 for t_, v_, s_, f_ in zip(
@@ -476,6 +506,8 @@ def check_disjoint(
     t0 = time.perf_counter()
     overlaps: list[Overlap] = []
     docs = chars = 0
+    covered = np.zeros(index.hashes.size if index is not None else 0, dtype=np.bool_)
+    pairs: list[np.ndarray] = []  # (training document, shard, offset, validation document, shared)
     state = {**base, "paths": train_paths, "collect": False, "sets": sets}
     for k, scan in enumerate(_scan(state, len(train_paths), workers)):
         shard = train_paths[k].name
@@ -502,8 +534,15 @@ def check_disjoint(
                     own,
                 )
             )
+        for c in scan.covered:
+            covered[c] = True
+        for p in scan.pairs:
+            pairs.append(np.column_stack([p[:, 0] + docs, np.full(len(p), k), p[:, 1:]]))
         docs += scan.docs
         chars += scan.chars
+    if index is not None and against is not None:
+        reported = {o.val_doc for o in overlaps if o.against == against}
+        overlaps += _spread(index, covered, pairs, reported, against, train_paths, threshold)
     elapsed = time.perf_counter() - t0
     rate = docs / max(elapsed, 1e-9)
     checks = "digests" + (f" and {WINDOW_CHARS}-character windows" if against else "")
@@ -523,6 +562,54 @@ def check_disjoint(
             + (" or holds most of one" if against else "")
         )
     return DisjointReport(tuple(lines), tuple(problems), tuple(overlaps), rate)
+
+
+SPREAD_LISTED = 5
+
+
+def _spread(
+    index: WindowIndex,
+    covered: np.ndarray,
+    pairs: list[np.ndarray],
+    reported: set[int],
+    against: str,
+    train_paths: Sequence[Path],
+    threshold: float,
+) -> list[Overlap]:
+    """Validation documents more than `threshold` of whose kept windows (and at least MIN_SHARED_WINDOWS) are in
+    the training documents taken together, though no one of them holds that much: one cut in parts, each part a
+    training document of its own, is no less in training than the whole."""
+    cov = np.bincount(index.docs[covered].astype(np.int64), minlength=index.windows.size)
+    frac = cov / np.maximum(index.windows, 1)
+    flagged = [
+        int(v)
+        for v in np.flatnonzero((frac > threshold) & (cov >= MIN_SHARED_WINDOWS))
+        if int(v) not in reported
+    ]
+    if not flagged:
+        return []
+    rows = np.concatenate(pairs) if pairs else np.zeros((0, 5), np.int64)
+    out = []
+    for v in flagged:
+        mine = rows[rows[:, 3] == v]
+        mine = mine[np.lexsort((mine[:, 0], -mine[:, 4]))][:SPREAD_LISTED]
+        first = mine[np.argmin(mine[:, 0])] if mine.size else None
+        out.append(
+            Overlap(
+                int(first[0]) if first is not None else -1,
+                DocPlace(train_paths[int(first[1])].name, int(first[2]))
+                if first is not None
+                else DocPlace("?", 0),
+                v,
+                against,
+                "spread",
+                float(frac[v]),
+                int(cov[v]),
+                int(index.windows[v]),
+                train_docs=tuple(sorted(int(t) for t in mine[:, 0])),
+            )
+        )
+    return out
 
 
 def _check_digest_file(m: Manifest, record: dict[str, Any], from_shards: frozenset[bytes]) -> list[str]:

@@ -153,3 +153,28 @@ def test_a_tokenizer_holding_the_validation_text_in_its_pieces_is_refused(tmp_pa
         f"built and verified ({verify_dataset(ds).ok}): {toks.size} validation tokens for "
         f"{res.sums.bytes:,} bytes, val_bpb {res.sums.val_bpb:.4f} from a model that predicts id + 1"
     )
+
+
+# ---- a validation document spread over training documents: the window check ----
+
+
+def test_a_validation_document_split_over_training_documents_is_reported(tmp_path):
+    """HOLE (before the fix): the window check (`pgolf data verify --against-docs`) reported a training
+    document holding more than half of one validation document's windows; the same validation document cut in
+    three, each third its own training document, held a third each, and nothing was reported (two halves
+    usually pass too: the windows across the cut are lost). The build passes it too (neither half is a copy). The check now also counts, per
+    validation document, its windows found anywhere in training."""
+    docs = prose_documents(16, 1500)
+    v, k = docs[2], len(docs[2]) // 3
+    train = docs[4:10] + [v[:k], "An unrelated line.", v[k : 2 * k], "Another one.", v[2 * k :]] + docs[10:]
+    ds = build_dataset(docs[:4] + train, tmp_path / "d", val_docs=4, tokenizer="byte260", workers=1)
+    val_file = tmp_path / "val.jsonl"
+    val_file.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[:4]), encoding="utf-8")
+    report = verify_dataset(ds, against_docs=val_file, workers=1)
+    assert not report.ok, (
+        "a third of a validation document in each of three training documents was not reported"
+    )
+    hits = [o for o in report.disjoint.overlaps if o.val_doc == 2]
+    assert hits and {o.val_doc for o in report.disjoint.overlaps} == {2}
+    line = "\n".join(report.problems())
+    assert "spread over training documents 6, 8, 10" in line, line
