@@ -178,8 +178,31 @@ def load_canonical_bytes(
         )
     vb = read_val_bytes(path)
     check_val_bytes(vb, tokens, bos_id, str(path))
+    check_claims(vb, manifest_raw, str(path))
     check_spelled(vb, tokens, bos_id, spelled_lengths(root, manifest_raw), str(path))
     return CanonicalBytes(vb.token_bytes.astype(np.int64), vocab_size)
+
+
+def check_claims(vb: ValBytes, manifest_raw: dict[str, Any], where: str) -> None:
+    """The manifest's figures of the validation split (what a record track's check reads: `docs.val`) are those
+    of the counts, which belong to the validation tokens the scorer reads (check_val_bytes)."""
+    block = canonical_entry(manifest_raw) or {}
+    entry = block.get("val_bytes") or {}
+    found = {"docs.val": vb.doc_bytes.size, "canonical.val_bytes.docs": vb.doc_bytes.size}
+    found |= {"canonical.val_bytes.tokens": vb.token_bytes.size}
+    found |= {"canonical.val_bytes.total_bytes": int(vb.doc_bytes.astype(np.int64).sum())}
+    claimed = {
+        "docs.val": (manifest_raw.get("docs") or {}).get("val"),
+        "canonical.val_bytes.docs": entry.get("docs"),
+        "canonical.val_bytes.tokens": entry.get("tokens"),
+        "canonical.val_bytes.total_bytes": entry.get("total_bytes"),
+    }
+    for key, want in claimed.items():
+        if want is not None and want != found[key]:
+            raise CanonicalBytesError(
+                f"{where}: the manifest's {key} is {want}, the validation split holds {found[key]}: the manifest "
+                "was changed after the build. HINT: rebuild the dataset with `pgolf data build`"
+            )
 
 
 def spelled_lengths(root: str | os.PathLike[str], manifest_raw: dict[str, Any]) -> Any:

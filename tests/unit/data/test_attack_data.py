@@ -178,3 +178,45 @@ def test_a_validation_document_split_over_training_documents_is_reported(tmp_pat
     assert hits and {o.val_doc for o in report.disjoint.overlaps} == {2}
     line = "\n".join(report.problems())
     assert "spread over training documents 6, 8, 10" in line, line
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="HOLE, open: a mark every 40 characters leaves no 50-character window of the validation document "
+    "whole, and no digest matches; no small fix (the window is the check's resolution)",
+)
+def test_a_validation_document_with_a_mark_every_40_characters_is_reported(tmp_path):
+    """A validation document with "|" inserted every 40 characters is a training document the model learns the
+    validation text from almost whole; neither the build's digests nor `verify --against-docs` (50-character
+    windows of pg-norm/1 text) see it."""
+    docs = prose_documents(16, 1500)
+    v = docs[2]
+    marked = "|".join(v[i : i + 40] for i in range(0, len(v), 40))
+    ds = build_dataset(
+        docs[:4] + docs[4:10] + [marked] + docs[10:], tmp_path / "d", val_docs=4, tokenizer="byte260"
+    )
+    val_file = tmp_path / "val.jsonl"
+    val_file.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[:4]), encoding="utf-8")
+    report = verify_dataset(ds, against_docs=val_file, ngram_sample=1, workers=1)
+    assert {o.val_doc for o in report.disjoint.overlaps} == {2}
+
+
+# ---- the manifest's claims the record track reads: documents in the validation split ----
+
+
+def test_a_manifest_claiming_more_validation_documents_than_the_shards_hold_is_refused(small):
+    """HOLE (before the fix): the record track's check reads the manifest's `docs.val` (50,000 for the official
+    split) and nothing else tied it to the validation shards the scorer reads: a manifest claiming more documents
+    than its shards hold (a split of the easiest documents) passed the track's check and the scorer's loader;
+    only `pgolf data verify` compared them."""
+    from harness.run.datacheck import data_identity
+    from scoring.tracks import DocumentSet, dataset_problem
+
+    m = json.loads((small / MANIFEST_NAME).read_text())
+    m["docs"]["val"] = 50
+    (small / MANIFEST_NAME).write_text(json.dumps(m))
+    track_docs = DocumentSet(name="t", docs=50, canonical=m["canonical"]["text"])
+    assert dataset_problem(track_docs, data_identity(load_manifest(small))) is None  # the claim is read
+    assert not verify_dataset(small).ok
+    with pytest.raises(CanonicalBytesError, match="50"):
+        _counts(small)
