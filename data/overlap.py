@@ -11,7 +11,9 @@ One pass over the training shards (a pool of processes, a shard each at a time) 
   A hit is a problem naming the training document (its index in the split, its shard and token
   offset) and the validation document (its index and place).
 - **windows** (`--against-docs FILE`: the validation documents as text, for a folder built elsewhere):
-  every 50-character window of each validation document's normalised text is hashed (a polynomial
+  every 50-character window of each validation document's skeleton (its normalised text's letters and
+  digits, `skeleton`: a mark, space or zero-width character put into the text every few characters
+  breaks no window) is hashed (a polynomial
   rolling hash mod 2^64 over code points, then the splitmix64 finaliser); one window in `sample` (by
   hash value, so the same windows are kept on both sides; 8 by default) is kept, and a window found in
   more than MAX_DOCS_PER_WINDOW validation documents is dropped as boilerplate. A training document is
@@ -29,14 +31,20 @@ every way of writing a text that pg-norm/1 folds (case, width, whitespace). 50 c
 English words: longer than stock phrases shared by unrelated pages, shorter than a paragraph, so a copied
 paragraph gives dozens of windows.
 
+Why the skeleton: a validation document with a mark put in every 40 characters ("|", a zero-width space)
+kept no 50-character window of its normalised text whole, and no digest matched, yet a model learns the
+text from it almost whole. What is left to an attacker is putting letters or digits into the text, which
+the model then learns too.
+
 Memory: the validation windows kept cost 12 bytes each (hash + document), about 1.5 bytes per character of
-validation text at 1 in 8: some 220 MB for the challenge's 50,000 documents (150 M characters).
+validation text at 1 in 8: some 180 MB (skeletons) for the challenge's 50,000 documents (150 M characters).
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -96,8 +104,18 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> _S31)
 
 
+_NOT_ALNUM = re.compile(r"[\W_]+")
+
+
+def skeleton(normalised: str) -> str:
+    """The letters and digits of a normalised text, in order (what the windows are of: see the module docstring)."""
+    return _NOT_ALNUM.sub("", normalised)
+
+
 def window_hashes(texts: Sequence[str], sample: int = DEFAULT_SAMPLE) -> tuple[np.ndarray, np.ndarray]:
-    """The kept windows of already-normalised texts: (hashes uint64, index in `texts` int64), in order."""
+    """The kept windows of the skeletons of already-normalised texts: (hashes uint64, index in `texts` int64), in
+    order."""
+    texts = [skeleton(t) for t in texts]
     lens = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
     n = int(lens.sum())
     nwin = n - WINDOW_CHARS + 1

@@ -180,18 +180,14 @@ def test_a_validation_document_split_over_training_documents_is_reported(tmp_pat
     assert "spread over training documents 6, 8, 10" in line, line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="HOLE, open: a mark every 40 characters leaves no 50-character window of the validation document "
-    "whole, and no digest matches; no small fix (the window is the check's resolution)",
-)
-def test_a_validation_document_with_a_mark_every_40_characters_is_reported(tmp_path):
-    """A validation document with "|" inserted every 40 characters is a training document the model learns the
-    validation text from almost whole; neither the build's digests nor `verify --against-docs` (50-character
-    windows of pg-norm/1 text) see it."""
+@pytest.mark.parametrize("mark", ["|", "\u200b", " "])
+def test_a_validation_document_with_a_mark_every_40_characters_is_reported(tmp_path, mark):
+    """HOLE (before the windows were of the skeleton): a validation document with a mark put in every 40
+    characters is a training document the model learns the validation text from almost whole; neither the
+    build's digests nor `verify --against-docs` (50-character windows of pg-norm/1 text) saw it."""
     docs = prose_documents(16, 1500)
     v = docs[2]
-    marked = "|".join(v[i : i + 40] for i in range(0, len(v), 40))
+    marked = mark.join(v[i : i + 40] for i in range(0, len(v), 40))
     ds = build_dataset(
         docs[:4] + docs[4:10] + [marked] + docs[10:], tmp_path / "d", val_docs=4, tokenizer="byte260"
     )
