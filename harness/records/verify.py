@@ -299,9 +299,16 @@ def rescore_request(
     )
 
 
+MAX_RECORDED_SCORING_WORKERS = 8
+"""The most model workers a re-score starts on a result's own word (a node's GPUs); `--scoring-workers` may ask
+for more. A result.json is the submitter's file: a figure of its own never starts a thousand processes here."""
+
+
 def recorded_scoring_workers(result: dict[str, Any]) -> int:
-    """The model workers the result was scored with (one in records from before the count)."""
-    return int(((result.get("phases") or {}).get("score") or {}).get("scoring_workers") or 1)
+    """The model workers the result was scored with (one in records from before the count, or where the figure is
+    not a count), at most MAX_RECORDED_SCORING_WORKERS."""
+    k = ((result.get("phases") or {}).get("score") or {}).get("scoring_workers")
+    return min(k, MAX_RECORDED_SCORING_WORKERS) if isinstance(k, int) and not isinstance(k, bool) and k >= 1 else 1
 
 
 def verify_sandbox(result: dict[str, Any]) -> str:

@@ -258,8 +258,12 @@ def _compare(
 
 def logits_of(worker: Scorable, x: np.ndarray, ranges_B2: np.ndarray, vocab_size: int) -> torch.Tensor:
     """A fresh worker's logits at the scored positions, asked for as the scored batch's were (same ranges)."""
-    out = model_scored_logits(worker, torch.from_numpy(x), ranges_B2, vocab_size, "float32")
-    return out.detach().float().cpu().clone()
+    return _own_copy(model_scored_logits(worker, torch.from_numpy(x), ranges_B2, vocab_size, "float32"))
+
+
+def _own_copy(logits: torch.Tensor) -> torch.Tensor:
+    """Float32 logits on the CPU in memory of their own (never a view of a worker's shared buffer)."""
+    return logits.detach().float().cpu().clone()
 
 
 Replay = Callable[[Scorable, int], None]
@@ -386,7 +390,7 @@ def _probe_batch(
         xs = [g[0] for g in kept_b.group] if peers is None else list(peers)
         xs[kept_b.slot] = x
         outs = unit.scored_group(xs, [g[2] for g in kept_b.group])
-        return check_scored(outs[kept_b.slot], ranges_B2, V).detach().float().cpu().clone()
+        return _own_copy(check_scored(outs[kept_b.slot], ranges_B2, V))
 
     # one worker at a time, in this order: the causal one (variant, then the unchanged batch) is done
     # and closed before the row-isolation one, which holds row r whole, runs any submitted code (`fresh`

@@ -149,9 +149,15 @@ def test_the_rescore_takes_as_many_scoring_workers_as_the_score_had(run, tmp_pat
     run_dir, folder, _, result = run
     assert result["phases"]["score"]["scoring_workers"] == 1  # the scorer records it
 
-    def request(res, cfg=VerifyConfig()):
+    def request(res, cfg=None):
         return rescore_request(
-            res, run_dir / "artifact.pgolf", folder, tmp_path, tmp_path / "o.json", tmp_path, cfg
+            res,
+            run_dir / "artifact.pgolf",
+            folder,
+            tmp_path,
+            tmp_path / "o.json",
+            tmp_path,
+            cfg or VerifyConfig(),
         )
 
     assert request(result).scoring_workers == 1
@@ -163,6 +169,16 @@ def test_the_rescore_takes_as_many_scoring_workers_as_the_score_had(run, tmp_pat
         and argv[argv.index("--scoring-workers") + 1] == "8"
     )
     assert request(eight, VerifyConfig(scoring_workers=2)).scoring_workers == 2
+    for hostile, k in (
+        (1000, 8),
+        ("8", 1),
+        (True, 1),
+        (-3, 1),
+        (None, 1),
+    ):  # the submitter's file: never more
+        eight["phases"]["score"]["scoring_workers"] = hostile  # than a node's 8 on its word, nor a crash
+        assert request(eight).scoring_workers == k
+    assert request(eight, VerifyConfig(scoring_workers=16)).scoring_workers == 16  # the official's word
     del eight["phases"]["score"]["scoring_workers"]
     assert request(eight).scoring_workers == 1
     with pytest.raises(ValueError, match="--scoring-workers must be >= 1"):
