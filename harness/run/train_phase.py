@@ -491,9 +491,11 @@ def run_sealed_pack(
 ) -> tuple[int | None, dict[str, Any]]:
     """`pgolf pack --codec submission`, sandboxed like training, killed when the training budget (+ grace) runs out.
 
-    The submission's encode() is training-side code: it sees the trained state and its own folder,
-    never the dataset, and its seconds count on the clock: train_time_s + encode_time_s must stay
-    within train_s + grace_s (the process gets that much, plus PACK_STARTUP_S for its imports).
+    The submission's encode() is training-side code: it sees the trained state (and whatever else train()
+    returned in it: real training tokens, say) and its own folder, never the dataset, and its seconds count on
+    the clock: train_time_s + encode_time_s must stay within train_s + the stop tolerance
+    (stop_tolerance_s), else over_budget; the process is killed at train_s + grace_s (plus PACK_STARTUP_S for
+    its imports).
     Returns (exit status, record); the artifact and pack.json land in `run_dir` as the plain pack's do.
     """
     with tempfile.TemporaryDirectory(prefix="pgolf-pack-") as tmp:
@@ -586,13 +588,19 @@ def run_sealed_pack(
         record["encode_time_s"] = clock_s
         record["reported_encode_time_s"] = reported  # the pack process's own figure: beside submitted code
         record["train_plus_encode_s"] = train_time_s + clock_s
-        if record["train_plus_encode_s"] > budget.train_s + budget.grace_s:
+        # the encode is training-side code on the clock, handed whatever the state carries (real training
+        # tokens in a buffer its decode gives back as zeros): it ends within the training budget and the stop
+        # tolerance, as the last step does; the grace is for stopping, never for training or encoding
+        limit_s = budget.train_s + stop_tolerance_s(budget)
+        record["limit_s"] = limit_s
+        if record["train_plus_encode_s"] > limit_s:
             record.update(
                 status=Status.OVER_BUDGET,
                 detail=(
                     f"training + the codec's encode took {record['train_plus_encode_s']:.1f} s by the harness's "
-                    f"clock ({train_time_s:.1f} s + {clock_s:.1f} s): past train_s + grace_s = "
-                    f"{budget.train_s + budget.grace_s:.1f} s (the pack record said encode_time_s {reported})"
+                    f"clock ({train_time_s:.1f} s + {clock_s:.1f} s): past train_s = {budget.train_s:g} s + "
+                    f"{stop_tolerance_s(budget):.1f} s of stop tolerance (the grace period is for stopping, not "
+                    f"for encoding; the pack record said encode_time_s {reported})"
                 ),
             )
     return (None if killed else proc.returncode), record

@@ -1,0 +1,227 @@
+"""Attacks on what runs submitted code outside the training clock's sight (the sealed pack's encode).
+
+A custom codec's encode() runs after the training clock has stopped, in the training sandbox, with the state
+rank 0 handed over. That state is whatever train() returned: beside the weights it can carry real training
+tokens, read on the clock at no cost (`ctx.data.next_batch`). An encode() that fits the model on them keeps
+training after the budget. The sealed pack allowed train_s + grace_s for training and encode together, so
+such a codec trained for most of the grace on real tokens and the run was `ok`: the grace period is for
+stopping, not for training (harness/run/train_phase.py stop_tolerance_s), and an encode is training-side
+code on the clock. Now training and the encode together must end within train_s + the stop tolerance.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "submissions"
+
+TRAINING_CODEC = '''"""A codec that keeps training: the state handed over holds training tokens (`carry.tokens`) beside
+the weights; encode() fits the tiny model on them for ENCODE_S seconds, after the training clock stopped,
+then packs the weights alone."""
+import torch
+import torch.nn.functional as F
+import torch.utils.benchmark
+from safetensors.torch import load, save
+
+NAME = "trains_in_encode"
+VERSION = 1
+CLOCK = torch.utils.benchmark.utils.timer.timer
+ENCODE_S = {encode_s}
+CARRY = "carry.tokens"
+
+
+def encode(state):
+    state = dict(state)
+    tokens = state.pop(CARRY, None)
+    if tokens is not None:
+        emb = state["emb.weight"].clone().requires_grad_(True)
+        w = state["head.weight"].clone().requires_grad_(True)
+        b = state["head.bias"].clone().requires_grad_(True)
+        opt = torch.optim.SGD([emb, w, b], lr=0.5)
+        x, y = tokens[:, :-1], tokens[:, 1:]
+        t0 = CLOCK()
+        while CLOCK() - t0 < ENCODE_S:
+            loss = F.cross_entropy((torch.tanh(emb[x]) @ w.T + b).flatten(0, 1), y.flatten())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        state.update({{"emb.weight": emb.detach(), "head.weight": w.detach(), "head.bias": b.detach()}})
+    return save({{k: v.contiguous() for k, v in state.items()}})
+
+
+def decode(payload):  # the carried tokens come back as zeros: they cost the artifact nothing
+    return {{**load(payload), CARRY: torch.zeros(64, 64, dtype=torch.int64)}}
+'''
+
+CARRYING_MODEL = '''"""The tiny model, with a buffer its forward never reads: the place the state carries tokens in."""
+import torch
+from torch import nn
+
+
+class Carry(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("tokens", torch.zeros(64, 64, dtype=torch.int64))
+
+
+class TinyLM(nn.Module):
+    def __init__(self, vocab_size, dim):
+        super().__init__()
+        self.emb = nn.Embedding(vocab_size, dim)
+        self.head = nn.Linear(dim, vocab_size)
+        self.carry = Carry()
+
+    def forward(self, input_ids):
+        return self.head(torch.tanh(self.emb(input_ids)))
+
+
+def build_model(config):
+    return TinyLM(config["vocab_size"], config["dim"])
+'''
+
+CARRYING_TRAIN = '''"""Reads real tokens for the codec's encode() first (on the clock, at no cost: a batch after the stop
+reading is over_budget), trains the tiny model until the clock says stop, and returns those tokens in
+the state beside the weights."""
+import torch
+import torch.nn.functional as F
+
+from model import build_model
+
+
+def train(ctx):
+    model = build_model(dict(ctx.model_config))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    carry, _ = ctx.data.next_batch(4096, 64)  # real tokens for the encode, kept in the model's buffer
+    model.carry.tokens.copy_(carry)
+    while not ctx.clock.tick().stop:
+        x, y = ctx.data.next_batch(256, 32)
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model
+'''
+
+
+def _carrying_state(run_dir: Path) -> None:
+    """A handed-over state as CARRYING_TRAIN leaves it: the tiny model's weights and real-looking tokens."""
+    import torch
+    from safetensors.torch import save_file
+
+    from harness.train.rank import STATE_FILE
+
+    run_dir.mkdir()
+    g = torch.Generator().manual_seed(0)
+    save_file(
+        {
+            "emb.weight": torch.zeros(260, 8),
+            "head.weight": torch.zeros(260, 8),
+            "head.bias": torch.zeros(260),
+            "carry.tokens": torch.randint(0, 260, (64, 64), generator=g),
+        },
+        str(run_dir / STATE_FILE),
+        metadata={"model_config": json.dumps({"vocab_size": 260, "dim": 8})},
+    )
+
+
+def _codec_folder(dest: Path, encode_s: float) -> Path:
+    shutil.copytree(FIXTURES / "codec_peek", dest)
+    (dest / "codec.py").write_text(TRAINING_CODEC.format(encode_s=encode_s))
+    (dest / "model.py").write_text(CARRYING_MODEL)
+    return dest
+
+
+def test_a_codec_that_trains_in_the_grace_is_over_budget(tiny_dataset, tmp_path):
+    """Training ran to its budget (10 s); the codec then fits the model for 6 s on tokens the state carried:
+    16 s of training, past train_s + the stop tolerance (5 s), within train_s + grace_s (20 s): it was `ok`."""
+    from harness.config import LaunchConfig
+    from harness.run.train_phase import run_sealed_pack, stop_tolerance_s
+    from harness.train.budget import BudgetConfig
+    from scoring.codecheck import lint_scored_code
+
+    sub = _codec_folder(tmp_path / "sub", encode_s=6.0)
+    assert lint_scored_code(sub) == []  # nothing a static check objects to
+    run_dir = tmp_path / "run"
+    _carrying_state(run_dir)
+    budget = BudgetConfig(train_s=10.0, grace_s=10.0)
+    assert stop_tolerance_s(budget) == 5.0
+    rc, rec = run_sealed_pack(
+        run_dir=run_dir,
+        submission_dir=sub,
+        data_root=tiny_dataset,
+        budget=budget,
+        launch=LaunchConfig(device="cpu", threads=1),
+        train_time_s=10.0,
+        cap_bytes=16_000_000,
+        log_path=run_dir / "pack.log",
+    )
+    assert rc == 0 and (run_dir / "artifact.pgolf").is_file(), (run_dir / "pack.log").read_text()[-2000:]
+    assert 15.0 < rec["train_plus_encode_s"] < 20.0, rec  # past the tolerance, within the grace
+    assert rec["status"] == "over_budget", rec
+    assert "tolerance" in rec["detail"], rec["detail"]
+
+
+def test_control_a_quick_codec_on_the_budget_is_ok(tiny_dataset, tmp_path):
+    """The same codec, no tokens carried: its encode is quick, and training to the budget plus it is ok."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from harness.config import LaunchConfig
+    from harness.run.train_phase import run_sealed_pack
+    from harness.train.budget import BudgetConfig
+    from harness.train.rank import STATE_FILE
+
+    sub = _codec_folder(tmp_path / "sub", encode_s=6.0)
+    run_dir = tmp_path / "run"
+    _carrying_state(run_dir)
+    state = load_file(str(run_dir / STATE_FILE))
+    del state["carry.tokens"]
+    meta = {"model_config": json.dumps({"vocab_size": 260, "dim": 8})}
+    save_file({k: v.contiguous() for k, v in state.items()}, str(run_dir / STATE_FILE), metadata=meta)
+    assert torch.equal(state["head.bias"], torch.zeros(260))
+    rc, rec = run_sealed_pack(
+        run_dir=run_dir,
+        submission_dir=sub,
+        data_root=tiny_dataset,
+        budget=BudgetConfig(train_s=10.0, grace_s=10.0),
+        launch=LaunchConfig(device="cpu", threads=1),
+        train_time_s=10.0,
+        cap_bytes=16_000_000,
+        log_path=run_dir / "pack.log",
+    )
+    assert rc == 0 and rec["status"] == "ok" and rec["train_plus_encode_s"] < 15.0, rec
+
+
+@pytest.mark.long
+def test_a_run_whose_codec_trains_on_carried_tokens_is_over_budget(tiny_dataset, tmp_path):
+    """End to end: train.py trains to its budget and returns real tokens in its state; the codec trains on
+    them for 7 s after the clock stopped and packs weights that moved. The run was `ok`."""
+    from safetensors.torch import load, load_file
+
+    from harness.run.pipeline import run_pipeline
+    from harness.train.rank import STATE_FILE
+    from scoring.artifact.format import read_artifact
+
+    sub = _codec_folder(tmp_path / "sub", encode_s=7.0)
+    (sub / "train.py").write_text(CARRYING_TRAIN.format())
+    out = tmp_path / "run"
+    result = run_pipeline(
+        sub,
+        data_dir=tiny_dataset,
+        out_dir=out,
+        ledger=tmp_path / "ledger.jsonl",
+        overrides=["budget.train_s=8.0", "budget.grace_s=30.0"],
+    )
+    encode = result["phases"]["train"]["codec_encode"]
+    # past train_s + the stop tolerance, within train_s + grace_s
+    assert 8.0 + 5.0 < encode["train_plus_encode_s"] < 8.0 + 30.0, encode
+    handed = load_file(str(out / STATE_FILE))
+    assert "carry.tokens" in handed  # real training tokens, past the clock, in the encode's hands
+    packed = load(read_artifact(out / "artifact.pgolf").payload)
+    assert "carry.tokens" not in packed and not (packed["head.bias"] == handed["head.bias"]).all()
+    score = result["phases"].get("score", {})
+    assert result["status"] == "over_budget", (result["status"], score.get("val_bpb"), encode)
