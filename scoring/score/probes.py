@@ -9,7 +9,9 @@ Causality, the way the scorer checks it:
   only after the run). The scorer keeps its own copy of the logits it scored for them (`kept`).
 - For each, a cut (row r, position t) is drawn among the batch's scored positions, and a variant of
   the batch replaces everything after it in stream order (the rest of row r and every later row)
-  with real validation tokens from elsewhere: the variant is as ordinary as any other batch.
+  with real validation tokens from elsewhere, and every padded position too (the future of every row:
+  a model that read where its row ends passed when the padding stayed): the variant is as ordinary as
+  any other batch.
 - The variant goes to a fresh model worker, a new process from the same artifact that has seen no
   data (`fresh`): its first forward pass, like the main worker's first. Its logits at every
   scored position up to the cut (every earlier row's, row r's up to t) must equal those the main worker
@@ -63,8 +65,8 @@ from scoring.score.pool import WorkerPool
 from scoring.score.remote import EvalDeadline, WorkerFailure
 from scoring.worker.wire import scored_positions
 
-PROBE_VERSION = 6
-"""6: replays bounded (`replay_bound`, probes skipped past it); 5: logits compared at the scored positions
+PROBE_VERSION = 7
+"""7: a variant fills every padded position with real tokens too; 6: replays bounded (`replay_bound`, probes skipped past it); 5: logits compared at the scored positions
 only (the only ones that cross), the cut drawn among them."""
 PROBE_WORKERS_PER_PROBE = 2
 """Fresh workers a probe takes: one for the causality variant (then the unchanged batch), one for the
@@ -179,8 +181,22 @@ def make_variant(
         fill = np.roll(np.asarray(x2[after]), 1)
         fill[0] = (fill[0] + 1) % max(int(x_BL.max()) + 1, 2)
     x2[after] = fill
+    _fill_padding(x2, valid_BL, tokens, rng)
     r, t = divmod(int(flat[cut]), x_BL.shape[1])
     return x2.reshape(x_BL.shape), r, t, cut
+
+
+def _fill_padding(
+    x_flat: np.ndarray, valid_BL: np.ndarray, tokens: np.ndarray, rng: np.random.Generator
+) -> None:
+    """Every padded position (after a row's end: the future of every row) made real tokens from elsewhere, in
+    place. A causal model never sees the padding; one that reads it (where its row, its document, ends) would
+    otherwise find it the same in every variant and pass."""
+    pad = np.flatnonzero(~valid_BL.reshape(-1))
+    if pad.size:
+        s = int(rng.integers(0, max(1, tokens.size - pad.size)))
+        fill = np.asarray(tokens[s : s + pad.size], dtype=np.int64)
+        x_flat[pad[: fill.size]] = fill
 
 
 def isolate_row(
@@ -195,7 +211,12 @@ def isolate_row(
         s = int(rng.integers(0, max(1, tokens.size - m)))
         fill = np.asarray(tokens[s : s + m], dtype=np.int64)
         x2[i, : fill.size] = fill
-    return x2
+    others = valid_BL.copy()
+    if 0 <= r < x_BL.shape[0]:
+        others[r] = True  # row r exactly as scored, its padding included; every other row's padding filled
+    flat = x2.reshape(-1)
+    _fill_padding(flat, others, tokens, rng)
+    return flat.reshape(x_BL.shape)
 
 
 def _compare_row(

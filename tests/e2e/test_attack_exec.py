@@ -225,3 +225,84 @@ def test_a_run_whose_codec_trains_on_carried_tokens_is_over_budget(tiny_dataset,
     assert "carry.tokens" not in packed and not (packed["head.bias"] == handed["head.bias"]).all()
     score = result["phases"].get("score", {})
     assert result["status"] == "over_budget", (result["status"], score.get("val_bpb"), encode)
+
+
+# ---- The padding a causal variant never changes ----
+
+PAD_PEEK = '''"""The tiny honest model, plus one look past each position: whether the next input is the padding that
+ends the row (in documents mode: the document ends here). The variant of a causality probe replaced only
+real positions, so the padding was the same in every probe and this look passed them all."""
+import torch
+from torch import nn
+
+
+class Tiny(nn.Module):
+    def __init__(self, vocab_size, dim):
+        super().__init__()
+        self.emb = nn.Embedding(vocab_size, dim)
+        self.mix = nn.Parameter(torch.full((dim,), 0.5))
+        self.head = nn.Linear(dim, vocab_size, bias=False)
+
+    def forward(self, ids):
+        e = self.emb(ids)
+        prev = torch.cat([torch.zeros_like(e[:, :1]), e[:, :-1]], dim=1)
+        out = self.head(torch.tanh(e + self.mix * prev))
+        ends = torch.zeros_like(ids, dtype=torch.bool)
+        ends[:, :-1] = ids[:, 1:] == 0  # the next input is padding: the row's last real position
+        return out + 3.0 * ends.unsqueeze(-1).float() * nn.functional.one_hot(ids, out.shape[-1]).float()
+
+
+def build_model(config):
+    return Tiny(config.get("vocab_size", 260), config.get("dim", 16))
+'''
+
+
+@pytest.fixture(scope="module")
+def short_docs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """byte260 documents of 5 to 62 characters: in documents mode each is one window of its own length, and
+    every batch pads its shorter rows."""
+    from data.build import build_dataset
+    from data.embedded import embedded_documents
+
+    docs = embedded_documents()[:80]
+    texts = [d[: 5 + (13 * i) % 58] for i, d in enumerate(docs)]
+    return build_dataset(texts, tmp_path_factory.mktemp("short_docs"), val_docs=40, tokenizer="byte260")
+
+
+def test_a_model_that_reads_where_its_row_is_padded_is_caught(short_docs, tmp_path):
+    """Documents mode pads each batch's short rows with token 0 after their end; a model that looks one
+    position ahead only to see whether padding follows knows where its document ends. The causality variant
+    changed only real positions, so the padding, the future it reads, was the same in the probe: it passed
+    every probe (while evaluate.py says a causal model never sees the padding, "the causality probe ...
+    checks exactly that"). Now a variant fills every padded position with real tokens too."""
+    from scoring.codecheck import lint_scored_code
+    from scoring.score.evaluate import EvalConfig
+    from scoring.score.probes import ProbeConfig, ProbeFailure
+    from scoring.score.scorer import score_artifact
+    from tests.e2e.test_worker_boundary import pack_clean
+    from tests.unit.scoring.test_eval_support import write_submission
+
+    folder = write_submission(tmp_path / "sub", model_src=PAD_PEEK)
+    assert lint_scored_code(folder) == []
+    pack_clean(folder, tmp_path / "a.pgolf")
+    ev = EvalConfig(mode="documents", seq_len=64, batch_seqs=8, dtype="float32")
+    with pytest.raises(ProbeFailure, match="causality probe failed"):
+        score_artifact(
+            tmp_path / "a.pgolf", folder, short_docs, ev, threads=1, probe_cfg=ProbeConfig(probes=4, seed=7)
+        )
+
+
+def test_control_the_honest_model_passes_the_same_probes(short_docs, tmp_path):
+    from scoring.score.evaluate import EvalConfig
+    from scoring.score.probes import ProbeConfig
+    from scoring.score.scorer import score_artifact
+    from tests.e2e.test_worker_boundary import pack_clean
+    from tests.unit.scoring.test_eval_support import write_submission
+
+    folder = write_submission(tmp_path / "sub")
+    pack_clean(folder, tmp_path / "a.pgolf")
+    ev = EvalConfig(mode="documents", seq_len=64, batch_seqs=8, dtype="float32")
+    record = score_artifact(
+        tmp_path / "a.pgolf", folder, short_docs, ev, threads=1, probe_cfg=ProbeConfig(probes=4, seed=7)
+    )
+    assert record["probes"]["passed"] and record["probes"]["coverage"]["batches_probed"] == 4
