@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -384,12 +384,48 @@ def _score_batch(
     ws: LossWorkspace,
     keep: dict[int, KeptBatch | None] | None,
     batch_index: int,
+    snaps: _Snapshots,
     shuffle: np.random.Generator | None = None,
 ) -> None:
     bt = _prepare_batch(toks, plan, w, shuffle)
     x_dev = torch.from_numpy(bt.x_BL).to(device)
     out_NV = model_scored_logits(model, x_dev, bt.ranges_B2, table.vocab_size, cfg.dtype)
-    _finish_batch(bt, out_NV, table, device, output, sums, on_scored, ws, keep, batch_index)
+    _finish_batch(bt, out_NV, table, device, output, sums, on_scored, ws, keep, batch_index, snaps)
+
+
+class _Snapshots:
+    """Where the scorer reads every batch's answer into, once: memory made at a device's first answer, before it
+    could matter, a buffer of its own for each batch the probes keep and one for every other batch, each of the
+    largest batch's size and written through (so its pages are there).
+
+    Every batch then costs the scorer the same: one copy into memory that is already there, and no allocation. A
+    kept batch used to cost a copy and fresh memory more, and a model timing the gap between its answers (or
+    reading the machine's free memory) could tell which batches the probes would look at, and after the last of
+    them peek unseen. And what is scored is always that copy, never memory a worker may still write."""
+
+    def __init__(self, kept: Iterable[int], rows: int):
+        self.kept = frozenset(kept)
+        self.rows = rows
+        self.buffers: dict[torch.device, dict[int | None, torch.Tensor]] = {}
+
+    def take(self, b: int, out_NV: torch.Tensor) -> torch.Tensor:
+        """Batch b's answer, copied into its buffer (a view of its first rows)."""
+        bufs = self.buffers.get(out_NV.device)
+        if bufs is None:
+            shape, dev = (self.rows, out_NV.shape[1]), out_NV.device
+            bufs = {
+                k: torch.zeros(shape, dtype=torch.float32, device=dev) for k in (None, *sorted(self.kept))
+            }
+            self.buffers[out_NV.device] = bufs
+        own = bufs[b if b in self.kept else None][: out_NV.shape[0]]
+        own.copy_(out_NV.detach())
+        return own
+
+
+def _largest_batch(plan: WindowPlan, chunks: Sequence[np.ndarray], cfg: EvalConfig) -> int:
+    """The most positions a batch scores (its answer's rows)."""
+    scored = plan.lengths - plan.score_from
+    return max((int(scored[w].sum()) for idx in chunks for w in _batches(plan, idx, cfg)), default=0)
 
 
 def _finish_batch(
@@ -403,16 +439,17 @@ def _finish_batch(
     ws: LossWorkspace,
     keep: dict[int, KeptBatch | None] | None,
     batch_index: int,
+    snaps: _Snapshots,
 ) -> None:
     """The scorer's loss on a batch's answer at its scored positions, summed in plan order."""
     perm, n, offs, valid_BL, pos_BL = bt.perm, bt.n, bt.offs, bt.valid_BL, bt.pos_BL
     x_BL, y_BL, scored_BL, ranges_B2 = bt.x_BL, bt.y_BL, bt.scored_BL, bt.ranges_B2
+    # every batch read once into the scorer's memory, the same way (_Snapshots), and that copy scored: a worker
+    # that rewrote its buffer after answering (a thread racing the scorer) changes nothing, and a probe batch
+    # costs what any batch costs
+    out_NV = snaps.take(batch_index, out_NV)
     if keep is not None and batch_index in keep:
-        # a probe batch: the scorer reads the worker's buffer once, into its own copy, and scores that very
-        # copy; a worker that rewrote its buffer after answering (a thread racing the scorer) cannot make
-        # the values compared by the probes differ from the values scored
-        out_NV = out_NV.detach().float().clone()
-        keep[batch_index] = KeptBatch(x_BL, valid_BL, ranges_B2, out_NV.cpu())
+        keep[batch_index] = KeptBatch(x_BL, valid_BL, ranges_B2, out_NV)
     if scored_BL.all():
         y_N, x_N, pos_N = y_BL.reshape(-1), x_BL.reshape(-1), pos_BL.reshape(-1) + 1
     else:
@@ -476,6 +513,7 @@ def evaluate(
     grad_off = torch.no_grad if adapter is not None else torch.inference_mode
     ws = LossWorkspace()
     keep: dict[int, KeptBatch | None] = dict.fromkeys(keep_batches)
+    snaps = _Snapshots(keep, _largest_batch(plan, chunks, cfg))
     shuffle = np.random.default_rng([shuffle_seed, 2]) if shuffle_seed is not None else None
     kept_chunks: dict[int, int] = {}
     # several workers (scoring/score/remote.py WorkerPool: one per device) score the batches in turn
@@ -501,7 +539,7 @@ def evaluate(
                             out_NV = check_scored(out, bt.ranges_B2, table.vocab_size)
                             dev_k = loss_devices[slot]  # on CUDA the worker's own GPU: the same kernels, bits
                             _finish_batch(
-                                bt, out_NV, table, dev_k, output, sums, on_scored, wss[slot], keep, b
+                                bt, out_NV, table, dev_k, output, sums, on_scored, wss[slot], keep, b, snaps
                             )
                             if b in keep:
                                 kept_chunks[b] = c
@@ -525,6 +563,7 @@ def evaluate(
                         ws,
                         keep,
                         b,
+                        snaps,
                         shuffle,
                     )
                     if b in keep:
@@ -542,7 +581,7 @@ def evaluate(
     if device.type == "cuda":
         torch.cuda.synchronize()
     adapt_s = adapter.adapt_time_s if adapter is not None else 0.0
-    kept = {k: v for k, v in keep.items() if v is not None}
+    kept = {k: v._replace(logits_NV=v.logits_NV.cpu()) for k, v in keep.items() if v is not None}
     return EvalResult(
         sums, plan.num_windows, time.perf_counter() - t0, adapt_s, len(chunks), b, kept, kept_chunks
     )

@@ -293,8 +293,9 @@ class RacingBuffer:
 
 
 def test_a_probe_batch_is_scored_from_the_copy_the_probes_compare(monkeypatch):
-    """The scorer reads a kept batch's buffer once: a rewrite after the answer cannot split what is
-    scored from what the probes check (the rewrite lands in the worker's buffer, not in the copy)."""
+    """The scorer reads every batch's buffer once: a rewrite after the answer cannot split what is scored from
+    what the probes check (the rewrite lands in the worker's buffer, not in the copy), and it changes no batch's
+    loss (it used to on the batches not kept, when only a kept batch was copied)."""
     import scoring.score.evaluate as ev
 
     racer, cfg, table = RacingBuffer(), STANDARD, ByteTokenizer().byte_table()
@@ -303,7 +304,7 @@ def test_a_probe_batch_is_scored_from_the_copy_the_probes_compare(monkeypatch):
     monkeypatch.setattr(ev, "nats_of", lambda *a, **k: (racer.rewrite(), real_nats_of(*a, **k))[1])
     some = plan_probes(batch_count(TOKENS, cfg), ProbeConfig(probes=2, seed=1)).batches
     raced = evaluate(racer, TOKENS, table, cfg, CPU, keep_batches=some)
-    assert raced.sums.loss_nats < honest.sums.loss_nats  # the rewrite does cheat on batches not kept
+    assert raced.sums.loss_nats == honest.sums.loss_nats  # the rewrite cheats on no batch
     for x_BL, _, _, kept, *_ in raced.kept.values():
         answered = racer.model(torch.from_numpy(x_BL)).detach()
         assert torch.equal(
@@ -377,3 +378,36 @@ def test_a_probe_worker_that_fails_makes_the_score_illegal_never_a_resource_verd
     with pytest.raises(ProbeFailure, match=r"probe 1 of 2 \(batch \d+\) failed: its fresh worker") as caught:
         run_probes(plan, result.kept, fresh, TOKENS, pcfg, total_batches=result.batches)
     assert verdict_of(caught.value) == "illegal"
+
+
+def test_a_kept_batch_costs_the_scorer_what_any_batch_costs(monkeypatch):
+    """Every answer is copied once into memory made at the first answer (a buffer per kept batch, one for the
+    others), and nothing is allocated after it: a model timing the gaps between its answers, or reading the
+    machine's free memory, cannot tell a probe's batch (before, only a kept batch was cloned, into fresh memory)."""
+    import scoring.score.evaluate as ev
+
+    made: list[ev._Snapshots] = []
+    real = ev._Snapshots
+
+    class Spy(real):  # type: ignore[misc,valid-type]
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.takes: list[tuple[int, int]] = []
+            made.append(self)
+
+        def take(self, b, out_NV):
+            own = super().take(b, out_NV)
+            self.takes.append((b, len(self.buffers[out_NV.device])))
+            return own
+
+    monkeypatch.setattr(ev, "_Snapshots", Spy)
+    cfg, table = DOCUMENTS, ByteTokenizer().byte_table()
+    some = plan_probes(batch_count(TOKENS, cfg), ProbeConfig(probes=2, seed=3)).batches
+    result = evaluate(Bigram(), TOKENS, table, cfg, CPU, keep_batches=some)
+    (snaps,) = made
+    assert [b for b, _ in snaps.takes] == list(range(result.batches))  # every batch, once, in order
+    assert {n for _, n in snaps.takes} == {len(some) + 1}  # every buffer there from the first answer on
+    (bufs,) = snaps.buffers.values()
+    for b in some:  # the kept logits are what their own buffer held
+        kept = result.kept[b].logits_NV
+        assert torch.equal(kept, bufs[b][: kept.shape[0]])
