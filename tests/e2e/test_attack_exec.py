@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.scoring.test_eval_support import TINY_MODEL
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "submissions"
 
 TRAINING_CODEC = '''"""A codec that keeps training: the state handed over holds training tokens (`carry.tokens`) beside
@@ -229,32 +231,20 @@ def test_a_run_whose_codec_trains_on_carried_tokens_is_over_budget(tiny_dataset,
 
 # ---- The padding a causal variant never changes ----
 
-PAD_PEEK = '''"""The tiny honest model, plus one look past each position: whether the next input is the padding that
-ends the row (in documents mode: the document ends here). The variant of a causality probe replaced only
-real positions, so the padding was the same in every probe and this look passed them all."""
-import torch
-from torch import nn
-
-
-class Tiny(nn.Module):
-    def __init__(self, vocab_size, dim):
-        super().__init__()
-        self.emb = nn.Embedding(vocab_size, dim)
-        self.mix = nn.Parameter(torch.full((dim,), 0.5))
-        self.head = nn.Linear(dim, vocab_size, bias=False)
-
-    def forward(self, ids):
-        e = self.emb(ids)
-        prev = torch.cat([torch.zeros_like(e[:, :1]), e[:, :-1]], dim=1)
-        out = self.head(torch.tanh(e + self.mix * prev))
-        ends = torch.zeros_like(ids, dtype=torch.bool)
-        ends[:, :-1] = ids[:, 1:] == 0  # the next input is padding: the row's last real position
-        return out + 3.0 * ends.unsqueeze(-1).float() * nn.functional.one_hot(ids, out.shape[-1]).float()
-
-
-def build_model(config):
-    return Tiny(config.get("vocab_size", 260), config.get("dim", 16))
-'''
+_HONEST_FORWARD = "        return self.head(torch.tanh(e + self.mix * prev))\n"
+PAD_PEEK = (
+    '"""The tiny honest model, plus one look past each position: whether the next input is the padding that\n'
+    "ends the row (in documents mode: the document ends here). The variant of a causality probe replaced only\n"
+    'real positions, so the padding was the same in every probe and this look passed them all."""\n'
+    + TINY_MODEL.split("\n", 1)[1].replace(
+        _HONEST_FORWARD,
+        "        out = self.head(torch.tanh(e + self.mix * prev))\n"
+        "        ends = torch.zeros_like(ids, dtype=torch.bool)\n"
+        "        ends[:, :-1] = ids[:, 1:] == 0  # the next input is padding: the row's last real position\n"
+        "        return out + 3.0 * ends.unsqueeze(-1).float() * nn.functional.one_hot(ids, out.shape[-1]).float()\n",
+    )
+)
+assert _HONEST_FORWARD in TINY_MODEL and "ends[:, :-1]" in PAD_PEEK
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,7 @@ from torch import nn
 from data.build import build_dataset
 from data.canonical import (
     VAL_BYTES_NAME,
-    CanonicalBytes,
     CanonicalBytesError,
-    load_canonical_bytes,
     read_val_bytes,
     write_val_bytes,
 )
@@ -30,21 +28,8 @@ from data.verify import verify_dataset
 from scoring.score.evaluate import EvalConfig, evaluate
 from tests.conftest import SAMPLE_JSONL, SP1024, require_shared
 from tests.fixtures.texts import prose_documents
-
-
-def sample_docs(n: int) -> list[str]:
-    """The first n documents of sample.jsonl (never the holdout)."""
-    require_shared(SAMPLE_JSONL)
-    with open(SAMPLE_JSONL, encoding="utf-8") as f:
-        return [json.loads(line)["text"] for _, line in zip(range(n), f, strict=False)]
-
-
-def _canonical(ds: Path) -> CanonicalBytes:
-    m = load_manifest(ds)
-    c = load_canonical_bytes(ds, m.raw, read_split(ds, "val"), m.vocab_size, m.bos_id)
-    assert c is not None
-    return c
-
+from tests.unit.data.test_canonical import counts_of as _canonical
+from tests.unit.data.test_canonical import sample_docs
 
 # ---- val_bytes.bin: counts inflated consistently, the manifest's sha256 and totals fixed ----
 
