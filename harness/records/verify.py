@@ -308,7 +308,11 @@ def recorded_scoring_workers(result: dict[str, Any]) -> int:
     """The model workers the result was scored with (one in records from before the count, or where the figure is
     not a count), at most MAX_RECORDED_SCORING_WORKERS."""
     k = ((result.get("phases") or {}).get("score") or {}).get("scoring_workers")
-    return min(k, MAX_RECORDED_SCORING_WORKERS) if isinstance(k, int) and not isinstance(k, bool) and k >= 1 else 1
+    return (
+        min(k, MAX_RECORDED_SCORING_WORKERS)
+        if isinstance(k, int) and not isinstance(k, bool) and k >= 1
+        else 1
+    )
 
 
 def verify_sandbox(result: dict[str, Any]) -> str:

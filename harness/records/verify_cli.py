@@ -154,7 +154,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--cpus", type=int, help="CPUs per job (default: the threads the result was scored with)")
     p.add_argument(
-        "--gpus", type=int, help="GPUs per job (default: the result's scoring workers if it was scored on CUDA)"
+        "--gpus",
+        type=int,
+        help="GPUs per job (default: the result's scoring workers if it was scored on CUDA)",
     )
     p.add_argument("--mem-gb", type=float, help="memory per job in GB (default: the partition's default)")
     p.add_argument(
