@@ -259,6 +259,7 @@ def short_docs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_dataset(texts, tmp_path_factory.mktemp("short_docs"), val_docs=40, tokenizer="byte260")
 
 
+@pytest.mark.long  # the real scorer's path (35 s); tests/unit/scoring/test_probes.py proves it in-process
 def test_a_model_that_reads_where_its_row_is_padded_is_caught(short_docs, tmp_path):
     """Documents mode pads each batch's short rows with token 0 after their end; a model that looks one
     position ahead only to see whether padding follows knows where its document ends. The causality variant
@@ -282,6 +283,7 @@ def test_a_model_that_reads_where_its_row_is_padded_is_caught(short_docs, tmp_pa
         )
 
 
+@pytest.mark.long  # the real scorer's path (35 s); tests/unit/scoring/test_probes.py proves it in-process
 def test_control_the_honest_model_passes_the_same_probes(short_docs, tmp_path):
     from scoring.score.evaluate import EvalConfig
     from scoring.score.probes import ProbeConfig

@@ -15,7 +15,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from data.tokenizer import ByteTokenizer
-from scoring.score.evaluate import EvalConfig, LocalModel, NormalizationFailure, batch_count, evaluate
+from scoring.score.evaluate import (
+    PAD_TOKEN,
+    EvalConfig,
+    LocalModel,
+    NormalizationFailure,
+    batch_count,
+    evaluate,
+)
 from scoring.score.probes import ProbeConfig, ProbeFailure, make_variant, plan_probes, run_probes
 from scoring.score.scorer import score_artifact
 from scoring.worker.loading import import_file
@@ -411,3 +418,36 @@ def test_a_kept_batch_costs_the_scorer_what_any_batch_costs(monkeypatch):
     for b in some:  # the kept logits are what their own buffer held
         kept = result.kept[b].logits_NV
         assert torch.equal(kept, bufs[b][: kept.shape[0]])
+
+
+class PeekPadding(Bigram):
+    """Looks one position ahead only to see whether the padding follows: in documents mode, where its document
+    ends. It passed every probe while a variant changed only real positions (the padding stayed as it was)."""
+
+    def forward(self, ids):
+        out = self.table[ids].clone()
+        out[:, :-1] += (
+            3.0 * (ids[:, 1:] == PAD_TOKEN).unsqueeze(-1).float() * F.one_hot(ids[:, :-1], V).float()
+        )
+        return out
+
+
+def test_a_model_that_reads_where_its_row_is_padded_is_caught():
+    """Documents of 5 to 62 tokens: each documents-mode batch pads its shorter rows to its longest. The variants
+    now fill the padding with real tokens too (tests/e2e/test_attack_exec.py runs the same through the real
+    scorer, long); the honest Bigram passes the same probes."""
+    rng = np.random.default_rng(0)
+    docs = [np.concatenate([[1], rng.integers(4, 260, 5 + (13 * i) % 58)]) for i in range(60)]
+    tokens = np.concatenate(docs).astype(np.int64)
+    pcfg = ProbeConfig(probes=4, seed=7)
+    plan = plan_probes(batch_count(tokens, DOCUMENTS), pcfg)
+    table = ByteTokenizer().byte_table()
+    for model, caught in ((Bigram(), False), (PeekPadding(), True)):
+        pristine = copy.deepcopy(model)
+        result = evaluate(model, tokens, table, DOCUMENTS, CPU, keep_batches=plan.batches)
+        fresh = (LocalModel(copy.deepcopy(pristine)) for _ in iter(int, 1))
+        if not caught:
+            assert run_probes(plan, result.kept, fresh, tokens, pcfg, total_batches=result.batches)["passed"]
+            continue
+        with pytest.raises(ProbeFailure, match="causality probe failed"):
+            run_probes(plan, result.kept, fresh, tokens, pcfg, total_batches=result.batches)
