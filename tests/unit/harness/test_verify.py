@@ -24,6 +24,7 @@ def run(tmp_path, tiny_dataset):
 
 def test_untouched_result_is_verified_and_recorded(run):
     run_dir, _, ledger, result = run
+    assert result["phases"]["score"]["scoring_workers"] == 1  # what a re-score takes
     rec = verify_result(run_dir)
     assert rec["status"] == "verified", rec["differences"]
     names = {c["name"] for c in rec["checks"]}
@@ -141,45 +142,35 @@ def test_a_harness_failure_is_error_keeping_the_verdict_and_a_batch_takes_any_fo
     assert "no CUDA device" in (run_dir / "verify_error.log").read_text()
 
 
-def test_the_rescore_takes_as_many_scoring_workers_as_the_score_had(run, tmp_path):
+def test_the_rescore_takes_as_many_scoring_workers_as_the_score_had(tmp_path):
     """A group's bits depend on its size (score-first adaptation over K workers): verify re-scores with the K the
-    score record names, one for a record from before the count, or the official's --scoring-workers."""
+    score record names (the scorer records it: test_untouched_result_is_verified_and_recorded), one for a record
+    from before the count, or the official's --scoring-workers."""
     from harness.records.verify import rescore_request
 
-    run_dir, folder, _, result = run
-    assert result["phases"]["score"]["scoring_workers"] == 1  # the scorer records it
+    score = {
+        "eval_mode": "standard",
+        "eval_seq_len": 64,
+        "eval_dtype": "float32",
+        "device": "cpu",
+        "threads": 1,
+    }
+    result = {"track": "smoke", "phases": {"score": {**score, "scoring_workers": 8}}}
 
     def request(res, cfg=None):
-        return rescore_request(
-            res,
-            run_dir / "artifact.pgolf",
-            folder,
-            tmp_path,
-            tmp_path / "o.json",
-            tmp_path,
-            cfg or VerifyConfig(),
-        )
+        p = tmp_path
+        return rescore_request(res, p / "a.pgolf", p, p, p / "o.json", p, cfg or VerifyConfig())
 
+    assert request(result).scoring_workers == 8
+    argv = request(result).to_argv()
+    assert argv[argv.index("--scoring-workers") + 1] == "8"
+    assert request(result, VerifyConfig(scoring_workers=2)).scoring_workers == 2
+    # the submitter's file: never more than a node's 8 on its word, nor a crash
+    for hostile, k in ((1000, 8), ("8", 1), (True, 1), (-3, 1), (None, 1)):
+        result["phases"]["score"]["scoring_workers"] = hostile
+        assert request(result).scoring_workers == k
+    assert request(result, VerifyConfig(scoring_workers=16)).scoring_workers == 16  # the official's word
+    del result["phases"]["score"]["scoring_workers"]
     assert request(result).scoring_workers == 1
-    eight = json.loads(json.dumps(result))
-    eight["phases"]["score"]["scoring_workers"] = 8
-    assert request(eight).scoring_workers == 8
-    assert (
-        "--scoring-workers" in (argv := request(eight).to_argv())
-        and argv[argv.index("--scoring-workers") + 1] == "8"
-    )
-    assert request(eight, VerifyConfig(scoring_workers=2)).scoring_workers == 2
-    for hostile, k in (
-        (1000, 8),
-        ("8", 1),
-        (True, 1),
-        (-3, 1),
-        (None, 1),
-    ):  # the submitter's file: never more
-        eight["phases"]["score"]["scoring_workers"] = hostile  # than a node's 8 on its word, nor a crash
-        assert request(eight).scoring_workers == k
-    assert request(eight, VerifyConfig(scoring_workers=16)).scoring_workers == 16  # the official's word
-    del eight["phases"]["score"]["scoring_workers"]
-    assert request(eight).scoring_workers == 1
     with pytest.raises(ValueError, match="--scoring-workers must be >= 1"):
         VerifyConfig(scoring_workers=0)
