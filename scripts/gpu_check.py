@@ -60,7 +60,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -706,6 +706,155 @@ def group_part(
     print(f"  {label}: group: {out[label]}", flush=True)
 
 
+@dataclass
+class CheckState:
+    """What the parts of one check share: its settings, and the figures each part adds."""
+
+    args: argparse.Namespace
+    t_start: float
+    preset: str
+    eval_tokens: int | None
+    group_k: int
+    peak: float | None
+    tmp: Path
+    datasets: dict[int, Path]
+    rows: list[Row] = field(default_factory=list)
+    outcomes: list[Outcome] = field(default_factory=list)
+    steady: dict[str, float] = field(default_factory=dict)
+    """Label -> steady ms/step."""
+    tps: dict[str, float] = field(default_factory=dict)
+    """Label -> training tokens/s on the clock."""
+    groups: dict[str, str] = field(default_factory=dict)
+    """Label -> the group part's line."""
+
+    def fits(self, seconds: float) -> bool:
+        return time.time() - self.t_start + seconds <= self.args.max_total_s
+
+
+def run_part(st: CheckState, bname: str, side: str) -> None:
+    """One part of the plan: a baseline's harness run (train, pack, score, verify; the group part on a node) or the
+    naive baseline's bare loop, then its record rows. Any failure is one line; the next part still runs."""
+    from harness.bench.runner import run_bare
+    from harness.config import load_config
+
+    args = st.args
+    label = bname if side == "harness" else f"{bname} (bare)"
+    budget_s = args.train_s if side == "harness" else args.bare_s
+    overhead = OVERHEAD_S[bname if side == "harness" else "bare"] if args.device == "cuda" else CPU_OVERHEAD_S
+    sub, wd = BASELINES_DIR / bname, st.tmp / f"{bname}-{side}"
+    if not st.fits(budget_s + overhead):
+        print(
+            f"  {label}: SKIPPED: its estimate would end past --max-total-s {args.max_total_s:.0f} s",
+            flush=True,
+        )
+        st.rows.append(Row(label, "skipped"))
+        st.outcomes.append(Outcome(label, "skipped", "no time left"))
+        return
+    print(f"== {label}: {'train, pack, score, verify' if side == 'harness' else 'bare loop'}", flush=True)
+    status, cfg = "failed", None
+    try:
+        base = [
+            *overrides_for(bname, args.device),
+            *run_overrides(budget_s, st.eval_tokens, args.set),
+            *args.set,
+        ]
+        cfg = load_config(sub, st.preset, base)
+        vocab = int(cfg.model["vocab_size"])
+        if vocab not in st.datasets:
+            raise ValueError(
+                f"no dataset of vocabulary {vocab:,}: pass one with --data (pgolf data build --tokenizer ...)"
+            )
+        if side == "harness":
+            got, wd = harness_run(st, bname, label, cfg, base, wd, budget_s + overhead)
+            status = "ok" if got.status == "ok" and got.verify in ("verified", "-") else "failed"
+            if st.group_k >= 2 and got.status == "ok" and (sub / "eval.py").is_file():
+                group_part(label, wd, st.group_k, got.score_s, st.t_start, args.max_total_s, st.groups)
+            if got.train_s and got.steps:
+                st.tps[label] = cfg.train["train_batch_tokens"] * got.steps / got.train_s
+        else:
+            res = run_bare(
+                submission=sub,
+                data_root=st.datasets[vocab],
+                cfg=cfg,
+                budget_s=budget_s,
+                threads=cfg.section("launch").threads_per_rank(),
+                device=args.device,
+                workdir=wd,
+            )
+            st.tps[label] = res["tokens_seen"] / max(res["train_time_s"], 1e-9)
+            status = "ok"
+    except Exception as e:  # noqa: BLE001 - one baseline's failure must not stop the others
+        print(f"  {label}: FAILED: {one_line(e)}", flush=True)
+        if side == "harness":
+            st.outcomes.append(Outcome(label, "failed", one_line(e)))
+    report_rows(st, bname, label, status, wd, cfg)
+
+
+def harness_run(
+    st: CheckState, bname: str, label: str, cfg: Any, base: list[str], wd: Path, need_s: float
+) -> tuple[Outcome, Path]:
+    """`pgolf run` and `pgolf verify` of one baseline; a run that ends `error` in the sandbox is rerun once without
+    it (time permitting), so a sandbox problem on this host shows as the difference. (outcome, its run folder)"""
+    args = st.args
+    attempt = functools.partial(
+        run_and_verify,
+        bname,
+        preset=st.preset,
+        data_root=st.datasets[int(cfg.model["vocab_size"])],
+        ledger=st.tmp / "ledger.jsonl",
+        verify=not args.no_verify,
+    )
+    got = attempt(overrides=base, run_dir=wd)
+    if (
+        got.status == "error"
+        and cfg.section("launch").sandbox != "off"
+        and not track_overrides_blocked(args.set)
+    ):
+        print(f"  {label}: FAILED with the sandbox: {got.detail[:400]}", flush=True)
+        if st.fits(need_s):
+            wd = st.tmp / f"{bname}-harness-nosandbox"
+            got = attempt(overrides=[*base, "launch.sandbox='off'"], run_dir=wd)
+            got.name = f"{label} (no sandbox)"
+            print(
+                f"  {label}: rerun with launch.sandbox='off': {got.status} (a sandbox problem on this "
+                "machine shows up as a difference between the two)",
+                flush=True,
+            )
+    st.outcomes.append(got)
+    if got.status != "ok" or got.verify not in ("verified", "-"):
+        print(f"  {label}: FAILED: {got.status}: {got.detail[:400]}", flush=True)
+    if got.sandbox:
+        print(f"  {label}: sandbox: {got.sandbox}", flush=True)
+    print(f"  {label}: crossing: {got.crossing}", flush=True)
+    return got, wd
+
+
+def report_rows(st: CheckState, bname: str, label: str, status: str, wd: Path, cfg: Any) -> None:
+    """A part's rows beside its record (also from a failed run's metrics, if it logged steps), and its lines."""
+    log = wd / "train.log"
+    log_text = log.read_text(errors="replace") if log.is_file() else ""
+    metrics = read_metrics(wd / "metrics.jsonl")
+    qat = qat_switch(log_text, metrics)
+    if qat:
+        print(f"  {label}: {qat}", flush=True)
+    got_rows = record_rows(bname, status, metrics, loop_step_of(log_text))
+    got_rows[0] = replace(got_rows[0], name=label)
+    st.rows.extend(got_rows)
+    if got_rows[0].measured_ms is not None:
+        st.steady[label] = got_rows[0].measured_ms
+    if bname == NAIVE and label in st.tps and st.peak and cfg is not None:
+        fpt = flops_per_token(cfg.model, count_params(cfg.model), int(cfg.train["train_seq_len"]))
+        print(
+            f"  {label}: {st.tps[label]:,.0f} tokens/s on the clock, MFU {100 * st.tps[label] * fpt / st.peak:.1f}%"
+        )
+    print(
+        f"  {label}: {fmt_ms(got_rows[0].measured_ms)} ms/step over {got_rows[0].steps} steps; record "
+        f"{got_rows[0].record_ms:.2f} ms x {got_rows[0].gpus} GPUs = {fmt_ms(got_rows[0].expected_ms)} ms "
+        f"expected; {time.time() - st.t_start:.0f} s since the start",
+        flush=True,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -793,8 +942,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import isolation.sandbox as sandbox
     from data.embedded import ensure_embedded_dataset
-    from harness.bench.runner import run_bare
-    from harness.config import load_config
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print(
@@ -837,11 +984,6 @@ def main(argv: list[str] | None = None) -> int:
             "  group: none (a group needs two or more GPUs: NCCL refuses two ranks on one; --group-workers K)",
             flush=True,
         )
-    groups: dict[str, str] = {}
-    rows: list[Row] = []
-    outcomes: list[Outcome] = []
-    steady: dict[str, float] = {}
-    tps: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="pgolf-gpu-check-") as tmp_s:
         tmp = (args.workdir or Path(tmp_s)).resolve()
         tmp.mkdir(parents=True, exist_ok=True)
@@ -861,126 +1003,16 @@ def main(argv: list[str] | None = None) -> int:
         plan = [(n, "harness") for n in names]
         if NAIVE in names:
             plan.insert(names.index(NAIVE) + 1, (NAIVE, "bare"))
+        st = CheckState(args, t_start, preset, eval_tokens, group_k, peak, tmp, datasets)
         for bname, side in plan:
-            label = bname if side == "harness" else f"{bname} (bare)"
-            budget_s = args.train_s if side == "harness" else args.bare_s
-            overhead = (
-                OVERHEAD_S[bname if side == "harness" else "bare"]
-                if args.device == "cuda"
-                else CPU_OVERHEAD_S
-            )
-            sub = BASELINES_DIR / bname
-            wd = tmp / f"{bname}-{side}"
-            if time.time() - t_start + budget_s + overhead > args.max_total_s:
-                print(
-                    f"  {label}: SKIPPED: its estimate would end past --max-total-s {args.max_total_s:.0f} s",
-                    flush=True,
-                )
-                rows.append(Row(label, "skipped"))
-                outcomes.append(Outcome(label, "skipped", "no time left"))
-                continue
-            print(
-                f"== {label}: {'train, pack, score, verify' if side == 'harness' else 'bare loop'}",
-                flush=True,
-            )
-            status, res = "failed", None
-            try:
-                base = [
-                    *overrides_for(bname, args.device),
-                    *run_overrides(budget_s, eval_tokens, args.set),
-                    *args.set,
-                ]
-                cfg = load_config(sub, preset, base)
-                vocab = int(cfg.model["vocab_size"])
-                if vocab not in datasets:
-                    raise ValueError(
-                        f"no dataset of vocabulary {vocab:,}: pass one with --data (pgolf data build --tokenizer ...)"
-                    )
-                if side == "harness":
-                    attempt = functools.partial(
-                        run_and_verify,
-                        bname,
-                        preset=preset,
-                        data_root=datasets[vocab],
-                        ledger=tmp / "ledger.jsonl",
-                        verify=not args.no_verify,
-                    )
-                    got = attempt(overrides=base, run_dir=wd)
-                    rerun = (
-                        got.status == "error"
-                        and cfg.section("launch").sandbox != "off"
-                        and not track_overrides_blocked(args.set)
-                    )
-                    if rerun:
-                        print(f"  {label}: FAILED with the sandbox: {got.detail[:400]}", flush=True)
-                        if time.time() - t_start + budget_s + overhead <= args.max_total_s:
-                            wd = tmp / f"{bname}-{side}-nosandbox"
-                            got = attempt(overrides=[*base, "launch.sandbox='off'"], run_dir=wd)
-                            got.name = f"{label} (no sandbox)"
-                            print(
-                                f"  {label}: rerun with launch.sandbox='off': {got.status} (a sandbox problem on this "
-                                "machine shows up as a difference between the two)",
-                                flush=True,
-                            )
-                    outcomes.append(got)
-                    status = "ok" if got.status == "ok" and got.verify in ("verified", "-") else "failed"
-                    if status == "failed":
-                        print(f"  {label}: FAILED: {got.status}: {got.detail[:400]}", flush=True)
-                    if got.sandbox:
-                        print(f"  {label}: sandbox: {got.sandbox}", flush=True)
-                    print(f"  {label}: crossing: {got.crossing}", flush=True)
-                    if group_k >= 2 and got.status == "ok" and (sub / "eval.py").is_file():
-                        group_part(label, wd, group_k, got.score_s, t_start, args.max_total_s, groups)
-                    if got.train_s and got.steps:
-                        tokens = cfg.train["train_batch_tokens"] * got.steps
-                        tps[label] = tokens / got.train_s
-                else:
-                    res = run_bare(
-                        submission=sub,
-                        data_root=datasets[vocab],
-                        cfg=cfg,
-                        budget_s=budget_s,
-                        threads=cfg.section("launch").threads_per_rank(),
-                        device=args.device,
-                        workdir=wd,
-                    )
-                    tps[label] = res["tokens_seen"] / max(res["train_time_s"], 1e-9)
-                    status = "ok"
-            except Exception as e:  # noqa: BLE001 - one baseline's failure must not stop the others
-                print(f"  {label}: FAILED: {one_line(e)}", flush=True)
-                if side == "harness":
-                    outcomes.append(Outcome(label, "failed", one_line(e)))
-            # the record rows, also from a failed run's metrics if it logged steps
-            log = wd / "train.log"
-            log_text = log.read_text(errors="replace") if log.is_file() else ""
-            loop = loop_step_of(log_text)
-            metrics = read_metrics(wd / "metrics.jsonl")
-            qat = qat_switch(log_text, metrics)
-            if qat:
-                print(f"  {label}: {qat}", flush=True)
-            got_rows = record_rows(bname, status, metrics, loop)
-            got_rows[0] = replace(got_rows[0], name=label)
-            rows.extend(got_rows)
-            if got_rows[0].measured_ms is not None:
-                steady[label] = got_rows[0].measured_ms
-            if bname == NAIVE and label in tps and peak:
-                fpt = flops_per_token(cfg.model, count_params(cfg.model), int(cfg.train["train_seq_len"]))
-                print(
-                    f"  {label}: {tps[label]:,.0f} tokens/s on the clock, MFU {100 * tps[label] * fpt / peak:.1f}%"
-                )
-            print(
-                f"  {label}: {fmt_ms(got_rows[0].measured_ms)} ms/step over {got_rows[0].steps} steps; record "
-                f"{got_rows[0].record_ms:.2f} ms x {got_rows[0].gpus} GPUs = {fmt_ms(got_rows[0].expected_ms)} ms "
-                f"expected; {time.time() - t_start:.0f} s since the start",
-                flush=True,
-            )
+            run_part(st, bname, side)
     print()
-    print(table(rows, comparable))
+    print(table(st.rows, comparable))
     print()
-    print(pipeline_table(outcomes))
+    print(pipeline_table(st.outcomes))
     ratio = None
-    if steady.get(NAIVE) and steady.get(f"{NAIVE} (bare)"):
-        ratio = steady[NAIVE] / steady[f"{NAIVE} (bare)"]
+    if st.steady.get(NAIVE) and st.steady.get(f"{NAIVE} (bare)"):
+        ratio = st.steady[NAIVE] / st.steady[f"{NAIVE} (bare)"]
         print(
             f"naive_baseline harness / bare steady ms/step: {ratio:.4f} (1.0: the harness costs nothing per step)"
         )
@@ -994,20 +1026,20 @@ def main(argv: list[str] | None = None) -> int:
                     "format_version": 1,
                     "device": name,
                     "preset": preset,
-                    "records": [asdict(r) for r in rows],
-                    "runs": [asdict(o) for o in outcomes],
+                    "records": [asdict(r) for r in st.rows],
+                    "runs": [asdict(o) for o in st.outcomes],
                     "harness_over_bare": ratio,
-                    "groups": groups,
-                    "tokens_per_s": tps,
+                    "groups": st.groups,
+                    "tokens_per_s": st.tps,
                     "total_s": total,
                 },
                 indent=1,
             )
         )
     ok = (
-        all(r.status in ("ok", "skipped") for r in rows)
-        and all(o.status in ("ok", "skipped") and o.verify in ("verified", "-") for o in outcomes)
-        and not any(line.startswith("FAILED") for line in groups.values())
+        all(r.status in ("ok", "skipped") for r in st.rows)
+        and all(o.status in ("ok", "skipped") and o.verify in ("verified", "-") for o in st.outcomes)
+        and not any(line.startswith("FAILED") for line in st.groups.values())
     )
     return 0 if ok else 1
 
