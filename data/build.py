@@ -87,6 +87,7 @@ from data.proof import (
     piece_lengths,
     refuse_long_pieces,
     split_transforms,
+    val_only_pieces,
 )
 from data.shards import TOKEN_DTYPE, read_split, shard_name, write_shard
 from data.tokenizer import (
@@ -682,15 +683,17 @@ def build_dataset(
     spec, batch_tf = _encode_spec(tok, str(tok_path), canonical, transform)
     canonical, tname = spec.canonical, _transform_name(transform)
     # refuses here, before any worker starts, a tokenizer the proof cannot read
-    markers = ProvingEncoder(spec).markers
+    proving = ProvingEncoder(spec)
+    markers = proving.markers
 
     if batch_tf is not None:
         workers = 1  # the split's one confined child transforms every batch of it, from this process
     if isinstance(tok, ByteTokenizer):
         workers = 1  # byte260 encoding is a memory copy (~500 MB/s); shipping text to workers costs more
     counts = np.zeros(tok.vocab_size, dtype=np.int64)
+    val_counts = np.zeros(tok.vocab_size, dtype=np.int64)
     writers = {
-        "val": _SplitWriter(out, "val", shard_tokens, tok.bos_id, None),
+        "val": _SplitWriter(out, "val", shard_tokens, tok.bos_id, val_counts),
         "train": _SplitWriter(out, "train", shard_tokens, tok.bos_id, counts),
     }
     selection = SelectionHash()
@@ -809,6 +812,7 @@ def build_dataset(
             "source": source or {},
             "shards": shards,
             "train_unigram_counts": counts.tolist(),
+            "pieces": val_only_pieces(val_counts, counts, proving.spell),
         },
     )
     return out
@@ -894,7 +898,8 @@ def prove_dataset(
     tok = load_tokenizer(m.tokenizer_path)
     spec, batch_tf = _encode_spec(tok, str(m.tokenizer_path), canonical, transform)
     canonical, tname = spec.canonical, _transform_name(transform)
-    markers = ProvingEncoder(spec).markers
+    proving = ProvingEncoder(spec)
+    markers = proving.markers
     workers = 1 if batch_tf is not None else default_workers() if workers is None else workers
     selection = SelectionHash()
     val_hash = SelectionHash()
@@ -956,6 +961,8 @@ def prove_dataset(
     if batch_tf is not None:
         raw["transform"] = transform_block(batch_tf)
     raw["split_sha256"] = {**(raw.get("split_sha256") or {}), "val": val_hash.hexdigest()}
+    train_counts = np.asarray(raw.get("train_unigram_counts") or [], dtype=np.int64)
+    raw["pieces"] = val_only_pieces(np.bincount(val, minlength=tok.vocab_size), train_counts, proving.spell)
     write_manifest(root, raw)
     return block
 

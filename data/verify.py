@@ -298,6 +298,37 @@ def transform_confinement_line(recorded: dict[str, Any]) -> str:
     )
 
 
+def _counts_problems(m: Manifest) -> list[str]:
+    """The manifest's token counts of the training split (`train_unigram_counts`) and its `pieces` block (the
+    pieces the validation split alone uses, which a record track bounds: data/proof.py val_only_pieces), against
+    what the shards hold."""
+    from data.canonical import CanonicalBytesError, spelled_lengths
+    from data.proof import val_only_pieces
+
+    V = m.vocab_size
+    found = {"train": np.zeros(V, np.int64), "val": np.zeros(V, np.int64)}
+    for e in m.raw["shards"]:
+        ids = np.asarray(read_shard(m.root / str(e["name"])))
+        found[str(e["split"])] += np.bincount(ids, minlength=V)[:V]
+    problems = []
+    recorded = m.raw.get("train_unigram_counts")
+    if recorded is not None and not np.array_equal(np.asarray(recorded, dtype=np.int64), found["train"]):
+        problems.append("train_unigram_counts: the manifest's counts are not the training shards' tokens")
+    pieces = m.raw.get("pieces")
+    if isinstance(pieces, dict):
+        try:
+            spell = spelled_lengths(m.root, m.raw)
+        except CanonicalBytesError:
+            spell = None
+        want = val_only_pieces(found["val"], found["train"], spell)["val_only"]
+        if pieces.get("val_only") != want:
+            problems.append(
+                f"pieces.val_only: the manifest says {pieces.get('val_only')}, the shards give {want} (pieces the "
+                "validation split uses and the training split never does)"
+            )
+    return problems
+
+
 def verify_dataset(
     directory: str | os.PathLike[str],
     *,
@@ -375,6 +406,8 @@ def verify_dataset(
         total_problems.append("no validation shards listed")
     if not bare and view_split != "train":
         files.append(_check_val_bytes(m, quick=quick))
+    if not quick and not bare and not view_split and all(f.ok for f in files[: len(entries)]):
+        total_problems += _counts_problems(m)
     recorded = m.raw.get("transform")
     if recorded:
         totals.append(transform_confinement_line(recorded))

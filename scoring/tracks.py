@@ -61,6 +61,12 @@ FINEWEB_VAL = DocumentSet(
 official sp1024 normalises them (which keeps every sp1024 record's bytes exactly as the reference counted them)."""
 
 
+VAL_ONLY_PIECES_MAX = 64
+"""On a record track, the most pieces (of 4 bytes or more: data/proof.py val_only_pieces) the validation split may
+use that the training split, the official text, never does: beyond it the uncounted tokenizer holds validation
+text (see data/proof.py VAL_ONLY_MIN_BYTES)."""
+
+
 def dataset_problem(docs: DocumentSet, identity: dict[str, Any]) -> str | None:
     """Why a dataset is not `docs` (one line naming what differs), or None. `identity`: harness.run.pipeline
     data_identity (from the manifest)."""
@@ -79,6 +85,16 @@ def dataset_problem(docs: DocumentSet, identity: dict[str, Any]) -> str | None:
         return (
             f"the dataset's validation documents hash to {str(identity.get('val_text_sha256'))[:16]}…; {where} "
             f"hashes to {docs.text_sha256[:16]}…"
+        )
+    only = identity.get("val_only_pieces")
+    if not isinstance(only, int) or only > VAL_ONLY_PIECES_MAX:
+        return (
+            f"the dataset's tokenizer has {only} pieces of 4 bytes or more that the validation split "
+            f"uses and its training split never does (at most {VAL_ONLY_PIECES_MAX}): the uncounted tokenizer holds "
+            "validation text"
+            if isinstance(only, int)
+            else "the dataset records no count of the pieces its validation split alone uses (built before it). HINT: "
+            "rebuild it with `pgolf data build` (or `pgolf data prove DIR --docs FILE` for downloaded shards)"
         )
     for sha, logged, seq_len in docs.logged_val_tokens:
         n = identity.get("val_tokens")

@@ -38,6 +38,7 @@ def data_identity(manifest: Manifest) -> dict[str, Any]:
         "val_text_sha256": (manifest.raw.get("split_sha256") or {}).get("val"),
         "canonical": None if canonical is None else canonical.get("text"),
         "transform": None if canonical is None else canonical.get("transform"),
+        "val_only_pieces": (manifest.raw.get("pieces") or {}).get("val_only"),
     }
 
 

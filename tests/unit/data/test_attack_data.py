@@ -140,6 +140,36 @@ def test_a_tokenizer_holding_the_validation_text_in_its_pieces_is_refused(tmp_pa
     )
 
 
+def test_sixteen_character_pieces_of_the_validation_text_are_refused_on_a_record_track(tmp_path):
+    """What the 16-character bound left: pieces of 16 characters of the validation text in id order still scored
+    0.031 bpb on the documents they hold. The training split never uses them (on a record track it is the official
+    text, which no entrant writes): the build counts the pieces the validation split alone uses, and a record track
+    refuses more than VAL_ONLY_PIECES_MAX. The official sp1024 on the same documents: none of 4 bytes or more."""
+    from harness.run.datacheck import data_identity
+    from scoring.tracks import VAL_ONLY_PIECES_MAX, DocumentSet, dataset_problem
+
+    require_shared(SP1024, SAMPLE_JSONL)
+    docs = sample_docs(40)
+    model = _memorising_sp1024(sp1024_canonical(docs[:10]), tmp_path / "memo.model", chunk=16)
+    official = {"canonical": "sp1024", "docs": 10}
+    for name, tok, many in (("memo", model, True), ("sp1024", SP1024, False)):
+        ds = build_dataset(docs, tmp_path / name, val_docs=10, tokenizer=tok, workers=1, canonical="sp1024")
+        pieces = load_manifest(ds).raw["pieces"]
+        assert (pieces["val_only"] > VAL_ONLY_PIECES_MAX) == many and (many or pieces["val_only"] == 0), (
+            pieces
+        )
+        problem = dataset_problem(DocumentSet(name="t", **official), data_identity(load_manifest(ds)))
+        assert (problem is not None and "holds validation text" in problem) == many, problem
+    assert verify_dataset(ds).ok  # the honest one's counts are the shards'
+    raw = json.loads(
+        (tmp_path / "memo" / MANIFEST_NAME).read_text()
+    )  # a count edited, the training split's too
+    raw["pieces"]["val_only"], raw["train_unigram_counts"][5] = 0, raw["train_unigram_counts"][5] + 1
+    (tmp_path / "memo" / MANIFEST_NAME).write_text(json.dumps(raw))
+    found = "\n".join(verify_dataset(tmp_path / "memo").problems())
+    assert "pieces.val_only: the manifest says 0" in found and "train_unigram_counts" in found, found
+
+
 # ---- a validation document spread over training documents: the window check ----
 
 

@@ -263,6 +263,7 @@ def _identity(**kw):
         "val_text_sha256": "ab" * 32,
         "tokenizer_sha256": SP1024_SHA256,
         "val_tokens": 62_021_633,
+        "val_only_pieces": 0,
     }
     return {**base, **kw}
 
@@ -274,6 +275,8 @@ def _identity(**kw):
         ({"canonical": "raw"}, "canonical text is 'raw'"),
         ({"val_docs": 400}, "has 400 documents"),
         ({"val_tokens": 62_021_632 - 1024}, "the challenge's logs give 62,021,632"),
+        ({"val_only_pieces": 65}, "65 pieces of 4 bytes or more that the validation split uses"),
+        ({"val_only_pieces": None}, "records no count of the pieces its validation split alone uses"),
     ],
 )
 def test_a_dataset_that_is_not_the_official_split_is_named(change, says):
