@@ -352,3 +352,38 @@ def test_the_group_part_rescores_an_adapting_run_with_a_group(capsys, tmp_path) 
         r"int6_era: group: 2 workers \(a group: .*\): .* difference ([-+][\d.e-]+)\); probes passed", out
     )
     assert m and abs(float(m.group(1))) < 1e-6, out
+
+
+def test_sp8192_trains_its_train_s_beside_the_reserves_its_train_py_keeps(monkeypatch, tmp_path) -> None:
+    """sp8192_era's train.py stops encode_reserve_s (70 s) before its budget (and gptq_reserve_s more with GPTQ on):
+    at the check's default 60 s its training time was negative, it trained no step, and its encode (about a minute
+    of brotli-11, on the clock) ended past train_s + the stop tolerance (65 s): over_budget, on every GPU. The
+    check's budget for it is --train-s plus what its train.py keeps off training, so it trains --train-s."""
+    from harness.config import load_config
+
+    seen: dict[str, object] = {}
+
+    def fake_run(st, bname, label, cfg, base, wd, need_s):
+        seen["cfg"], seen["need_s"] = cfg, need_s
+        return gc.Outcome(label, "ok"), wd
+
+    monkeypatch.setattr(gc, "harness_run", fake_run)
+    args = gc.argparse.Namespace(
+        train_s=60.0, bare_s=30.0, device="cuda", set=[], max_total_s=1e9, no_verify=True
+    )
+    st = gc.CheckState(args, gc.time.time(), "one-gpu", 262_144, 0, None, tmp_path, {8192: tmp_path})
+    gc.run_part(st, "sp8192_era", "harness")
+    cfg = seen["cfg"]
+    t = cfg.train
+    reserve = float(t["encode_reserve_s"]) + (
+        float(t["gptq_reserve_s"]) if int(t["gptq_calibration_batches"]) > 0 else 0.0
+    )
+    assert float(t["encode_reserve_s"]) == 70.0  # the preset's, unchanged: the encode is the record's codec
+    assert cfg.section("budget").train_s - reserve == pytest.approx(60.0), cfg.section("budget").train_s
+    assert seen["need_s"] >= 60.0 + reserve
+    # the naive baseline keeps nothing back: its budget stays --train-s
+    plain = load_config(
+        REPO / "baselines" / "naive_baseline", "one-gpu", gc.overrides_for("naive_baseline", "cuda")
+    )
+    assert gc.reserved_s(plain.train) == 0.0
+    assert gc.estimate_s(["sp8192_era"], 60.0, "cuda", reserves={"sp8192_era": 70.0}) == 10 + 60 + 70 + 360
