@@ -13,7 +13,8 @@ writing, then RUN_DIR/verification.json) and returns the record as JSON text.
 Resources per job (flags override each): CPUs = the threads the result was scored with (at least 1);
 GPUs = the result's scoring workers when it was scored on CUDA (one per GPU: the re-score uses as many), else 0;
 time = twice the track's eval budget plus 10 minutes (6 hours on an untimed track); memory = the
-partition's default.
+partition's default. Local GPU jobs each get GPUs of their own (submitit's `visible_gpus`) and wait while
+other jobs hold them: two re-scores never share a GPU, nor its eval clock.
 
 Trust. The verdict is decided on the submitting side, which alone writes result.json's verification
 fields and the ledger (one writer, in submission order; `append_ledger`'s lock still guards against
@@ -336,6 +337,8 @@ class Item:
     job: Any = None
     done_at: float | None = None
     record: dict[str, Any] | None = None
+    gpus_held: tuple[int, ...] = ()
+    """Local executor: the GPUs of this machine this job was given (no other local job has them meanwhile)."""
 
 
 def make_executor(ecfg: ExecutorConfig, folder: Path) -> Any:
@@ -364,6 +367,8 @@ def submit(executor: Any, ecfg: ExecutorConfig, item: Item, task: dict[str, Any]
             params["mem"] = f"{max(1, math.ceil(r.mem_gb * 1024))}M"
     else:
         params = {"timeout_min": r.time_min, "gpus_per_node": r.gpus}
+        if item.gpus_held:  # else submitit gives every local job GPUs 0 .. gpus-1: all of them the same ones
+            params["visible_gpus"] = item.gpus_held
     executor.update_parameters(**params)
     from submitit.core.utils import FailedJobError
 
@@ -474,6 +479,20 @@ def ended(item: Item, ecfg: ExecutorConfig) -> bool:
     return job_state(job).upper() not in INCOMPLETE_STATES
 
 
+def local_gpus() -> list[int]:
+    """This machine's GPUs as the local executor numbers them (CUDA_VISIBLE_DEVICES' own numbers where it names
+    them; else every GPU torch counts)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        try:
+            return [int(x) for x in env.split(",") if x.strip()]
+        except ValueError:  # UUIDs: submitit takes numbers only; the count below
+            pass
+    import torch
+
+    return list(range(torch.cuda.device_count()))
+
+
 def default_folder(ecfg: ExecutorConfig, first_run_dir: Path) -> Path:
     return ecfg.folder or first_run_dir.parent / ".verify-jobs"
 
@@ -522,11 +541,20 @@ def run_verifications(
         limit = max(1, (os.cpu_count() or 1) // max(i.resources.cpus for i in items))
     waiting = list(items)
     in_flight: list[Item] = []
+    # local GPU jobs: each takes GPUs of its own and waits while others hold them (a re-score's eval clock must
+    # not share its GPUs with another's)
+    # (a job asking for more GPUs than the machine has is given none of them: its re-score says so)
+    free_gpus = local_gpus() if ecfg.kind == "local" and any(i.resources.gpus for i in items) else []
+    n_gpus = len(free_gpus)
     bar = tqdm(total=len(items), desc=f"verify ({ecfg.kind})", unit="job", file=sys.stderr)
     try:
         while waiting or in_flight:
             while waiting and (limit == 0 or len(in_flight) < limit):
+                need = waiting[0].resources.gpus if waiting[0].resources.gpus <= n_gpus else 0
+                if need > len(free_gpus):
+                    break  # until a running job hands its GPUs back
                 item = waiting.pop(0)
+                item.gpus_held, free_gpus[:] = tuple(free_gpus[:need]), free_gpus[need:]
                 task = {
                     "run_dir": str(item.run_dir),
                     "submission": str(submission) if submission is not None else None,
@@ -543,6 +571,7 @@ def run_verifications(
                 bar.write(f"submitted {ecfg.kind} job {item.job.job_id}: {item.run_dir}", file=sys.stderr)
             for item in [i for i in in_flight if ended(i, ecfg)]:
                 in_flight.remove(item)
+                free_gpus.extend(item.gpus_held)
                 item.record = finish(item, ecfg, vcfg, submission, data, ledger)
                 ex = item.record["executor"]
                 bar.write(

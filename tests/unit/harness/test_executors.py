@@ -217,3 +217,70 @@ def test_a_report_on_a_result_without_a_score_is_accepted_not_a_crash(status):
     forged["checks"][-1]["ok"] = True
     forged["status"], forged["differences"] = "verified", []
     assert "a failed re-score reported as passed" in accept_report(json.dumps(forged), forged, expect)
+
+
+def test_local_gpu_jobs_never_share_a_gpu(monkeypatch, tmp_path):
+    """submitit's LocalExecutor gives every job CUDA_VISIBLE_DEVICES=0..n-1 of its gpus_per_node: on an 8-GPU node,
+    the local jobs (as many at once as CPUs allow) each re-scored with 8 workers on the same 8 GPUs, their eval
+    clocks sharing them (over_eval_budget verdicts that say nothing of the entry). Each local GPU job now gets GPUs
+    of its own (`visible_gpus`), and waits for them while other jobs hold them."""
+    import harness.records.executors as ex
+
+    results = {f"r{i}": copy.deepcopy(RESULT) for i in range(3)}
+    for r in results.values():
+        r["phases"]["score"] = {**SCORE, "device": "cuda", "scoring_workers": 4}
+    monkeypatch.setattr(ex, "read_result", lambda p: (tmp_path / p / "result.json", tmp_path / p, results[p]))
+    monkeypatch.setattr(ex, "resolve_inputs", lambda *a: (None, None))
+    monkeypatch.setattr(ex, "local_gpus", lambda: list(range(8)))
+    monkeypatch.setattr(ex.os, "cpu_count", lambda: 64)
+    running: dict[str, tuple[int, ...]] = {}
+    events: list[tuple[str, tuple[int, ...]]] = []
+
+    class Job:
+        def __init__(self, name, gpus):
+            self.job_id, self.gpus, self.polls = name, gpus, 0
+
+    class Executor:
+        params: dict = {}
+
+        def update_parameters(self, **kw):
+            self.params = kw
+
+        def submit(self, fn, task_json):
+            gpus = tuple(self.params.get("visible_gpus", range(self.params["gpus_per_node"])))
+            for other in running.values():
+                assert not set(other) & set(gpus), f"GPUs {gpus} shared with a running job's {other}"
+            name = json.loads(task_json)["run_dir"]
+            running[name] = gpus
+            events.append((name, gpus))
+            return Job(name, gpus)
+
+    def ended(item, ecfg):
+        item.job.polls += 1
+        if item.job.polls < 2:
+            return False
+        running.pop(item.job.job_id, None)
+        return True
+
+    monkeypatch.setattr(ex, "make_executor", lambda ecfg, folder: Executor())
+    monkeypatch.setattr(ex, "ended", ended)
+    monkeypatch.setattr(ex, "job_state", lambda job: "RUNNING")
+    monkeypatch.setattr(
+        ex,
+        "finish",
+        lambda item, *a: {
+            "executor": {"job_id": item.job.job_id, "state": "DONE"},
+            "status": "verified",
+            "differences": [],
+        },
+    )
+    got = ex.run_verifications(
+        list(results),
+        submission=None,
+        data=None,
+        vcfg=VerifyConfig(),
+        ecfg=ExecutorConfig(kind="local", poll_s=0.001, folder=tmp_path / "jobs"),
+        ledger=None,
+    )
+    assert [r["status"] for r in got] == ["verified"] * 3
+    assert [len(g) for _, g in events] == [4, 4, 4] and events[0][1] != events[1][1]
