@@ -47,13 +47,20 @@ class WorkerPool:
     bit as with one worker (every worker computes deterministically: scoring/worker/process.py). As a
     score-first adapter it hands every chunk to every worker, all at once, so their weights stay the same."""
 
-    def __init__(self, workers: list[WorkerModel], net: SharedNet | None = None):
+    def __init__(
+        self, workers: list[WorkerModel], net: SharedNet | None = None, port_hold: socket.socket | None = None
+    ):
         if not workers:
             raise ValueError("a worker pool needs at least one worker")
         self.workers = workers
         self._threads: ThreadPoolExecutor | None = None
         self.net = net
         """A group's shared network namespace (held until the pool is closed); None: none of its own."""
+        self.port_hold = port_hold
+        """A group without a namespace of its own: a socket bound to its rendezvous port on the host's loopback,
+        held from the pool's making (a probe group's, minutes before it is used) until it starts, so that no other
+        socket (the main group's, made meanwhile) takes the port: a probe group that cannot meet would fail its
+        probe, and the entry would be called illegal."""
         self._adapt_s = 0.0
         self.chunk_replay_s: list[float] = []
         """As WorkerModel.chunk_replay_s, for the pool's workers together (they adapt at once)."""
@@ -81,6 +88,10 @@ class WorkerPool:
             w.deadline = value
 
     def start(self) -> None:
+        """Tell every worker to build (a group's rendezvous port let go first: rank 0 binds it)."""
+        if self.port_hold is not None:
+            self.port_hold.close()
+            self.port_hold = None
         for w in self.workers:
             w.start()
 
@@ -121,6 +132,8 @@ class WorkerPool:
         return self._threads
 
     def close(self) -> None:
+        if self.port_hold is not None:
+            self.port_hold.close()
         for w in self.workers:  # first: a thread still waiting on a worker then returns at once
             w.close()
         if self._threads is not None:
@@ -203,11 +216,12 @@ class WorkerPool:
         self.chunk_replay_s.append(self._chunk_t0 + took)
 
 
-def _free_port() -> int:
-    """A port free on the host's loopback now (a group without a namespace of its own meets there)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _held_port() -> socket.socket:
+    """A socket bound to a port free on the host's loopback (a group without a namespace of its own meets there),
+    held until the group starts (WorkerPool.port_hold)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    return s
 
 
 def shared_net_here(sandbox: str) -> bool:
@@ -226,12 +240,14 @@ def start_pool(
     namespaces here (default: asked of the machine). Everything started is closed by `stack`."""
     grouped = grouped and len(devices) > 1  # a group of one is no group
     shared: SharedNet | None = None
-    port = GROUP_PORT
+    port, hold = GROUP_PORT, None
     if grouped and (net if net is not None else shared_net_here(cfg.sandbox)):
         shared = SharedNet(PROJECT_ROOT)
         stack.callback(shared.close)
     elif grouped:
-        port = _free_port()
+        hold = _held_port()
+        stack.callback(hold.close)
+        port = int(hold.getsockname()[1])
     net_fd = None if shared is None else shared.fd
     workers = []
     for rank, device in enumerate(devices):
@@ -239,4 +255,4 @@ def start_pool(
         w = start_worker(dataclasses.replace(cfg, device=device, group=group))
         stack.callback(w.close)
         workers.append(w)
-    return WorkerPool(workers, shared)
+    return WorkerPool(workers, shared, hold)

@@ -298,6 +298,7 @@ def score_core(
         # count against the budget (a model that fitted itself at build time ran 62 s off every clock).
         t_clock = time.monotonic()
         pool.deadline = t_clock + eval_budget_s if finite else None
+        pool.start()  # each told to build, in order (a group without a namespace of its own: its port let go first)
         # started in order, the main one first: each decodes and builds while this process reads the data (probe
         # workers wait idle)
         building = pool.submit_each([functools.partial(_ready_at, w) for w in pool.workers])

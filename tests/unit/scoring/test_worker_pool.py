@@ -5,6 +5,8 @@ adaptation every worker gets every chunk, all at once. Tested with 2 CPU workers
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +14,7 @@ import torch
 from data.tokenizer import ByteTokenizer
 from scoring.score.evaluate import EvalConfig, evaluate
 from scoring.score.pool import WorkerPool
-from scoring.score.remote import start_worker
+from scoring.score.remote import WorkerConfig, start_worker
 from tests.unit.scoring.test_eval_support import (
     TINY_CONFIG,
     _one_thread,  # noqa: F401 (fixture)
@@ -130,3 +132,36 @@ def test_on_cuda_each_answer_is_scored_on_its_workers_gpu():
     pool = WorkerPool(stubs)  # type: ignore[arg-type]
     assert pool.loss_devices(torch.device("cuda:0")) == [torch.device(f"cuda:{k}") for k in range(3)]
     assert pool.loss_devices(CPU) == [CPU] * 3
+
+
+def test_a_group_without_a_namespace_holds_its_port_until_it_starts(monkeypatch):
+    """A probe group's port on the host's loopback is chosen minutes before the group meets: held by a bound socket
+    until it starts, no other socket (the main group's, made meanwhile) can take it, so an honest entry's probe
+    group always meets (before, a clash failed the probe: illegal)."""
+    import socket
+    from contextlib import ExitStack
+    from types import SimpleNamespace
+
+    import scoring.score.pool as pool_mod
+
+    started: list[int] = []
+
+    def stub(cfg):
+        def start():
+            with socket.socket() as s:  # rank 0 binds the port when it is told to build: free by then
+                s.bind(("127.0.0.1", cfg.group.port))
+            started.append(cfg.group.rank)
+
+        return SimpleNamespace(cfg=cfg, start=start, close=lambda: None)
+
+    monkeypatch.setattr(pool_mod, "start_worker", stub)
+    cfg = WorkerConfig(
+        code_dir=Path("."), artifact=Path("a"), vocab_size=4, max_tokens_per_batch=8, sandbox="off"
+    )
+    with ExitStack() as stack:
+        pool = pool_mod.start_pool(cfg, ["cpu", "cpu"], grouped=True, stack=stack, net=False)
+        port = pool.workers[0].cfg.group.port
+        with socket.socket() as other, pytest.raises(OSError):  # held meanwhile
+            other.bind(("127.0.0.1", port))
+        pool.start()
+        assert started == [0, 1] and pool.port_hold is None
