@@ -89,7 +89,7 @@ from data.proof import (
     split_transforms,
     val_only_pieces,
 )
-from data.shards import TOKEN_DTYPE, read_split, shard_name, write_shard
+from data.shards import TOKEN_DTYPE, read_shard, read_split, shard_name, write_shard
 from data.tokenizer import (
     BYTE260_FILENAME,
     BYTE260_OFFSET,
@@ -961,7 +961,15 @@ def prove_dataset(
     if batch_tf is not None:
         raw["transform"] = transform_block(batch_tf)
     raw["split_sha256"] = {**(raw.get("split_sha256") or {}), "val": val_hash.hexdigest()}
-    train_counts = np.asarray(raw.get("train_unigram_counts") or [], dtype=np.int64)
+    # the training split counted from its shards, never taken from the manifest given (whoever wrote it): absent,
+    # short or edited counts made every validation piece look used in training
+    train_counts = np.zeros(tok.vocab_size, dtype=np.int64)
+    for e in m.raw["shards"]:
+        if e["split"] == "train":
+            train_counts += np.bincount(
+                np.asarray(read_shard(root / str(e["name"]))), minlength=tok.vocab_size
+            )[: tok.vocab_size]
+    raw["train_unigram_counts"] = train_counts.tolist()
     raw["pieces"] = val_only_pieces(np.bincount(val, minlength=tok.vocab_size), train_counts, proving.spell)
     write_manifest(root, raw)
     return block

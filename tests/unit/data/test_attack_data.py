@@ -170,6 +170,41 @@ def test_sixteen_character_pieces_of_the_validation_text_are_refused_on_a_record
     assert "pieces.val_only: the manifest says 0" in found and "train_unigram_counts" in found, found
 
 
+@pytest.mark.parametrize("counts", ["absent", "empty", "one id", "all ones"])
+def test_proving_shards_counts_the_training_split_itself(tmp_path, counts):
+    """HOLE (before the fix): `pgolf data prove` (shards built or downloaded elsewhere) took the training split's
+    counts from the manifest it was given, `train_unigram_counts`: absent, [] or one id, the validation-only count
+    was 0, and all ones likewise, so the 16-character memorising tokenizer (thousands of such pieces) passed a
+    record track's check with the manifest's word. The prove counts the training shards themselves."""
+    from data.build import prove_dataset
+    from harness.run.datacheck import data_identity
+    from scoring.tracks import VAL_ONLY_PIECES_MAX, DocumentSet, dataset_problem
+
+    require_shared(SP1024, SAMPLE_JSONL)
+    docs = sample_docs(40)
+    model = _memorising_sp1024(sp1024_canonical(docs[:10]), tmp_path / "memo.model", chunk=16)
+    ds = build_dataset(docs, tmp_path / "d", val_docs=10, tokenizer=model, workers=1, canonical="sp1024")
+    honest = load_manifest(ds).raw["pieces"]["val_only"]
+    assert honest > VAL_ONLY_PIECES_MAX
+    raw = json.loads((ds / MANIFEST_NAME).read_text())
+    for name in ("canonical", "split_sha256", "pieces"):  # as a folder built elsewhere comes
+        del raw[name]
+    raw["format_version"] = 1
+    vocab = len(raw["train_unigram_counts"])
+    if counts == "absent":
+        del raw["train_unigram_counts"]
+    else:
+        raw["train_unigram_counts"] = {"empty": [], "one id": [1], "all ones": [1] * vocab}[counts]
+    (ds / MANIFEST_NAME).write_text(json.dumps(raw))
+    (ds / VAL_BYTES_NAME).unlink()
+    prove_dataset(ds, sp1024_canonical(docs[:10]), workers=1, canonical="sp1024")
+    assert load_manifest(ds).raw["pieces"]["val_only"] == honest
+    problem = dataset_problem(
+        DocumentSet(name="t", canonical="sp1024", docs=10), data_identity(load_manifest(ds))
+    )
+    assert problem is not None and "holds validation text" in problem, problem
+
+
 # ---- a validation document spread over training documents: the window check ----
 
 
