@@ -170,6 +170,88 @@ def test_sixteen_character_pieces_of_the_validation_text_are_refused_on_a_record
     assert "pieces.val_only: the manifest says 0" in found and "train_unigram_counts" in found, found
 
 
+def _ngram_memorising_sp1024(canonical: list[str], val_docs: int, out: Path) -> Path:
+    """sp1024 plus, as user-defined pieces, runs of up to 6 words (16 characters at most) of the validation text
+    that the training text also holds (a fresh one preferred at each place), in the order the validation tokens
+    first use them; a piece the training tokens then never use (a longer piece took its place there) is dropped,
+    until none is left. Every added piece is one the training split uses: the validation-only count is 0."""
+    import re
+
+    import sentencepiece as spm
+
+    pb = pytest.importorskip("sentencepiece.sentencepiece_model_pb2", reason="needs protobuf to edit a model")
+    base = pb.ModelProto()
+    base.ParseFromString(SP1024.read_bytes())
+    have = {p.piece for p in base.pieces}
+
+    def words(t: str) -> list[str]:
+        return [w.replace(" ", SPACE_MARK) for w in re.findall(r" ?[^ ]+| +", t)]
+
+    grams = set()
+    for t in canonical[val_docs:]:
+        w = words(t)
+        grams.update(
+            g for n in range(1, 7) for i in range(len(w) - n + 1) if len(g := "".join(w[i : i + n])) <= 16
+        )
+    pieces, used = [], set()
+    for t in canonical[:val_docs]:
+        w, i = words(t), 0
+        while i < len(w):
+            opts = [n for n in range(6, 0, -1) if i + n <= len(w) and "".join(w[i : i + n]) in grams]
+            n = ([n for n in opts if "".join(w[i : i + n]) not in used] or opts or [1])[0]
+            g, i = "".join(w[i : i + n]), i + n
+            if len(g) <= 16 and g not in have and g not in used:
+                used.add(g)
+                pieces.append(g)
+
+    def write(ps: list[str]) -> spm.SentencePieceProcessor:
+        m = pb.ModelProto()
+        m.CopyFrom(base)
+        for g in ps:
+            p = m.pieces.add()
+            p.piece, p.type, p.score = g, pb.ModelProto.SentencePiece.USER_DEFINED, 0.0
+        out.write_bytes(m.SerializeToString())
+        return spm.SentencePieceProcessor(model_file=str(out))
+
+    while True:
+        sp = write(pieces)
+        size = sp.get_piece_size()
+        train = np.bincount(np.concatenate(sp.encode(canonical[val_docs:])), minlength=size)
+        first = dict.fromkeys(
+            i for i in np.concatenate(sp.encode(canonical[:val_docs])).tolist() if i >= len(base.pieces)
+        )
+        kept = [sp.id_to_piece(i) for i in first if train[i] > 0]
+        if len(kept) == len(first) == len(pieces):
+            return out
+        pieces = kept
+
+
+def test_validation_ordered_pieces_the_training_text_also_holds_are_refused(tmp_path):
+    """HOLE: the validation-only count is evaded by pieces the training text also holds. sp1024 plus 6,697 pieces
+    (runs of words of the validation text found in sample.jsonl's 2,638 other documents), ids in the order the
+    validation tokens first use them: `pieces.val_only` 0, a record track's check passes, and 26 % of the
+    validation tokens are the previous id + 1 (sp1024: 0.3 %). A unigram of the training counts mixed with
+    "id + 1" at 0.2 scored 1.684 bpb on the 10 documents; the same pieces with their ids shuffled, 2.384 (0.70 bpb
+    from the ids' order alone). The official training text (~8 B tokens) holds far more of the validation text's
+    word runs than 17 MB. Here 600 training documents, to keep it short (val_only 0, 17 % id + 1)."""
+    from harness.run.datacheck import data_identity
+    from scoring.tracks import DocumentSet, dataset_problem
+
+    require_shared(SP1024, SAMPLE_JSONL)
+    docs = sample_docs(610)
+    model = _ngram_memorising_sp1024(sp1024_canonical(docs), 10, tmp_path / "memo.model")
+    ds = build_dataset(docs, tmp_path / "d", val_docs=10, tokenizer=model, workers=1, canonical="sp1024")
+    toks = read_split(ds, "val").astype(np.int64)
+    follows = float(np.mean(toks[1:] == toks[:-1] + 1))
+    problem = dataset_problem(
+        DocumentSet(name="t", canonical="sp1024", docs=10), data_identity(load_manifest(ds))
+    )
+    assert problem is not None, (
+        f"val_only {load_manifest(ds).raw['pieces']['val_only']}, {follows:.1%} of the validation tokens are the "
+        "previous id + 1, and a record track's check passes"
+    )
+
+
 @pytest.mark.parametrize("counts", ["absent", "empty", "one id", "all ones"])
 def test_proving_shards_counts_the_training_split_itself(tmp_path, counts):
     """HOLE (before the fix): `pgolf data prove` (shards built or downloaded elsewhere) took the training split's
