@@ -71,6 +71,7 @@ from data.disjoint import (
 )
 from data.io import sha256_file
 from data.manifest import MANIFEST_NAME, shard_entry, write_manifest
+from data.official import OFFICIAL_TOKENIZERS
 from data.proof import (
     CANONICALS,
     PROOF_FORMAT,
@@ -97,6 +98,7 @@ from data.tokenizer import (
     SentencePieceTokenizer,
     Tokenizer,
     load_tokenizer,
+    pieces_in_text_order,
     train_sentencepiece,
     write_byte260,
 )
@@ -550,9 +552,29 @@ def _prepare_tokenizer(
             f"--tokenizer {src} not found (HINT: a SentencePiece .model file, or 'byte260')"
         )
     dst = out / src.name
-    if src.resolve() != dst.resolve():
-        shutil.copyfile(src, dst)
+    raw = src.read_bytes()
+    if hashlib.sha256(raw).hexdigest() in OFFICIAL_TOKENIZERS or not src.name.endswith(".model"):
+        if src.resolve() != dst.resolve():
+            shutil.copyfile(src, dst)
+        return dst
+    # an entry's own SentencePiece model: its pieces numbered in the order of their text (the ids carry nothing)
+    dst.write_bytes(pieces_in_text_order(raw))
     return dst
+
+
+PIECE_ORDERS = ("official", "trained here", "built in", "text")
+"""How a dataset's tokenizer numbers its pieces (manifest `tokenizer.piece_order`): an official file's own ids, the
+trainer's (learned here from training documents only), byte260's, or an entry's own model's pieces numbered in the
+order of their text (data/tokenizer.py pieces_in_text_order). None of them is an order of the entry's choosing."""
+
+
+def piece_order(tok_path: Path, tokenizer: str | os.PathLike[str] | None, vocab_size: int | None) -> str:
+    """The manifest's `tokenizer.piece_order` of a tokenizer _prepare_tokenizer made (PIECE_ORDERS)."""
+    if vocab_size is not None:
+        return "trained here"
+    if str(tokenizer) == "byte260":
+        return "built in"
+    return "official" if sha256_file(tok_path) in OFFICIAL_TOKENIZERS else "text"
 
 
 TRANSFORM_RECORD_FORMAT = "pg-transform-record"
@@ -772,6 +794,7 @@ def build_dataset(
                 "bos_id": tok.bos_id,
                 "sha256": sha256_file(tok_path),
                 "trained_here": vocab_size is not None,
+                "piece_order": piece_order(tok_path, tokenizer, vocab_size),
             },
             "docs": {"val": writers["val"].docs, "train": writers["train"].docs},
             "tokens": {"val": writers["val"].tokens, "train": writers["train"].tokens},

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from data.official import OFFICIAL_TOKENIZERS, SP1024_SHA256, SP8192_SHA256  # noqa: F401 (the tracks' names)
 from scoring.artifact.cap import ARTIFACT_CAP_BYTES
 from scoring.errors import ConfigError, did_you_mean
 
@@ -42,11 +43,6 @@ class DocumentSet:
     """(tokenizer sha256, tokens, seq_len): the challenge's logs print the validation tokens the reference used,
     ((total - 1) // seq_len) * seq_len; a dataset of that tokenizer must give the same figure."""
 
-
-SP1024_SHA256 = "4f5e8adb109c66b4886963bc75a7befd73bda36d27fd7102df8e9e66503b0e2a"
-SP8192_SHA256 = "4e979c92754cc9d7bdebd9dfe5edf3fc0b41b38714b394e4297fa851e3afd516"
-OFFICIAL_TOKENIZERS = {SP1024_SHA256: "sp1024", SP8192_SHA256: "sp8192"}
-"""sha256 of the official tokenizer files, by variant (byte260 is built in: data/tokenizer.py)."""
 
 FINEWEB_VAL = DocumentSet(
     name="fineweb_val_50k",
@@ -85,6 +81,17 @@ def dataset_problem(docs: DocumentSet, identity: dict[str, Any]) -> str | None:
         return (
             f"the dataset's validation documents hash to {str(identity.get('val_text_sha256'))[:16]}…; {where} "
             f"hashes to {docs.text_sha256[:16]}…"
+        )
+    order = identity.get("piece_order")
+    if identity.get("tokenizer_sha256") not in OFFICIAL_TOKENIZERS and order not in (
+        "trained here",
+        "built in",
+        "text",
+    ):
+        return (
+            f"the dataset's tokenizer numbers its pieces in an order of the entry's own (piece_order {order!r}): ids "
+            "are free to carry the validation text's order. HINT: `pgolf data build --tokenizer MODEL` numbers an "
+            "entry's pieces in the order of their text"
         )
     only = identity.get("val_only_pieces")
     if not isinstance(only, int) or only > VAL_ONLY_PIECES_MAX:

@@ -39,6 +39,7 @@ def data_identity(manifest: Manifest) -> dict[str, Any]:
         "canonical": None if canonical is None else canonical.get("text"),
         "transform": None if canonical is None else canonical.get("transform"),
         "val_only_pieces": (manifest.raw.get("pieces") or {}).get("val_only"),
+        "piece_order": tok.get("piece_order"),
     }
 
 
