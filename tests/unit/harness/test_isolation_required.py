@@ -123,16 +123,20 @@ def test_the_score_request_carries_the_allowance_through_its_argv(tmp_path):
         ScoreRequest.from_args(build_parser().parse_args([*req.to_argv(), "--allow-missing-layer", "x"]))
 
 
+RESCORED = {
+    "eval_mode": "standard",
+    "eval_seq_len": 64,
+    "eval_dtype": "float32",
+    "device": "cpu",
+    "threads": 1,
+}
+"""The fields of a score record a re-score request reads (harness/records/verify.py rescore_request)."""
+
+
 def test_a_verification_re_scores_under_the_tracks_sandbox_rule(tmp_path):
     from harness.records.verify import VerifyConfig, rescore_request
 
-    score = {
-        "eval_mode": "standard",
-        "eval_seq_len": 64,
-        "eval_dtype": "float32",
-        "device": "cpu",
-        "threads": 1,
-    }
+    score = dict(RESCORED)
     paths = {k: tmp_path / k for k in ("artifact", "staged", "val_view", "out", "data_dir")}
     cfg = VerifyConfig(allow_missing_layers=("seccomp",))
     for track, sandbox in [("cpu_10min_16mb", "required"), ("10min_16mb", "required"), ("smoke", "auto")]:

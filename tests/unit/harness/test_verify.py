@@ -147,14 +147,8 @@ def test_the_rescore_takes_as_many_scoring_workers_as_the_score_had(tmp_path):
     score record names (the scorer records it: test_untouched_result_is_verified_and_recorded), one for a record
     from before the count, or the official's --scoring-workers."""
     from harness.records.verify import rescore_request
+    from tests.unit.harness.test_isolation_required import RESCORED as score
 
-    score = {
-        "eval_mode": "standard",
-        "eval_seq_len": 64,
-        "eval_dtype": "float32",
-        "device": "cpu",
-        "threads": 1,
-    }
     result = {"track": "smoke", "phases": {"score": {**score, "scoring_workers": 8}}}
 
     def request(res, cfg=None):
