@@ -37,6 +37,9 @@ from scoring.worker.confined import PROJECT_ROOT
 
 T = TypeVar("T")
 
+FAILURE_GRACE_S = 1.0
+"""After a worker's failure, how long the pool waits for the others' before it names one (WorkerPool.gather)."""
+
 GROUP_PORT = 29500
 """The rendezvous port in a group's own network namespace (nothing else listens there)."""
 
@@ -115,8 +118,15 @@ class WorkerPool:
         verdict would name the wrong worker), the rest are waited for (no thread still copies out of a buffer that
         closing frees), and that failure is raised."""
         done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        failed = next((f for f in futures if f in done and f.exception() is not None), None)
-        if failed is not None:
+        if any(f.exception() is not None for f in done):
+            # one worker's failure breaks the others' collectives at once: a moment for every failure already on its
+            # way, then a specific one (out_of_memory, ...) is the verdict before a generic error, which a broken
+            # collective gives (under load, rank 0's came with rank 1's own, and worker order named rank 0's)
+            wait(futures, timeout=FAILURE_GRACE_S)
+            failed = min(
+                (f for f in futures if f.done() and f.exception() is not None),
+                key=lambda f: getattr(f.exception(), "kind", Status.ERROR) == Status.ERROR,
+            )
             self.kill()
             wait(futures)
             raise failed.exception()  # type: ignore[misc]
