@@ -24,7 +24,7 @@ The result is a table, one row per file; the exit status is 0 when every check h
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,8 @@ class FileCheck:
     """Tokens found (header count; 0 when unreadable)."""
     docs: int | None = None
     """Documents found (BOS tokens), None when not counted (--quick)."""
+    token_counts: np.ndarray | None = None
+    """How often each token id occurs in the shard (the vocabulary's ids), None when not read whole (--quick)."""
 
     @property
     def ok(self) -> bool:
@@ -163,12 +165,15 @@ def _check_shard(m: Manifest, entry: dict[str, object], *, full: bool) -> FileCh
         problems.append(f"bad header: {str(e).split(' HINT')[0]}")
         count = None
     docs: int | None = None
+    counts: np.ndarray | None = None
     if count is not None:
         results["count"] = OK if count == entry["tokens"] else FAIL
         if count != entry["tokens"]:
             problems.append(f"header declares {count} tokens, manifest says {entry['tokens']}")
         if full:
-            docs = int(np.count_nonzero(np.asarray(read_shard(path)) == m.bos_id))
+            ids = np.asarray(read_shard(path))
+            docs = int(np.count_nonzero(ids == m.bos_id))
+            counts = np.bincount(ids, minlength=m.vocab_size)[: m.vocab_size]
             results["bos"] = OK if docs == entry["docs"] else FAIL
             if docs != entry["docs"]:
                 problems.append(f"{docs} documents (BOS tokens), manifest says {entry['docs']}")
@@ -178,7 +183,13 @@ def _check_shard(m: Manifest, entry: dict[str, object], *, full: bool) -> FileCh
         if digest != entry["sha256"]:
             problems.append(f"sha256 {digest[:16]}… but manifest says {str(entry['sha256'])[:16]}…")
     return FileCheck(
-        name=name, split=split, results=results, problems=tuple(problems), tokens=count or 0, docs=docs
+        name=name,
+        split=split,
+        results=results,
+        problems=tuple(problems),
+        tokens=count or 0,
+        docs=docs,
+        token_counts=counts,
     )
 
 
@@ -298,18 +309,17 @@ def transform_confinement_line(recorded: dict[str, Any]) -> str:
     )
 
 
-def _counts_problems(m: Manifest) -> list[str]:
+def _counts_problems(m: Manifest, shards: Sequence[FileCheck]) -> list[str]:
     """The manifest's token counts of the training split (`train_unigram_counts`) and its `pieces` block (the
     pieces the validation split alone uses, which a record track bounds: data/proof.py val_only_pieces), against
-    what the shards hold."""
+    what the shards hold (their checks' counts: each shard read once)."""
     from data.canonical import CanonicalBytesError, spelled_lengths
     from data.proof import val_only_pieces
 
-    V = m.vocab_size
-    found = {"train": np.zeros(V, np.int64), "val": np.zeros(V, np.int64)}
-    for e in m.raw["shards"]:
-        ids = np.asarray(read_shard(m.root / str(e["name"])))
-        found[str(e["split"])] += np.bincount(ids, minlength=V)[:V]
+    found = {"train": np.zeros(m.vocab_size, np.int64), "val": np.zeros(m.vocab_size, np.int64)}
+    for f in shards:
+        if f.token_counts is not None:
+            found[f.split] += f.token_counts
     problems = []
     recorded = m.raw.get("train_unigram_counts")
     if recorded is not None and not np.array_equal(np.asarray(recorded, dtype=np.int64), found["train"]):
@@ -407,7 +417,7 @@ def verify_dataset(
     if not bare and view_split != "train":
         files.append(_check_val_bytes(m, quick=quick))
     if not quick and not bare and not view_split and all(f.ok for f in files[: len(entries)]):
-        total_problems += _counts_problems(m)
+        total_problems += _counts_problems(m, files[: len(entries)])
     recorded = m.raw.get("transform")
     if recorded:
         totals.append(transform_confinement_line(recorded))
