@@ -562,15 +562,9 @@ def _prepare_tokenizer(
     return dst
 
 
-PIECE_ORDERS = ("official", "trained here", "built in", "text", "as given")
-"""How a dataset's tokenizer numbers its pieces (manifest `tokenizer.piece_order`): an official file's own ids, the
-trainer's (learned here from training documents only), byte260's, an entry's own SentencePiece model's pieces
-numbered in the order of their text (data/tokenizer.py pieces_in_text_order), or a file of another kind as given.
-None of the first four is an order of the entry's choosing; a record track refuses the last (scoring/tracks.py)."""
-
-
 def piece_order(tok_path: Path, tokenizer: str | os.PathLike[str] | None, vocab_size: int | None) -> str:
-    """The manifest's `tokenizer.piece_order` of a tokenizer _prepare_tokenizer made (PIECE_ORDERS)."""
+    """The manifest's `tokenizer.piece_order` of a tokenizer _prepare_tokenizer made: "official", one of
+    data/official.py NEUTRAL_PIECE_ORDERS, or "as given" (a file of another kind, not renumbered)."""
     if vocab_size is not None:
         return "trained here"
     if str(tokenizer) == "byte260" or tok_path.name == BYTE260_FILENAME:

@@ -8,3 +8,9 @@ SP1024_SHA256 = "4f5e8adb109c66b4886963bc75a7befd73bda36d27fd7102df8e9e66503b0e2
 SP8192_SHA256 = "4e979c92754cc9d7bdebd9dfe5edf3fc0b41b38714b394e4297fa851e3afd516"
 OFFICIAL_TOKENIZERS = {SP1024_SHA256: "sp1024", SP8192_SHA256: "sp8192"}
 """sha256 of the official tokenizer files, by variant (byte260 is built in)."""
+
+NEUTRAL_PIECE_ORDERS = ("trained here", "built in", "text")
+"""How a dataset's tokenizer that is not an official file (whose own ids are "official") may number its pieces
+(manifest `tokenizer.piece_order`, data/build.py piece_order) with no order of the entry's choosing: the trainer's
+(learned here from training documents only), byte260's, or an entry's SentencePiece pieces numbered in the order
+of their text. The one other order, "as given" (a file of another kind), a record track refuses."""

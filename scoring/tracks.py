@@ -16,7 +16,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from data.official import OFFICIAL_TOKENIZERS, SP1024_SHA256, SP8192_SHA256  # noqa: F401 (the tracks' names)
+from data.official import (  # noqa: F401 (SP1024_SHA256, SP8192_SHA256: the tracks' names)
+    NEUTRAL_PIECE_ORDERS,
+    OFFICIAL_TOKENIZERS,
+    SP1024_SHA256,
+    SP8192_SHA256,
+)
 from scoring.artifact.cap import ARTIFACT_CAP_BYTES
 from scoring.errors import ConfigError, did_you_mean
 
@@ -83,11 +88,7 @@ def dataset_problem(docs: DocumentSet, identity: dict[str, Any]) -> str | None:
             f"hashes to {docs.text_sha256[:16]}…"
         )
     order = identity.get("piece_order")
-    if identity.get("tokenizer_sha256") not in OFFICIAL_TOKENIZERS and order not in (
-        "trained here",
-        "built in",
-        "text",
-    ):
+    if identity.get("tokenizer_sha256") not in OFFICIAL_TOKENIZERS and order not in NEUTRAL_PIECE_ORDERS:
         return (
             f"the dataset's tokenizer numbers its pieces in an order of the entry's own (piece_order {order!r}): ids "
             "are free to carry the validation text's order. HINT: `pgolf data build --tokenizer MODEL` numbers an "
