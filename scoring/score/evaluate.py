@@ -422,10 +422,10 @@ class _Snapshots:
         return own
 
 
-def _largest_batch(plan: WindowPlan, chunks: Sequence[np.ndarray], cfg: EvalConfig) -> int:
-    """The most positions a batch scores (its answer's rows)."""
+def _largest_batch(plan: WindowPlan, per_chunk: Sequence[Sequence[np.ndarray]]) -> int:
+    """The most positions a batch scores (its answer's rows), over every chunk's batches."""
     scored = plan.lengths - plan.score_from
-    return max((int(scored[w].sum()) for idx in chunks for w in _batches(plan, idx, cfg)), default=0)
+    return max((int(scored[w].sum()) for batches in per_chunk for w in batches), default=0)
 
 
 def _finish_batch(
@@ -513,7 +513,10 @@ def evaluate(
     grad_off = torch.no_grad if adapter is not None else torch.inference_mode
     ws = LossWorkspace()
     keep: dict[int, KeptBatch | None] = dict.fromkeys(keep_batches)
-    snaps = _Snapshots(keep, _largest_batch(plan, chunks, cfg))
+    per_chunk = [
+        _batches(plan, idx, cfg) for idx in chunks
+    ]  # planned once: the snapshots' size, then the loop
+    snaps = _Snapshots(keep, _largest_batch(plan, per_chunk))
     shuffle = np.random.default_rng([shuffle_seed, 2]) if shuffle_seed is not None else None
     kept_chunks: dict[int, int] = {}
     # several workers (scoring/score/remote.py WorkerPool: one per device) score the batches in turn
@@ -528,7 +531,7 @@ def evaluate(
             if adapter is not None:
                 adapter.before_chunk(model, c)
             with grad_off():
-                batches = _batches(plan, idx, cfg)
+                batches = per_chunk[c]
                 if len(pool) > 1:  # one batch per worker at a time, answers taken and scored in batch order
                     for g in range(0, len(batches), len(pool)):
                         group = [_prepare_batch(toks, plan, w, shuffle) for w in batches[g : g + len(pool)]]
