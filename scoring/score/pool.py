@@ -242,6 +242,18 @@ def shared_net_here(sandbox: str) -> bool:
     return caps.namespaces and caps.net_namespace
 
 
+def worker_threads(threads: int, devices: Sequence[str]) -> int:
+    """Each worker's intra-op CPU threads in a pool over `devices`. On CUDA the node's cores are split between its
+    workers (eight workers each asking for every core would run eight times as many threads as cores in any CPU
+    op of theirs: a hook's optimizer step, a host copy), and a GPU's bits do not depend on them. On CPU every
+    worker keeps the scorer's count: a CPU kernel's bits may depend on its thread count, and a batch's probe (one
+    fresh worker, or a fresh group of the same size) must compute it as the pool did; CPU workers scoring side by
+    side share the cores anyway, which is why a CPU machine scores with one."""
+    if threads <= 0 or len(devices) < 2 or not all(d.startswith("cuda") for d in devices):
+        return threads
+    return max(1, threads // len(devices))
+
+
 def start_pool(
     cfg: WorkerConfig, devices: Sequence[str], *, grouped: bool, stack: ExitStack, net: bool | None = None
 ) -> WorkerPool:
@@ -259,6 +271,7 @@ def start_pool(
         stack.callback(hold.close)
         port = int(hold.getsockname()[1])
     net_fd = None if shared is None else shared.fd
+    cfg = dataclasses.replace(cfg, threads=worker_threads(cfg.threads, devices))
     workers = []
     for rank, device in enumerate(devices):
         group = WorkerGroup(rank=rank, world_size=len(devices), port=port, net_fd=net_fd) if grouped else None

@@ -165,3 +165,37 @@ def test_a_group_without_a_namespace_holds_its_port_until_it_starts(monkeypatch)
             other.bind(("127.0.0.1", port))
         pool.start()
         assert started == [0, 1] and pool.port_hold is None
+
+
+def test_a_cuda_pool_splits_the_cores_between_its_workers(monkeypatch):
+    """Eight GPU workers each asking for every core ran eight times as many CPU threads as cores (a K-worker
+    re-score, oversubscribed); a CPU pool keeps the scorer's count, which its probes compute with too."""
+    from contextlib import ExitStack
+    from types import SimpleNamespace
+
+    import scoring.score.pool as pool_mod
+
+    gpus = [f"cuda:{k}" for k in range(8)]
+    assert pool_mod.worker_threads(96, gpus) == 12
+    assert pool_mod.worker_threads(4, gpus) == 1  # never none
+    assert pool_mod.worker_threads(96, ["cuda:0"]) == 96  # one worker: all of them
+    assert pool_mod.worker_threads(2, ["cpu", "cpu"]) == 2  # bits on CPU may depend on the count
+    assert pool_mod.worker_threads(0, gpus) == 0  # 0: the worker's default, as before
+
+    seen: list[int] = []
+    monkeypatch.setattr(
+        pool_mod,
+        "start_worker",
+        lambda cfg: seen.append(cfg.threads) or SimpleNamespace(cfg=cfg, close=lambda: None),
+    )
+    cfg = WorkerConfig(
+        code_dir=Path("."),
+        artifact=Path("a"),
+        vocab_size=4,
+        max_tokens_per_batch=8,
+        sandbox="off",
+        threads=16,
+    )
+    with ExitStack() as stack:
+        pool_mod.start_pool(cfg, gpus[:4], grouped=False, stack=stack)
+    assert seen == [4] * 4
