@@ -32,15 +32,19 @@ Causality, the way the scorer checks it:
   batch (scoring/score/evaluate.py, check_normalized); logits are normalized by the scorer itself.
 
 Replays are bounded (score-first adaptation): both fresh workers of a probe replay the main worker's
-chunks before the batch's, so a probe on a late batch costs about two adaptations. The replays of all
-probes together get `replay_allowance(chunk_replay_s)`: PROBE_REPLAY_PASSES passes of the main worker's
-whole adaptation, as it measured per chunk (so the eval budget, which bounded that adaptation, bounds
-them too), whatever the number of probes. The batches are still drawn before the evaluation from the
-whole range with the secret seed; after it, in the secret order of the probes, a probe whose replays
-would pass what is left of the allowance is skipped (never replaced: the main worker is gone, and
-nothing was kept for another batch), and the record says so (`replay_bound`). The first probe of the
-order, drawn from the whole range, always fits (its replays are at most two passes): late batches are
-probed as often as any when one probe is asked for, and at least as one of them when several are.
+chunks before the batch's, so a probe on a late batch costs about two adaptations. Which probes run is
+counted in chunks, never in seconds: the replays of all probes together get PROBE_REPLAY_PASSES passes over
+the adaptation's chunks (`bound_replays`), whatever the number of probes. The batches are still drawn before
+the evaluation from the whole range with the secret seed; after it, in the secret order of the probes, a
+probe whose replays would pass what is left of the chunks is skipped (never replaced: the main worker is
+gone, and nothing was kept for another batch), and the record says so (`replay_bound`). The first probe of
+the order, drawn from the whole range, always fits (its replays are at most two passes): late batches are
+probed as often as any when one probe is asked for, and at least as one of them when several are. Counted
+in seconds (the main worker's, per chunk), a model that spent its adaptation time in the first chunk made
+every later probe cost two whole passes: only the first probe of the order ran, and a model peeking on a
+fraction f of its batches was caught with probability f instead of about 1 - (1 - f)^2. The time the probe
+workers get for the replays (`replay_seconds`) is then the seconds the chosen probes' replays are estimated
+at by the main worker's clock, and never less than two passes of its adaptation, as before.
 
 Only the scored positions' logits cross from a worker (every batch asks for them the same way, a
 probe's with the ranges of the batch it varies), so the comparisons run on those: a position that is
@@ -65,8 +69,8 @@ from scoring.score.pool import WorkerPool
 from scoring.score.remote import EvalDeadline, WorkerFailure
 from scoring.worker.wire import scored_positions
 
-PROBE_VERSION = 7
-"""7: a variant fills every padded position with real tokens too; 6: replays bounded (`replay_bound`, probes skipped past it); 5: logits compared at the scored positions
+PROBE_VERSION = 8
+"""8: the replays bounded in chunks, never seconds (`replay_bound.counted_in`); 7: a variant fills every padded position with real tokens too; 6: replays bounded (`replay_bound`, probes skipped past it); 5: logits compared at the scored positions
 only (the only ones that cross), the cut drawn among them."""
 PROBE_WORKERS_PER_PROBE = 2
 """Fresh workers a probe takes: one for the causality variant (then the unchanged batch), one for the
@@ -77,8 +81,8 @@ one probe on the last batch (each of its workers replays every chunk before it) 
 
 
 def replay_allowance(chunk_replay_s: Sequence[float]) -> float:
-    """Seconds the probes' replays get, all together: PROBE_REPLAY_PASSES x the main worker's adaptation time
-    (`chunk_replay_s`: its seconds per chunk, chunk_begin and adapt, by the scorer's clock)."""
+    """PROBE_REPLAY_PASSES x the main worker's adaptation time (`chunk_replay_s`: its seconds per chunk,
+    chunk_begin and adapt, by the scorer's clock): the least time the probes' replays get (`replay_seconds`)."""
     return PROBE_REPLAY_PASSES * float(sum(chunk_replay_s))
 
 
@@ -87,24 +91,80 @@ def replay_cost_s(chunk: int, chunk_replay_s: Sequence[float]) -> float:
     return PROBE_WORKERS_PER_PROBE * float(sum(chunk_replay_s[:chunk]))
 
 
+@dataclass(frozen=True, slots=True)
+class ReplayBound:
+    """Which probes of the secret order run, counted in chunk replays (module docstring)."""
+
+    run: list[int]
+    skipped: list[dict[str, Any]]
+    chunks: int
+    """The adaptation's chunks: the probes' replays together replay at most PROBE_REPLAY_PASSES x this many."""
+    replayed_chunks: int
+    estimate_s: float
+    """The run probes' replays by the main worker's seconds per chunk."""
+    allowance_s: float
+    """The seconds the probe workers get for the replays: the estimate, never less than replay_allowance."""
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "bounded": True,
+            "counted_in": "chunk replays (never seconds: a model's own timing cannot choose the probes that run)",
+            "passes": PROBE_REPLAY_PASSES,
+            "allowance_chunks": PROBE_REPLAY_PASSES * self.chunks,
+            "replayed_chunks": self.replayed_chunks,
+            "allowance_s": self.allowance_s,
+            "measured_by": "the main worker's time per adaptation chunk (chunk_begin + adapt), scorer's clock",
+            "estimate_s": self.estimate_s,
+            "skipped": self.skipped,
+            "reduced": bool(self.skipped),
+        }
+
+
 def bound_replays(
-    order: Sequence[int], kept_chunks: dict[int, int], chunk_replay_s: Sequence[float], allowance_s: float
-) -> tuple[list[int], list[dict[str, Any]], float]:
-    """(the probes of `order` that run, the skipped ones, the seconds the run ones' replays are estimated at): in
-    order, each runs if its replays fit in what is left of `allowance_s`; one that does not is skipped and the
-    next ones are still tried."""
+    order: Sequence[int], kept_chunks: dict[int, int], chunk_replay_s: Sequence[float]
+) -> ReplayBound:
+    """In `order`, each probe runs if its replays (PROBE_WORKERS_PER_PROBE x the chunks before its batch's) fit in
+    what is left of PROBE_REPLAY_PASSES passes over the chunks; one that does not is skipped and the next ones are
+    still tried. The seconds per chunk only price what was chosen."""
+    chunks = len(chunk_replay_s)
+    left = PROBE_REPLAY_PASSES * chunks
     run: list[int] = []
     skipped: list[dict[str, Any]] = []
-    spent = 0.0
+    estimate_s = 0.0
     for b in order:
         chunk = kept_chunks.get(b, 0)
-        cost = replay_cost_s(chunk, chunk_replay_s)
-        if spent + cost <= allowance_s:
+        cost, cost_s = PROBE_WORKERS_PER_PROBE * chunk, replay_cost_s(chunk, chunk_replay_s)
+        if cost <= left:
             run.append(b)
-            spent += cost
+            left -= cost
+            estimate_s += cost_s
         else:
-            skipped.append({"batch": b, "adaptation_chunks": chunk, "replay_estimate_s": cost})
-    return run, skipped, spent
+            skipped.append({"batch": b, "adaptation_chunks": chunk, "replay_estimate_s": cost_s})
+    return ReplayBound(
+        run=run,
+        skipped=skipped,
+        chunks=chunks,
+        replayed_chunks=PROBE_REPLAY_PASSES * chunks - left,
+        estimate_s=estimate_s,
+        allowance_s=max(estimate_s, replay_allowance(chunk_replay_s)),
+    )
+
+
+def probe_order(plan: ProbePlan) -> list[int]:
+    """The planned batches in the probes' secret order (run_probes draws it first from the same generator)."""
+    return _ordered(plan, np.random.default_rng([plan.seed, 1]))
+
+
+def _ordered(plan: ProbePlan, rng: np.random.Generator) -> list[int]:
+    return [plan.batches[i] for i in rng.permutation(len(plan.batches))]
+
+
+def replay_seconds(plan: ProbePlan, kept_chunks: dict[int, int], chunk_replay_s: Sequence[float]) -> float:
+    """The seconds the probe workers get for the replays of the probes that will run (ReplayBound.allowance_s):
+    the scorer sets their deadline from it before any probe worker runs."""
+    if not plan.batches or not chunk_replay_s:
+        return replay_allowance(chunk_replay_s)
+    return bound_replays(probe_order(plan), kept_chunks, chunk_replay_s).allowance_s
 
 
 class ProbeFailure(RuleViolation):
@@ -313,7 +373,7 @@ def run_probes(
     and another when probed fails here). Second fresh worker: the row-isolation variant on its kept row.
 
     With `replay` and `chunk_replay_s` (the main worker's seconds per adaptation chunk), the replays are bounded
-    (module docstring: `bound_replays` within `replay_allowance`); the record's `replay_bound` says what was
+    (module docstring: `bound_replays`); the record's `replay_bound` says what was
     skipped. Without `chunk_replay_s` they are not bounded (recorded so).
     """
     t0 = time.perf_counter()
@@ -326,23 +386,13 @@ def run_probes(
         }
     rng = np.random.default_rng([plan.seed, 1])
     results = []
-    # the order of the probes comes from the secret seed
-    order = [plan.batches[i] for i in rng.permutation(len(plan.batches))]
+    order = _ordered(plan, rng)  # the order of the probes comes from the secret seed
     bound: dict[str, Any] | None = None
     if replay is not None:
         bound = {"bounded": False, "why": "no time per chunk was measured"}
         if chunk_replay_s is not None:
-            allowance_s = replay_allowance(chunk_replay_s)
-            order, skipped, estimate_s = bound_replays(order, kept_chunks or {}, chunk_replay_s, allowance_s)
-            bound = {
-                "bounded": True,
-                "allowance_s": allowance_s,
-                "passes": PROBE_REPLAY_PASSES,
-                "measured_by": "the main worker's time per adaptation chunk (chunk_begin + adapt), scorer's clock",
-                "estimate_s": estimate_s,
-                "skipped": skipped,
-                "reduced": bool(skipped),
-            }
+            chosen = bound_replays(order, kept_chunks or {}, chunk_replay_s)
+            order, bound = chosen.run, chosen.record()
     for i, b in enumerate(order):
         if b not in kept:
             raise RuntimeError(f"probe batch {b} was not kept by the evaluation")

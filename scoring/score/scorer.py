@@ -74,7 +74,7 @@ from scoring.score.probes import (
     ProbeConfig,
     ProbeFailure,
     plan_probes,
-    replay_allowance,
+    replay_seconds,
     run_probes,
 )
 from scoring.score.record import ScoreRecord
@@ -173,16 +173,17 @@ def probe_allowance(
     batches: int,
     workers: int,
     adapt_s: float = 0.0,
-    chunk_replay_s: tuple[float, ...] | list[float] = (),
+    replay_s: float = 0.0,
     parallel: int = 1,
 ) -> float:
     """Seconds the probe workers get, all together, to build and answer their probes: each build as long as the
     main worker's (they run one at a time), a few forward passes each at the main worker's pace, the replays of
-    the score-first adaptation (all of them together: scoring/score/probes.py replay_allowance, from the main
-    worker's seconds per chunk; the probes whose replays would not fit are skipped), and PROBE_SLACK_S."""
+    the score-first adaptation (`replay_s`, all of them together: scoring/score/probes.py replay_seconds, the
+    chosen probes' replays by the main worker's seconds per chunk, at least two passes of its adaptation), and
+    PROBE_SLACK_S."""
     # `parallel` workers scored side by side: one batch took that many times the scoring time per batch
     per_forward = parallel * max(scoring_s - adapt_s, 0.0) / max(batches, 1)
-    return PROBE_SLACK_S + workers * (build_s + 2 * per_forward) + replay_allowance(chunk_replay_s)
+    return PROBE_SLACK_S + workers * (build_s + 2 * per_forward) + replay_s
 
 
 def _ready_at(worker: WorkerModel) -> float:
@@ -383,7 +384,7 @@ def score_core(
             result.batches,
             n_probe_workers,
             result.adapt_time_s,
-            chunk_replay_s,
+            replay_seconds(plan, result.kept_chunks, chunk_replay_s) if adapting else 0.0,
             parallel=len(devices),
         )
         # the main worker is gone before any probe worker runs submitted code: nothing of it is alive to hold
