@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from data.official import VAL_ONLY_MIN_BYTES
 from data.tokenizer import (
     BYTE260_OFFSET,
     SPACE_MARK,
@@ -343,17 +344,6 @@ def refuse_long_pieces(tok: Tokenizer) -> None:
 
 
 # ---- the pieces the validation split alone uses: text the tokenizer holds, on a record track ----
-
-# A record track refuses more than scoring/tracks.py VAL_ONLY_PIECES_MAX pieces of VAL_ONLY_MIN_BYTES bytes or more
-# that its validation split uses and its training split never does.
-VAL_ONLY_MIN_BYTES = 4
-"""Pieces shorter than this (bytes, single characters) are left out: rare characters fall back to them honestly.
-
-Why the count: the tokenizer does not count toward the cap: pieces of validation text (16 characters each) in
-id order let a model that predicts id + 1 score 0.031 bpb on the documents they hold, and 64,512 of them fit in a
-vocabulary of 65,536. A record track's training split is the official text, which no entrant writes, and the
-official sp1024 and sp8192 use every piece on it; a piece the validation text alone uses is the tokenizer holding
-that text. 64 of them can hold at most about 1,000 characters, some 1e-5 bpb of the split."""
 
 
 def val_only_pieces(

@@ -21,6 +21,7 @@ from data.official import (  # noqa: F401 (SP1024_SHA256, SP8192_SHA256: the tra
     OFFICIAL_TOKENIZERS,
     SP1024_SHA256,
     SP8192_SHA256,
+    VAL_ONLY_MIN_BYTES,
 )
 from scoring.artifact.cap import ARTIFACT_CAP_BYTES
 from scoring.errors import ConfigError, did_you_mean
@@ -63,9 +64,9 @@ official sp1024 normalises them (which keeps every sp1024 record's bytes exactly
 
 
 VAL_ONLY_PIECES_MAX = 64
-"""On a record track, the most pieces (of 4 bytes or more: data/proof.py val_only_pieces) the validation split may
-use that the training split, the official text, never does: beyond it the uncounted tokenizer holds validation
-text (see data/proof.py VAL_ONLY_MIN_BYTES)."""
+"""On a record track, the most pieces (of VAL_ONLY_MIN_BYTES bytes or more: data/proof.py val_only_pieces) the
+validation split may use that the training split, the official text, never does: beyond it the uncounted tokenizer
+holds validation text (see data/official.py VAL_ONLY_MIN_BYTES)."""
 
 
 def dataset_problem(docs: DocumentSet, identity: dict[str, Any]) -> str | None:
@@ -97,7 +98,7 @@ def dataset_problem(docs: DocumentSet, identity: dict[str, Any]) -> str | None:
     only = identity.get("val_only_pieces")
     if not isinstance(only, int) or only > VAL_ONLY_PIECES_MAX:
         return (
-            f"the dataset's tokenizer has {only} pieces of 4 bytes or more that the validation split "
+            f"the dataset's tokenizer has {only} pieces of {VAL_ONLY_MIN_BYTES} bytes or more that the validation split "
             f"uses and its training split never does (at most {VAL_ONLY_PIECES_MAX}): the uncounted tokenizer holds "
             "validation text"
             if isinstance(only, int)
