@@ -2,9 +2,12 @@
 
     pgolf chain --ledger runs/queue/ledger.jsonl [--track T] [--rule challenge|practised] [--out DIR] [--json]
 
-Entries are considered in submission order (submission.json `date`, then the order file `pgolf queue
---order` recorded, then the folder name) against the frontier at that time: the record holder when the
-entry came in. Each track's policy (`TRACK_POLICIES`) names the rule and the evidence:
+Entries are considered in submission order (the order file `pgolf queue --order` recorded, the pull
+requests as they came in; then submission.json `date`, which alone orders entries the file does not list
+and every entry when there is no file; then the folder name) against the frontier at that time: the record
+holder when the entry came in. The date is the entrant's own word, the order file the official's.
+
+Each track's policy (`TRACK_POLICIES`) names the rule and the evidence:
 
 - rule `challenge` (the challenge's written rule, the default): a new record must improve the frontier's
   mean by more than the track's margin (scoring/tracks.py margin_nats, 0.005 nats) at the track's p-value
@@ -86,8 +89,10 @@ class Candidate:
     configs: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def sort_key(self) -> tuple[str, int, str, str]:
-        return (self.date, self.order, self.folder, self.key)
+    def sort_key(self) -> tuple[int, str, str, str]:
+        # the official's order first: the date is submission.json's, the entrant's own word (a backdated
+        # entry met an older frontier, was accepted, and the real record after it was refused against it)
+        return (self.order, self.date, self.folder, self.key)
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -356,7 +361,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--rule", choices=sorted(RULES), help="override every track's rule (recorded in the output)"
     )
-    p.add_argument("--order", help="file of entry folder names in submission order (ties within a date)")
+    p.add_argument("--order", help="file of entry folder names in submission order (before any date)")
     p.add_argument("--out", help="write chain.json (pg-chain) and chain.md here")
     p.add_argument("--json", action="store_true", help="print the pg-chain record")
     p.set_defaults(func=cmd_chain)

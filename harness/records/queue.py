@@ -670,7 +670,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--sandbox", choices=("auto", "required"), default="auto", help="triage's model build sandbox"
     )
-    p.add_argument("--order", help="file of entry folder names in submission order (ties within a date)")
+    p.add_argument("--order", help="file of entry folder names in submission order (before any date)")
     p.add_argument("--partition", help="slurm partition")
     p.add_argument("--time-min", type=int, help="job time limit in minutes (default: from the track)")
     p.add_argument("--cpus", type=int, help="CPUs per job (default: 8 per GPU, or the node's on a CPU track)")
