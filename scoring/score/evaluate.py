@@ -13,10 +13,11 @@ at offsets f..n-1; the plan is built so that each target of the mode is scored e
   every later one its last S (the last window ends at the last token and scores what is left), so
   every target 1..N-1 is scored exactly once, with at least L - S tokens of context once past
   the first window. Context crosses documents, as in standard mode.
-- documents: no context crosses a BOS. Each document (from its BOS to the token before the next
-  BOS) is planned on its own with the sliding rule (stride S, default L: non-overlapping). BOS
-  tokens are never targets (predicting one would need the previous document), so val_tokens is
-  the token count minus the number of documents.
+- documents: no context crosses a BOS. Each document (from its BOS to the next BOS, which is its
+  last target: the prediction that it ends, from its own tokens) is planned on its own with the
+  sliding rule (stride S, default L: non-overlapping). Every target 1..N-1 is scored exactly once, as
+  in sliding mode; only the context differs. (Before, the BOS targets were left out: the entrant's
+  choice of mode dropped the hardest targets, which carry no bytes, from the sum.)
 
 Windows are batched (`batch_seqs` windows of L tokens per forward; shorter windows are sorted by
 length and packed to the same token budget, right-padded with token 0, which a causal model never
@@ -33,8 +34,7 @@ for a dataset built without one, the tokenizer's byte table (docs/RULES.md, "Exa
 Score-first adaptation (scoring/worker/adapt.py): with an adapter, the plan is cut into chunks of about
 `adapt_chunk_tokens` targets, in order; a chunk is scored completely (the adapter checks that no
 weight moved meanwhile), and only then are its tokens handed to the adapter: positions after the
-previous chunk up to the chunk's last target (its targets, plus the BOS boundaries between
-documents in documents mode). The eval clock
+previous chunk up to the chunk's last target (its targets). The eval clock
 (`eval_time_s`) covers scoring and adaptation.
 """
 
@@ -577,8 +577,7 @@ def evaluate(
             last = int(plan.starts[idx[-1]] + plan.lengths[idx[-1]])
             assert first > scored_upto, "chunks must follow each other in target order"
             if adapter is not None:
-                # Positions scored_upto+1 .. last: this chunk's targets, plus (documents mode) the BOS
-                # tokens between documents, which are boundaries and never targets.
+                # Positions scored_upto+1 .. last: this chunk's targets.
                 adapter.after_chunk(model, c, toks[scored_upto + 1 : last + 1].copy(), scored_upto + 1)
             scored_upto = last
     if device.type == "cuda":

@@ -119,7 +119,9 @@ def plan_windows(tokens: np.ndarray, cfg: WindowRules, bos_id: int = BOS_ID) -> 
     starts = np.flatnonzero(np.asarray(tokens) == bos_id)
     if starts.size == 0 or starts[0] != 0:
         starts = np.concatenate([[0], starts])  # a subset may begin inside a document
-    ends = np.append(starts[1:], N)
+    # a document's segment ends at the next BOS inclusive: that BOS is a target (the prediction that the
+    # document ends, from its own tokens), never an input, as in every other mode
+    ends = np.append(starts[1:] + 1, N)
     return _concat(
         [segment_plan(int(a), int(b), L, S) for a, b in zip(starts, ends, strict=False) if b - a > 1]
     )

@@ -1,12 +1,16 @@
-"""Attacks on the records (chain, leaderboard, verify) by an entrant who controls only their own folder.
-
-Each test is a forgery a competitor can make without touching the official's ledger or machines, and the
-record it must not win."""
+"""Attacks on the records and the scoring inputs by an entrant who controls only their own folder (its
+submission.json, config.toml, code and artifact): each is a choice or a forgery a competitor can make without
+touching the official's ledger or machines, and the score or record it must not win."""
 
 from __future__ import annotations
 
+import numpy as np
+
+from data.tokenizer import BOS_ID
 from harness.records.chain import Candidate, accept_in_order
 from harness.records.reproduce import REPRODUCED
+from scoring.score.eval_config import EvalConfig
+from scoring.score.windows import plan_windows
 
 
 def _cand(key: str, date: str, losses: list[float], order: int) -> Candidate:
@@ -25,3 +29,18 @@ def test_a_backdated_submission_date_does_not_jump_the_official_order():
     rows = {r["entry_key"]: r for r in accept_in_order([a, b, x])}
     assert rows["B"]["accepted"] and rows["B"]["frontier_before"] == "A"
     assert rows["X"]["frontier_before"] == "B" and not rows["X"]["accepted"]
+
+
+def test_documents_mode_scores_the_end_of_every_document():
+    """The eval mode is the entrant's choice. `documents` left out every BOS target, the prediction that a
+    document ends here, from the current document's own tokens: the hard targets, with no bytes to share
+    their cost, that standard and sliding score. A bigram on sample.jsonl's first 500 documents paid 5.66
+    nats for each (0.001 bpb of 2.588 at 3,200 tokens a document; the official split's documents are
+    2.6 times shorter). Every mode's targets past the first window are now every token after the first."""
+    tokens = np.array([1, 5, 6, 7, 1, 8, 9, 1, 1, 10, 11, 12, 13], dtype=np.int64)
+    for stride in (None, 2):
+        cfg = EvalConfig(mode="documents", seq_len=3, stride=stride)
+        plan = plan_windows(tokens, cfg)
+        assert plan.target_positions().tolist() == list(range(1, tokens.size))
+        for s, n in zip(plan.starts.tolist(), plan.lengths.tolist(), strict=True):
+            assert BOS_ID not in tokens[s + 1 : s + n].tolist()  # no input crosses a document's start

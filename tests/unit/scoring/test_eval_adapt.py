@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from data.shards import read_split
-from data.tokenizer import BOS_ID, ByteTokenizer
+from data.tokenizer import ByteTokenizer
 from scoring.codecheck import CodeCheckFailure, lint_scored_code
 from scoring.score.evaluate import EvalConfig, evaluate
 from scoring.score.scorer import score_artifact
@@ -70,10 +70,8 @@ def test_hook_sees_only_scored_tokens_in_order(tokens, mode):
             scored_so_far |= set(pos.tolist())
             continue
         a, b = adapter.delivered[k]
-        for p in range(
-            a, b
-        ):  # every delivered position was scored already (BOS boundaries are never targets)
-            assert p in scored_so_far or (mode == "documents" and tokens[p] == BOS_ID), (mode, p)
+        for p in range(a, b):  # every delivered position was scored already
+            assert p in scored_so_far, (mode, p)
         assert got[k].tolist() == tokens[a:b].tolist()
         k += 1
     assert k == len(adapter.delivered) == res.chunks > 1

@@ -83,7 +83,7 @@ def brute_force(model: nn.Module, toks: np.ndarray, mode: str, L: int, S: int, m
     else:
         bos = [p for p in range(N) if toks[p] == BOS_ID]
         begins = bos if bos and bos[0] == 0 else [0, *bos]
-        ends = [*begins[1:], N]
+        ends = [*(b + 1 for b in begins[1:]), N]  # a document's last target is the next BOS
         targets = [
             (j, ctx_start(j, a, b, L, S)) for a, b in zip(begins, ends, strict=False) for j in range(a + 1, b)
         ]
@@ -136,13 +136,13 @@ def test_mode_equals_brute_force_exactly(docs_tokens, mode, L, S, max_tokens):
 
 
 def test_targets_of_each_mode(docs_tokens):
-    """sliding scores every target 1..N-1; documents every one but the BOS tokens; standard drops the tail."""
+    """sliding and documents score every target 1..N-1 (BOS tokens included); standard drops the tail."""
     N = docs_tokens.size
     bos = set(np.flatnonzero(docs_tokens == BOS_ID).tolist())
     sl = plan_windows(docs_tokens, EvalConfig(mode="sliding", seq_len=16, stride=5)).target_positions()
     assert sl.tolist() == list(range(1, N))
     dc = plan_windows(docs_tokens, EvalConfig(mode="documents", seq_len=16, stride=5)).target_positions()
-    assert dc.tolist() == [j for j in range(1, N) if j not in bos]
+    assert dc.tolist() == list(range(1, N)) and bos - {0} <= set(dc.tolist())
     st = plan_windows(docs_tokens[: (N - 1) // 16 * 16 + 1], EvalConfig(seq_len=16)).target_positions()
     assert st.tolist() == list(range(1, (N - 1) // 16 * 16 + 1))
 
@@ -150,8 +150,8 @@ def test_targets_of_each_mode(docs_tokens):
 def test_documents_mode_never_crosses_a_bos(docs_tokens):
     plan = plan_windows(docs_tokens, EvalConfig(mode="documents", seq_len=16, stride=7))
     for s, n in zip(plan.starts.tolist(), plan.lengths.tolist(), strict=False):
-        window = docs_tokens[s : s + n + 1]  # inputs and targets
-        assert BOS_ID not in window[1:].tolist(), f"window at {s} crosses a document boundary"
+        inputs = docs_tokens[s : s + n]  # the last target may be the next document's BOS, never an input
+        assert BOS_ID not in inputs[1:].tolist(), f"window at {s} crosses a document boundary"
 
 
 @pytest.mark.parametrize("mode", ["standard", "sliding", "documents"])
