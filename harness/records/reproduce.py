@@ -27,6 +27,9 @@ The test (`compare_claim`; every number is in the record):
 - bytes_total: per seed, within 2% of the reproduced artifact's.
 - the claim itself: its val_bpb must follow from its own val_loss, val_tokens and val_bytes; it must have
   run this folder's counted code (sha256 of each file), on this track and the same tokenizer.
+- every re-trained seed ran on submission.json's track, the one `pgolf chain` files the entry under (the
+  config's `[run] track` may name another: an entry that said `10min_16mb` and trained on `smoke`, scored on
+  a loosened 2,048-token subset, was `reproduced` for the record track).
 
 Verdicts: `reproduced` (every run ok and every check passes), `not_reproduced` (a check differs, named in
 `differences`, or a run of the entry ended with a status other than ok), `could_not_run` (the harness or
@@ -306,6 +309,9 @@ def compare_claim(
                 f"{stats_rec['mean_reproduced']:.6f} ± {stats_rec['bound']:.6f}",
             )
         )
+    for r in ok_runs:  # the chain files the entry under submission.json's track; its runs must be there
+        checks.append(Check(f"seed {r['seed']} ran on the entry's track", r.get("track") == entry.track,
+                            entry.track, r.get("track")))  # fmt: skip
     sr = float(stats_rec.get("std_reproduced") or 0.0)
     for c in entry.claims:
         tag = f"seed {c.seed}"
@@ -399,6 +405,7 @@ def reproduce_seed(task: dict[str, Any]) -> dict[str, Any]:
             status=result.get("status"),
             detail=result.get("detail"),
             harness_failed="harness" in phases,
+            track=result.get("track"),  # the config's track, which submission.json's need not be
             **{k: result.get(k) for k in RUN_NUMBERS},
             pipeline_s=(result.get("phase_times_s") or {}).get("pipeline"),
             tokenizer_sha256=(result.get("provenance") or {}).get("tokenizer_sha256"),
@@ -457,6 +464,7 @@ def verdict_of(entry: Entry, runs: list[dict[str, Any]], tol: Tolerance) -> dict
                     "seed",
                     "status",
                     "detail",
+                    "track",
                     *RUN_NUMBERS,
                     "tokenizer_sha256",
                     "run_dir",

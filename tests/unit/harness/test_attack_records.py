@@ -4,6 +4,8 @@ touching the official's ledger or machines, and the score or record it must not 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from data.tokenizer import BOS_ID
@@ -44,3 +46,26 @@ def test_documents_mode_scores_the_end_of_every_document():
         assert plan.target_positions().tolist() == list(range(1, tokens.size))
         for s, n in zip(plan.starts.tolist(), plan.lengths.tolist(), strict=True):
             assert BOS_ID not in tokens[s + 1 : s + n].tolist()  # no input crosses a document's start
+
+
+def test_a_reproduction_on_another_track_is_not_evidence_for_the_claimed_one(monkeypatch):
+    """submission.json says `10min_16mb`, the chain files the entry there; config.toml says `[run] track =
+    "smoke"` with `eval.max_tokens = 2048`, which smoke accepts as loosened: every re-trained seed ran on
+    smoke and scored its first 2,048 tokens, and the reproduction was `reproduced` for the record track."""
+    from harness.records import reproduce as rp
+    from harness.run import pipeline
+
+    def result(track: str) -> dict:
+        return {"status": "ok", "track": track, "val_bpb": 1.0, "val_loss": 1.0, "val_tokens": 2048,
+                "val_bytes": 2048, "steps": 20, "train_time_s": 4.0, "bytes_total": 9_000,
+                "phases": {"command": {"loosened": [{"key": "eval.max_tokens"}]}}}  # fmt: skip
+
+    monkeypatch.setattr(pipeline, "run_pipeline", lambda *a, **kw: result("smoke"))
+    task = {"entry_dir": "/x/e", "entry_key": "e", "entry_digest": "d" * 64, "seed": 1, "run_dir": "/x/r"}
+    runs = [rp.reproduce_seed({**task, "seed": s}) for s in (1, 2)]
+    meta = {"name": "e", "author": "a", "github_id": "g", "date": "2026-01-01", "track": "10min_16mb"}
+    entry = rp.Entry(root=Path("/x/e"), meta=meta, claims=(), claimed_mean_bpb=1.0, preset=None,
+                     digest="d" * 64, code_files={})  # fmt: skip
+    rec = rp.verdict_of(entry, runs, rp.Tolerance())
+    assert rec["verdict"] == rp.NOT_REPRODUCED
+    assert "seed 1 ran on the entry's track" in {d["name"] for d in rec["differences"]}
