@@ -121,7 +121,7 @@ def read_artifact(path: str | os.PathLike[str]) -> Artifact:
         raise ArtifactError(f"{path}: header length {hlen} runs past the end of the file (truncated?)")
     try:
         header = json.loads(data[_PREFIX.size : _PREFIX.size + hlen])
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # nested past the parser's depth
         raise ArtifactError(f"{path}: header is not valid JSON ({e})") from e
     payload = data[_PREFIX.size + hlen :]
     if not isinstance(header, dict) or header.get("format") != ARTIFACT_FORMAT:
@@ -129,9 +129,38 @@ def read_artifact(path: str | os.PathLike[str]) -> Artifact:
     missing = sorted(HEADER_KEYS - set(header))
     if missing:
         raise ArtifactError(f"{path}: header lacks {missing} (corrupt, or written by another tool)")
+    wrong = header_type_problem(header)
+    if wrong:
+        raise ArtifactError(f"{path}: header field {wrong} (corrupt, or written by another tool)")
     if len(payload) != header.get("payload_bytes") or sha256_bytes(payload) != header.get("payload_sha256"):
         raise ArtifactError(f"{path}: payload does not match its recorded size/sha256 (corrupt or truncated)")
     return Artifact(header, payload)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def header_type_problem(header: dict[str, Any]) -> str | None:
+    """What is wrong with the types of a header's fields (None: nothing). A submission's codec writes the
+    artifact, and the trusted readers (the orchestrator, the scorer, `pgolf verify`) index these fields: a codec
+    named by a string, or code files given as a string, crashed them with a bare TypeError."""
+    codec, files, tensors = header["codec"], header["code_files"], header["tensors"]
+    if not (isinstance(codec, dict) and isinstance(codec.get("name"), str)):
+        return "codec must be {name: str, version}"
+    if not (isinstance(files, dict) and all(isinstance(v, str) for v in files.values())):
+        return "code_files must map paths to sha256 strings"
+    if not isinstance(header["model_config"], dict | None):
+        return "model_config must be an object"
+    if not (_is_int(header["payload_bytes"]) and isinstance(header["payload_sha256"], str)):
+        return "payload_bytes must be an integer and payload_sha256 a string"
+    if not isinstance(tensors, dict):
+        return "tensors must map names to {shape, dtype}"
+    for name, meta in tensors.items():
+        shape = meta.get("shape") if isinstance(meta, dict) else None
+        if not (isinstance(shape, list) and all(_is_int(n) and n >= 0 for n in shape)):
+            return f"tensors[{name[:80]!r}] must hold a shape of non-negative integers"
+    return None
 
 
 def check_code_hashes(artifact: Artifact, submission_dir: Path) -> None:

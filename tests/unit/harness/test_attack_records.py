@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from data.tokenizer import BOS_ID
 from harness.records.chain import Candidate, accept_in_order
@@ -69,3 +70,42 @@ def test_a_reproduction_on_another_track_is_not_evidence_for_the_claimed_one(mon
     rec = rp.verdict_of(entry, runs, rp.Tolerance())
     assert rec["verdict"] == rp.NOT_REPRODUCED
     assert "seed 1 ran on the entry's track" in {d["name"] for d in rec["differences"]}
+
+
+def _artifact_bytes(header: bytes, payload: bytes = b"") -> bytes:
+    from scoring.artifact.format import _PREFIX, ARTIFACT_MAGIC, ARTIFACT_VERSION
+
+    return _PREFIX.pack(ARTIFACT_MAGIC, ARTIFACT_VERSION, len(header)) + header + payload
+
+
+@pytest.mark.parametrize(
+    "case", ["nested", "codec_string", "code_files_string", "tensors_list", "shape_string"]
+)
+def test_a_hostile_artifact_header_is_refused_in_one_line(tmp_path, case):
+    """A submission's codec writes the artifact, which the trusted orchestrator, scorer and `pgolf verify` read.
+    A header nested past the JSON parser's depth (RecursionError), a codec named by a string and code files
+    given as a string (TypeError) crashed them with a bare traceback: a harness failure, not the entry's."""
+    import hashlib
+    import json
+
+    from scoring.artifact.format import read_artifact
+    from scoring.errors import ArtifactError
+
+    good = {"format": "pg-artifact", "format_version": 1, "codec": {"name": "int8_zlib", "version": 1},
+            "model_config": {}, "code_files": {"model.py": "0" * 64}, "bytes_code": 1,
+            "tensors": {"w": {"shape": [2, 2], "dtype": "float32"}}, "payload_bytes": 0,
+            "payload_sha256": hashlib.sha256(b"").hexdigest()}  # fmt: skip
+    header = {
+        "nested": b'{"format":"pg-artifact","x":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        "codec_string": json.dumps({**good, "codec": "int8_zlib"}).encode(),
+        "code_files_string": json.dumps({**good, "code_files": "model.py"}).encode(),
+        "tensors_list": json.dumps({**good, "tensors": ["w"]}).encode(),
+        "shape_string": json.dumps({**good, "tensors": {"w": {"shape": "2x2", "dtype": "float32"}}}).encode(),
+    }[case]
+    path = tmp_path / "a.pgolf"
+    path.write_bytes(_artifact_bytes(header))
+    with pytest.raises(ArtifactError) as caught:
+        read_artifact(path)
+    assert "\n" not in str(caught.value)
+    path.write_bytes(_artifact_bytes(json.dumps(good).encode()))
+    assert read_artifact(path).codec_name == "int8_zlib"  # the control: a well-typed header reads
