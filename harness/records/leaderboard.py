@@ -45,6 +45,7 @@ from data.io import write_bytes_atomic, write_json_atomic
 from harness.records.verify import result_digest
 from harness.run.text import NAME_MAX_CHARS, html_text, markdown_cell, visible
 from scoring.score.bpb import METRIC_VERSION
+from scoring.score.record import unscored_targets_problem
 from scoring.statuses import OK, UNVERIFIED, VERIFIED
 from scoring.tracks import TRACKS
 
@@ -178,7 +179,7 @@ def rules_problem(r: dict[str, Any]) -> str | None:
     version = score.get("metric_version", METRIC_VERSION)
     if version != METRIC_VERSION:
         return f"scored with metric version {visible(version, 20)}, this board ranks version {METRIC_VERSION}"
-    return None
+    return unscored_targets_problem(score)
 
 
 def unranked_track(r: dict[str, Any]) -> str | None:

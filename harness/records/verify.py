@@ -54,7 +54,7 @@ from scoring.artifact.cap import code_bytes, counted_files
 from scoring.artifact.format import ArtifactError, read_artifact
 from scoring.score.cli import ScoreRequest
 from scoring.score.eval_config import EvalConfig
-from scoring.score.record import ScoreFailure, cause_line, read_score_record
+from scoring.score.record import ScoreFailure, cause_line, read_score_record, unscored_targets_problem
 from scoring.statuses import FAILED, SCORED, VERIFIED, VERIFY_ERROR
 from scoring.tracks import TRACKS
 
@@ -251,6 +251,7 @@ def track_checks(result: dict[str, Any], data_dir: Path | None, data_given: bool
         True,
         isinstance(budget_s, int | float) and budget_s <= track.train_budget_s,
     )
+    _check(checks, "every target of its tokens scored (mode aside)", None, unscored_targets_problem(score))
     _check(checks, "dataset named by the verifier (--data), not by the result", True, data_given)
     if data_dir is not None and (data_dir / MANIFEST_NAME).is_file():
         problem = official_data_problem(track, data_identity(load_manifest(data_dir)))

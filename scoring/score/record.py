@@ -170,6 +170,32 @@ _NON_NEGATIVE = frozenset(
 )
 
 
+def unscored_targets_problem(score: dict[str, Any]) -> str | None:
+    """Why a score left targets of its tokens out (None: it did not, or the record lacks the figures). Every mode
+    scores each target 1..N-1 of the tokens it read (the first eval_subset_max_tokens + 1 of the split) once,
+    except standard mode, which drops a partial last window: fewer than eval_seq_len. A record that scored fewer
+    chose which predictions count (documents mode once left out every document's end: the hardest targets, with
+    no bytes, about 0.002 bpb)."""
+    n, subset, scored, seq_len = (
+        score.get("val_tokens_available"),
+        score.get("eval_subset_max_tokens"),
+        score.get("val_tokens"),
+        score.get("eval_seq_len"),
+    )
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (n, scored, seq_len)):
+        return None
+    assert isinstance(n, int) and isinstance(scored, int) and isinstance(seq_len, int)
+    if isinstance(subset, int) and not isinstance(subset, bool) and subset > 0:
+        n = min(n, subset + 1)
+    missing = n - 1 - scored
+    if missing >= max(seq_len, 1):
+        return (
+            f"scored {scored:,} of the {n - 1:,} targets its tokens hold ({score.get('eval_mode')!r} mode): "
+            f"{missing:,} left out, and only standard mode's last partial window (under {seq_len:,}) may be"
+        )
+    return None
+
+
 FAILURE_ORIGINS = ("submission", "scorer", "input")
 """Who a failed score is on: the submission (its worker failed or broke a rule: a verdict on the entry), the
 scorer itself (a harness failure), or its input (an artifact, code folder or dataset it refused)."""

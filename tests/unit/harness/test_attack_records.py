@@ -109,3 +109,37 @@ def test_a_hostile_artifact_header_is_refused_in_one_line(tmp_path, case):
     assert "\n" not in str(caught.value)
     path.write_bytes(_artifact_bytes(json.dumps(good).encode()))
     assert read_artifact(path).codec_name == "int8_zlib"  # the control: a well-typed header reads
+
+
+def test_a_score_that_left_targets_out_neither_ranks_nor_verifies():
+    """Defence in depth for the documents-mode hole: a result (verified before the fix, or from a planner that
+    skips) whose score left targets of its tokens out is not ranked, and verify's track checks name it. Only
+    standard mode's last partial window (under eval_seq_len targets) may be left out."""
+    from harness.records.leaderboard import rules_problem
+    from harness.records.verify import track_checks
+    from scoring.score.record import unscored_targets_problem
+
+    n, docs, seq_len = 1_000_001, 5_000, 2048
+
+    def result(mode: str, scored: int, subset: int | None = None) -> dict:
+        score = {"val_tokens_available": n, "eval_subset_max_tokens": subset, "val_tokens": scored,
+                 "eval_seq_len": seq_len, "eval_mode": mode, "metric_version": 1}  # fmt: skip
+        return {"track": "10min_16mb", "phases": {"score": score}}
+
+    old_documents = result("documents", n - 1 - docs)
+    why = unscored_targets_problem(old_documents["phases"]["score"])
+    assert why is not None and "5,000 left out" in why
+    assert rules_problem(old_documents) == why
+    failed = [c for c in track_checks(old_documents, None, True) if not c.ok]
+    assert any("every target" in c.name for c in failed)
+    for fine in (
+        result("documents", n - 1),
+        result("sliding", n - 1),
+        result("standard", ((n - 1) // seq_len) * seq_len),  # the partial last window dropped
+    ):
+        assert unscored_targets_problem(fine["phases"]["score"]) is None
+    # on a subset, the targets are those of its first max_tokens + 1 tokens
+    assert unscored_targets_problem(result("sliding", 4095, subset=4096)["phases"]["score"]) is None
+    assert unscored_targets_problem(result("sliding", 4095 - seq_len, subset=4096)["phases"]["score"])
+    # a record without the figures (older, or hostile types) says nothing here: other checks hold those
+    assert unscored_targets_problem({"val_tokens": "many"}) is None
