@@ -58,6 +58,7 @@ from harness.records.reproduce import (
     Entry,
     Tolerance,
     describe,
+    fresh_seeds_record,
     load_entry,
     reproduce_seed,
     verdict_of,
@@ -383,10 +384,15 @@ class QueueConfig:
     data: str | None = None
     preset: str | None = None
     seeds: int | None = None
+    seed_salt: str | None = None
+    """The official's secret for fresh seeds (harness/records/reproduce.py, "Chosen seeds"); pass it again on resumption."""
     sandbox: str = "auto"
     order: str | None = None
     overrides: list[str] = field(default_factory=list)
     tol: Tolerance = field(default_factory=Tolerance)
+
+    def seeds_of(self, entry: Entry) -> list[int]:
+        return entry.seeds(self.seeds, self.seed_salt)
 
 
 class Interrupted(Exception):
@@ -412,8 +418,8 @@ def list_entries(root: Path) -> tuple[list[Path], list[str]]:
 
 
 def decide(entry: Entry, st: State, qcfg: QueueConfig, ledger: Path) -> dict[str, Any]:
-    runs = [st.runs[(entry.digest, s)] for s in entry.seeds(qcfg.seeds) if (entry.digest, s) in st.runs]
-    rec = verdict_of(entry, runs, qcfg.tol)
+    runs = [st.runs[(entry.digest, s)] for s in qcfg.seeds_of(entry) if (entry.digest, s) in st.runs]
+    rec = verdict_of(entry, runs, qcfg.tol, fresh_seeds_record(entry, qcfg.seeds, qcfg.seed_salt))
     append_ledger(ledger, rec)
     st.verdicts[entry.digest] = rec
     print(describe(rec), flush=True)
@@ -454,15 +460,15 @@ def run_queue(qcfg: QueueConfig, ecfg: ExecutorConfig) -> dict[str, Any]:
     todo: list[Job] = []
     skipped_jobs = 0
     for e in entries:
-        if e.digest in st.verdicts and all((e.digest, s) in st.runs for s in e.seeds(qcfg.seeds)):
+        if e.digest in st.verdicts and all((e.digest, s) in st.runs for s in qcfg.seeds_of(e)):
             print(f"done {e.key}: {st.verdicts[e.digest]['verdict']} (from the ledger)", flush=True)
-            skipped_jobs += len(e.seeds(qcfg.seeds))
+            skipped_jobs += len(qcfg.seeds_of(e))
             continue
         track = TRACKS.get(e.track)
         if track is None:  # triage refuses an unknown track; a guard
             continue
         res = track_resources(track, ecfg)
-        for s in e.seeds(qcfg.seeds):
+        for s in qcfg.seeds_of(e):
             if (e.digest, s) in st.runs:
                 skipped_jobs += 1
                 print(f"done {e.key} seed {s}: job {st.runs[(e.digest, s)].get('job_id')} (from the ledger)")
@@ -514,7 +520,7 @@ def run_queue(qcfg: QueueConfig, ecfg: ExecutorConfig) -> dict[str, Any]:
                       + (f" val_bpb {bpb:.6f}" if isinstance(bpb, float) else f" ({rec.get('detail')})")
                       + f" [{len(session_runs)}/{len(todo)}]", file=sys.stderr, flush=True)  # fmt: skip
                 e = j.entry
-                if all((e.digest, s) in st.runs for s in e.seeds(qcfg.seeds)):
+                if all((e.digest, s) in st.runs for s in qcfg.seeds_of(e)):
                     decide(e, st, qcfg, ledger)
             if in_flight:
                 time.sleep(ecfg.poll_s)
@@ -625,6 +631,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
         data=str(Path(args.data).absolute()) if args.data else None,
         preset=args.preset,
         seeds=args.seeds,
+        seed_salt=args.seed_salt,
         sandbox=args.sandbox,
         order=args.order,
         overrides=args.set,
@@ -664,6 +671,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--preset", help="preset for every entry (default: the one each entry's claims name)")
     p.add_argument("--seeds", type=int, help="N fresh seeds per entry instead of the claimed ones")
+    p.add_argument(
+        "--seed-salt",
+        help="the official's secret for fresh seeds (the same on resumption; recorded by its sha256)",
+    )
     p.add_argument(
         "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="official's override"
     )

@@ -15,6 +15,12 @@ train_time_s, bytes_total and the code it ran. Without one, submission.json's `c
 claimed mean, and `--seeds N` fresh seeds (derived from the entry's digest, so a resumed queue picks the
 same ones) are run. `--seeds N` with claimed results runs N fresh seeds instead of the claimed ones.
 
+Chosen seeds. Training is deterministic, so claimed seeds reproduce exactly even when they are the best of a
+hundred an entrant tried: only fresh seeds test a claimed mean. Derived from the digest alone, an entrant can
+compute them too, train them first and reformat submission.json until they are good ones; `--seed-salt S`
+(the official's secret, the same for every entry of a queue and kept for its resumption) derives them from
+the salt and the digest instead, and the record names the salt by its sha256 (`fresh_seeds`).
+
 The test (`compare_claim`; every number is in the record):
 - val_bpb: the claimed mean must lie within the reproduced mean ± (k · SE + floor_bpb), SE the standard
   error of the reproduced mean, s_r/sqrt(n_r) (0 for one seed; the claimed seeds' own spread never widens
@@ -129,13 +135,31 @@ class Entry:
     def track(self) -> str:
         return str(self.meta.get("track"))
 
-    def seeds(self, fresh: int | None) -> list[int]:
-        """The claimed seeds (in claim order), or `fresh` seeds derived from the digest."""
-        if fresh is None and self.claims and all(c.seed is not None for c in self.claims):
+    def claimed_seeds(self, fresh: int | None) -> bool:
+        """Whether `seeds(fresh)` are the claimed ones (every claim names its seed, no fresh count asked)."""
+        return fresh is None and bool(self.claims) and all(c.seed is not None for c in self.claims)
+
+    def seeds(self, fresh: int | None, salt: str | None = None) -> list[int]:
+        """The claimed seeds (in claim order), or `fresh` seeds derived from the digest (and the official's
+        `salt`, when given: the module docstring, "Chosen seeds")."""
+        if self.claimed_seeds(fresh):
             return list(dict.fromkeys(int(c.seed) for c in self.claims if c.seed is not None))
         n = 3 if fresh is None else fresh
-        base = int(self.digest[:8], 16) % 1_000_000
+        key = self.digest if not salt else hashlib.sha256(f"{salt}\0{self.digest}".encode()).hexdigest()
+        base = int(key[:8], 16) % 1_000_000
         return [base + i for i in range(n)]
+
+
+def fresh_seeds_record(entry: Entry, fresh: int | None, salt: str | None) -> dict[str, Any]:
+    """How a reproduction's seeds were chosen (the record's `fresh_seeds`): the salt named by its sha256 only."""
+    if entry.claimed_seeds(fresh):
+        return {"chosen": "claimed"}
+    if not salt:
+        return {"chosen": "from the entry's digest (an entrant can compute them: pass --seed-salt)"}
+    return {
+        "chosen": "from the official's salt and the entry's digest",
+        "salt_sha256": hashlib.sha256(salt.encode()).hexdigest(),
+    }
 
 
 def _claim_files(root: Path) -> list[Path]:
@@ -309,9 +333,9 @@ def compare_claim(
                 f"{stats_rec['mean_reproduced']:.6f} ± {stats_rec['bound']:.6f}",
             )
         )
-    for r in ok_runs:  # the chain files the entry under submission.json's track; its runs must be there
-        checks.append(Check(f"seed {r['seed']} ran on the entry's track", r.get("track") == entry.track,
-                            entry.track, r.get("track")))  # fmt: skip
+    for run in ok_runs:  # the chain files the entry under submission.json's track; its runs must be there
+        checks.append(Check(f"seed {run['seed']} ran on the entry's track", run.get("track") == entry.track,
+                            entry.track, run.get("track")))  # fmt: skip
     sr = float(stats_rec.get("std_reproduced") or 0.0)
     for c in entry.claims:
         tag = f"seed {c.seed}"
@@ -423,8 +447,10 @@ def reproduce_seed(task: dict[str, Any]) -> dict[str, Any]:
     return rec
 
 
-def verdict_of(entry: Entry, runs: list[dict[str, Any]], tol: Tolerance) -> dict[str, Any]:
-    """The "pg-reproduction" record of an entry from its seeds' runs."""
+def verdict_of(
+    entry: Entry, runs: list[dict[str, Any]], tol: Tolerance, fresh_seeds: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The "pg-reproduction" record of an entry from its seeds' runs (`fresh_seeds`: fresh_seeds_record)."""
     checks, stats_rec = compare_claim(entry, runs, tol)
     kinds = [run_failure_kind(r) for r in runs]
     for r, kind in zip(runs, kinds, strict=True):
@@ -453,6 +479,7 @@ def verdict_of(entry: Entry, runs: list[dict[str, Any]], tol: Tolerance) -> dict
         "preset": entry.preset,
         "code_files": entry.code_files,
         "seeds": [r["seed"] for r in runs],
+        "fresh_seeds": fresh_seeds,
         "claimed": [asdict(c) for c in entry.claims],
         "claimed_mean_bpb": entry.claimed_mean_bpb,
         "tolerance": asdict(tol),
@@ -513,7 +540,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     out = Path(args.out).absolute() if args.out else default_out(entry).absolute()
     ledger = Path(args.ledger).absolute() if args.ledger else out / "ledger.jsonl"
     runs = []
-    for seed in entry.seeds(args.seeds):
+    for seed in entry.seeds(args.seeds, args.seed_salt):
         run_dir = out / f"seed-{seed}"
         if run_dir.exists() and any(run_dir.iterdir()):
             raise FileExistsError(f"{run_dir} already exists and is not empty; pass a new --out")
@@ -525,7 +552,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             run = reproduce_seed(task)
         append_ledger(ledger, run)
         runs.append(run)
-    rec = verdict_of(entry, runs, tol)
+    rec = verdict_of(entry, runs, tol, fresh_seeds_record(entry, args.seeds, args.seed_salt))
     append_ledger(ledger, rec)
     print(json.dumps(rec, sort_keys=True) if args.json else describe(rec, all_checks=True))
     return {REPRODUCED: 0, NOT_REPRODUCED: 1, COULD_NOT_RUN: 3}[rec["verdict"]]
@@ -536,6 +563,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("entry", help="the entry's submission folder (claimed results under results/ or runs/)")
     p.add_argument("--preset", help="preset to re-train (default: the one its claimed results name)")
     p.add_argument("--seeds", type=int, help="run N fresh seeds instead of the claimed ones")
+    p.add_argument(
+        "--seed-salt",
+        help="the official's secret: fresh seeds from it and the entry's digest, which no entrant can "
+        "compute (recorded by its sha256)",
+    )
     p.add_argument(
         "--data", help="dataset folder (default: the embedded corpus; a record track needs its own)"
     )

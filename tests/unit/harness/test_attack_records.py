@@ -143,3 +143,30 @@ def test_a_score_that_left_targets_out_neither_ranks_nor_verifies():
     assert unscored_targets_problem(result("sliding", 4095 - seq_len, subset=4096)["phases"]["score"])
     # a record without the figures (older, or hostile types) says nothing here: other checks hold those
     assert unscored_targets_problem({"val_tokens": "many"}) is None
+
+
+def test_fresh_seeds_under_the_official_salt_are_not_the_entrants_to_compute():
+    """Training is deterministic: claimed seeds reproduce exactly even when they are the best of a hundred tried.
+    Fresh seeds from the digest alone an entrant computes too (the digest is of their own folder, which they can
+    reformat until its seeds are good ones); under the official's salt they cannot, and the record says which."""
+    import hashlib
+
+    from harness.records import reproduce as rp
+    from harness.records.queue import QueueConfig
+
+    meta = {"name": "e", "author": "a", "github_id": "g", "date": "2026-01-01", "track": "smoke"}
+    entry = rp.Entry(root=Path("/x/e"), meta=meta, claims=(), claimed_mean_bpb=1.0, preset=None,
+                     digest="d" * 64, code_files={})  # fmt: skip
+    from_digest = entry.seeds(3)
+    assert from_digest == [int("d" * 8, 16) % 1_000_000 + i for i in range(3)]  # anyone holding the folder
+    salted = entry.seeds(3, "official secret")
+    assert salted != from_digest and salted == entry.seeds(3, "official secret")  # stable: a queue resumes
+    assert entry.seeds(3, "another secret") != salted
+    qcfg = QueueConfig(
+        root=Path("/x"), out=Path("/y"), ledger=Path("/y/l"), seeds=3, seed_salt="official secret"
+    )
+    assert qcfg.seeds_of(entry) == salted
+    rec = rp.fresh_seeds_record(entry, 3, "official secret")
+    assert rec["salt_sha256"] == hashlib.sha256(b"official secret").hexdigest()
+    assert "official secret" not in str(rec)
+    assert "pass --seed-salt" in rp.fresh_seeds_record(entry, 3, None)["chosen"]
