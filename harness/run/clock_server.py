@@ -24,6 +24,7 @@ import hmac
 import os
 import secrets
 import selectors
+import shutil
 import socket
 import stat
 import tempfile
@@ -64,6 +65,18 @@ def _sha256_of(path: Path) -> str:
         return h.hexdigest()
     finally:
         os.close(fd)
+
+
+def _discard(path: Path) -> None:
+    """Remove what a rank left at `path` (a file, a link, a folder), never following a link. Whatever stays
+    (it cannot be removed) is never taken: the run folder gets only a state this process hashed."""
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    except OSError:
+        pass
 
 
 class ClockServer:
@@ -271,13 +284,24 @@ class ClockServer:
         return {}
 
     def _hand_over(self) -> str:
-        """Move the state file out of the ranks' reach and hash it; '' or what went wrong."""
-        try:
+        """Move the state file out of the ranks' reach, then check and hash it there; '' or what went wrong.
+
+        The check is of what was moved, where no rank can touch it: a check of the name before the move raced a
+        rank that swapped a symbolic link in between (it won 4 races of 10), and the link, left at state_dest,
+        was taken into the run folder as the state: the pack read whatever host file it named."""
+        try:  # the name first, early and friendly; the check after the move is the one that holds
             if not stat.S_ISREG(os.lstat(self.state_src).st_mode):
                 return f"{self.state_src.name} is not a regular file"
             os.rename(self.state_src, self.state_dest)
+        except OSError as e:
+            return f"cannot take the state: {e}"
+        try:
+            if not stat.S_ISREG(os.lstat(self.state_dest).st_mode):
+                _discard(self.state_dest)
+                return f"{self.state_src.name} is not a regular file"
             self.state_sha256 = _sha256_of(self.state_dest)
         except OSError as e:
+            _discard(self.state_dest)
             return f"cannot take the state: {e}"
         return ""
 

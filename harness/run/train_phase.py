@@ -155,6 +155,22 @@ def _collect(out: Path, run_dir: Path) -> None:
             shutil.move(str(src), str(run_dir / name))
 
 
+def take_handed_state(handed: Path, run_dir: Path, sha256: str | None) -> bool:
+    """Move the state the supervisor took at the handover into the run folder; whether it did.
+
+    Only a state the supervisor hashed (`sha256`, its record's `state_sha256`) and still a regular file: a
+    symbolic link a rank raced into the handover once stood there, and `is_file()` followed it, so the pack
+    read whatever host file it named (weights trained off the clock, in an uncounted file)."""
+    try:
+        st = os.lstat(handed)
+    except OSError:
+        return False
+    if sha256 is None or not stat.S_ISREG(st.st_mode):
+        return False
+    shutil.move(str(handed), str(run_dir / STATE_FILE))
+    return True
+
+
 def rank_failures(log_text: str) -> list[dict[str, Any]]:
     """Which ranks torchrun saw fail, and how (its failure summary: rank, exit code or signal)."""
     found: dict[int, dict[str, Any]] = {}
@@ -367,8 +383,7 @@ def run_train_phase(
         wire=wire,
     )
     _collect(out, run_dir)
-    if handed_state.is_file():
-        shutil.move(str(handed_state), str(run_dir / STATE_FILE))
+    take_handed_state(handed_state, run_dir, outcome.clock.get("state_sha256"))
     shutil.rmtree(stage, ignore_errors=True)
     log_text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
     attempts = parse_attempts(log_text)

@@ -9,6 +9,7 @@ run against fake machine capabilities, so they hold on any machine, with or with
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -276,6 +277,54 @@ def test_a_state_changed_after_the_handover_is_an_error(tmp_path):
     )
     out, _ = _supervise(tmp_path, body, BudgetConfig(train_s=5, startup_s=5))
     assert out.status == "error" and "changed after it was handed over" in out.detail
+
+
+def test_a_link_swapped_in_during_the_handover_is_never_taken_as_the_state(tmp_path, monkeypatch):
+    # A rank that swaps its state file for a symbolic link between the supervisor's check of the name and the
+    # move (renameat2 RENAME_EXCHANGE in a loop, retrying `done`) won 4 races of 10: the link was moved out of
+    # reach, the handover refused (the hash does not follow it), and run_train_phase then moved the link into
+    # RUN_DIR as the state (is_file follows it): the pack read whatever host file it named, say weights
+    # pretrained for days in an uncounted file of the entry's folder, and the run was ok. Here the rank
+    # always wins the race: the swap happens inside the supervisor's os.rename.
+    pretrained = tmp_path / "pretrained.log"
+    pretrained.write_bytes(b"weights trained off the clock")
+    state = tmp_path / "out" / "state.safetensors"
+    real_rename = os.rename
+
+    def racing_rename(src, dst, *args, **kwargs):
+        if os.fspath(src) == str(state):
+            os.symlink(pretrained, str(state) + ".link")
+            os.replace(str(state) + ".link", state)  # the rank's swap, just after the check
+        return real_rename(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rename", racing_rename)
+    body = START + (
+        "open(os.path.join(OUT, 'state.safetensors'), 'wb').write(b'dummy')\n"
+        "try:\n    w.done(state=True)\n    print('TAKEN')\nexcept WireError as e:\n    print('REFUSED', e)\n"
+    )
+    out, log = _supervise(tmp_path, body, BudgetConfig(train_s=5, startup_s=5))
+    handed = tmp_path / "handed-state.safetensors"
+    # nothing of the link is left where run_train_phase takes the state
+    assert not os.path.lexists(handed), log
+    assert "REFUSED" in log and "not a regular file" in log, log
+    assert out.clock["state_sha256"] is None and out.clock["ended_by"] != "state_handover"
+
+
+def test_only_the_state_the_supervisor_hashed_is_taken_into_the_run_folder(tmp_path):
+    from harness.run.train_phase import take_handed_state
+
+    run_dir, pretrained = tmp_path / "run", tmp_path / "pretrained.log"
+    run_dir.mkdir()
+    pretrained.write_bytes(b"weights trained off the clock")
+    handed = tmp_path / "handed-state.safetensors"
+    handed.symlink_to(pretrained)
+    assert take_handed_state(handed, run_dir, sha256=None) is False
+    assert not os.path.lexists(run_dir / "state.safetensors")
+    handed.unlink()
+    handed.write_bytes(b"state")
+    digest = hashlib.sha256(b"state").hexdigest()
+    assert take_handed_state(handed, run_dir, sha256=digest) is True
+    assert (run_dir / "state.safetensors").read_bytes() == b"state"
 
 
 def test_a_rank_that_never_reads_its_replies_cannot_stall_the_supervisor(tmp_path):
