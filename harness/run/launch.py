@@ -296,7 +296,7 @@ def supervise(
         leftovers = reap_token_processes(token, leftover_wait_s)
         load = load_between(load_start, read_load())
         state_problem = wire.verify_state()  # every process of the phase is gone: no writer is left
-    except KeyboardInterrupt:  # Ctrl-C: the phase's processes go before the pipeline writes its record
+    except BaseException:  # Ctrl-C, or the supervisor's own failure: the phase never outlives its supervision
         if proc is not None:
             kill_session(proc, signal.SIGKILL)
         reap_token_processes(token, leftover_wait_s)

@@ -225,7 +225,7 @@ def read_rank_record(path: Path) -> dict[str, Any]:
         raise ValueError(f"train.json is not a regular file of at most {RANK_RECORD_MAX_BYTES:,} bytes")
     try:
         raw = json.loads(path.read_bytes(), parse_constant=lambda c: math.nan)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # deep nesting: RecursionError
         raise ValueError(f"train.json is not valid JSON: {e}") from None
     report = RankReport.from_json(raw)  # the types, finite numbers, the role; unknown keys dropped
     return {k: v for k, v in report.to_json().items() if k in RANK_RECORD_FIELDS}
@@ -593,7 +593,7 @@ def run_sealed_pack(
         try:
             pack = json.loads((run_dir / "pack.json").read_text(encoding="utf-8"))
             reported = str(pack.get("encode_time_s"))[:40] if isinstance(pack, dict) else None
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # deep nesting: RecursionError
             pack, reported = None, None  # the pipeline's PackRecord check names the fault
         if isinstance(pack, dict):
             pack["artifact"] = str(run_dir / "artifact.pgolf")

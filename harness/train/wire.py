@@ -60,8 +60,14 @@ def encode(kind: str, **fields: Any) -> bytes:
 
 
 def decode(raw: bytes) -> dict[str, Any]:
-    """A message as a dict, or ValueError for anything that is not one JSON object."""
-    msg = json.loads(raw)
+    """A message as a dict, or ValueError for anything that is not one JSON object.
+
+    Nesting past the interpreter's recursion limit is a ValueError too: json.loads raises RecursionError for 60,000
+    brackets, which once ended the supervisor's loop and left the phase running unsupervised."""
+    try:
+        msg = json.loads(raw)
+    except RecursionError:
+        raise ValueError("a wire message nested too deeply") from None
     if not isinstance(msg, dict):
         raise ValueError("a wire message is a JSON object")
     return msg

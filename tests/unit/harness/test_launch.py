@@ -327,6 +327,34 @@ def test_only_the_state_the_supervisor_hashed_is_taken_into_the_run_folder(tmp_p
     assert (run_dir / "state.safetensors").read_bytes() == b"state"
 
 
+def test_a_deeply_nested_message_cannot_crash_the_supervisor(tmp_path):
+    # 60,000 brackets in one message: json.loads raised RecursionError, not a ValueError, out of the supervisor's
+    # loop; the phase was left running unsupervised (no deadline, no kill) and the run's verdict became "the
+    # harness failed", which an official re-runs: a free retry for an entry about to be over_budget
+    body = START + "w._sock.send(b'[' * 60_000)\nw._sock.recv(65_536)\ntime.sleep(30)\n"
+    out, log = _supervise(tmp_path, body, BudgetConfig(train_s=0.5, grace_s=0.3, startup_s=5))
+    assert out.status == "over_budget" and out.clock_to_exit_s < 0.8 + 1.5, log
+    assert out.clock["requests_refused"] == {"not a wire message": 1}
+
+
+def test_a_harness_failure_while_supervising_kills_the_phase(tmp_path, monkeypatch):
+    # whatever goes wrong in the supervisor's own loop, the ranks do not outlive it unsupervised
+    token = f"t-{secrets.token_hex(8)}"
+
+    real_serve = ClockServer.serve
+
+    def serve_then_fail(self: ClockServer, timeout_s: float) -> None:
+        real_serve(self, timeout_s)
+        if self.start is not None:
+            raise RuntimeError("the supervisor's own bug")
+
+    monkeypatch.setattr(ClockServer, "serve", serve_then_fail)
+    with pytest.raises(RuntimeError, match="own bug"):
+        _supervise(tmp_path, START + "time.sleep(30)\n", BudgetConfig(train_s=5, startup_s=5), token)
+    time.sleep(0.2)
+    assert processes_with_token(token) == []
+
+
 def test_a_rank_that_never_reads_its_replies_cannot_stall_the_supervisor(tmp_path):
     body = START + (
         "raw = json.dumps({'kind': 'clock_start'}).encode()\n"
