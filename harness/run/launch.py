@@ -26,6 +26,7 @@ import json
 import math
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -174,17 +175,28 @@ class PhaseOutcome:
 
 
 def last_metrics(path: Path) -> dict[str, Any] | None:
-    """The last whole line of rank 0's metrics.jsonl (its word: shown as progress, never a figure of the record)."""
+    """The last whole line of rank 0's metrics.jsonl (its word: shown as progress, never a figure of the record).
+
+    The ranks can write the file while this reads it: opened without following a link and without blocking, and
+    read only if it is a regular file (a FIFO put there blocked the supervisor in open(), deadline and all)."""
     try:
-        with open(path, "rb") as f:
-            f.seek(max(os.fstat(f.fileno()).st_size - METRICS_TAIL_BYTES, 0))
-            tail = f.read(METRICS_TAIL_BYTES).decode("utf-8", errors="replace")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        os.lseek(fd, max(st.st_size - METRICS_TAIL_BYTES, 0), os.SEEK_SET)
+        tail = os.read(fd, METRICS_TAIL_BYTES).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     for line in reversed(tail.splitlines()[1:] if len(tail) == METRICS_TAIL_BYTES else tail.splitlines()):
         try:
             rec = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # deep nesting raises RecursionError
             continue
         if isinstance(rec, dict):
             return rec

@@ -355,6 +355,26 @@ def test_a_harness_failure_while_supervising_kills_the_phase(tmp_path, monkeypat
     assert processes_with_token(token) == []
 
 
+def test_a_fifo_for_metrics_cannot_stall_the_supervisor(tmp_path, monkeypatch):
+    # the supervisor's progress line reads the tail of OUT/metrics.jsonl while the ranks run; a rank that made it
+    # a FIFO blocked the supervisor in open() until a writer came: no deadline was enforced meanwhile, and with
+    # no writer ever (the rank gone) the run never ended. This rank lets it go after 6 s, once.
+    monkeypatch.setattr("harness.run.launch.PROGRESS_EVERY_S", 0.05)
+    body = START + (
+        "fifo = os.path.join(OUT, 'metrics.jsonl')\nos.mkfifo(fifo)\n"
+        "time.sleep(6)\nos.rename(fifo, fifo + '.old')\nopen(fifo + '.old', 'w').close()\ntime.sleep(30)\n"
+    )
+    out, log = _supervise(tmp_path, body, BudgetConfig(train_s=0.5, grace_s=0.3, startup_s=5))
+    assert out.status == "over_budget" and out.clock_to_exit_s < 0.8 + 1.5, (out, log)
+
+
+def test_a_nested_metrics_line_cannot_crash_the_supervisor(tmp_path, monkeypatch):
+    monkeypatch.setattr("harness.run.launch.PROGRESS_EVERY_S", 0.05)
+    body = START + "open(os.path.join(OUT, 'metrics.jsonl'), 'w').write('[' * 4000 + '\\n')\ntime.sleep(30)\n"
+    out, log = _supervise(tmp_path, body, BudgetConfig(train_s=0.5, grace_s=0.3, startup_s=5))
+    assert out.status == "over_budget" and out.clock_to_exit_s < 0.8 + 1.5, (out, log)
+
+
 def test_a_rank_that_never_reads_its_replies_cannot_stall_the_supervisor(tmp_path):
     body = START + (
         "raw = json.dumps({'kind': 'clock_start'}).encode()\n"
