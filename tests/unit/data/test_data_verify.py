@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -81,6 +82,19 @@ def test_tokenizer_hash_and_split_views(ds, tmp_path):
     assert verify_dataset(view).ok
     (ds / "byte260.json").write_text('{"kind": "byte260"}\n', encoding="utf-8")
     assert "byte260.json: sha256" in "\n".join(verify_dataset(ds).problems())
+
+
+def test_the_training_view_names_no_piece_of_the_validation_text(ds, tmp_path):
+    # the training view's manifest is the one file of the dataset a rank may read; it carried pieces.val_only_ids,
+    # the ids the validation tokens use and the training tokens never do (up to 64 on a record track): a fact of
+    # the validation text, which a model could turn into probability mass for tokens training never showed it
+    m = json.loads((ds / "manifest.json").read_text(encoding="utf-8"))
+    m["pieces"] = {**m.get("pieces", {}), "val_only": 2, "val_only_ids": [200, 201]}
+    (ds / "manifest.json").write_text(json.dumps(m), encoding="utf-8")
+    train = json.loads((make_split_view(ds, tmp_path / "tv", "train") / "manifest.json").read_text())
+    assert "val_only_ids" not in train["pieces"]
+    val = json.loads((make_split_view(ds, tmp_path / "vv", "val") / "manifest.json").read_text())
+    assert val["pieces"]["val_only_ids"] == [200, 201]
 
 
 def test_not_a_dataset_is_a_user_error(tmp_path, capsys):
