@@ -148,6 +148,6 @@ def parse_attempts(log_text: str) -> list[dict[str, Any]]:
         if line.startswith(MONITOR_PREFIX):
             try:
                 out.append(json.loads(line[len(MONITOR_PREFIX) :]))
-            except ValueError:
+            except (ValueError, RecursionError):  # deep nesting: RecursionError
                 continue
     return out

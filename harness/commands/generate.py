@@ -128,7 +128,7 @@ def parse_result(raw: bytes, *, vocab_size: int, max_tokens: int, speculative: b
     """The confined process's result, believed only as far as checked: format, ids in range, counts, numbers."""
     try:
         obj = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # deep nesting: RecursionError
         raise GenerateFailure("error", f"the generation process wrote no valid result ({e})") from None
     if (
         not isinstance(obj, dict)

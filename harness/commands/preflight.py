@@ -174,7 +174,10 @@ def confined_build(
         raise ValueError(f"building the model and one forward pass took more than {timeout_s:.0f} s")
     if code != 0:
         raise ValueError(one_line(child.error_line()) or f"the confined build failed ({exit_how(code)})")
-    report = json.loads(_read_regular(out / "out" / REPORT_FILE, REPORT_MAX_BYTES))
+    try:
+        report = json.loads(_read_regular(out / "out" / REPORT_FILE, REPORT_MAX_BYTES))
+    except RecursionError:  # nested past the parser's depth: the child's report is malformed, not our crash
+        raise ValueError("the confined build wrote a report nested too deeply") from None
     if not isinstance(report, dict):
         raise ValueError("the confined build wrote a report that is not a JSON object")
     return report, out / "out"

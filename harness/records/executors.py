@@ -253,7 +253,7 @@ def accept_report(reported: Any, written: Any, expect: Expected) -> list[str]:
         return [f"the job returned {type(reported).__name__}, not the record's JSON text"]
     try:
         record = json.loads(reported)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # deep nesting: RecursionError
         return [f"the job's record is not JSON: {e}"]
     if not isinstance(record, dict):
         return ["the job's record is not a JSON object"]

@@ -193,7 +193,7 @@ def raw_meta(root: Path) -> dict[str, Any]:
     """The text fields of a submission.json that did not pass its schema, for the board's row (best effort)."""
     try:
         meta = json.loads((root / "submission.json").read_text(encoding="utf-8")[: 1 << 20])
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # deep nesting: RecursionError
         return {}
     if not isinstance(meta, dict):
         return {}

@@ -56,7 +56,7 @@ def parse_metrics_line(line: bytes) -> dict[str, float] | None:
         return None
     try:
         d = json.loads(line, parse_constant=lambda c: None)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # deep nesting: RecursionError
         return None
     if not isinstance(d, dict) or len(d) > METRICS_MAX_KEYS + 1:
         return None

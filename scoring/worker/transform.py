@@ -239,7 +239,7 @@ class _SplitChild:
             try:
                 said = json.loads(reply[1:])
                 i, error = int(said["index"]), str(said["error"])
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):
                 raise self._fail(f"gave back a malformed reply to {what}") from None
             raise self._fail(
                 f"raised on document {self.done + i} of the split ({what}): {one_line(error, 200)}"
@@ -384,7 +384,7 @@ class ConfinedTransforms:
                 name, markers = str(info["name"]), tuple(str(m) for m in info["markers"])
             except TimeoutError:
                 raise sc._fail(f"did not start within {self.timeout_s:g} s") from None
-            except (EOFError, OverflowError, ValueError, KeyError, TypeError):
+            except (EOFError, OverflowError, ValueError, KeyError, TypeError, RecursionError):
                 code = child.wait(5)
                 said = child.error_line()
                 raise sc._fail(

@@ -83,7 +83,7 @@ def recv(sock: socket.socket, timeout_s: float | None = None) -> dict[str, Any]:
         raise ProtocolError(f"a message over {MAX_MESSAGE_BYTES} bytes")
     try:
         msg = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # deep nesting: RecursionError
         raise ProtocolError(f"a message that is not JSON: {data[:80]!r}") from e
     if not isinstance(msg, dict):
         raise ProtocolError(f"a message that is not an object: {data[:80]!r}")
