@@ -589,33 +589,37 @@ def run_sealed_pack(
             status=Status.OVER_BUDGET,
             detail=f"the codec's encode ran past the training budget + grace ({allowed_s:.1f} s left)",
         )
-    elif (run_dir / "pack.json").is_file():
+        return None, record
+    reported = None
+    if (run_dir / "pack.json").is_file():
         try:
             pack = json.loads((run_dir / "pack.json").read_text(encoding="utf-8"))
             reported = str(pack.get("encode_time_s"))[:40] if isinstance(pack, dict) else None
         except (ValueError, UnicodeDecodeError, RecursionError):  # deep nesting: RecursionError
-            pack, reported = None, None  # the pipeline's PackRecord check names the fault
+            pack = None  # the pipeline's PackRecord check names the fault
         if isinstance(pack, dict):
             pack["artifact"] = str(run_dir / "artifact.pgolf")
             (run_dir / "pack.json").write_text(
                 json.dumps(pack, indent=2, sort_keys=True) + "\n", encoding="utf-8"
             )
-        record["encode_time_s"] = clock_s
-        record["reported_encode_time_s"] = reported  # the pack process's own figure: beside submitted code
-        record["train_plus_encode_s"] = train_time_s + clock_s
-        # the encode is training-side code on the clock, handed whatever the state carries (real training
-        # tokens in a buffer its decode gives back as zeros): it ends within the training budget and the stop
-        # tolerance, as the last step does; the grace is for stopping, never for training or encoding
-        limit_s = budget.train_s + stop_tolerance_s(budget)
-        record["limit_s"] = limit_s
-        if record["train_plus_encode_s"] > limit_s:
-            record.update(
-                status=Status.OVER_BUDGET,
-                detail=(
-                    f"training + the codec's encode took {record['train_plus_encode_s']:.1f} s by the harness's "
-                    f"clock ({train_time_s:.1f} s + {clock_s:.1f} s): past train_s = {budget.train_s:g} s + "
-                    f"{stop_tolerance_s(budget):.1f} s of stop tolerance (the grace period is for stopping, not "
-                    f"for encoding; the pack record said encode_time_s {reported})"
-                ),
-            )
-    return (None if killed else proc.returncode), record
+    # the clock holds whether or not the pack wrote its record: a codec that ran long and wrote none was once
+    # `error` (no record) where its time made it `over_budget`
+    record["encode_time_s"] = clock_s
+    record["reported_encode_time_s"] = reported  # the pack process's own figure: beside submitted code
+    record["train_plus_encode_s"] = train_time_s + clock_s
+    # the encode is training-side code on the clock, handed whatever the state carries (real training
+    # tokens in a buffer its decode gives back as zeros): it ends within the training budget and the stop
+    # tolerance, as the last step does; the grace is for stopping, never for training or encoding
+    limit_s = budget.train_s + stop_tolerance_s(budget)
+    record["limit_s"] = limit_s
+    if record["train_plus_encode_s"] > limit_s:
+        record.update(
+            status=Status.OVER_BUDGET,
+            detail=(
+                f"training + the codec's encode took {record['train_plus_encode_s']:.1f} s by the harness's "
+                f"clock ({train_time_s:.1f} s + {clock_s:.1f} s): past train_s = {budget.train_s:g} s + "
+                f"{stop_tolerance_s(budget):.1f} s of stop tolerance (the grace period is for stopping, not "
+                f"for encoding; the pack record said encode_time_s {reported})"
+            ),
+        )
+    return proc.returncode, record

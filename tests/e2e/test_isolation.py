@@ -198,6 +198,24 @@ def test_a_slow_codec_that_forges_its_pack_record_is_over_budget_and_illegal(tin
     assert "0.01" in rec["detail"] and "by the harness's clock" in rec["detail"]
     pack = json.loads((run_dir / "pack.json").read_text())
     assert pack["bytes_model"] == 2000 and pack["within_cap"] is True  # what it claims
+
+    # the same slow codec deleting its record instead: the clock was checked only beside a pack.json, so the
+    # run ended `error` (the pack wrote no record) where its time made it over_budget
+    (sub / "forge.txt").unlink()
+    (sub / "suppress.txt").write_text("yes")
+    (run_dir / "pack.json").unlink()
+    rc, rec = run_sealed_pack(
+        run_dir=run_dir,
+        submission_dir=sub,
+        data_root=tiny_dataset,
+        budget=BudgetConfig(train_s=10.0, grace_s=1.0),
+        launch=LaunchConfig(device="cpu"),
+        train_time_s=9.5,
+        cap_bytes=16_000_000,
+        log_path=run_dir / "pack.log",
+    )
+    assert not (run_dir / "pack.json").exists() and rec["reported_encode_time_s"] is None
+    assert rec["encode_time_s"] >= 2.0 and rec["status"] == "over_budget", rec
     measured, disagree = measure_pack(pack, run_dir / "artifact.pgolf", sub, 16_000_000)
     assert measured["bytes_model"] == (run_dir / "artifact.pgolf").stat().st_size != 2000
     assert any(d.startswith("bytes_model 2000 in the record, ") for d in disagree), disagree
