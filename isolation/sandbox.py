@@ -70,6 +70,7 @@ from isolation.landlock import (
     broad_read_rules,
     device_rules,
     drop_capabilities,
+    is_beneath,
     landlock_abi,
     loaded_gpu_library_dirs,
     loopback_up,
@@ -423,6 +424,19 @@ class SandboxPlan:
         }
 
 
+def project_hidden(project_root: Path) -> list[str]:
+    """The project's folder, out of every broad rule (its code packages are the phase's own rules): a clone
+    under /opt (a broad read root) once showed the ranks and model workers everything in it, the other runs'
+    folders under runs/ (their artifacts, an entrant's trained weights to start from), the ledger, any dataset
+    built there that is not this run's. Not when the project lies inside the Python installation (installed
+    into site-packages, which every phase reads)."""
+    project = os.path.realpath(project_root)
+    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    if any(is_beneath(project, os.path.realpath(p)) for p in prefixes):
+        return []
+    return [project]
+
+
 def plan_sandbox(
     *,
     mode: str,
@@ -507,7 +521,7 @@ def plan_sandbox(
             f"leftover processes are found by their {TOKEN_ENV} environment variable, and the network is the host's"
         )
     rules: list[Rule] = []  # planned even without Landlock: the access monitor reports against them
-    hidden = sorted({*prot, *(os.path.realpath(p) for p in private)})
+    hidden = sorted({*prot, *(os.path.realpath(p) for p in private), *project_hidden(project_root)})
     tmp = os.path.realpath(tempfile.gettempdir())
     broad = [*SYSTEM_READ_ROOTS, *python_roots(import_path, project_root), *extra_read]
     if device.startswith("cuda"):  # the CUDA/NCCL libraries the ranks will load, where they are

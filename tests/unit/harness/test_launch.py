@@ -722,3 +722,32 @@ def test_a_sysv_shared_memory_segment_outside_is_not_reachable_inside(tmp_path):
         assert int(outside) == shmid and int(inside) == -1, (outside, inside)
     finally:
         libc.shmctl(ctypes.c_int(shmid), ctypes.c_int(0), None)  # IPC_RMID
+
+
+def test_a_project_under_a_broad_read_root_shows_its_code_and_nothing_else(tmp_path):
+    """A clone at /opt/pgolf (/opt is a broad read root) showed the ranks and model workers all of it: the other
+    runs under runs/ (an entrant's trained weights to start from), the ledger, a dataset built there. Now the
+    project's folder is out of every broad rule; its code packages are the phase's own rules, and a Python
+    installation inside it (.venv) is still read."""
+    from isolation.sandbox import project_hidden
+
+    opt = tmp_path / "opt"
+    project = opt / "pgolf"
+    for d in ("harness", "data", "scoring", "isolation", "runs/other-entry", ".venv/lib"):
+        (project / d).mkdir(parents=True)
+    (project / "runs/other-entry/state.safetensors").write_bytes(b"their weights")
+    (opt / "other-tool").mkdir()
+    plan, _ = _plan(
+        tmp_path, LANDLOCK_ROOT, project_root=project, extra_read=[str(opt), str(project / ".venv")]
+    )
+    readable = [r.path for r in plan.rules if r.access == "ro"]
+
+    def covered(path: Path) -> bool:
+        return any(str(path) == r or str(path).startswith(r.rstrip("/") + "/") for r in readable)
+
+    assert not covered(project / "runs/other-entry/state.safetensors")
+    assert all(covered(project / d) for d in ("harness", "data", "scoring", "isolation", ".venv/lib"))
+    assert covered(opt / "other-tool")  # the rest of the broad root is as it was
+    assert (
+        project_hidden(Path(sys.prefix) / "lib") == []
+    )  # installed into the Python installation: left alone
