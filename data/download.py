@@ -389,7 +389,7 @@ def _load_state(dest: Path, repo_id: str, commit: str) -> dict[str, Any]:
 
 
 def default_destination(variant: str) -> Path:
-    from data.embedded import data_root
+    from data.manifest import data_root
 
     return data_root() / dataset_name_for(variant)
 

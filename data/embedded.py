@@ -24,19 +24,13 @@ import tempfile
 from pathlib import Path
 
 from data.build import build_dataset, selection_sha256
-from data.manifest import MANIFEST_NAME
+from data.manifest import MANIFEST_NAME, data_root
 
 EMBEDDED_VOCAB_SIZE = 1024
 EMBEDDED_VAL_FRACTION = 0.1
 MIN_DOCSTRING_CHARS = 200
 MIN_MODULE_CHARS = 2000
 EMBEDDED_BUILD_VERSION = 1
-
-
-def data_root() -> Path:
-    """Where built datasets are cached: `$PG_DATA_DIR` or `~/.cache/pgolf/datasets`."""
-    env = os.environ.get("PG_DATA_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "pgolf" / "datasets"
 
 
 def _module_docs(path: Path) -> str:

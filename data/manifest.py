@@ -38,6 +38,22 @@ DATA_LOCATION_ENV = ("PG_DATA_DIR", "PGOLF_DATA", "HF_HOME", "HF_DATASETS_CACHE"
 """Environment variables that say where datasets live: never in a sandboxed process's environment (it is an
 allow-list, scoring/worker/env.py, that names none of them)."""
 
+
+def data_root() -> Path:
+    """Where built datasets are cached: `$PG_DATA_DIR` or `~/.cache/pgolf/datasets`."""
+    env = os.environ.get("PG_DATA_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "pgolf" / "datasets"
+
+
+def dataset_locations() -> list[Path]:
+    """Folders where this machine keeps datasets: data_root() and every folder DATA_LOCATION_ENV names, those that
+    exist, resolved. A sandboxed phase's broad read rules leave them out (its `private` folders,
+    isolation/sandbox.py broad_hidden): another dataset of the same documents kept under a broad read root (/opt,
+    say) holds the validation text in its own tokens, and a run protects only its own dataset."""
+    named = [data_root(), *(Path(v) for v in (os.environ.get(k) for k in DATA_LOCATION_ENV) if v)]
+    return sorted({Path(os.path.realpath(p)) for p in named if os.path.isdir(p)})
+
+
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "pg-dataset"
 MANIFEST_VERSION = 3

@@ -424,17 +424,24 @@ class SandboxPlan:
         }
 
 
-def project_hidden(project_root: Path) -> list[str]:
-    """The project's folder, out of every broad rule (its code packages are the phase's own rules): a clone
-    under /opt (a broad read root) once showed the ranks and model workers everything in it, the other runs'
-    folders under runs/ (their artifacts, an entrant's trained weights to start from), the ledger, any dataset
-    built there that is not this run's. Not when the project lies inside the Python installation (installed
-    into site-packages, which every phase reads)."""
-    project = os.path.realpath(project_root)
-    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-    if any(is_beneath(project, os.path.realpath(p)) for p in prefixes):
-        return []
-    return [project]
+def broad_hidden(paths: Iterable[str | Path], warnings: list[str]) -> list[str]:
+    """Of `paths` (the phase's private folders, the project's, the machine's dataset locations), those every broad
+    read rule leaves out, resolved. A folder that holds the Python installation is left out around it (each Python
+    prefix is a broad rule of its own: a clone's .venv stays readable); one inside it (a project installed into
+    site-packages) or one that holds a system folder (HF_HOME=/opt) cannot be left out: skipped, with a warning."""
+    prefixes = [
+        os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)
+    ]
+    out: list[str] = []
+    for p in paths:
+        real = os.path.realpath(p)
+        if any(is_beneath(real, q) for q in prefixes) or any(is_beneath(r, real) for r in SYSTEM_READ_ROOTS):
+            warnings.append(
+                f"{p} lies in the Python installation or holds a system folder: it stays readable"
+            )
+        else:
+            out.append(real)
+    return out
 
 
 def plan_sandbox(
@@ -521,7 +528,7 @@ def plan_sandbox(
             f"leftover processes are found by their {TOKEN_ENV} environment variable, and the network is the host's"
         )
     rules: list[Rule] = []  # planned even without Landlock: the access monitor reports against them
-    hidden = sorted({*prot, *(os.path.realpath(p) for p in private), *project_hidden(project_root)})
+    hidden = sorted({*prot, *broad_hidden([*private, project_root], warnings)})
     tmp = os.path.realpath(tempfile.gettempdir())
     broad = [*SYSTEM_READ_ROOTS, *python_roots(import_path, project_root), *extra_read]
     if device.startswith("cuda"):  # the CUDA/NCCL libraries the ranks will load, where they are

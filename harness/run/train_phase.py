@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from data.loader import train_shard_paths
-from data.manifest import MANIFEST_NAME, Manifest, load_manifest, make_split_view
+from data.manifest import MANIFEST_NAME, Manifest, dataset_locations, load_manifest, make_split_view
 from harness.config import LaunchConfig
 from harness.run.clock_server import ClockServer
 from harness.run.launch import (
@@ -291,7 +291,7 @@ def run_train_phase(
         read_paths=[train_view / MANIFEST_NAME, staged_sub, stage / "spec.json"],  # shards: over the wire
         write_paths=[out, compile_cache_dir(out)],
         protected=[data_root, *val_shards],
-        private=[stage_root],
+        private=[stage_root, *dataset_locations()],  # another dataset holds the validation text too
         import_path=worker_import_path(env, out),
         extra_read=[p for p in launch.sandbox_read_paths.split(os.pathsep) if p],
         allow_missing=parse_layers(launch.allow_missing_layers),
@@ -532,7 +532,7 @@ def run_sealed_pack(
             read_paths=[stage / STATE_FILE, submission_dir],
             write_paths=[out],
             protected=[data_root, *manifest.shard_paths("val")],
-            private=[stage],
+            private=[stage, *dataset_locations()],
             import_path=worker_import_path(env, out),
             extra_read=[p for p in launch.sandbox_read_paths.split(os.pathsep) if p],
             allow_missing=parse_layers(launch.allow_missing_layers),

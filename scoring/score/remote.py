@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from data.manifest import dataset_locations
 from isolation.processes import die_with_parent, kill_group_reaped
 from isolation.sandbox import SandboxPlan, plan_sandbox
 from scoring.statuses import Status
@@ -151,6 +152,7 @@ class WorkerModel:
             read_paths=[cfg.code_dir, cfg.artifact],
             write_paths=[self._tmp],
             protected=cfg.protected,
+            private=dataset_locations(),  # another dataset of the same documents holds the validation text too
             import_path=[p for p in sys.path[1:] if p],
             allow_missing=cfg.allow_missing_layers,
             phase="model worker",

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from data.manifest import dataset_locations
 from isolation.processes import kill_group_reaped
 from isolation.sandbox import SandboxPlan, plan_sandbox
 from scoring.worker.child import error_line
@@ -88,6 +89,7 @@ def plan_confined(tmp: Path, read_paths: Iterable[Path], *, sandbox: str = "auto
         read_paths=list(read_paths),
         write_paths=[tmp],
         protected=(),
+        private=dataset_locations(),
         import_path=[p for p in sys.path[1:] if p],
         **WORKER_ISOLATION,
     )

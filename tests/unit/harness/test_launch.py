@@ -729,7 +729,7 @@ def test_a_project_under_a_broad_read_root_shows_its_code_and_nothing_else(tmp_p
     runs under runs/ (an entrant's trained weights to start from), the ledger, a dataset built there. Now the
     project's folder is out of every broad rule; its code packages are the phase's own rules, and a Python
     installation inside it (.venv) is still read."""
-    from isolation.sandbox import project_hidden
+    from isolation.sandbox import broad_hidden
 
     opt = tmp_path / "opt"
     project = opt / "pgolf"
@@ -748,6 +748,19 @@ def test_a_project_under_a_broad_read_root_shows_its_code_and_nothing_else(tmp_p
     assert not covered(project / "runs/other-entry/state.safetensors")
     assert all(covered(project / d) for d in ("harness", "data", "scoring", "isolation", ".venv/lib"))
     assert covered(opt / "other-tool")  # the rest of the broad root is as it was
-    assert (
-        project_hidden(Path(sys.prefix) / "lib") == []
-    )  # installed into the Python installation: left alone
+    warnings: list[str] = []
+    assert broad_hidden([Path(sys.prefix) / "lib", "/", opt / "other-tool"], warnings) == [
+        str(opt / "other-tool")
+    ]
+    assert len(warnings) == 2  # inside the Python installation (installed there), and a folder holding /usr
+
+    # another dataset of the same documents (its validation text in other tokens) under a broad read root: the
+    # machine's dataset locations are private to every phase too
+    other = opt / "datasets/fineweb10B_sp8192"
+    other.mkdir(parents=True)
+    (other / "fineweb_val_000000.bin").write_bytes(b"validation text")
+    plan, _ = _plan(
+        tmp_path, LANDLOCK_ROOT, project_root=project, extra_read=[str(opt)], private=[opt / "datasets"]
+    )
+    readable = [r.path for r in plan.rules if r.access == "ro"]
+    assert not covered(other / "fineweb_val_000000.bin") and covered(opt / "other-tool")
