@@ -764,3 +764,15 @@ def test_a_project_under_a_broad_read_root_shows_its_code_and_nothing_else(tmp_p
     )
     readable = [r.path for r in plan.rules if r.access == "ro"]
     assert not covered(other / "fineweb_val_000000.bin") and covered(opt / "other-tool")
+
+
+def test_the_machines_dataset_locations_are_the_configured_ones_that_exist(tmp_path, monkeypatch):
+    from data.manifest import dataset_locations
+
+    (tmp_path / "pg").mkdir()
+    (tmp_path / "hf").mkdir()
+    monkeypatch.setenv("PG_DATA_DIR", str(tmp_path / "pg"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("PGOLF_DATA", str(tmp_path / "absent"))
+    monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
+    assert dataset_locations() == [tmp_path / "hf", tmp_path / "pg"]
