@@ -348,6 +348,48 @@ def own_rules(
     return rules
 
 
+def _not_code(package: str) -> list[str]:
+    """What a package folder holds beyond Python code, resolved: every entry that is neither a .py file, nor a
+    subpackage (a folder with __init__.py, searched in turn), nor a bytecode cache (__pycache__)."""
+    out: list[str] = []
+    try:
+        entries = list(os.scandir(package))
+    except OSError:
+        return out
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            if entry.name == "__pycache__":
+                continue
+            if os.path.isfile(os.path.join(entry.path, "__init__.py")):
+                out += _not_code(entry.path)
+                continue
+        elif entry.is_file(follow_symlinks=False) and entry.name.endswith(".py"):
+            continue
+        out.append(os.path.realpath(entry.path))
+    return out
+
+
+def code_rules(packages: Iterable[str | Path], prot: Sequence[str]) -> list[Rule]:
+    """ro rules for the Python code of `packages` (the harness's own) and nothing else kept in them.
+
+    The reference challenge keeps its datasets at ./data/datasets, inside this project's `data` package: a rule
+    for the whole package showed a rank every dataset there (another tokenizer's validation shards: the text).
+    Anything but .py files, subpackages and bytecode caches is carved out, and so is every protected path."""
+    rules: list[Rule] = []
+    for package in packages:
+        real = os.path.realpath(package)
+        if any(is_beneath(real, p) for p in prot):
+            raise ValueError(
+                f"the package {package} lies inside the protected {list(prot)}; keep code and data apart"
+            )
+        if not os.path.isdir(real):
+            continue
+        left_out = [*_not_code(real), *(p for p in prot if is_beneath(p, real))]
+        paths = carve(real, left_out) if left_out else [real]
+        rules += [Rule(path=p, access="ro") for p in paths]
+    return rules
+
+
 def device_rules(device: str) -> list[Rule]:
     """The usual device files; on CUDA also the GPUs and InfiniBand (NCCL across nodes)."""
     devices = [d for d in DEVICE_FILES if os.path.exists(d)]

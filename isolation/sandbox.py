@@ -7,8 +7,9 @@ used when the machine allows it and recorded either way (`SandboxPlan.describe()
 
 - Landlock (Linux >= 5.13, no privilege needed): a filesystem allow-list. Reads only beneath the
   Python installation, the system directories (/usr, /lib*, /bin, /sbin, /etc, /opt, /proc, /sys),
-  the harness's own packages, and the phase's staging folder (the training view of the data, a copy
-  of the submission, the spec); writes only beneath the phase's output folder; a few device files.
+  the harness's own packages (their Python code alone), and the phase's staging folder (the training
+  view of the data, a copy of the submission, the spec); writes only beneath the phase's output
+  folder; a few device files.
   Any allowed folder that holds the dataset is replaced by its other children, so the original
   dataset folder (both splits) and every validation shard are outside every rule. With ABI >= 6,
   signals to processes outside the sandbox are refused too. Landlock also refuses ptrace and
@@ -68,6 +69,7 @@ from isolation.landlock import (
     Rule,
     apply_landlock,
     broad_read_rules,
+    code_rules,
     device_rules,
     drop_capabilities,
     is_beneath,
@@ -536,11 +538,8 @@ def plan_sandbox(
     for path in dict.fromkeys(broad):
         if os.path.exists(path):
             rules += broad_read_rules(path, prot, hidden, tmp, warnings)
-    own = [
-        *(str(p) for p in read_paths),
-        *(str(project_root / pkg) for pkg in ("harness", "data", "scoring", "isolation")),
-    ]
-    rules += own_rules(own, [], prot, "sandbox")
+    rules += own_rules([str(p) for p in read_paths], [], prot, "sandbox")
+    rules += code_rules([project_root / pkg for pkg in ("harness", "data", "scoring", "isolation")], prot)
     rules.append(Rule(path=str(project_root.resolve()), access="list"))
     rules += own_rules([], write_paths, prot, "sandbox")
     rules += device_rules(device)

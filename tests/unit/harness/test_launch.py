@@ -766,6 +766,38 @@ def test_a_project_under_a_broad_read_root_shows_its_code_and_nothing_else(tmp_p
     assert not covered(other / "fineweb_val_000000.bin") and covered(opt / "other-tool")
 
 
+def test_the_projects_packages_show_their_code_and_no_dataset_kept_in_them(tmp_path, monkeypatch):
+    """The reference challenge keeps its datasets at ./data/datasets, inside this project's `data` package: a
+    rank trained on fineweb10B_sp1024 read fineweb10B_byte260/fineweb_val_000000.bin (the validation text
+    verbatim) through the package's rule, PG_DATA_DIR pointing there or not. A package's rule covers its code
+    alone now: its .py files, its subpackages and their bytecode caches."""
+    project = tmp_path / "pgolf"
+    code = [
+        project / pkg / f
+        for pkg in ("harness", "data", "scoring", "isolation")
+        for f in ("__init__.py", "sub/__init__.py", "sub/__pycache__/m.cpython-311.pyc")
+    ]
+    for f in code:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"")
+    mine, other = project / "data/datasets/fineweb10B_sp1024", project / "data/datasets/fineweb10B_byte260"
+    for d in (mine, other):
+        d.mkdir(parents=True)
+        (d / "fineweb_val_000000.bin").write_bytes(b"validation text")
+    (project / "data/stray_val.bin").write_bytes(b"validation text")
+    for configured in (False, True):
+        if configured:
+            monkeypatch.setenv("PG_DATA_DIR", str(project / "data/datasets"))
+        plan, _ = _plan(tmp_path, LANDLOCK_ROOT, project_root=project, protected=[mine])
+        readable = [r.path for r in plan.rules if r.access == "ro"]
+
+        def covered(path: Path, readable: list[str] = readable) -> bool:
+            return any(str(path) == r or str(path).startswith(r.rstrip("/") + "/") for r in readable)
+
+        assert not covered(other / "fineweb_val_000000.bin") and not covered(project / "data/stray_val.bin")
+        assert all(covered(f) for f in code)
+
+
 def test_the_machines_dataset_locations_are_the_configured_ones_that_exist(tmp_path, monkeypatch):
     from data.manifest import dataset_locations
 
