@@ -291,7 +291,9 @@ def run_train_phase(
         read_paths=[train_view / MANIFEST_NAME, staged_sub, stage / "spec.json"],  # shards: over the wire
         write_paths=[out, compile_cache_dir(out)],
         protected=[data_root, *val_shards],
-        private=[stage_root, *dataset_locations()],  # another dataset holds the validation text too
+        # another dataset holds the validation text too; the folder of this run's own holds the other runs (their
+        # trained states) and, by default, the ledger
+        private=[stage_root, run_dir.parent, *dataset_locations()],
         import_path=worker_import_path(env, out),
         extra_read=[p for p in launch.sandbox_read_paths.split(os.pathsep) if p],
         allow_missing=parse_layers(launch.allow_missing_layers),
@@ -532,7 +534,7 @@ def run_sealed_pack(
             read_paths=[stage / STATE_FILE, submission_dir],
             write_paths=[out],
             protected=[data_root, *manifest.shard_paths("val")],
-            private=[stage, *dataset_locations()],
+            private=[stage, run_dir.parent, *dataset_locations()],  # as the train phase's
             import_path=worker_import_path(env, out),
             extra_read=[p for p in launch.sandbox_read_paths.split(os.pathsep) if p],
             allow_missing=parse_layers(launch.allow_missing_layers),

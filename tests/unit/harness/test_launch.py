@@ -798,6 +798,60 @@ def test_the_projects_packages_show_their_code_and_no_dataset_kept_in_them(tmp_p
         assert all(covered(f) for f in code)
 
 
+class _Planned(Exception):
+    """Raised by a recording plan_sandbox: the phase is planned, nothing more is wanted of it."""
+
+
+def test_a_phase_never_shows_the_other_runs_beside_its_own(tmp_path, monkeypatch, tiny_dataset):
+    """`pgolf run` puts a run in ./runs/NAME of the folder it is started from, and the ledger beside it: started
+    from a folder under a broad read root (/opt/work, or an official's extra read path), every rank and the
+    sealed pack read the other runs (an entrant's trained state to start from) and the ledger. The folder that
+    holds the run's own is private to its phases."""
+    import harness.run.train_phase as train_phase
+    from harness.config import load_config
+
+    opt = tmp_path / "opt"
+    runs = opt / "work/runs"
+    (runs / "other-entry").mkdir(parents=True)
+    (runs / "other-entry/state.safetensors").write_bytes(b"their weights")
+    (runs / "ledger.jsonl").write_text("{}\n")
+    (opt / "other-tool").mkdir()
+    run_dir = runs / "mine"
+    run_dir.mkdir()
+    (run_dir / train_phase.STATE_FILE).write_bytes(b"state")
+    cfg = load_config(REPO / "tests/fixtures/submissions/peek_val", None, [])
+    launch = LaunchConfig(sandbox_read_paths=str(opt))
+    planned: list[dict] = []
+
+    def record(**kw):
+        planned.append(kw)
+        raise _Planned
+
+    monkeypatch.setattr(train_phase, "plan_sandbox", record)
+    sub, budget = REPO / "tests/fixtures/submissions/peek_val", cfg.section("budget")
+    (tmp_path / "views").mkdir()
+    with pytest.raises(_Planned):
+        train_phase.run_train_phase(
+            submission_dir=sub, data_root=tiny_dataset, run_dir=run_dir, stage_root=tmp_path / "views",
+            model_config=cfg.model, hparams=cfg.train, seed=1, budget=budget, launch=launch, device="cpu",
+        )  # fmt: skip
+    with pytest.raises(_Planned):
+        train_phase.run_sealed_pack(
+            run_dir=run_dir, submission_dir=sub, data_root=tiny_dataset, budget=budget, launch=launch,
+            train_time_s=0.0, cap_bytes=16_000_000, log_path=run_dir / "pack.log",
+        )  # fmt: skip
+    for kw in planned:
+        plan = plan_sandbox(**{**kw, "caps": LANDLOCK_ROOT})
+        readable = [r.path for r in plan.rules if r.access == "ro"]
+        seen = [
+            p
+            for p in (runs / "other-entry/state.safetensors", runs / "ledger.jsonl")
+            if any(str(p) == r or str(p).startswith(r.rstrip("/") + "/") for r in readable)
+        ]
+        assert not seen, f"the {kw['phase']} reads {seen}"
+        assert str(opt / "other-tool") in readable  # the rest of the broad root is as it was
+
+
 def test_the_machines_dataset_locations_are_the_configured_ones_that_exist(tmp_path, monkeypatch):
     from data.manifest import dataset_locations
 
