@@ -294,6 +294,7 @@ def rescore_request(
         threads=cfg.threads or int(score.get("threads") or 0),
         sandbox=verify_sandbox(result),
         protect=(data_dir,),
+        private=(artifact.parent.parent,),  # the folder of the run under check: other runs, the ledger
         allow_missing_layers=cfg.allow_missing_layers,
         json_out=out,
         scoring_workers=cfg.scoring_workers or recorded_scoring_workers(result),

@@ -495,6 +495,7 @@ def _phases(
             sandbox=launch.sandbox,  # the model worker's: off only when the whole run is unsandboxed (recorded)
             confine=launch.sandbox != "off",
             protect=(data_root,),
+            private=(run_dir.parent,),  # the other runs beside this one (their artifacts) and the ledger
             eval_budget_s=eval_deadline_s,
             allow_missing_layers=parse_layers(launch.allow_missing_layers),
             json_out=score_out,

@@ -61,6 +61,8 @@ class ScoreRequest:
     """Also confine the scorer itself once it has read the data."""
     protect: tuple[Path, ...] = ()
     """More folders no worker and (once confined) not the scorer may read: the dataset a view was made from."""
+    private: tuple[Path, ...] = ()
+    """Folders out of the workers' broad read rules (the folder of the run whose artifact this is: the other runs)."""
     eval_budget_s: float = math.inf
     """Past this (the track's eval budget + grace) the worker is killed: over_eval_budget."""
     probes: int = ProbeConfig().probes
@@ -87,6 +89,8 @@ class ScoreRequest:
             argv.append("--no-confine")
         for p in self.protect:
             argv += ["--protect", str(p)]
+        for p in self.private:
+            argv += ["--private", str(p)]
         for layer in self.allow_missing_layers:
             argv += ["--allow-missing-layer", layer]
         if self.json_out is not None:
@@ -115,6 +119,7 @@ class ScoreRequest:
             sandbox="off" if args.no_confine else args.sandbox,
             confine=not args.no_confine,
             protect=tuple(Path(p).absolute() for p in args.protect),
+            private=tuple(Path(p).absolute() for p in args.private),
             eval_budget_s=float(args.eval_budget_s),
             probes=args.probes,
             memory_limit_bytes=args.memory_limit_bytes,
@@ -177,6 +182,7 @@ def cmd_score(args: argparse.Namespace) -> int:
             confine=req.confine,
             write_dirs=write_dirs,
             protect=req.protect,
+            private=req.private,
             eval_budget_s=req.eval_budget_s,
             probe_cfg=ProbeConfig(probes=req.probes),
             memory_limit_bytes=None if req.memory_limit_bytes < 0 else req.memory_limit_bytes,
@@ -264,6 +270,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=[],
         metavar="PATH",
         help="another folder the model must not read (the dataset a view was made from); repeatable",
+    )
+    p.add_argument(
+        "--private",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a folder out of the model's broad read rules (the runs beside this artifact's); repeatable",
     )
     p.add_argument(
         "--allow-missing-layer",

@@ -117,6 +117,9 @@ class WorkerConfig:
     """auto (every layer the machine offers), required (refuse without Landlock), off (recorded)."""
     protected: tuple[Path, ...] = ()
     """Folders no rule may reach (the dataset the validation view was made from)."""
+    private: tuple[Path, ...] = ()
+    """Folders out of every broad read rule (the folder of the run whose artifact this is: the other runs, the
+    ledger); the machine's dataset locations always are."""
     memory_limit_bytes: int = 0
     """CPU: the worker's address-space limit (0: none)."""
     workdir: Path | None = None
@@ -152,7 +155,8 @@ class WorkerModel:
             read_paths=[cfg.code_dir, cfg.artifact],
             write_paths=[self._tmp],
             protected=cfg.protected,
-            private=dataset_locations(),  # another dataset of the same documents holds the validation text too
+            # another dataset of the same documents holds the validation text too
+            private=[*cfg.private, *dataset_locations()],
             import_path=[p for p in sys.path[1:] if p],
             allow_missing=cfg.allow_missing_layers,
             phase="model worker",

@@ -115,6 +115,7 @@ def test_the_score_request_carries_the_allowance_through_its_argv(tmp_path):
         data_dir=tmp_path / "data",
         eval=EvalConfig(seq_len=64, batch_seqs=2),
         sandbox="required",
+        private=(tmp_path / "runs",),
         allow_missing_layers=("seccomp", "landlock"),
     )
     back = ScoreRequest.from_args(build_parser().parse_args(req.to_argv()))

@@ -851,6 +851,23 @@ def test_a_phase_never_shows_the_other_runs_beside_its_own(tmp_path, monkeypatch
         assert not seen, f"the {kw['phase']} reads {seen}"
         assert str(opt / "other-tool") in readable  # the rest of the broad root is as it was
 
+    # the model worker, /opt/work on its import path: the pipeline and verify name the runs' folder
+    from scoring.score.remote import WorkerConfig, WorkerModel
+
+    monkeypatch.setattr(sys, "path", [sys.path[0], str(opt), *sys.path[1:]])
+    (run_dir / "artifact.pgolf").write_bytes(b"artifact")
+    worker = WorkerModel(
+        WorkerConfig(
+            code_dir=sub, artifact=run_dir / "artifact.pgolf", vocab_size=260, max_tokens_per_batch=64,
+            private=(runs,),
+        )
+    )  # fmt: skip
+    worker.close()
+    readable = [r.path for r in worker.plan.rules if r.access == "ro"]
+    theirs = str(runs / "other-entry/state.safetensors")
+    assert not any(theirs.startswith(r.rstrip("/") + "/") for r in readable), "the model worker reads them"
+    assert str(opt / "other-tool") in readable and str(run_dir / "artifact.pgolf") in readable
+
 
 def test_the_machines_dataset_locations_are_the_configured_ones_that_exist(tmp_path, monkeypatch):
     from data.manifest import dataset_locations
