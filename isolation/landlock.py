@@ -329,15 +329,7 @@ def own_rules(
     """
     rules: list[Rule] = []
     for path in read_paths:
-        real = os.path.realpath(path)
-        if any(is_beneath(real, p) for p in prot):
-            raise ValueError(
-                f"{who} read path {path} lies inside the protected {list(prot)}; keep code and data apart"
-            )
-        if any(is_beneath(p, real) for p in prot):  # e.g. a dataset built inside the project's data/ package
-            rules += [Rule(path=c, access="ro") for c in carve(real, prot)]
-        elif os.path.exists(real):
-            rules.append(Rule(path=real, access="ro"))
+        rules += _read_rules(path, prot, (), who)
     for path in write_paths:
         real = os.path.realpath(path)
         if any(is_beneath(real, p) or is_beneath(p, real) for p in prot):
@@ -378,16 +370,23 @@ def code_rules(packages: Iterable[str | Path], prot: Sequence[str]) -> list[Rule
     rules: list[Rule] = []
     for package in packages:
         real = os.path.realpath(package)
-        if any(is_beneath(real, p) for p in prot):
-            raise ValueError(
-                f"the package {package} lies inside the protected {list(prot)}; keep code and data apart"
-            )
-        if not os.path.isdir(real):
-            continue
-        left_out = [*_not_code(real), *(p for p in prot if is_beneath(p, real))]
-        paths = carve(real, left_out) if left_out else [real]
-        rules += [Rule(path=p, access="ro") for p in paths]
+        rules += _read_rules(package, prot, _not_code(real) if os.path.isdir(real) else (), "the package")
     return rules
+
+
+def _read_rules(path: str | Path, prot: Sequence[str], left_out: Sequence[str], who: str) -> list[Rule]:
+    """ro rules for `path`, less `left_out` and every protected path beneath it (carved); [] if it does not exist.
+    A path inside a protected one is refused (ValueError naming `who`)."""
+    real = os.path.realpath(path)
+    if any(is_beneath(real, p) for p in prot):
+        raise ValueError(
+            f"{who} read path {path} lies inside the protected {list(prot)}; keep code and data apart"
+        )
+    # e.g. a dataset built inside the project's data/ package
+    out = [*left_out, *(p for p in prot if is_beneath(p, real))]
+    if out:
+        return [Rule(path=c, access="ro") for c in carve(real, out)]
+    return [Rule(path=real, access="ro")] if os.path.exists(real) else []
 
 
 def device_rules(device: str) -> list[Rule]:

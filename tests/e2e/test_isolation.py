@@ -182,16 +182,20 @@ def test_a_slow_codec_that_forges_its_pack_record_is_over_budget_and_illegal(tin
     (sub / "sleep_s.txt").write_text("2.0")
     (sub / "forge.txt").write_text("yes")
     run_dir = _trained_run(tmp_path)
-    rc, rec = run_sealed_pack(
-        run_dir=run_dir,
-        submission_dir=sub,
-        data_root=tiny_dataset,
-        budget=BudgetConfig(train_s=10.0, grace_s=1.0),
-        launch=LaunchConfig(device="cpu"),
-        train_time_s=9.5,  # 1.5 s left: the 2 s sleep is past it; the forged record says 0.01 s
-        cap_bytes=16_000_000,
-        log_path=run_dir / "pack.log",
-    )
+
+    def sealed_pack() -> tuple[int | None, dict]:  # 1.5 s left: the 2 s sleep is past it
+        return run_sealed_pack(
+            run_dir=run_dir,
+            submission_dir=sub,
+            data_root=tiny_dataset,
+            budget=BudgetConfig(train_s=10.0, grace_s=1.0),
+            launch=LaunchConfig(device="cpu"),
+            train_time_s=9.5,
+            cap_bytes=16_000_000,
+            log_path=run_dir / "pack.log",
+        )
+
+    rc, rec = sealed_pack()  # the forged record says 0.01 s
     assert rc == 0 and rec["reported_encode_time_s"] == "0.01", rec
     assert rec["encode_clock_from"] == "the pack's line before codec.py"
     assert rec["encode_time_s"] >= 2.0 and rec["status"] == "over_budget", rec
@@ -204,16 +208,7 @@ def test_a_slow_codec_that_forges_its_pack_record_is_over_budget_and_illegal(tin
     (sub / "forge.txt").unlink()
     (sub / "suppress.txt").write_text("yes")
     (run_dir / "pack.json").unlink()
-    rc, rec = run_sealed_pack(
-        run_dir=run_dir,
-        submission_dir=sub,
-        data_root=tiny_dataset,
-        budget=BudgetConfig(train_s=10.0, grace_s=1.0),
-        launch=LaunchConfig(device="cpu"),
-        train_time_s=9.5,
-        cap_bytes=16_000_000,
-        log_path=run_dir / "pack.log",
-    )
+    rc, rec = sealed_pack()
     assert not (run_dir / "pack.json").exists() and rec["reported_encode_time_s"] is None
     assert rec["encode_time_s"] >= 2.0 and rec["status"] == "over_budget", rec
     measured, disagree = measure_pack(pack, run_dir / "artifact.pgolf", sub, 16_000_000)
