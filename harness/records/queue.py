@@ -60,6 +60,7 @@ from harness.records.reproduce import (
     describe,
     fresh_seeds_record,
     load_entry,
+    read_seed_salt,
     reproduce_seed,
     verdict_of,
 )
@@ -631,7 +632,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
         data=str(Path(args.data).absolute()) if args.data else None,
         preset=args.preset,
         seeds=args.seeds,
-        seed_salt=args.seed_salt,
+        seed_salt=read_seed_salt(args.seed_salt_file),
         sandbox=args.sandbox,
         order=args.order,
         overrides=args.set,
@@ -672,8 +673,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", help="preset for every entry (default: the one each entry's claims name)")
     p.add_argument("--seeds", type=int, help="N fresh seeds per entry instead of the claimed ones")
     p.add_argument(
-        "--seed-salt",
-        help="the official's secret for fresh seeds (the same on resumption; recorded by its sha256)",
+        "--seed-salt-file",
+        metavar="FILE",
+        help="a file holding the official's secret for fresh seeds (the same on resumption; recorded by its sha256)",
     )
     p.add_argument(
         "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="official's override"

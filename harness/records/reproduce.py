@@ -17,9 +17,11 @@ same ones) are run. `--seeds N` with claimed results runs N fresh seeds instead 
 
 Chosen seeds. Training is deterministic, so claimed seeds reproduce exactly even when they are the best of a
 hundred an entrant tried: only fresh seeds test a claimed mean. Derived from the digest alone, an entrant can
-compute them too, train them first and reformat submission.json until they are good ones; `--seed-salt S`
+compute them too, train them first and reformat submission.json until they are good ones; `--seed-salt-file F`
 (the official's secret, the same for every entry of a queue and kept for its resumption) derives them from
-the salt and the digest instead, and the record names the salt by its sha256 (`fresh_seeds`).
+the salt and the digest instead, and the record names the salt by its sha256 (`fresh_seeds`). A file, not an
+argument: a process's arguments are readable by every process of the machine (/proc/PID/cmdline), and several
+nodes' ranks run without a PID namespace of their own.
 
 The test (`compare_claim`; every number is in the record):
 - val_bpb: the claimed mean must lie within the reproduced mean ± (k · SE + floor_bpb), SE the standard
@@ -150,12 +152,33 @@ class Entry:
         return [base + i for i in range(n)]
 
 
+SEED_SALT_MAX_BYTES = 4096
+
+
+def read_seed_salt(path: str | None) -> str | None:
+    """The official's seed salt: the text of the file `path` (None: no salt), its ends stripped. ValueError, naming
+    the file, for one that cannot be read, is empty or is larger than SEED_SALT_MAX_BYTES."""
+    if path is None:
+        return None
+    try:
+        raw = Path(path).read_bytes()[: SEED_SALT_MAX_BYTES + 1]
+    except OSError as e:
+        raise ValueError(f"--seed-salt-file {path}: cannot read it ({e.strerror})") from None
+    salt = raw.decode("utf-8", "replace").strip()
+    if not salt or len(raw) > SEED_SALT_MAX_BYTES:
+        raise ValueError(
+            f"--seed-salt-file {path}: holds {'nothing' if not salt else 'more than 4 KB'}. HINT: a line of random "
+            "text, e.g. `python -c 'import secrets; print(secrets.token_hex(16))' > salt; chmod 600 salt`"
+        )
+    return salt
+
+
 def fresh_seeds_record(entry: Entry, fresh: int | None, salt: str | None) -> dict[str, Any]:
     """How a reproduction's seeds were chosen (the record's `fresh_seeds`): the salt named by its sha256 only."""
     if entry.claimed_seeds(fresh):
         return {"chosen": "claimed"}
     if not salt:
-        return {"chosen": "from the entry's digest (an entrant can compute them: pass --seed-salt)"}
+        return {"chosen": "from the entry's digest (an entrant can compute them: pass --seed-salt-file)"}
     return {
         "chosen": "from the official's salt and the entry's digest",
         "salt_sha256": hashlib.sha256(salt.encode()).hexdigest(),
@@ -540,7 +563,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     out = Path(args.out).absolute() if args.out else default_out(entry).absolute()
     ledger = Path(args.ledger).absolute() if args.ledger else out / "ledger.jsonl"
     runs = []
-    for seed in entry.seeds(args.seeds, args.seed_salt):
+    salt = read_seed_salt(args.seed_salt_file)
+    for seed in entry.seeds(args.seeds, salt):
         run_dir = out / f"seed-{seed}"
         if run_dir.exists() and any(run_dir.iterdir()):
             raise FileExistsError(f"{run_dir} already exists and is not empty; pass a new --out")
@@ -552,7 +576,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             run = reproduce_seed(task)
         append_ledger(ledger, run)
         runs.append(run)
-    rec = verdict_of(entry, runs, tol, fresh_seeds_record(entry, args.seeds, args.seed_salt))
+    rec = verdict_of(entry, runs, tol, fresh_seeds_record(entry, args.seeds, salt))
     append_ledger(ledger, rec)
     print(json.dumps(rec, sort_keys=True) if args.json else describe(rec, all_checks=True))
     return {REPRODUCED: 0, NOT_REPRODUCED: 1, COULD_NOT_RUN: 3}[rec["verdict"]]
@@ -564,9 +588,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", help="preset to re-train (default: the one its claimed results name)")
     p.add_argument("--seeds", type=int, help="run N fresh seeds instead of the claimed ones")
     p.add_argument(
-        "--seed-salt",
-        help="the official's secret: fresh seeds from it and the entry's digest, which no entrant can "
-        "compute (recorded by its sha256)",
+        "--seed-salt-file",
+        metavar="FILE",
+        help="a file holding the official's secret: fresh seeds from it and the entry's digest, which no entrant "
+        "can compute (recorded by its sha256)",
     )
     p.add_argument(
         "--data", help="dataset folder (default: the embedded corpus; a record track needs its own)"

@@ -169,4 +169,26 @@ def test_fresh_seeds_under_the_official_salt_are_not_the_entrants_to_compute():
     rec = rp.fresh_seeds_record(entry, 3, "official secret")
     assert rec["salt_sha256"] == hashlib.sha256(b"official secret").hexdigest()
     assert "official secret" not in str(rec)
-    assert "pass --seed-salt" in rp.fresh_seeds_record(entry, 3, None)["chosen"]
+    assert "pass --seed-salt-file" in rp.fresh_seeds_record(entry, 3, None)["chosen"]
+
+
+def test_the_seed_salt_comes_from_a_file_never_an_argument(tmp_path):
+    """Any process on the machine reads another's arguments (/proc/PID/cmdline), and several nodes' ranks run without
+    a PID namespace: the salt is read from a file, and a file that holds none is refused by name."""
+    from harness.cli import build_parser
+    from harness.records import reproduce as rp
+
+    salt = tmp_path / "salt"
+    salt.write_text("  official secret\n")
+    assert rp.read_seed_salt(str(salt)) == "official secret" and rp.read_seed_salt(None) is None
+    for bad, why in (("", "holds nothing"), ("x" * 5000, "more than 4 KB")):
+        salt.write_text(bad)
+        with pytest.raises(ValueError, match=why):
+            rp.read_seed_salt(str(salt))
+    with pytest.raises(ValueError, match="cannot read it"):
+        rp.read_seed_salt(str(tmp_path / "absent"))
+    for command in ("reproduce", "queue"):  # no option takes the secret itself
+        ns = build_parser().parse_args([command, str(tmp_path), "--seed-salt-file", str(salt)])
+        assert ns.seed_salt_file == str(salt) and not any(
+            "salt" in k and k != "seed_salt_file" for k in vars(ns)
+        )
