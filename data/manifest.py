@@ -178,9 +178,8 @@ def make_split_view(src: str | os.PathLike[str], dst: str | os.PathLike[str], sp
     raw["view"] = {"split": split, "source_manifest_sha256": sha256_file(m.root / MANIFEST_NAME)}
     if split != "train":
         raw.pop("train_unigram_counts", None)
-    elif isinstance(
-        raw.get("pieces"), dict
-    ):  # which pieces only the validation text uses: a fact of that text
+    elif isinstance(raw.get("pieces"), dict):
+        # which pieces only the validation text uses is a fact of that text: the count stays, the ids go
         raw["pieces"] = {k: v for k, v in raw["pieces"].items() if k != "val_only_ids"}
     for s in raw["shards"]:
         _link_or_copy(m.root / s["name"], dst / s["name"])
