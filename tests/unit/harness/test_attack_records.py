@@ -139,7 +139,7 @@ def test_a_score_that_left_targets_out_neither_ranks_nor_verifies():
     ):
         assert unscored_targets_problem(fine["phases"]["score"]) is None
     # on a subset, the targets are those of its first max_tokens + 1 tokens
-    assert unscored_targets_problem(result("sliding", 4095, subset=4096)["phases"]["score"]) is None
+    assert unscored_targets_problem(result("sliding", 4096, subset=4096)["phases"]["score"]) is None
     assert unscored_targets_problem(result("sliding", 4095 - seq_len, subset=4096)["phases"]["score"])
     # a record without the figures (older, or hostile types) says nothing here: other checks hold those
     assert unscored_targets_problem({"val_tokens": "many"}) is None
