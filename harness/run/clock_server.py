@@ -265,7 +265,9 @@ class ClockServer:
                 problem = self._hand_over()
                 if problem:
                     return self._refuse(problem), []
-                self.handover = now
+                # the clock stops once the state is hashed, not when `done` came: a rank that kept a descriptor
+                # (or a hard link) wrote on while the hash ran, ahead of its reads, and the re-hash matched
+                self.handover = time.monotonic()
             if peer.done is None:
                 peer.done = now
             return {"sha256": self.state_sha256} if msg.get("state") is True else {}, []
@@ -342,7 +344,7 @@ class ClockServer:
         return min(max(now - max(begun), 0.0), self.warmup_max_s)
 
     def end(self, exit_time: float) -> tuple[float, str]:
-        """When the clock stopped: the state's handover, else the last rank's done, else the phase's exit."""
+        """When the clock stopped: the state's handover (once hashed), else the last rank's done, else the phase's exit."""
         if self.handover is not None:
             return self.handover, "state_handover"
         ranks = [*self._ranks(), *self._gone]

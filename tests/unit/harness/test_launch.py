@@ -279,6 +279,34 @@ def test_a_state_changed_after_the_handover_is_an_error(tmp_path):
     assert out.status == "error" and "changed after it was handed over" in out.detail
 
 
+def test_a_state_written_while_the_supervisor_hashes_it_is_on_the_clock(tmp_path, monkeypatch):
+    # The rank keeps a descriptor of its state (a hard link serves as well) and goes on training after `done`:
+    # what it writes while the supervisor is still hashing lands before the hash reads it, so the final re-hash
+    # matches. The clock stopped when `done` came, before the hash: a state of many GB (a padding tensor its
+    # own codec drops) hashes for seconds, all of them training off the clock. Here the hash is slowed instead.
+    from harness.run import clock_server
+
+    real = clock_server._sha256_of
+
+    def slow_hash(path):
+        time.sleep(0.8)
+        return real(path)
+
+    monkeypatch.setattr(clock_server, "_sha256_of", slow_hash)
+    body = START + (
+        "import threading\nt0 = time.monotonic()\n"
+        "f = open(os.path.join(OUT, 'state.safetensors'), 'wb')\nf.write(b'early'); f.flush()\n"
+        "t = threading.Thread(target=w.done, kwargs={'state': True}); t.start()\n"
+        "time.sleep(0.4); f.seek(0); f.write(b'later'); f.flush(); print('WROTE', time.monotonic() - t0)\n"
+        "t.join(); f.close()\n"
+    )
+    out, log = _supervise(tmp_path, body, BudgetConfig(train_s=5, startup_s=5))
+    wrote = float(next(line.split()[1] for line in log.splitlines() if line.startswith("WROTE ")))
+    assert out.clock["ended_by"] == "state_handover", log
+    assert (tmp_path / "handed-state.safetensors").read_bytes() == b"later"  # what the pack would read
+    assert out.train_time_s is not None and out.train_time_s >= wrote, (out.train_time_s, wrote)
+
+
 def test_a_link_swapped_in_during_the_handover_is_never_taken_as_the_state(tmp_path, monkeypatch):
     # A rank that swaps its state file for a symbolic link between the supervisor's check of the name and the
     # move (renameat2 RENAME_EXCHANGE in a loop, retrying `done`) won 4 races of 10: the link was moved out of
