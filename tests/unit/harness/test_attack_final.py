@@ -32,3 +32,15 @@ def test_a_score_that_counted_targets_twice_is_named():
     assert unscored_targets_problem(_score("sliding", n - 1 + 512, 1024, n)) is not None
     assert unscored_targets_problem(_score("standard", n - 1 + 1, 1024, n)) is not None
     assert unscored_targets_problem(_score("standard", ((n - 1) // 1024) * 1024, 1024, n)) is None
+
+
+def test_a_config_nested_past_the_parsers_depth_is_a_config_error(tmp_path):
+    """config.toml is the entrant's: tomllib recurses per nested array, so 5,000 `[` raised RecursionError out of
+    load_config (pgolf run, preflight, the reproduce queue's run), never the ConfigError of a malformed file."""
+    import pytest
+
+    from harness.config import ConfigError, load_config
+
+    (tmp_path / "config.toml").write_text("[run]\ntrack = " + "[" * 5_000 + "]" * 5_000 + "\n")
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_config(tmp_path)
