@@ -141,10 +141,29 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+HEADER_MAX_DEPTH = 32
+"""The deepest a header's JSON may nest (a model_config from TOML nests a few levels). The parser's own limit is
+the interpreter's stack: a header just under it (992 levels, a codec `version` of nested lists) was read, then the
+scorer's record, which holds the codec one level down, could not be written: a harness failure, not the entry's."""
+
+
+def _depth(value: Any) -> int:
+    """How deep `value` nests (a scalar: 0), without recursion, stopping past HEADER_MAX_DEPTH."""
+    deepest, stack = 0, [(value, 0)]
+    while stack and deepest <= HEADER_MAX_DEPTH:
+        v, d = stack.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, d + 1)
+            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
 def header_type_problem(header: dict[str, Any]) -> str | None:
     """What is wrong with the types of a header's fields (None: nothing). A submission's codec writes the
     artifact, and the trusted readers (the orchestrator, the scorer, `pgolf verify`) index these fields: a codec
     named by a string, or code files given as a string, crashed them with a bare TypeError."""
+    if _depth(header) > HEADER_MAX_DEPTH:
+        return f"nesting: the header nests past {HEADER_MAX_DEPTH} levels"
     codec, files, tensors = header["codec"], header["code_files"], header["tensors"]
     if not (isinstance(codec, dict) and isinstance(codec.get("name"), str)):
         return "codec must be {name: str, version}"

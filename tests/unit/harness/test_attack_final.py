@@ -44,3 +44,31 @@ def test_a_config_nested_past_the_parsers_depth_is_a_config_error(tmp_path):
     (tmp_path / "config.toml").write_text("[run]\ntrack = " + "[" * 5_000 + "]" * 5_000 + "\n")
     with pytest.raises(ConfigError, match="nested too deeply"):
         load_config(tmp_path)
+
+
+def test_an_artifact_header_nested_just_under_the_parsers_limit_is_refused(tmp_path):
+    """The submission's codec writes the artifact header. Nested past the JSON parser's depth it is refused; nested
+    just under it (a codec `version` of ~990 nested lists) it was read, and then no trusted process could write a
+    record holding the codec (the scorer's score record, the run's ledger line): RecursionError, a harness failure."""
+    import hashlib
+    import json
+
+    import pytest
+
+    from scoring.artifact.format import _PREFIX, ARTIFACT_MAGIC, ARTIFACT_VERSION, read_artifact
+    from scoring.errors import ArtifactError
+
+    def header(version: str) -> bytes:
+        h = {"format": "pg-artifact", "format_version": 1, "codec": {"name": "int8_zlib", "version": "V"},
+             "model_config": {"blocks": [{"d": 64}]}, "code_files": {"model.py": "0" * 64}, "bytes_code": 1,
+             "tensors": {}, "payload_bytes": 0, "payload_sha256": hashlib.sha256(b"").hexdigest()}  # fmt: skip
+        b = json.dumps(h).replace('"V"', version).encode()
+        return _PREFIX.pack(ARTIFACT_MAGIC, ARTIFACT_VERSION, len(b)) + b
+
+    path = tmp_path / "a.pgolf"
+    path.write_bytes(header("1"))
+    assert read_artifact(path).codec_name == "int8_zlib"  # the control
+    for n in (40, 900):
+        path.write_bytes(header("[" * n + "]" * n))
+        with pytest.raises(ArtifactError, match="nests past"):
+            read_artifact(path)
