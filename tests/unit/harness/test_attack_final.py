@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from scoring.score.record import unscored_targets_problem
 
 
@@ -37,8 +39,6 @@ def test_a_score_that_counted_targets_twice_is_named():
 def test_a_config_nested_past_the_parsers_depth_is_a_config_error(tmp_path):
     """config.toml is the entrant's: tomllib recurses per nested array, so 5,000 `[` raised RecursionError out of
     load_config (pgolf run, preflight, the reproduce queue's run), never the ConfigError of a malformed file."""
-    import pytest
-
     from harness.config import ConfigError, load_config
 
     (tmp_path / "config.toml").write_text("[run]\ntrack = " + "[" * 5_000 + "]" * 5_000 + "\n")
@@ -52,8 +52,6 @@ def test_an_artifact_header_nested_just_under_the_parsers_limit_is_refused(tmp_p
     record holding the codec (the scorer's score record, the run's ledger line): RecursionError, a harness failure."""
     import hashlib
     import json
-
-    import pytest
 
     from scoring.artifact.format import _PREFIX, ARTIFACT_MAGIC, ARTIFACT_VERSION, read_artifact
     from scoring.errors import ArtifactError
@@ -72,3 +70,36 @@ def test_an_artifact_header_nested_just_under_the_parsers_limit_is_refused(tmp_p
         path.write_bytes(header("[" * n + "]" * n))
         with pytest.raises(ArtifactError, match="nests past"):
             read_artifact(path)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a policy call: no check that fresh seeds gave different runs (an honest entry may fix its seed too)",
+)
+def test_fresh_seeds_that_changed_nothing_do_not_reproduce_a_claim():
+    """Fresh seeds under the official's salt are out of the entrant's reach, but the seed only reaches the run as
+    rank.py's torch.manual_seed(seed) (the data order is fixed): train.py that calls torch.manual_seed(1337), the
+    best of a hundred seeds tried at home, makes every fresh seed the same run. The spread is zero, the claim sits
+    on the floor, and the fresh seeds tested nothing; the verdict says reproduced."""
+    import math
+    from pathlib import Path
+
+    from harness.records.reproduce import REPRODUCED, Claim, Entry, Tolerance, fresh_seeds_record, verdict_of
+
+    code = {"model.py": "a" * 64, "train.py": "b" * 64}
+    bpb = 4.0 * 1000 / (2000 * math.log(2.0))
+    claims = tuple(
+        Claim(source=f"r/seed-{s}/result.json", seed=s, preset=None, track="smoke", val_bpb=bpb, val_loss=4.0,
+              val_tokens=1000, val_bytes=2000, steps=20, train_time_s=3.0, bytes_total=10_000, code_files=code)
+        for s in (1, 2, 3)
+    )  # fmt: skip
+    meta = {"name": "e", "author": "a", "github_id": "g", "date": "2026-01-01", "track": "smoke"}
+    entry = Entry(root=Path("/x/e"), meta=meta, claims=claims, claimed_mean_bpb=None, preset=None,
+                  digest="d" * 64, code_files=code)  # fmt: skip
+    runs = [
+        {"seed": s, "status": "ok", "val_loss": 4.0, "val_bpb": bpb, "val_tokens": 1000, "val_bytes": 2000,
+         "steps": 20, "train_time_s": 4.0, "bytes_total": 10_050, "track": "smoke"}
+        for s in entry.seeds(3, "official secret")
+    ]  # fmt: skip
+    rec = verdict_of(entry, runs, Tolerance(), fresh_seeds_record(entry, 3, "official secret"))
+    assert rec["verdict"] != REPRODUCED
