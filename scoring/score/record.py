@@ -174,8 +174,8 @@ def unscored_targets_problem(score: dict[str, Any]) -> str | None:
     """Why a score left targets of its tokens out (None: it did not, or the record lacks the figures). Every mode
     scores each target 1..N-1 of the tokens it read (the first eval_subset_max_tokens + 1 of the split) once,
     except standard mode, which drops a partial last window: fewer than eval_seq_len. A record that scored fewer
-    (or more: a target twice) chose which predictions count (documents mode once left out every document's end: the hardest targets, with
-    no bytes, about 0.002 bpb)."""
+    (or more: a target twice) chose which predictions count (documents mode once left out every document's end:
+    the hardest targets, with no bytes, about 0.002 bpb)."""
     n, subset, scored, seq_len = (
         score.get("val_tokens_available"),
         score.get("eval_subset_max_tokens"),
