@@ -158,6 +158,12 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+def _inside_folder(rel: str) -> bool:
+    """Whether `rel` is a relative POSIX path that stays inside the folder it is joined onto."""
+    parts = rel.split("/")
+    return bool(rel) and not rel.startswith("/") and "\\" not in rel and "\0" not in rel and ".." not in parts
+
+
 def header_type_problem(header: dict[str, Any]) -> str | None:
     """What is wrong with the types of a header's fields (None: nothing). A submission's codec writes the
     artifact, and the trusted readers (the orchestrator, the scorer, `pgolf verify`) index these fields: a codec
@@ -169,6 +175,11 @@ def header_type_problem(header: dict[str, Any]) -> str | None:
         return "codec must be {name: str, version}"
     if not (isinstance(files, dict) and all(isinstance(v, str) for v in files.values())):
         return "code_files must map paths to sha256 strings"
+    outside = next((k for k in files if not _inside_folder(k)), None)
+    if outside is not None:
+        # a trusted reader joins each path onto the submission folder and hashes what it names: `/etc/...` or
+        # `../..` made it hash a file of the host's and say whether it matched a digest the entrant chose
+        return f"code_files names {outside[:80]!r}: each must be a relative path inside the submission folder"
     if not isinstance(header["model_config"], dict | None):
         return "model_config must be an object"
     if not (_is_int(header["payload_bytes"]) and isinstance(header["payload_sha256"], str)):

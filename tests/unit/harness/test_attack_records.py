@@ -79,7 +79,16 @@ def _artifact_bytes(header: bytes, payload: bytes = b"") -> bytes:
 
 
 @pytest.mark.parametrize(
-    "case", ["nested", "codec_string", "code_files_string", "tensors_list", "shape_string"]
+    "case",
+    [
+        "nested",
+        "codec_string",
+        "code_files_string",
+        "tensors_list",
+        "shape_string",
+        "code_file_up",
+        "code_file_abs",
+    ],
 )
 def test_a_hostile_artifact_header_is_refused_in_one_line(tmp_path, case):
     """A submission's codec writes the artifact, which the trusted orchestrator, scorer and `pgolf verify` read.
@@ -101,6 +110,13 @@ def test_a_hostile_artifact_header_is_refused_in_one_line(tmp_path, case):
         "code_files_string": json.dumps({**good, "code_files": "model.py"}).encode(),
         "tensors_list": json.dumps({**good, "tensors": ["w"]}).encode(),
         "shape_string": json.dumps({**good, "tensors": {"w": {"shape": "2x2", "dtype": "float32"}}}).encode(),
+        # joined onto the submission folder and hashed by a trusted reader: a file of the host's, compared
+        "code_file_up": json.dumps(
+            {**good, "code_files": {"model.py": "0" * 64, "../../etc/hostname": "0" * 64}}
+        ).encode(),
+        "code_file_abs": json.dumps(
+            {**good, "code_files": {"model.py": "0" * 64, "/etc/hostname": "0" * 64}}
+        ).encode(),
     }[case]
     path = tmp_path / "a.pgolf"
     path.write_bytes(_artifact_bytes(header))
