@@ -355,6 +355,7 @@ def _phases(
             train_shards=cfg.section("data").train_shards,
             base_env=_subprocess_env(),
             gptq=_gptq_spec(cfg.section("pack")),
+            private=[ledger_path(run_dir, ledger).parent],
         )
         if threads is not None:
             phases["train"]["threads"] = threads
@@ -403,6 +404,7 @@ def _phases(
                 cap_bytes=track.cap_bytes,
                 log_path=run_dir / "pack.log",
                 base_env=_subprocess_env(),
+                private=[ledger_path(run_dir, ledger).parent],
             )
             phases["train"]["codec_encode"] = sealed
             pack_wall_s = sealed["wall_s"]
@@ -495,7 +497,7 @@ def _phases(
             sandbox=launch.sandbox,  # the model worker's: off only when the whole run is unsandboxed (recorded)
             confine=launch.sandbox != "off",
             protect=(data_root,),
-            private=(run_dir.parent,),  # the other runs beside this one (their artifacts) and the ledger
+            private=(run_dir.parent, ledger_path(run_dir, ledger).parent),  # the other runs, the ledger
             eval_budget_s=eval_deadline_s,
             allow_missing_layers=parse_layers(launch.allow_missing_layers),
             json_out=score_out,
@@ -605,6 +607,12 @@ def plot_title(name: Any, track: str, preset: Any, seed: Any) -> str:
     return f"{visible(name, NAME_MAX_CHARS)} · {track} · preset {visible(preset, 40)} · seed {seed}"
 
 
+def ledger_path(run_dir: Path, ledger: str | Path | None) -> Path:
+    """The results ledger a run appends to: `ledger`, else ledger.jsonl beside the run's folder. Its folder is out of
+    every sandboxed phase's broad read rules, as the other runs beside this one are."""
+    return (Path(ledger) if ledger else run_dir.parent / "ledger.jsonl").absolute()
+
+
 def _finish(
     run_dir, cfg, meta, track, phases, manifest, ledger, t_pipeline, *, status: str, hint: str = ""
 ) -> dict[str, Any]:
@@ -619,7 +627,7 @@ def _finish(
             budget_s=budget_s if isinstance(budget_s, int | float) else None,
             status=status,
         )
-    ledger_path = Path(ledger) if ledger else run_dir.parent / "ledger.jsonl"
+    ledger_file = ledger_path(run_dir, ledger)
     try:
         result = build_result(
             run_dir,
@@ -631,7 +639,7 @@ def _finish(
             status=status,
             pipeline_s=time.perf_counter() - t_pipeline,
         )
-        write_result(run_dir, result, ledger_path)
+        write_result(run_dir, result, ledger_file)
     except Exception as e:  # noqa: BLE001 - a record whose parts cannot be written still ends the run with one
         result = minimal_result(
             run_dir,
@@ -641,7 +649,7 @@ def _finish(
             status=Status.ERROR,
             detail=cause_line(f"the result could not be built: {e}"),
         )
-        write_result(run_dir, result, ledger_path)
+        write_result(run_dir, result, ledger_file)
     print_card(result)
     if status != Status.OK and hint:
         print(f"--- last lines of {run_dir / 'train.log'} ---\n{hint}", file=sys.stderr)

@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -256,9 +257,11 @@ def run_train_phase(
     save_state: bool = True,
     base_env: dict[str, str] | None = None,
     gptq: dict[str, Any] | None = None,
+    private: Sequence[Path] = (),
 ) -> dict[str, Any]:
     """Stage, sandbox, launch and supervise the train phase; returns its record (also the phase's status).
-    `gptq`: the GPTQ pack step's config and codec (harness/train/gptq.py), run by rank 0 on the clock."""
+    `gptq`: the GPTQ pack step's config and codec (harness/train/gptq.py), run by rank 0 on the clock. `private`:
+    more folders out of every broad read rule (a ledger kept elsewhere)."""
     stage = stage_root / "train-phase"
     out = stage / "out"
     out.mkdir(parents=True)
@@ -293,7 +296,7 @@ def run_train_phase(
         protected=[data_root, *val_shards],
         # another dataset holds the validation text too; the folder of this run's own holds the other runs (their
         # trained states) and, by default, the ledger
-        private=[stage_root, run_dir.parent, *dataset_locations()],
+        private=[stage_root, run_dir.parent, *private, *dataset_locations()],
         import_path=worker_import_path(env, out),
         extra_read=[p for p in launch.sandbox_read_paths.split(os.pathsep) if p],
         allow_missing=parse_layers(launch.allow_missing_layers),
@@ -505,6 +508,7 @@ def run_sealed_pack(
     cap_bytes: int,
     log_path: Path,
     base_env: dict[str, str] | None = None,
+    private: Sequence[Path] = (),
 ) -> tuple[int | None, dict[str, Any]]:
     """`pgolf pack --codec submission`, sandboxed like training, killed when the training budget (+ grace) runs out.
 
@@ -534,7 +538,7 @@ def run_sealed_pack(
             read_paths=[stage / STATE_FILE, submission_dir],
             write_paths=[out],
             protected=[data_root, *manifest.shard_paths("val")],
-            private=[stage, run_dir.parent, *dataset_locations()],  # as the train phase's
+            private=[stage, run_dir.parent, *private, *dataset_locations()],  # as the train phase's
             import_path=worker_import_path(env, out),
             extra_read=[p for p in launch.sandbox_read_paths.split(os.pathsep) if p],
             allow_missing=parse_layers(launch.allow_missing_layers),

@@ -837,12 +837,19 @@ def test_a_phase_never_shows_the_other_runs_beside_its_own(tmp_path, monkeypatch
     holds the run's own is private to its phases."""
     import harness.run.train_phase as train_phase
     from harness.config import load_config
+    from harness.run.pipeline import ledger_path
+
+    assert ledger_path(tmp_path / "runs/mine", None) == tmp_path / "runs/ledger.jsonl"  # the default: beside
 
     opt = tmp_path / "opt"
     runs = opt / "work/runs"
     (runs / "other-entry").mkdir(parents=True)
     (runs / "other-entry/state.safetensors").write_bytes(b"their weights")
     (runs / "ledger.jsonl").write_text("{}\n")
+    (opt / "elsewhere").mkdir()
+    (opt / "elsewhere/ledger.jsonl").write_text(
+        "{}\n"
+    )  # a ledger given with --ledger, in a folder of its own
     (opt / "other-tool").mkdir()
     run_dir = runs / "mine"
     run_dir.mkdir()
@@ -862,18 +869,23 @@ def test_a_phase_never_shows_the_other_runs_beside_its_own(tmp_path, monkeypatch
         train_phase.run_train_phase(
             submission_dir=sub, data_root=tiny_dataset, run_dir=run_dir, stage_root=tmp_path / "views",
             model_config=cfg.model, hparams=cfg.train, seed=1, budget=budget, launch=launch, device="cpu",
+            private=[ledger_path(run_dir, opt / "elsewhere/ledger.jsonl").parent],
         )  # fmt: skip
     with pytest.raises(_Planned):
         train_phase.run_sealed_pack(
             run_dir=run_dir, submission_dir=sub, data_root=tiny_dataset, budget=budget, launch=launch,
-            train_time_s=0.0, cap_bytes=16_000_000, log_path=run_dir / "pack.log",
+            train_time_s=0.0, cap_bytes=16_000_000, log_path=run_dir / "pack.log", private=[opt / "elsewhere"],
         )  # fmt: skip
     for kw in planned:
         plan = plan_sandbox(**{**kw, "caps": LANDLOCK_ROOT})
         readable = [r.path for r in plan.rules if r.access == "ro"]
         seen = [
             p
-            for p in (runs / "other-entry/state.safetensors", runs / "ledger.jsonl")
+            for p in (
+                runs / "other-entry/state.safetensors",
+                runs / "ledger.jsonl",
+                opt / "elsewhere/ledger.jsonl",
+            )
             if any(str(p) == r or str(p).startswith(r.rstrip("/") + "/") for r in readable)
         ]
         assert not seen, f"the {kw['phase']} reads {seen}"
