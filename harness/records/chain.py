@@ -38,7 +38,7 @@ from typing import Any
 from data.io import write_json_atomic
 from harness.records.compare import welch_test
 from harness.records.reproduce import REPRO_FORMAT, REPRODUCED
-from harness.run.text import visible
+from harness.run.text import NAME_MAX_CHARS, TEXT_MAX_CHARS, markdown_cell, visible
 from scoring.statuses import Status, Verification
 from scoring.tracks import TRACKS
 
@@ -312,17 +312,26 @@ def lines(chain: dict[str, Any]) -> list[str]:
     out = []
     for i, r in enumerate(chain["rows"], start=1):
         mark = "ACCEPTED" if r["accepted"] else "not accepted"
-        out.append(
-            f"{i:3d}. {r['date']} {r['entry_key']:<40} {r['track']:<14} {r['verdict']:<15} "
-            f"n={r['n_seeds']} bpb {_f(r['mean_val_bpb'])}  {mark}: {r['reason']}"
+        date, key, track, verdict = (
+            visible(r[k], NAME_MAX_CHARS) for k in ("date", "entry_key", "track", "verdict")
         )
-    out.append(f"record chain ({len(chain['records'])}): " + " -> ".join(chain["records"]))
+        out.append(
+            f"{i:3d}. {date} {key:<40} {track:<14} {verdict:<15} "
+            f"n={r['n_seeds']} bpb {_f(r['mean_val_bpb'])}  {mark}: {visible(r['reason'])}"
+        )
+    out.append(
+        f"record chain ({len(chain['records'])}): "
+        + " -> ".join(visible(k, NAME_MAX_CHARS) for k in chain["records"])
+    )
     return out
 
 
 def markdown(chain: dict[str, Any]) -> str:
+    """chain.md: every value from an entry (its folder's name, submission.json's date and track, a refused
+    entry's reason) is shown as text, never markup (harness/run/text.py)."""
+
     def cell(x: Any) -> str:
-        return str(x).replace("|", "\\|").replace("\n", " ")
+        return markdown_cell(x, TEXT_MAX_CHARS)
 
     rows = [
         "| # | date | entry | track | verdict | seeds | mean val_bpb | accepted | why |",
@@ -338,7 +347,7 @@ def markdown(chain: dict[str, Any]) -> str:
         "# Records accepted in order\n\n"
         + "\n".join(rows)
         + "\n\nChain: "
-        + " -> ".join(chain["records"])
+        + " -> ".join(markdown_cell(k) for k in chain["records"])
         + "\n"
     )
 

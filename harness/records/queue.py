@@ -65,6 +65,7 @@ from harness.records.reproduce import (
     verdict_of,
 )
 from harness.records.verify import append_ledger
+from harness.run.text import visible
 from scoring.statuses import Status
 from scoring.tracks import TRACKS, Track
 
@@ -235,7 +236,8 @@ def triage(
     except Exception as e:  # noqa: BLE001 - a hostile or broken folder is that entry's line, never the batch's
         digest = folder_digest(root)
         why = f"{type(e).__name__}: {e}"[:400]
-        key = f"{root.name[:60]}-{digest[:12]}"
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in root.name[:60])  # as Entry.key
+        key = f"{safe}-{digest[:12]}"
         rec: dict[str, Any] = {"format": TRIAGE_FORMAT, "format_version": FORMAT_VERSION, "entry_digest": digest,
                "entry_key": key, "entry_dir": str(root), "ok": False,
                "failed": [["entry", why]], "time_s": time.perf_counter() - t0}  # fmt: skip
@@ -414,7 +416,7 @@ def list_entries(root: Path) -> tuple[list[Path], list[str]]:
         if (p / "submission.json").is_file():
             entries.append(p.absolute())
         else:
-            skipped.append(f"skip {p}: not an entry (no submission.json)")
+            skipped.append(f"skip {visible(p, 300)}: not an entry (no submission.json)")
     return entries, skipped
 
 
@@ -451,9 +453,9 @@ def run_queue(qcfg: QueueConfig, ecfg: ExecutorConfig) -> dict[str, Any]:
         digest_of[p] = rec["entry_digest"]
         triaged_fresh += not rec.get("cached")
         mark = "ok  " if rec["ok"] else "FAIL"
-        why = "" if rec["ok"] else f": {'; '.join(f'{n} {d}' for n, d in rec['failed'])[:300]}"
+        why = "" if rec["ok"] else f": {visible('; '.join(f'{n} {d}' for n, d in rec['failed']), 300)}"
         cached = " (from the ledger)" if rec.get("cached") else f" ({rec['time_s']:.1f} s)"
-        print(f"triage {mark} {rec['entry_key']}{cached}{why}", flush=True)
+        print(f"triage {mark} {visible(rec['entry_key'], 80)}{cached}{why}", flush=True)
         if entry is not None:
             entries.append(entry)
     triage_s = time.perf_counter() - t0

@@ -1,0 +1,49 @@
+"""Attacks on the officials' tools around the core (`pgolf queue`'s triage, `pgolf chain`'s page and lines)
+by an entrant who controls only their own folder: its name, its submission.json, its files. Each test is the
+entry a competitor can send and what it must not do to the official's terminal, page or machine."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from harness.records.chain import build_chain, lines, markdown
+from harness.records.queue import State, triage
+
+REPO = Path(__file__).resolve().parents[3]
+TINY_LM = REPO / "tests" / "fixtures" / "submissions" / "tiny_lm"
+
+
+def _refused_entry(root: Path, name: str, **meta: object) -> Path:
+    """A copy of tiny_lm under `root/name` whose submission.json fails its schema (no author), with `meta`."""
+    entry = root / name
+    shutil.copytree(TINY_LM, entry, ignore=shutil.ignore_patterns("__pycache__"))
+    m = json.loads((entry / "submission.json").read_text(encoding="utf-8"))
+    m.pop("author")
+    m.update(meta)
+    (entry / "submission.json").write_text(json.dumps(m), encoding="utf-8")
+    return entry
+
+
+def test_a_refused_entrys_name_date_and_track_are_text_on_the_chain(tmp_path):
+    # A refused entry's submission.json never passed its schema: its date and track reach the chain as the
+    # entrant wrote them, and its folder name makes its key. None may rewrite the official's terminal
+    # (ESC, CR) or turn into markup on chain.md (HTML, an image fetched from the entrant's server, a row).
+    entry = _refused_entry(
+        tmp_path / "entries",
+        "evil\x1b[31mRED",
+        date="<img src=x onerror=alert(1)>\x1b[2J\r| forged | row |",
+        track="![](http://evil.example/t.png)\x1b]0;pwn\x07",
+    )
+    ledger = tmp_path / "ledger.jsonl"
+    _, rec = triage(entry, None, "auto", State(), ledger)
+    assert not rec["ok"] and rec["entry_key"].isprintable() and "\x1b" not in rec["entry_key"]
+    chain = build_chain(ledger, track=None, rule=None, order={})
+    text = "\n".join(lines(chain))
+    assert "\x1b" not in text and "\r" not in text and "\x07" not in text
+    md = markdown(chain)
+    assert "\x1b" not in md and "\r" not in md
+    assert "<img" not in md and "![](" not in md
+    row = md.splitlines()[-3]
+    assert row.startswith("| 1 |") and row.count(" | ") == 8  # one row, nine cells: nothing forged
