@@ -1,7 +1,9 @@
 """The submission folder: structural checks before any compute is spent, and submission.json.
 
 `check_submission(dir)` verifies the required files and hooks exist (by reading the code, not
-running it) and validates submission.json against its schema (schema_version 1):
+running it) and validates submission.json against its schema (schema_version 1). Both are read as the
+folder's own files, before the folder rules run: a link is refused, never followed, and a file over its cap
+(SUBMISSION_JSON_MAX_BYTES; the artifact cap for code) is refused unread.
 
     name, author, github_id (str), date (YYYY-MM-DD), track (a known track), data_variant (sp<VOCAB>
     or byte260, +case with the case transform: the tokenization the entry trains on), blurb (str);
@@ -15,11 +17,11 @@ from __future__ import annotations
 
 import ast
 import datetime as dt
+import json
 import re
 from pathlib import Path
 from typing import Any
 
-from data.io import read_json
 from harness.api import SUBMISSION_JSON
 from scoring.artifact.cap import ARTIFACT_CAP_BYTES, CODE_BUNDLE, read_bundle
 from scoring.errors import SubmissionError, did_you_mean
@@ -42,6 +44,27 @@ TEXT_LIMITS = {"name": 200, "author": 200, "github_id": 100, "builds_on": 200, "
 hold newlines and tabs). Shown anywhere, text is escaped too (harness/run/text.py): this is the early word."""
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
 """The dataset variants (data/download.py names them the same way: fineweb10B_<variant>)."""
+SUBMISSION_JSON_MAX_BYTES = 1 << 20
+"""The most bytes submission.json may hold (its longest field, a 10,000-character blurb, is a small part of it)."""
+
+
+def _read_plain(p: Path, max_bytes: int) -> bytes:
+    """The bytes of the folder's own file `p`, read before the folder rules run: a link is refused, not followed
+    out of the folder, and a file larger than `max_bytes` is refused unread (a 1 GiB submission.json cost the
+    queue's triage 3.3 GB of memory; a large enough one ended the queue for every entry)."""
+    if p.is_symlink():
+        raise SubmissionError(
+            f"{p} is a symbolic link; a submission folder holds regular files and never follows a link: "
+            "replace it with a copy of what it points to"
+        )
+    size = p.stat().st_size
+    if size > max_bytes:
+        raise SubmissionError(f"{p} holds {size:,} bytes, more than the {max_bytes:,} allowed; shorten it")
+    with p.open("rb") as f:
+        data = f.read(max_bytes + 1)  # bounded even when the file grew after its stat
+    if len(data) > max_bytes:
+        raise SubmissionError(f"{p} holds more than the {max_bytes:,} bytes allowed; shorten it")
+    return data
 
 
 def _defines(source: str, where: str, func: str) -> bool:
@@ -52,8 +75,13 @@ def _defines(source: str, where: str, func: str) -> bool:
 def _source(root: Path, fname: str) -> tuple[str, str] | None:
     """(where, text) of a top-level source: the loose file, else its member of the code bundle."""
     p = root / fname
-    if p.is_file():
-        return str(p), p.read_text(encoding="utf-8")
+    if p.is_file() or p.is_symlink():
+        try:
+            return str(p), _read_plain(p, ARTIFACT_CAP_BYTES).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise SubmissionError(
+                f"{p} is not valid UTF-8 (byte 0x{e.object[e.start]:02x} at offset {e.start}); save it as UTF-8"
+            ) from None
     bundle = root / CODE_BUNDLE
     if bundle.is_file() and not bundle.is_symlink() and bundle.stat().st_size <= ARTIFACT_CAP_BYTES:
         for rel, data in read_bundle(bundle.read_bytes(), bundle):  # FolderRefused (one line) if hostile
@@ -130,6 +158,13 @@ def check_submission(submission_dir: str | Path) -> dict[str, Any]:
             raise SubmissionError(f"{where} does not parse: {e}") from e
         if not ok:
             raise SubmissionError(f"{where} must define a top-level function {func}(...)")
-    return validate_metadata(
-        read_json(root / SUBMISSION_JSON, what="submission metadata"), str(root / SUBMISSION_JSON)
-    )
+    path = root / SUBMISSION_JSON
+    if not (path.is_file() or path.is_symlink()):
+        raise FileNotFoundError(f"submission metadata not found: {path}; `pgolf new` writes one to fill in")
+    try:
+        meta = json.loads(_read_plain(path, SUBMISSION_JSON_MAX_BYTES).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # deep nesting: RecursionError
+        raise SubmissionError(
+            f"{path} is not valid JSON in UTF-8 ({e}); fix it, or start again from `pgolf new`"
+        ) from None
+    return validate_metadata(meta, str(path))

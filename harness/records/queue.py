@@ -187,14 +187,19 @@ def folder_digest(root: Path) -> str:
     h = hashlib.sha256(root.name.encode())
     p = root / "submission.json"
     if p.is_file() and not p.is_symlink():
-        h.update(p.read_bytes()[: 1 << 20])
+        with p.open("rb") as f:
+            h.update(f.read(1 << 20))  # bounded: a huge (sparse) file is not read whole
     return h.hexdigest()
 
 
 def raw_meta(root: Path) -> dict[str, Any]:
     """The text fields of a submission.json that did not pass its schema, for the board's row (best effort)."""
+    p = root / "submission.json"
+    if p.is_symlink():  # never read out of the folder (another entry's or the official's JSON)
+        return {}
     try:
-        meta = json.loads((root / "submission.json").read_text(encoding="utf-8")[: 1 << 20])
+        with p.open("rb") as f:
+            meta = json.loads(f.read(1 << 20))  # bounded: a huge file is not read whole
     except (OSError, ValueError, RecursionError):  # deep nesting: RecursionError
         return {}
     if not isinstance(meta, dict):

@@ -5,8 +5,11 @@ entry a competitor can send and what it must not do to the official's terminal, 
 from __future__ import annotations
 
 import json
+import resource
 import shutil
 from pathlib import Path
+
+import pytest
 
 from harness.records.chain import build_chain, lines, markdown
 from harness.records.queue import State, triage
@@ -47,3 +50,33 @@ def test_a_refused_entrys_name_date_and_track_are_text_on_the_chain(tmp_path):
     assert "<img" not in md and "![](" not in md
     row = md.splitlines()[-3]
     assert row.startswith("| 1 |") and row.count(" | ") == 8  # one row, nine cells: nothing forged
+
+
+def test_a_huge_sparse_submission_json_is_refused_unread(tmp_path):
+    # 1 GiB of holes after the JSON costs the entrant nothing on disk; read whole, it cost triage 3.3 GB of
+    # memory (a larger one would end `pgolf queue` for every entry). Refused by its size, before any read.
+    entry = tmp_path / "entries" / "big"
+    shutil.copytree(TINY_LM, entry, ignore=shutil.ignore_patterns("__pycache__"))
+    with (entry / "submission.json").open("r+b") as f:
+        f.truncate(1 << 30)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    _, rec = triage(entry, None, "auto", State(), tmp_path / "ledger.jsonl")
+    assert not rec["ok"] and "more than the 1,048,576 allowed" in rec["failed"][0][1]
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KiB: nothing read whole
+
+
+@pytest.mark.parametrize("name", ["submission.json", "model.py"])
+def test_a_linked_metadata_or_source_is_not_read_out_of_the_folder(tmp_path, name):
+    # A link out of the folder was read before the folder rules refused it: another entry's or the official's
+    # JSON became this entry's name, date and track on the ledger and the chain.
+    outside = tmp_path / "official.json"
+    meta = json.loads((TINY_LM / "submission.json").read_text(encoding="utf-8"))
+    outside.write_text(json.dumps({**meta, "name": "SECRET-OUTSIDE"}), encoding="utf-8")
+    entry = tmp_path / "entries" / "linked"
+    shutil.copytree(TINY_LM, entry, ignore=shutil.ignore_patterns("__pycache__"))
+    (entry / name).unlink()
+    (entry / name).symlink_to(outside if name == "submission.json" else TINY_LM / name)
+    ledger = tmp_path / "ledger.jsonl"
+    _, rec = triage(entry, None, "auto", State(), ledger)
+    assert not rec["ok"] and f"{name} is a symbolic link" in rec["failed"][0][1]
+    assert "SECRET-OUTSIDE" not in ledger.read_text(encoding="utf-8")
