@@ -408,6 +408,11 @@ def read_result(path: str | os.PathLike[str]) -> tuple[Path, Path, dict[str, Any
     """(result.json, run folder, the result) from either path; a user error when it is not a pg-result."""
     result_path, run_dir = locate(path)
     result = read_json(result_path, what="result")
+    if not isinstance(result, dict):  # a forged or broken claim: a JSON array, a number
+        raise ValueError(
+            f"{result_path} is not a pg-result record (a JSON {type(result).__name__}, not an object); "
+            "pass the result.json a run wrote"
+        )
     if result.get("format") != "pg-result":
         raise ValueError(f"{result_path} is not a pg-result record (format {result.get('format')!r})")
     return result_path, run_dir, result

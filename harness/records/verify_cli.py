@@ -22,6 +22,7 @@ from harness.records.verify import (
     read_result,
     verify_result,
 )
+from harness.run.text import visible
 from isolation.sandbox import KERNEL_LAYERS, parse_layers
 from scoring.statuses import FAILED, UNVERIFIED, VERIFY_ERROR
 
@@ -29,9 +30,12 @@ from scoring.statuses import FAILED, UNVERIFIED, VERIFY_ERROR
 def earlier_verdict(run_dir: Path) -> str:
     """The verdict result.json holds now (for the line of an error: it stands)."""
     try:
-        return str(read_json(run_dir / "result.json", what="result").get("verification") or UNVERIFIED)
+        result = read_json(run_dir / "result.json", what="result")
     except (OSError, ValueError):
         return "none (no readable result.json)"
+    if not isinstance(result, dict):  # a JSON array or number where a result belongs
+        return "none (result.json is not a JSON object)"
+    return visible(result.get("verification") or UNVERIFIED, 40)
 
 
 def print_record(rec: dict[str, Any], *, as_json: bool, all_checks: bool) -> None:
@@ -43,12 +47,12 @@ def print_record(rec: dict[str, Any], *, as_json: bool, all_checks: bool) -> Non
     if rec["status"] == VERIFY_ERROR:
         log = f"; log: {rec['log']}" if rec.get("log") else ""
         print(
-            f"verify {rec['run_dir']}: ERROR (the harness could not verify it: {rec['detail']}){where}; "
+            f"verify {visible(rec['run_dir'])}: ERROR (the harness could not verify it: {visible(rec['detail'])}){where}; "
             f"the earlier verdict stands ({earlier_verdict(Path(rec['run_dir']))}){log}"
         )
         return
     print(
-        f"verify {rec['run_dir']}: {rec['status'].upper()} ({len(rec['checks'])} checks, "
+        f"verify {visible(rec['run_dir'])}: {rec['status'].upper()} ({len(rec['checks'])} checks, "
         f"{len(rec['differences'])} difference(s)){where}"
     )
     for c in rec["checks"] if all_checks else rec["differences"]:

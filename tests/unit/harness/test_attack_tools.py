@@ -7,12 +7,15 @@ from __future__ import annotations
 import json
 import resource
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from harness.records.chain import build_chain, lines, markdown
 from harness.records.queue import State, triage
+from harness.records.verify import read_result
 
 REPO = Path(__file__).resolve().parents[3]
 TINY_LM = REPO / "tests" / "fixtures" / "submissions" / "tiny_lm"
@@ -80,3 +83,25 @@ def test_a_linked_metadata_or_source_is_not_read_out_of_the_folder(tmp_path, nam
     _, rec = triage(entry, None, "auto", State(), ledger)
     assert not rec["ok"] and f"{name} is a symbolic link" in rec["failed"][0][1]
     assert "SECRET-OUTSIDE" not in ledger.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("text", ["[1]", "3", '"pg-result"', "null"])
+def test_verify_of_a_claimed_result_that_is_no_json_object_is_one_line(tmp_path, text):
+    # An entrant's claimed results/seed-1/result.json is what an official passes to `pgolf verify`.
+    (tmp_path / "result.json").write_text(text, encoding="utf-8")
+    with pytest.raises(ValueError, match="is not a pg-result record .*not an object"):
+        read_result(tmp_path)
+
+
+def test_a_batch_verify_with_one_array_result_is_lines_never_a_traceback(tmp_path):
+    # `pgolf verify A B`: one entrant's result.json holding a JSON array stopped the batch with a traceback.
+    bad = tmp_path / "bad\x1b[2J"
+    bad.mkdir()
+    (bad / "result.json").write_text("[1]", encoding="utf-8")
+    p = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "verify", str(bad), str(tmp_path / "missing"),
+         "--ledger", str(tmp_path / "ledger.jsonl")],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "Traceback" not in p.stderr and p.returncode != 0
+    assert "not a JSON object" in p.stdout and "\x1b" not in p.stdout
