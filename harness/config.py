@@ -610,9 +610,8 @@ def load_config(
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path} is not valid TOML: {e}") from e
-    except (
-        RecursionError
-    ):  # tomllib recurses per nested array or inline table: the entrant's file, not our crash
+    except RecursionError:
+        # tomllib recurses per nested array or inline table: the entrant's file, not our crash
         raise ConfigError(f"{path} is not valid TOML: nested too deeply") from None
     presets = raw.pop("presets", {})
     unknown = set(raw) - set(HARNESS_SECTIONS) - set(SUBMISSION_SECTIONS)

@@ -165,9 +165,10 @@ def _inside_folder(rel: str) -> bool:
 
 
 def header_type_problem(header: dict[str, Any]) -> str | None:
-    """What is wrong with the types of a header's fields (None: nothing). A submission's codec writes the
-    artifact, and the trusted readers (the orchestrator, the scorer, `pgolf verify`) index these fields: a codec
-    named by a string, or code files given as a string, crashed them with a bare TypeError."""
+    """What is wrong with a header's shape (None: nothing): its nesting, its fields' types, its code files' paths.
+    A submission's codec writes the artifact, and the trusted readers (the orchestrator, the scorer, `pgolf verify`)
+    index these fields: a codec named by a string, or code files given as a string, crashed them with a bare
+    TypeError."""
     if _depth(header) > HEADER_MAX_DEPTH:
         return f"nesting: the header nests past {HEADER_MAX_DEPTH} levels"
     codec, files, tensors = header["codec"], header["code_files"], header["tensors"]

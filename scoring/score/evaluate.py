@@ -513,9 +513,8 @@ def evaluate(
     grad_off = torch.no_grad if adapter is not None else torch.inference_mode
     ws = LossWorkspace()
     keep: dict[int, KeptBatch | None] = dict.fromkeys(keep_batches)
-    per_chunk = [
-        _batches(plan, idx, cfg) for idx in chunks
-    ]  # planned once: the snapshots' size, then the loop
+    # planned once: the snapshots' size, then the loop
+    per_chunk = [_batches(plan, idx, cfg) for idx in chunks]
     snaps = _Snapshots(keep, _largest_batch(plan, per_chunk))
     shuffle = np.random.default_rng([shuffle_seed, 2]) if shuffle_seed is not None else None
     kept_chunks: dict[int, int] = {}
