@@ -203,15 +203,14 @@ def carve(root: str, protected: Sequence[str], budget: list[int] | None = None) 
     return out
 
 
+def python_prefixes() -> list[str]:
+    """The interpreter's installation prefixes (a virtual environment's and the base one's), as sys names them."""
+    return [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
+
+
 def python_roots(import_path: Iterable[str], project_root: Path) -> list[str]:
     """The interpreter's prefixes and the import folders the ranks will have (their sys.path), less the project."""
-    roots = {
-        sys.prefix,
-        sys.base_prefix,
-        sys.exec_prefix,
-        sys.base_exec_prefix,
-        str(Path(os.path.realpath(sys.executable)).parents[1]),
-    }
+    roots = {*python_prefixes(), str(Path(os.path.realpath(sys.executable)).parents[1])}
     project = os.path.realpath(project_root)
     for p in import_path:
         real = os.path.realpath(p) if p else ""

@@ -78,6 +78,7 @@ from isolation.landlock import (
     loopback_up,
     own_rules,
     private_tmpfs,
+    python_prefixes,
     python_roots,
 )
 from isolation.seccomp import apply_seccomp, seccomp_supported
@@ -431,9 +432,7 @@ def broad_hidden(paths: Iterable[str | Path], warnings: list[str]) -> list[str]:
     read rule leaves out, resolved. A folder that holds the Python installation is left out around it (each Python
     prefix is a broad rule of its own: a clone's .venv stays readable); one inside it (a project installed into
     site-packages) or one that holds a system folder (HF_HOME=/opt) cannot be left out: skipped, with a warning."""
-    prefixes = [
-        os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)
-    ]
+    prefixes = [os.path.realpath(p) for p in python_prefixes()]
     out: list[str] = []
     for p in paths:
         real = os.path.realpath(p)
