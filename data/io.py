@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,6 +62,28 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     """Write `obj` as pretty JSON (sorted keys, trailing newline) atomically."""
     text = json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n"
     write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def read_regular(path: Path, max_bytes: int | None = None) -> bytes:
+    """The bytes of a file another process wrote or an entrant made: opened without following a link (OSError on
+    one) and without blocking (a FIFO), refused unless a regular file (ValueError), and one larger than `max_bytes`
+    refused by its size, unread; the read is bounded too, should the file grow after its size was taken."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path.name} is not a regular file")
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise ValueError(f"{path.name} is {st.st_size:,} bytes, more than the {max_bytes:,} allowed")
+        chunks, size = [], 0
+        while chunk := os.read(fd, 1 << 22 if max_bytes is None else min(1 << 22, max_bytes + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if max_bytes is not None and size > max_bytes:
+                raise ValueError(f"{path.name} holds more than the {max_bytes:,} bytes allowed")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def read_json(path: str | os.PathLike[str], *, what: str = "JSON file") -> Any:

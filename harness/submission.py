@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from data.io import read_regular
 from harness.api import SUBMISSION_JSON
 from scoring.artifact.cap import ARTIFACT_CAP_BYTES, CODE_BUNDLE, read_bundle
 from scoring.errors import SubmissionError, did_you_mean
@@ -52,19 +53,17 @@ def _read_plain(p: Path, max_bytes: int) -> bytes:
     """The bytes of the folder's own file `p`, read before the folder rules run: a link is refused, not followed
     out of the folder, and a file larger than `max_bytes` is refused unread (a 1 GiB submission.json cost the
     queue's triage 3.3 GB of memory; a large enough one ended the queue for every entry)."""
-    if p.is_symlink():
+    if p.is_symlink():  # the friendly word; read_regular's O_NOFOLLOW is what holds
         raise SubmissionError(
             f"{p} is a symbolic link; a submission folder holds regular files and never follows a link: "
             "replace it with a copy of what it points to"
         )
-    size = p.stat().st_size
-    if size > max_bytes:
-        raise SubmissionError(f"{p} holds {size:,} bytes, more than the {max_bytes:,} allowed; shorten it")
-    with p.open("rb") as f:
-        data = f.read(max_bytes + 1)  # bounded even when the file grew after its stat
-    if len(data) > max_bytes:
-        raise SubmissionError(f"{p} holds more than the {max_bytes:,} bytes allowed; shorten it")
-    return data
+    try:
+        return read_regular(p, max_bytes)
+    except (OSError, ValueError) as e:
+        raise SubmissionError(
+            f"{p}: {e}; a submission folder holds regular files within their caps"
+        ) from None
 
 
 def _defines(source: str, where: str, func: str) -> bool:

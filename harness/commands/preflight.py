@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from data.io import read_regular
 from scoring.worker.build_check import (
     DENSE_PAYLOAD_FILE,
     PAYLOAD_FILE,
@@ -116,23 +117,6 @@ def one_line(text: object, limit: int = 400) -> str:
 # ---- the trusted side ----
 
 
-def _read_regular(path: Path, max_bytes: int | None = None) -> bytes:
-    """A file the child wrote: opened without following a link, a regular file, at most max_bytes."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path.name} is not a regular file")
-        if max_bytes is not None and st.st_size > max_bytes:
-            raise ValueError(f"{path.name} is {st.st_size:,} bytes, more than {max_bytes:,}")
-        chunks = []
-        while chunk := os.read(fd, 1 << 22):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
 def confined_build(
     code_dir: Path,
     *,
@@ -175,7 +159,7 @@ def confined_build(
     if code != 0:
         raise ValueError(one_line(child.error_line()) or f"the confined build failed ({exit_how(code)})")
     try:
-        report = json.loads(_read_regular(out / "out" / REPORT_FILE, REPORT_MAX_BYTES))
+        report = json.loads(read_regular(out / "out" / REPORT_FILE, REPORT_MAX_BYTES))
     except RecursionError:  # nested past the parser's depth: the child's report is malformed, not our crash
         raise ValueError("the confined build wrote a report nested too deeply") from None
     if not isinstance(report, dict):
@@ -243,7 +227,7 @@ def _estimate_artifact(
             if size > cap_bytes:  # over the cap by its payload alone: no need to read it
                 sizes.append(size)
                 continue
-            payload = _read_regular(child_out / fname, cap_bytes)
+            payload = read_regular(child_out / fname, cap_bytes)
             header = build_header(
                 state,
                 codec_id,
