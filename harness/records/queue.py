@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from data.io import read_regular
 from harness.records.executors import INCOMPLETE_STATES, ExecutorConfig, JobResources
 from harness.records.reproduce import (
     COULD_NOT_RUN,
@@ -66,6 +67,7 @@ from harness.records.reproduce import (
 )
 from harness.records.verify import append_ledger
 from harness.run.text import visible
+from harness.submission import SUBMISSION_JSON_MAX_BYTES
 from scoring.statuses import Status
 from scoring.tracks import TRACKS, Track
 
@@ -194,12 +196,8 @@ def folder_digest(root: Path) -> str:
 
 def raw_meta(root: Path) -> dict[str, Any]:
     """The text fields of a submission.json that did not pass its schema, for the board's row (best effort)."""
-    p = root / "submission.json"
-    if p.is_symlink():  # never read out of the folder (another entry's or the official's JSON)
-        return {}
-    try:
-        with p.open("rb") as f:
-            meta = json.loads(f.read(1 << 20))  # bounded: a huge file is not read whole
+    try:  # never through a link (another entry's or the official's JSON), never a huge file read whole
+        meta = json.loads(read_regular(root / "submission.json", SUBMISSION_JSON_MAX_BYTES))
     except (OSError, ValueError, RecursionError):  # deep nesting: RecursionError
         return {}
     if not isinstance(meta, dict):
