@@ -61,7 +61,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from data.io import read_json
+from data.io import read_regular
 from harness.records.verify import Check, append_ledger
 from scoring.statuses import Status
 from scoring.tracks import TRACKS
@@ -76,6 +76,7 @@ CLAIM_DIRS = ("results", "runs")
 CLAIM_MAX_FILES = 64
 CLAIM_MAX_BYTES = 4 << 20
 CLAIM_MAX_DEPTH = 3
+CLAIM_MAX_ENTRIES = 100_000
 RUN_NUMBERS = ("val_bpb", "val_loss", "val_tokens", "val_bytes", "steps", "train_time_s", "bytes_total")
 HARNESS_STATUSES = frozenset({"invalid_data"})
 """Run statuses that are the official's setup, not the entry (the data given was not the track's)."""
@@ -185,21 +186,36 @@ def fresh_seeds_record(entry: Entry, fresh: int | None, salt: str | None) -> dic
     }
 
 
-def _claim_files(root: Path) -> list[Path]:
-    found: list[Path] = []
+def _claim_files(root: Path) -> list[tuple[Path, bytes]]:
+    """The claimed-result candidates under results/ and runs/ with their bytes, each read once, bounded and never
+    through a link. The walk stops at CLAIM_MAX_FILES + 1 candidates (the caller refuses that many) and refuses a
+    tree of more than CLAIM_MAX_ENTRIES names, so a folder of millions of files costs a bounded walk."""
+    found: list[tuple[Path, bytes]] = []
+    seen = 0
     for top in CLAIM_DIRS:
         d = root / top
         if not d.is_dir() or d.is_symlink():
             continue
         for dirpath, dirnames, filenames in os.walk(d, followlinks=False):
+            seen += len(dirnames) + len(filenames)
+            if seen > CLAIM_MAX_ENTRIES:
+                raise ValueError(
+                    f"{root}: more than {CLAIM_MAX_ENTRIES:,} files and folders under results/ and runs/; "
+                    "keep only the result records there"
+                )
             depth = len(Path(dirpath).relative_to(d).parts)
             dirnames[:] = sorted(x for x in dirnames if depth < CLAIM_MAX_DEPTH)
             for f in sorted(filenames):
                 p = Path(dirpath) / f
                 if f == "result.json" or (f.endswith(".json") and Path(dirpath) == d):
-                    if p.is_file() and not p.is_symlink() and p.stat().st_size <= CLAIM_MAX_BYTES:
-                        found.append(p)
-    return found[: CLAIM_MAX_FILES + 1]
+                    try:
+                        found.append((p, read_regular(p, CLAIM_MAX_BYTES)))
+                    except (OSError, ValueError):
+                        # a link, a FIFO, a folder or an oversized file: not a claim, as before
+                        continue
+                    if len(found) > CLAIM_MAX_FILES:
+                        return found
+    return found
 
 
 def _num(v: Any) -> float | None:
@@ -210,11 +226,11 @@ def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def claim_of(path: Path, rel: str) -> Claim | None:
+def claim_of(raw: bytes, rel: str) -> Claim | None:
     """One claimed result (a pg-result with status ok and a score); None for any other JSON."""
     try:
-        r = read_json(path, what="claimed result")
-    except (OSError, ValueError):
+        r = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     if not isinstance(r, dict) or r.get("format") != "pg-result" or r.get("status") != Status.OK:
         return None
@@ -262,10 +278,10 @@ def load_entry(entry_dir: str | os.PathLike[str], preset: str | None = None) -> 
     h.update((root / "submission.json").read_bytes())
     claims: list[Claim] = []
     notes: list[str] = []
-    for p in files:
+    for p, raw in files:
         rel = p.relative_to(root).as_posix()
-        h.update(rel.encode() + b"\0" + p.read_bytes())
-        c = claim_of(p, rel)
+        h.update(rel.encode() + b"\0" + raw)
+        c = claim_of(raw, rel)
         if c is not None:
             claims.append(c)
         else:

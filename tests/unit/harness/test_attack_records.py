@@ -208,3 +208,33 @@ def test_the_seed_salt_comes_from_a_file_never_an_argument(tmp_path):
         assert ns.seed_salt_file == str(salt) and not any(
             "salt" in k and k != "seed_salt_file" for k in vars(ns)
         )
+
+
+def test_a_results_folder_of_many_files_costs_a_bounded_walk_and_claims_are_read_once(tmp_path, monkeypatch):
+    """The claims under results/ are the entrant's files: a folder of a million names must not cost the official a
+    walk of all of them, and each claim is read once, bounded, never through a link (the bytes hashed into the
+    entry's digest are the bytes parsed as its claim)."""
+    import json
+    import os
+    import shutil
+
+    from harness.records import reproduce as rp
+
+    root = tmp_path / "e"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "fixtures" / "submissions" / "tiny_lm", root,
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    claim = {"format": "pg-result", "status": "ok", "val_bpb": 2.5, "seed": 1, "preset": None}
+    (root / "results" / "s1").mkdir(parents=True)
+    (root / "results" / "s1" / "result.json").write_text(json.dumps(claim))
+    secret = tmp_path / "elsewhere.json"
+    secret.write_text(json.dumps({**claim, "val_bpb": 0.1, "seed": 9}))
+    (root / "results" / "s2").mkdir()
+    os.symlink(secret, root / "results" / "s2" / "result.json")
+    entry = rp.load_entry(root)
+    assert [(c.source, c.val_bpb) for c in entry.claims] == [("results/s1/result.json", 2.5)]
+
+    monkeypatch.setattr(rp, "CLAIM_MAX_ENTRIES", 50)
+    for i in range(60):
+        (root / "results" / "s1" / f"log{i}.txt").write_text("x")
+    with pytest.raises(ValueError, match="more than 50 files and folders under results/ and runs/"):
+        rp.load_entry(root)
