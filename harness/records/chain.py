@@ -16,12 +16,16 @@ Each track's policy (`TRACK_POLICIES`) names the rule and the evidence:
   and at least 3 seeds from one configuration (one preset, no per-seed overrides);
 - evidence `reproduced` (default): an entry's numbers are the seeds `pgolf reproduce` re-trained, and only
   a `reproduced` verdict can be accepted; `verified`: the entry's own runs in the ledger that `pgolf
-  verify` marked verified (a track whose officials re-score rather than re-train).
+  verify` marked verified (a track whose officials re-score rather than re-train);
+- seeds `salted` (every record track): only a reproduction whose seeds were fresh under the official's salt
+  (`pgolf queue --seeds N --seed-salt-file F`) is accepted. Claimed seeds reproduce exactly even when they are
+  the best few of a hundred the entrant tried, and seeds from the entry's digest alone the entrant computes;
+  either is a seed lottery the Welch test would read as independent samples. `any` (other tracks): any seeds.
 
 The metric is val_loss (nats/token) when both sides scored the same tokens (tokenizer and validation
 count), else val_bpb with the margin converted by the frontier's tokens per byte (as `pgolf compare`
 does). The first acceptable entry on a track sets its frontier. A rejected entry never moves it. The
-board ("pg-chain" v1) lists every entry with `accepted` and a one-line `reason`; chain.md is its table.
+board ("pg-chain" v2) lists every entry with `accepted`, `seeds_chosen` and a one-line `reason`; chain.md is its table.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from scoring.statuses import Status, Verification
 from scoring.tracks import TRACKS
 
 CHAIN_FORMAT = "pg-chain"
-CHAIN_FORMAT_VERSION = 1
+CHAIN_FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -65,10 +69,24 @@ RULES: dict[str, ChainRule] = {
 class TrackPolicy:
     rule: str = "challenge"
     evidence: str = "reproduced"
+    seeds: str = "any"
+    """"salted": only seeds fresh under the official's salt are evidence; "any": claimed ones too."""
 
 
-TRACK_POLICIES: dict[str, TrackPolicy] = {name: TrackPolicy() for name in TRACKS}
-"""Per track; every track holds the challenge's rule on reproduced results until its officials decide."""
+TRACK_POLICIES: dict[str, TrackPolicy] = {
+    name: TrackPolicy(seeds="salted" if t.record else "any") for name, t in TRACKS.items()
+}
+"""Per track; every track holds the challenge's rule on reproduced results until its officials decide, and a
+record track takes only salted fresh seeds."""
+
+SEEDS_CLAIMED, SEEDS_DIGEST, SEEDS_SALTED = "claimed", "from the entry's digest", "salted"
+
+
+def seeds_chosen(fresh_seeds: Any) -> str:
+    """How a reproduction record's seeds were chosen (its `fresh_seeds`, reproduce.py fresh_seeds_record)."""
+    if not isinstance(fresh_seeds, dict) or fresh_seeds.get("chosen") == "claimed":
+        return SEEDS_CLAIMED
+    return SEEDS_SALTED if isinstance(fresh_seeds.get("salt_sha256"), str) else SEEDS_DIGEST
 
 
 @dataclass(kw_only=True)
@@ -87,6 +105,7 @@ class Candidate:
     val_bytes: int | None = None
     tokenizer: str | None = None
     configs: int = 1
+    seeds_chosen: str = SEEDS_CLAIMED
     extra: dict[str, Any] = field(default_factory=dict)
 
     def sort_key(self) -> tuple[int, str, str, str]:
@@ -133,6 +152,7 @@ def candidates_from_reproductions(
                 val_tokens=next((x.get("val_tokens") for x in ok), None),
                 val_bytes=next((x.get("val_bytes") for x in ok), None),
                 tokenizer=next((x.get("tokenizer_sha256") for x in ok), None),
+                seeds_chosen=seeds_chosen(r.get("fresh_seeds")),
                 extra={"seeds": r.get("seeds"), "preset": r.get("preset")},
             )
         )
@@ -214,6 +234,7 @@ def accept_in_order(cands: list[Candidate], rule_override: str | None = None) ->
             "track": c.track,
             "rule": rule.name,
             "evidence": policy.evidence,
+            "seeds_chosen": c.seeds_chosen,
             "verdict": c.verdict,
             "n_seeds": len(c.val_bpb),
             "mean_val_bpb": _mean(c.val_bpb),
@@ -226,6 +247,11 @@ def accept_in_order(cands: list[Candidate], rule_override: str | None = None) ->
             row["reason"] = f"verdict {c.verdict}" + (f" ({c.why_verdict})" if c.why_verdict else "")
         elif track is None:
             row["reason"] = f"track {visible(c.track, 40)!r} is not one this harness knows"
+        elif policy.seeds == SEEDS_SALTED and c.seeds_chosen != SEEDS_SALTED:
+            row["reason"] = (
+                f"seeds {c.seeds_chosen}: an entrant can choose those; {c.track} takes fresh seeds under the "
+                "official's salt (pgolf queue --seeds 3 --seed-salt-file F)"
+            )
         elif len(c.val_bpb) < rule.min_seeds:
             row["reason"] = f"{len(c.val_bpb)} seed(s); rule {rule.name} needs at least {rule.min_seeds}"
         elif rule.one_config and c.configs != 1:

@@ -238,3 +238,40 @@ def test_a_results_folder_of_many_files_costs_a_bounded_walk_and_claims_are_read
         (root / "results" / "s1" / f"log{i}.txt").write_text("x")
     with pytest.raises(ValueError, match="more than 50 files and folders under results/ and runs/"):
         rp.load_entry(root)
+
+
+def test_a_record_track_takes_only_seeds_fresh_under_the_officials_salt(tmp_path):
+    """Claimed seeds reproduce exactly even when they are the best 3 of 100 the entrant tried; seeds from the
+    entry's digest alone the entrant computes (and reformats the folder until they are good ones). Either is a
+    seed lottery the Welch test reads as independent samples, so a record track's chain takes neither."""
+    import json
+
+    from harness.records.chain import build_chain
+
+    def rec(key: str, digest: str, track: str, fresh_seeds: dict | None, losses: list[float]) -> dict:
+        runs = [{"seed": i, "status": "ok", "val_loss": x, "val_bpb": x / 1.386, "val_tokens": 1000,
+                 "val_bytes": 2000, "tokenizer_sha256": "t" * 64} for i, x in enumerate(losses)]  # fmt: skip
+        return {"format": "pg-reproduction", "format_version": 1, "entry_key": key, "entry_digest": digest,
+                "entry_dir": f"/e/{key}", "submission": {"name": key, "date": "2026-01-01"}, "track": track,
+                "verdict": REPRODUCED, "reproduced": runs, "differences": [], "seeds": [0, 1, 2],
+                "fresh_seeds": fresh_seeds}  # fmt: skip
+
+    salted = {"chosen": "from the official's salt and the entry's digest", "salt_sha256": "s" * 64}
+    digest_only = {"chosen": "from the entry's digest (an entrant can compute them: pass --seed-salt-file)"}
+    losses = [5.0, 5.01, 5.02]
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text("".join(json.dumps(x) + "\n" for x in (
+        rec("claimed", "1", "10min_16mb", {"chosen": "claimed"}, losses),
+        rec("digest", "2", "10min_16mb", digest_only, losses),
+        rec("old", "3", "10min_16mb", None, losses),  # a record from before fresh_seeds: claimed seeds
+        rec("salted", "4", "10min_16mb", salted, losses),
+        rec("smoke", "5", "smoke", {"chosen": "claimed"}, losses),
+    )))  # fmt: skip
+    chain = build_chain(ledger, track=None, rule=None, order={})
+    rows = {r["entry_key"]: r for r in chain["rows"]}
+    for key, how in (("claimed", "claimed"), ("digest", "from the entry's digest"), ("old", "claimed")):
+        assert not rows[key]["accepted"] and rows[key]["seeds_chosen"] == how
+        assert rows[key]["reason"].startswith(f"seeds {how}: an entrant can choose those; 10min_16mb takes")
+    assert rows["salted"]["accepted"] and rows["salted"]["seeds_chosen"] == "salted"
+    assert rows["smoke"]["accepted"]  # a non-record track takes any seeds
+    assert chain["format_version"] == 2
