@@ -28,6 +28,13 @@ from data.verify import verify_dataset
 
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError)
 
+
+def printable(text: str) -> str:
+    """An error's words for the terminal: control characters (escape sequences a hub or a file put in a name)
+    shown as "?", never sent raw."""
+    return "".join(c if c.isprintable() or c == "\n" else "?" for c in text)
+
+
 TransformResolver = Callable[[str], Any]
 """FILE.py -> data/proof.py SplitTransforms (a submitted transform, run confined): harness/cli.py's."""
 _RESOLVER: TransformResolver | None = None
@@ -111,7 +118,7 @@ def cmd_download(args: argparse.Namespace) -> int:
             endpoint=args.endpoint,
         )
     except DownloadError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {printable(str(e))}", file=sys.stderr)
         return 1
     print(summarize(out))
     return 0
@@ -279,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except USER_ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {printable(str(e))}", file=sys.stderr)
         return 2
 
 

@@ -93,7 +93,11 @@ def read_json(path: str | os.PathLike[str], *, what: str = "JSON file") -> Any:
         raise FileNotFoundError(f"{what} not found: {path}")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, RecursionError) as e:  # deep nesting raises RecursionError
+    except (
+        json.JSONDecodeError,
+        UnicodeDecodeError,
+        RecursionError,
+    ) as e:  # deep nesting raises RecursionError
         raise ValueError(
             f"{what} {path} is not valid JSON ({e}); re-create it with the command that wrote it"
         ) from e

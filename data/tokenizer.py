@@ -24,6 +24,8 @@ from typing import Protocol
 
 import numpy as np
 
+from data.io import write_bytes_atomic
+
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 BYTE260_VOCAB_SIZE = 260
 BYTE260_OFFSET = 4
@@ -170,8 +172,9 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
 
 
 def write_byte260(path: str | os.PathLike[str]) -> None:
-    """The byte260 tokenizer's marker file (it has no parameters; the file names the kind)."""
-    Path(path).write_text('{"kind": "byte260", "vocab_size": 260, "offset": 4}\n', encoding="utf-8")
+    """The byte260 tokenizer's marker file (it has no parameters; the file names the kind). Written beside and
+    renamed into place: a link planted at `path` is replaced, never written through."""
+    write_bytes_atomic(path, b'{"kind": "byte260", "vocab_size": 260, "offset": 4}\n')
 
 
 def pieces_in_text_order(model: bytes) -> bytes:
