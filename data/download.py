@@ -30,8 +30,15 @@ Guarantees:
   and its sha256 where the manifest gives one. A corrupt file is deleted and the error names it.
   `hf_hub_download` itself writes to a temporary name, so a partial file never has a final name.
 - Resumable: a dropped connection is resumed in place with an HTTP Range request (up to 5 times per
-  file, by huggingface_hub); a rerun of an interrupted command skips every file already verified
-  (recorded in `.pgolf-download.json`) and fetches only the rest.
+  file, by huggingface_hub); a rerun of an interrupted command does not fetch again a file already
+  verified (recorded in `.pgolf-download.json`), but checks it again against this run's hub manifest
+  (the state file and the folder are no proof, and the previous run may have used another endpoint);
+  the hub manifest itself is always fetched afresh.
+- The hub is not trusted: a file is cut off once the hub sends more than its declared size (else
+  MAX_TOKENIZER_BYTES / MAX_SHARD_BYTES; the hub manifest MAX_HUB_MANIFEST_BYTES); tokenizer files
+  are plain names (`.model`, `.vocab`, `.json`) that collide with none of the folder's own; at most
+  MAX_SHARDS shards per split; an official variant's tokenizer model must be the official file
+  (data/official.py). The stored Hugging Face token goes to huggingface.co only, never to a mirror.
 - The folder ends with this harness's own `manifest.json` (data/manifest.py), so it is used exactly
   like a built dataset: shard sha256s, document counts (BOS tokens), tokenizer entry, unigram counts.
 
@@ -48,13 +55,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 from tqdm import tqdm
 
 from data.io import read_json, sha256_file, write_bytes_atomic, write_json_atomic
 from data.manifest import MANIFEST_NAME, write_manifest
-from data.shards import ShardError, read_header, read_shard, shard_name
+from data.official import OFFICIAL_TOKENIZERS
+from data.shards import HEADER_BYTES, ShardError, read_header, read_shard, shard_name
 from data.tokenizer import BYTE260_FILENAME, BYTE260_OFFSET, BYTE260_VOCAB_SIZE, load_tokenizer, write_byte260
 
 DEFAULT_REPO_ID = "willdepueoai/parameter-golf"
@@ -66,6 +75,17 @@ STATE_FORMAT, STATE_VERSION = "pg-download-state", 1
 STAGING_NAME = ".hub-staging"
 HUB_MANIFEST_COPY = "hub_manifest.json"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+MAX_SHARDS = 10_000
+"""Shards per split a hub manifest may declare (the reference export has a few hundred at most)."""
+MAX_HUB_MANIFEST_BYTES = 16 << 20
+MAX_TOKENIZER_BYTES = 64 << 20
+MAX_SHARD_BYTES = HEADER_BYTES + 2 * (2**31 - 1)
+"""Most bytes taken for a file the hub manifest gives no size for (a shard holds at most 2^31-1 tokens)."""
+_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_TOKENIZER_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.(model|vocab|json)$")
+HUB_TOKEN_HOSTS = ("huggingface.co",)
+"""The stored Hugging Face token is sent to these endpoints only; another endpoint gets a token passed on purpose."""
 SCHEMA_HINT = (
     'expected {"datasets": [{"name": "fineweb10B_sp1024", "tokenizer_name": ..., '
     '"stats": {"files_train": N, "files_val": M}}], "tokenizers": [{"name": ..., "model_path": ...}]}'
@@ -85,6 +105,7 @@ class RemoteFile:
     kind: str  # "val" | "train" | "tokenizer"
     size_bytes: int | None = None
     sha256: str | None = None
+    official_sha256: str | None = None  # an official variant's tokenizer model: its sha256 is known here
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -127,7 +148,7 @@ def _int_field(entry: dict[str, Any], keys: Iterable[str]) -> int | None:
     stats: dict[str, Any] = raw_stats if isinstance(raw_stats, dict) else {}
     for k in keys:
         for d in (stats, entry):
-            if isinstance(d.get(k), int | str) and str(d[k]).isdigit():
+            if isinstance(d.get(k), int | str) and str(d[k]).isascii() and str(d[k]).isdigit():
                 return int(d[k])
     return None
 
@@ -161,6 +182,23 @@ def _relative(path: str) -> str:
     return path.lstrip("./")
 
 
+def _check_tokenizer_path(rel: str, taken: list[str], where: str) -> None:
+    """A tokenizer file lands in the dataset folder under its base name: a plain name of a tokenizer's kind, none
+    of the folder's own files (manifest.json, the state, a shard) and not twice."""
+    name = rel.rsplit("/", 1)[-1]
+    reserved = (MANIFEST_NAME, HUB_MANIFEST_COPY, BYTE260_FILENAME, STATE_NAME)
+    if (
+        not all(_SEGMENT.match(part) for part in rel.split("/"))
+        or not _TOKENIZER_FILE.match(name)
+        or name in reserved
+        or name in taken
+    ):
+        raise ValueError(
+            f"{where}: tokenizer file {rel!r} in the hub manifest is refused: a tokenizer is a plain "
+            f"name ending .model, .vocab or .json under tokenizers/, none of {', '.join(reserved)}, each once"
+        )
+
+
 def parse_hub_manifest(
     raw: Any,
     *,
@@ -186,10 +224,20 @@ def parse_hub_manifest(
             "HINT: pick one of those with --variant, or another --repo / --revision"
         )
     name = str(entry["name"])
+    if not _SEGMENT.match(name):
+        raise ValueError(
+            f"{where}: dataset name {name!r} is not a plain folder name ([A-Za-z0-9._-]); refused"
+        )
     files_train = _int_field(entry, ("files_train", "train_shards", "num_train_shards"))
     files_val = _int_field(entry, ("files_val", "val_shards", "num_val_shards"))
     if files_train is None or files_val is None or files_val < 1:
         raise ValueError(f"{where}: dataset {name} lacks stats.files_train / stats.files_val; {SCHEMA_HINT}")
+    for key, count in (("files_train", files_train), ("files_val", files_val)):
+        if count > MAX_SHARDS:
+            raise ValueError(
+                f"{where}: dataset {name} declares {key} {count}; an export has at most {MAX_SHARDS} shards per "
+                "split: not the challenge's export. HINT: check --endpoint / --repo"
+            )
     if train_shards is None:
         n = min(DEFAULT_TRAIN_SHARDS, files_train)
     elif not 0 <= train_shards <= files_train:
@@ -212,9 +260,16 @@ def parse_hub_manifest(
 
     index = _file_index(raw.get("files"), entry.get("files"), entry.get("shards"), (tok or {}).get("files"))
     files: list[RemoteFile] = []
+    official = {v: sha for sha, v in OFFICIAL_TOKENIZERS.items()}.get(variant)
     for rel in map(_relative, tok_paths):
+        _check_tokenizer_path(rel, [f.name for f in files], where)
         info = index.get(rel) or index.get(Path(rel).name) or {}
-        files.append(RemoteFile(path=f"{prefix}/{rel}", name=Path(rel).name, kind="tokenizer", **info))
+        pin = official if rel.endswith(".model") else None
+        files.append(
+            RemoteFile(
+                path=f"{prefix}/{rel}", name=Path(rel).name, kind="tokenizer", official_sha256=pin, **info
+            )
+        )
     for split, count in (("val", files_val), ("train", n)):
         for i in range(count):
             rel = f"datasets/{name}/{shard_name(split, i)}"
@@ -248,9 +303,45 @@ def _network_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+def _token_for(endpoint: str | None, token: str | bool | None) -> str | bool | None:
+    """The token to send: one passed on purpose; else the stored one (HF_TOKEN, `hf auth login`) only to
+    huggingface.co, never to a mirror (False: none)."""
+    if token is not None:
+        return token
+    from huggingface_hub import constants
+
+    return None if urlsplit(endpoint or constants.ENDPOINT).hostname in HUB_TOKEN_HOSTS else False
+
+
+class _TooLarge(RuntimeError):
+    pass
+
+
+def _bounded_progress(limit_bytes: int) -> type:
+    """A progress-bar class for hf_hub_download that stops the transfer once more than `limit_bytes` came in
+    (huggingface_hub reports every piece it writes to it), so a file served larger than declared is cut off."""
+    from huggingface_hub.utils import tqdm as hf_tqdm
+
+    class Bounded(hf_tqdm):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.received_bytes = int(kwargs.get("initial") or 0)
+            super().__init__(*args, **kwargs)
+            if self.received_bytes > limit_bytes:
+                raise _TooLarge(limit_bytes)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            self.received_bytes += int(n or 0)
+            if self.received_bytes > limit_bytes:
+                raise _TooLarge(limit_bytes)
+            return super().update(n)
+
+    return Bounded
+
+
 class _Hub:
     def __init__(self, repo_id: str, endpoint: str | None, token: str | bool | None, staging: Path):
-        self.repo_id, self.endpoint, self.token, self.staging = repo_id, endpoint, token, staging
+        self.repo_id, self.endpoint, self.staging = repo_id, endpoint, staging
+        self.token = _token_for(endpoint, token)
 
     def resolve(self, path: str, revision: str) -> str:
         """The commit `revision` points at (from the X-Repo-Commit header of a HEAD on `path`)."""
@@ -266,13 +357,18 @@ class _Hub:
             ) from e
         if not meta.commit_hash:
             raise DownloadError(f"{url} gave no X-Repo-Commit header: is --endpoint a Hugging Face hub?")
+        if not _COMMIT.match(meta.commit_hash):
+            raise DownloadError(f"{url} gave X-Repo-Commit {meta.commit_hash!r}, not a commit: refused")
         return meta.commit_hash
 
-    def fetch(self, path: str, commit: str) -> Path:
+    def fetch(self, path: str, commit: str, limit_bytes: int, *, fresh: bool = False) -> Path:
+        """The file at `path` in the staging folder, fetched (or resumed); more than `limit_bytes` is refused.
+        `fresh`: fetched again even if the staging folder has it for this commit (hf_hub_download would return a
+        staged copy unasked, whichever endpoint served it)."""
         from huggingface_hub import hf_hub_download
 
         try:
-            return Path(
+            local = Path(
                 hf_hub_download(
                     self.repo_id,
                     path,
@@ -281,13 +377,28 @@ class _Hub:
                     local_dir=self.staging,
                     endpoint=self.endpoint,
                     token=self.token,
+                    tqdm_class=_bounded_progress(limit_bytes),
+                    force_download=fresh,
                 )
             )
+        except _TooLarge:
+            for partial in self.staging.rglob(f"{Path(path).name}*.incomplete"):
+                partial.unlink(missing_ok=True)
+            raise DownloadError(
+                f"{path}: the hub sent more than the {limit_bytes} bytes it may hold; refused and removed. "
+                "HINT: the hub or mirror is broken or hostile; use another --endpoint"
+            ) from None
         except _network_errors() as e:
             raise DownloadError(
                 f"could not download {path} from {self.repo_id}@{commit[:12]} ({type(e).__name__}: {e}). "
                 "HINT: rerun the same command to resume; files already verified are kept"
             ) from e
+        if local.is_symlink() or not local.is_file():
+            local.unlink(missing_ok=True)
+            raise DownloadError(
+                f"{path}: the staging folder held a link or special file there; removed, rerun"
+            )
+        return local
 
 
 # ---- Checking ----
@@ -301,6 +412,11 @@ def _check_file(local: Path, f: RemoteFile, vocab_size: int | None, bos_id: int)
             f"{f.path}: {size} bytes but the hub manifest says {f.size_bytes}; refused and removed"
         )
     record: dict[str, Any] = {"bytes": size}
+    if f.kind == "tokenizer" and f.name.endswith(".model"):
+        try:
+            load_tokenizer(local)
+        except ValueError as e:
+            raise DownloadError(f"{f.path}: not a usable tokenizer ({e}); refused and removed") from e
     if f.kind in ("val", "train"):
         try:
             record["tokens"] = read_header(local)
@@ -320,6 +436,11 @@ def _check_file(local: Path, f: RemoteFile, vocab_size: int | None, bos_id: int)
         raise DownloadError(
             f"{f.path}: sha256 {digest} but the hub manifest says {f.sha256}: corrupt download, refused and removed. "
             "HINT: rerun to fetch it again"
+        )
+    if f.official_sha256 is not None and digest != f.official_sha256:
+        raise DownloadError(
+            f"{f.path}: sha256 {digest}, not the official {OFFICIAL_TOKENIZERS[f.official_sha256]} tokenizer "
+            f"({f.official_sha256}); refused and removed. HINT: the hub or mirror serves another tokenizer"
         )
     record["sha256"] = digest
     return record
@@ -377,7 +498,12 @@ def _load_state(dest: Path, repo_id: str, commit: str) -> dict[str, Any]:
     if not path.is_file():
         return fresh
     state = read_json(path, what="download state")
-    if state.get("format") != STATE_FORMAT or state.get("format_version") != STATE_VERSION:
+    if (
+        not isinstance(state, dict)
+        or state.get("format") != STATE_FORMAT
+        or state.get("format_version") != STATE_VERSION
+        or not isinstance(state.get("files"), dict)
+    ):
         return fresh
     if state["files"] and (state.get("repo_id"), state.get("commit")) != (repo_id, commit):
         raise ValueError(
@@ -386,6 +512,12 @@ def _load_state(dest: Path, repo_id: str, commit: str) -> dict[str, Any]:
             f"HINT: pass --revision {state.get('commit')} to finish that download, or a new --out"
         )
     return state
+
+
+def _limit_bytes(f: RemoteFile) -> int:
+    """The most bytes taken for `f`: its declared size, else what a file of its kind may hold."""
+    cap = MAX_TOKENIZER_BYTES if f.kind == "tokenizer" else MAX_SHARD_BYTES
+    return cap if f.size_bytes is None else min(cap, f.size_bytes)
 
 
 def default_destination(variant: str) -> Path:
@@ -412,17 +544,25 @@ def download_variant(
     dataset_name_for(variant)
     dest = Path(dest) if dest is not None else default_destination(variant)
     dest.mkdir(parents=True, exist_ok=True)
-    if (dest / MANIFEST_NAME).is_file() and (read_json(dest / MANIFEST_NAME).get("source") or {}).get(
-        "kind"
-    ) != "hub":
+    ours = (
+        read_json(dest / MANIFEST_NAME) if (dest / MANIFEST_NAME).is_file() else {"source": {"kind": "hub"}}
+    )
+    if (
+        not isinstance(ours, dict)
+        or not isinstance(ours.get("source"), dict)
+        or ours["source"].get("kind") != "hub"
+    ):
         raise FileExistsError(
             f"{dest} holds a dataset that was not downloaded from the hub; HINT: choose another --out"
         )
+    if (dest / STAGING_NAME).is_symlink():
+        # hf_hub_download would write through it, wherever it points
+        (dest / STAGING_NAME).unlink()
     hub = _Hub(repo_id, endpoint, token, dest / STAGING_NAME)
     manifest_path = f"{prefix}/{HUB_MANIFEST_NAME}"
     commit = hub.resolve(manifest_path, revision)
     where = f"{repo_id}@{revision} {manifest_path}"
-    hub_manifest = hub.fetch(manifest_path, commit)
+    hub_manifest = hub.fetch(manifest_path, commit, MAX_HUB_MANIFEST_BYTES, fresh=True)
     raw = read_json(hub_manifest, what=f"hub manifest {manifest_path}")
     plan = parse_hub_manifest(raw, variant=variant, train_shards=train_shards, prefix=prefix, where=where)
     state = _load_state(dest, repo_id, commit)
@@ -434,20 +574,27 @@ def download_variant(
     with tqdm(plan.files, desc=f"download {variant}", unit="file", disable=None) as bar:
         for f in bar:
             final = dest / f.name
-            known = state["files"].get(f.name)
-            if known and final.is_file() and final.stat().st_size == known["bytes"]:
-                kept += 1
-            else:
-                local = hub.fetch(f.path, commit)
+            # A file a previous run verified is checked again against this hub manifest (the state file and
+            # the folder are not proof): kept when it passes, fetched again when not.
+            record = None
+            if state["files"].get(f.name) and final.is_file() and not final.is_symlink():
+                try:
+                    record = _check_file(final, f, vocab_size, bos_id)
+                    kept += 1
+                except DownloadError:
+                    record = None
+            if record is None:
+                state["files"].pop(f.name, None)
+                local = hub.fetch(f.path, commit, _limit_bytes(f))
                 try:
                     record = _check_file(local, f, vocab_size, bos_id)
                 except DownloadError:
                     local.unlink(missing_ok=True)
                     raise
                 os.replace(local, final)
-                state["files"][f.name] = record
-                write_json_atomic(dest / STATE_NAME, state)
                 fetched += 1
+            state["files"][f.name] = record
+            write_json_atomic(dest / STATE_NAME, state)
             if f.kind == "tokenizer" and f.name.endswith(".model"):
                 tok = load_tokenizer(final)
                 vocab_size, bos_id = tok.vocab_size, tok.bos_id

@@ -1,0 +1,231 @@
+"""Attacks on `pgolf data download` by a hostile hub or mirror (HF_ENDPOINT / --endpoint), and by a destination
+folder someone prepared. Each test is one attack, made against the loopback hub of tests/fixtures/hub_server.py
+serving the byte260 export that tests/unit/data/test_download.py builds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from data.cli import main as data_main
+from data.download import (
+    MAX_HUB_MANIFEST_BYTES,
+    MAX_SHARDS,
+    STATE_NAME,
+    DownloadError,
+    download_variant,
+    parse_hub_manifest,
+)
+from data.io import read_json, sha256_bytes
+from data.verify import verify_dataset
+from tests.conftest import SP1024
+from tests.fixtures.hub_server import HubServer
+from tests.unit.data import test_download as td
+
+REPO_ID = td.REPO_ID
+B260 = td.B260
+MANIFEST = "datasets/manifest.json"
+VAL0, TRAIN0, TRAIN1 = (
+    f"{B260}/{n}" for n in ("fineweb_val_000000.bin", "fineweb_train_000000.bin", "fineweb_train_000001.bin")
+)
+
+built = td.built
+repo_files = td.repo_files
+
+
+def _edit_manifest(files: dict[str, bytes], edit) -> dict[str, bytes]:
+    raw = json.loads(files[MANIFEST])
+    edit(raw)
+    return {**files, MANIFEST: json.dumps(raw).encode()}
+
+
+def _serve_as(files: dict[str, bytes], path: str, content: bytes) -> dict[str, bytes]:
+    """`path` served as `content`, the hub manifest's size and sha256 for it rewritten to match."""
+
+    def edit(raw):
+        for f in raw["files"]:
+            if f"datasets/{f['path']}" == path:
+                f["bytes"], f["sha256"] = len(content), sha256_bytes(content)
+
+    return _edit_manifest({**files, path: content}, edit)
+
+
+def test_the_stored_token_is_never_sent_to_another_endpoint(repo_files, tmp_path, monkeypatch):
+    """HOLE (before the fix): the user's Hugging Face token (HF_TOKEN or `hf auth login`'s file) went to whatever
+    --endpoint / HF_ENDPOINT named, in an Authorization header on every request: a mirror collected it."""
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_of_the_user")
+    with HubServer(REPO_ID, repo_files) as hub:
+        download_variant("byte260", tmp_path / "t", train_shards=1, endpoint=hub.endpoint)
+        assert hub.state.authorizations and set(hub.state.authorizations) == {None}
+        # one passed on purpose still goes
+        download_variant("byte260", tmp_path / "t2", train_shards=1, endpoint=hub.endpoint, token="hf_given")
+        assert set(hub.state.authorizations) == {None, "Bearer hf_given"}
+
+
+def test_a_rerun_checks_the_files_it_keeps_against_the_new_hub_manifest(repo_files, tmp_path):
+    """HOLE (before the fix): a rerun kept every file `.pgolf-download.json` listed if its size matched. A mirror
+    claiming the official commit served its own training shard 0 (a valid shard, its own manifest agreeing) and
+    then failed on shard 1; the rerun against the honest hub kept the mirror's shard, wrote its sha256 into
+    manifest.json and `pgolf data verify` passed."""
+    poisoned = repo_files[TRAIN1]
+    hostile = _serve_as(repo_files, TRAIN0, poisoned)
+    out = tmp_path / "p"
+    with HubServer(REPO_ID, hostile) as mirror:
+        mirror.state.fail[TRAIN1] = 403
+        with pytest.raises(DownloadError, match="fineweb_train_000001"):
+            download_variant("byte260", out, train_shards=2, endpoint=mirror.endpoint)
+    assert (out / "fineweb_train_000000.bin").read_bytes() == poisoned
+    with HubServer(REPO_ID, repo_files) as hub:
+        download_variant("byte260", out, train_shards=2, endpoint=hub.endpoint)
+        assert len(hub.gets(TRAIN0)) == 1 and len(hub.gets(VAL0)) == 0  # the honest kept file is not fetched
+    assert (out / "fineweb_train_000000.bin").read_bytes() == repo_files[TRAIN0]
+    shards = {s["name"]: s["sha256"] for s in read_json(out / "manifest.json")["shards"]}
+    assert shards["fineweb_train_000000.bin"] == sha256_bytes(repo_files[TRAIN0])
+    assert verify_dataset(out).ok
+
+
+def test_a_planted_state_file_and_links_in_the_destination_change_nothing_outside_it(repo_files, tmp_path):
+    """HOLE (before the fix): a destination folder prepared by someone else, holding a state file that lists a
+    tampered shard and a link `byte260.json` -> a file of the user's, made the download keep the tampered shard
+    unchecked and overwrite the user's file through the link."""
+    out = tmp_path / "planted"
+    out.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's file\n")
+    (out / "byte260.json").symlink_to(victim)
+    tampered = bytearray(repo_files[VAL0])
+    tampered[-1] ^= 1
+    (out / "fineweb_val_000000.bin").write_bytes(tampered)
+    record = {"bytes": len(tampered), "sha256": sha256_bytes(bytes(tampered)), "tokens": 1, "docs": 1}
+    state = {
+        "format": "pg-download-state",
+        "format_version": 1,
+        "repo_id": REPO_ID,
+        "commit": td.DEFAULT_COMMIT,
+        "files": {"fineweb_val_000000.bin": record},
+    }
+    (out / STATE_NAME).write_text(json.dumps(state))
+    with HubServer(REPO_ID, repo_files) as hub:
+        download_variant("byte260", out, train_shards=1, endpoint=hub.endpoint)
+    assert victim.read_text() == "the user's file\n"
+    assert not (out / "byte260.json").is_symlink()
+    assert (out / "fineweb_val_000000.bin").read_bytes() == repo_files[VAL0]
+    assert verify_dataset(out).ok
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "manifest.json",
+        "hub_manifest.json",
+        "fineweb_val_000000.bin",
+        "byte260.json",
+        ".pgolf-download.json",
+        "a\\b.json",
+        "x.sh",
+    ],
+)
+def test_a_tokenizer_file_named_like_a_file_of_the_folder_is_refused(repo_files, tmp_path, name):
+    """HOLE (before the fix): a tokenizer path `tokenizers/manifest.json` was fetched to DEST/manifest.json: when a
+    later file failed, the folder was left with a manifest.json the hub wrote, which every later run trusts."""
+    forged = json.dumps({"format": "pg-dataset", "source": {"kind": "hub"}, "forged": True}).encode()
+
+    def edit(raw):
+        raw["tokenizers"][0]["vocab_path"] = f"tokenizers/{name}"
+
+    files = _edit_manifest({**repo_files, f"datasets/tokenizers/{name}": forged}, edit)
+    out = tmp_path / "n"
+    with HubServer(REPO_ID, files) as hub:
+        hub.state.fail[TRAIN0] = 403
+        with pytest.raises(ValueError, match=r"tokenizer file .* in the hub manifest"):
+            download_variant("byte260", out, train_shards=1, endpoint=hub.endpoint)
+        assert not any("tokenizers/" in p for m, p, _ in hub.requests if m == "GET")
+    assert not (out / "manifest.json").exists()
+
+
+def test_shard_counts_beyond_any_export_are_refused():
+    """HOLE (before the fix): `files_val` of 10**9 made parse_hub_manifest list 10**9 files (memory, then a hang)."""
+    raw = {
+        "datasets": [
+            {
+                "name": "fineweb10B_sp1024",
+                "tokenizer_name": "t",
+                "stats": {"files_train": 3, "files_val": MAX_SHARDS + 1},
+            }
+        ],
+        "tokenizers": [{"name": "t", "model_path": "tokenizers/fineweb_1024_bpe.model"}],
+    }
+    with pytest.raises(ValueError, match=rf"files_val {MAX_SHARDS + 1}; an export has at most {MAX_SHARDS} "):
+        parse_hub_manifest(raw, variant="sp1024", train_shards=1)
+    raw["datasets"][0]["stats"] = {"files_train": 10**12, "files_val": 1}
+    with pytest.raises(ValueError, match=rf"files_train {10**12};"):
+        parse_hub_manifest(raw, variant="sp1024", train_shards=1)
+
+
+def test_a_file_served_larger_than_declared_is_cut_off_at_its_size(repo_files, tmp_path):
+    """HOLE (before the fix): a shard the hub manifest (and HEAD) said was 200 kB, served with 64 MiB more,
+    was written to disk whole (every byte the mirror sent) and only then refused: a mirror could fill the disk."""
+    with HubServer(REPO_ID, repo_files) as hub:
+        hub.state.inflate[VAL0] = 64 << 20
+        with pytest.raises(
+            DownloadError, match=r"fineweb_val_000000\.bin: the hub sent more than the \d+ bytes"
+        ):
+            download_variant("byte260", tmp_path / "big", train_shards=0, endpoint=hub.endpoint)
+        assert hub.state.sent_bytes[VAL0] < 32 << 20  # one 10 MiB piece taken, and what the sockets buffer
+    assert not list((tmp_path / "big").rglob("*.incomplete"))
+
+
+def test_a_huge_hub_manifest_is_refused_unread(repo_files, tmp_path):
+    """HOLE (before the fix): the hub manifest was read whole into memory whatever its size."""
+    big = repo_files[MANIFEST][:-1] + b" " * MAX_HUB_MANIFEST_BYTES + b"}"
+    with (
+        HubServer(REPO_ID, {**repo_files, MANIFEST: big}) as hub,
+        pytest.raises(DownloadError, match=r"datasets/manifest\.json: the hub sent more than the"),
+    ):
+        download_variant("byte260", tmp_path / "m", train_shards=0, endpoint=hub.endpoint)
+
+
+def test_a_hub_manifest_not_utf8_is_named(repo_files, tmp_path):
+    """Before the fix: a manifest of bytes that are not UTF-8 gave only "'utf-8' codec can't decode byte 0xff",
+    naming no file."""
+    with (
+        HubServer(REPO_ID, {**repo_files, MANIFEST: b"\xff\xfe{}"}) as hub,
+        pytest.raises(ValueError, match=r"hub manifest datasets/manifest\.json .* is not valid JSON"),
+    ):
+        download_variant("byte260", tmp_path / "u", train_shards=0, endpoint=hub.endpoint)
+
+
+def test_hub_strings_reach_the_terminal_without_control_characters(repo_files, tmp_path, capsys):
+    """HOLE (before the fix): dataset names from the hub manifest were printed raw in the error listing the
+    variants: an escape sequence (set the terminal title, rewrite the screen) reached the user's terminal."""
+
+    def edit(raw):
+        raw["datasets"][0]["name"] = "fineweb10B_\x1b]2;owned\x07\x1b[2Jbyte999"
+
+    with HubServer(REPO_ID, _edit_manifest(repo_files, edit)) as hub:
+        rc = data_main(
+            ["download", "--variant", "sp4096", "--out", str(tmp_path / "e"), "--endpoint", hub.endpoint]
+        )
+    err = capsys.readouterr().err
+    assert rc == 2 and "it has: " in err and "\x1b" not in err and "\x07" not in err
+
+
+def test_an_official_variant_with_another_tokenizer_is_refused(built, tmp_path):
+    """HOLE (before the fix): a mirror could serve sp1024 with a tokenizer of its own (its pieces decide every
+    token's bytes, the denominator of bpb); the download took it as the official one."""
+    if "sp1024" not in built:
+        pytest.skip(f"the official sp1024 tokenizer is not present at {SP1024}")
+    files = td.reference_repo_files(built)
+    path = "datasets/tokenizers/fineweb_1024_bpe.model"
+    pb = pytest.importorskip("sentencepiece.sentencepiece_model_pb2", reason="needs protobuf to edit a model")
+    m = pb.ModelProto()
+    m.ParseFromString(files[path])
+    m.pieces[500].score += 1.0
+    files[path] = m.SerializeToString()
+    with (
+        HubServer(REPO_ID, files) as hub,
+        pytest.raises(DownloadError, match=r"not the official sp1024 tokenizer"),
+    ):
+        download_variant("sp1024", tmp_path / "o", train_shards=1, endpoint=hub.endpoint)
+    assert not (tmp_path / "o" / "fineweb_1024_bpe.model").exists()
