@@ -270,6 +270,12 @@ def parse_hub_manifest(
                 path=f"{prefix}/{rel}", name=Path(rel).name, kind="tokenizer", official_sha256=pin, **info
             )
         )
+    need = ".json" if variant == "byte260" else ".model"
+    if not any(f.name.endswith(need) for f in files):
+        raise ValueError(
+            f"{where}: the tokenizer files of {name} ({', '.join(f.name for f in files)}) hold no {need}: "
+            f"a {variant} dataset is made with one; refused"
+        )
     for split, count in (("val", files_val), ("train", n)):
         for i in range(count):
             rel = f"datasets/{name}/{shard_name(split, i)}"

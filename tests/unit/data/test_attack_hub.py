@@ -229,3 +229,30 @@ def test_an_official_variant_with_another_tokenizer_is_refused(built, tmp_path):
     ):
         download_variant("sp1024", tmp_path / "o", train_shards=1, endpoint=hub.endpoint)
     assert not (tmp_path / "o" / "fineweb_1024_bpe.model").exists()
+
+
+def test_an_sp_variant_whose_tokenizer_is_not_a_sentencepiece_model_is_refused(repo_files, tmp_path):
+    """HOLE (before the fix): a mirror listing fineweb10B_sp1024 with the byte260 .json as its only tokenizer
+    file (and byte-level shards) passed: manifest.json said variant sp1024, tokenizer byte260, and the official
+    sp1024 tokenizer's sha256 was never asked for (there was no .model to check)."""
+    files = {p: b for p, b in repo_files.items() if "fineweb10B_sp1024" not in p}
+    files = {p.replace("fineweb10B_byte260", "fineweb10B_sp1024"): b for p, b in files.items()}
+
+    def edit(raw):
+        raw["datasets"] = [
+            {**d, "name": "fineweb10B_sp1024"} for d in raw["datasets"] if "byte260" in d["name"]
+        ]
+        raw["files"] = [
+            {**f, "path": f["path"].replace("byte260", "sp1024")}
+            for f in raw["files"]
+            if "byte260" in f["path"]
+        ]
+
+    with (
+        HubServer(REPO_ID, _edit_manifest(files, edit)) as hub,
+        pytest.raises(
+            ValueError,
+            match=r"tokenizer files of fineweb10B_sp1024 \(fineweb_pure_byte_260\.json\) hold no \.model",
+        ),
+    ):
+        download_variant("sp1024", tmp_path / "x", train_shards=1, endpoint=hub.endpoint)
