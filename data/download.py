@@ -82,6 +82,9 @@ MAX_HUB_MANIFEST_BYTES = 16 << 20
 MAX_TOKENIZER_BYTES = 64 << 20
 MAX_SHARD_BYTES = HEADER_BYTES + 2 * (2**31 - 1)
 """Most bytes taken for a file the hub manifest gives no size for (a shard holds at most 2^31-1 tokens)."""
+SCAN_TOKENS = 1 << 24
+"""Tokens read at a time when a shard is scanned (max id, BOS count, unigram counts): memory stays bounded
+whatever size a shard is (bincount widens to int64, 8 bytes per token)."""
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _TOKENIZER_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.(model|vocab|json)$")
 HUB_TOKEN_HOSTS = ("huggingface.co",)
@@ -430,13 +433,17 @@ def _check_file(local: Path, f: RemoteFile, vocab_size: int | None, bos_id: int)
             raise DownloadError(
                 f"{f.path}: not a valid shard ({str(e).split(' HINT')[0]}); refused and removed"
             ) from e
-        tokens = np.asarray(read_shard(local))
-        top = int(tokens.max()) if tokens.size else 0
+        tokens = read_shard(local)
+        top = docs = 0
+        for i in range(0, tokens.size, SCAN_TOKENS):
+            piece = np.asarray(tokens[i : i + SCAN_TOKENS])
+            top = max(top, int(piece.max()))
+            docs += int(np.count_nonzero(piece == bos_id))
         if vocab_size is not None and top >= vocab_size:
             raise DownloadError(
                 f"{f.path}: token id {top} >= vocabulary {vocab_size}: corrupt; refused and removed"
             )
-        record["docs"] = int(np.count_nonzero(tokens == bos_id))
+        record["docs"] = docs
     digest = sha256_file(local)
     if f.sha256 is not None and digest != f.sha256:
         raise DownloadError(
@@ -648,7 +655,11 @@ def _our_manifest(
                 }
             )
             if split == "train":
-                counts += np.bincount(np.asarray(read_shard(dest / n)), minlength=counts.size)[: counts.size]
+                tokens = read_shard(dest / n)
+                for i in range(0, tokens.size, SCAN_TOKENS):
+                    counts += np.bincount(np.asarray(tokens[i : i + SCAN_TOKENS]), minlength=counts.size)[
+                        : counts.size
+                    ]
     return {
         "tokenizer": tokenizer,
         "docs": {s: sum(e["docs"] for e in shards if e["split"] == s) for s in ("val", "train")},

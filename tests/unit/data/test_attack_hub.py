@@ -256,3 +256,30 @@ def test_an_sp_variant_whose_tokenizer_is_not_a_sentencepiece_model_is_refused(r
         ),
     ):
         download_variant("sp1024", tmp_path / "x", train_shards=1, endpoint=hub.endpoint)
+
+
+def test_a_large_shard_is_scanned_in_bounded_memory(repo_files, tmp_path, monkeypatch):
+    """HOLE (before the fix): the unigram counts widened a whole training shard to int64 (8 bytes per token), and
+    the document count made a bool copy of it: a shard of the format's 2^31-1 tokens (4.3 GB, as a mirror may
+    serve) needed some 19 GB. Scanned 2^20 tokens at a time, an 8M-token shard stays under 40 MB (was 64 MB+)."""
+    import tracemalloc
+
+    import numpy as np
+
+    from data.shards import write_shard
+
+    monkeypatch.setattr("data.download.SCAN_TOKENS", 1 << 20, raising=False)
+    n = 8 << 20
+    tokens = (np.arange(n, dtype=np.int64) % 259 + 1).astype(np.uint16)
+    write_shard(tmp_path / "big.bin", tokens)
+    files = _serve_as(repo_files, TRAIN0, (tmp_path / "big.bin").read_bytes())
+    del tokens
+    with HubServer(REPO_ID, files) as hub:
+        tracemalloc.start()
+        try:
+            out = download_variant("byte260", tmp_path / "b", train_shards=1, endpoint=hub.endpoint)
+            peak_bytes = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert read_json(out / "manifest.json")["train_unigram_counts"][1] == -(-n // 259)
+    assert peak_bytes < 40 << 20, peak_bytes
