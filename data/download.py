@@ -251,6 +251,12 @@ def parse_hub_manifest(
         n = train_shards
 
     tok_name = entry.get("tokenizer_name")
+    if tok_name is not None and not (
+        isinstance(tok_name, str) and _SEGMENT.match(tok_name) and len(tok_name) <= 200
+    ):
+        raise ValueError(
+            f"{where}: dataset {name}'s tokenizer_name {str(tok_name)[:80]!r} is not a plain name; refused"
+        )
     tokenizers = _entries(raw, "tokenizers", where) if "tokenizers" in raw else []
     tok = next((t for t in tokenizers if t.get("name") == tok_name), None)
     tok_paths = [str(tok[k]) for k in ("model_path", "vocab_path", "path") if tok and tok.get(k)]
@@ -286,6 +292,8 @@ def parse_hub_manifest(
             files.append(RemoteFile(path=f"{prefix}/{rel}", name=shard_name(split, i), kind=split, **info))
     raw_docs_meta = raw.get("docs_meta")
     docs_meta: dict[str, Any] = raw_docs_meta if isinstance(raw_docs_meta, dict) else {}
+    # copied into our manifest: a sha256 or nothing, never a value of the hub's shape
+    docs_sha256 = docs_meta.get("docs_sha256")
     return VariantPlan(
         variant=variant,
         dataset_name=name,
@@ -294,7 +302,7 @@ def parse_hub_manifest(
         train_shards=n,
         tokenizer_name=str(tok_name),
         files=tuple(files),
-        docs_sha256=docs_meta.get("docs_sha256"),
+        docs_sha256=docs_sha256 if isinstance(docs_sha256, str) and _HEX64.match(docs_sha256) else None,
     )
 
 

@@ -283,3 +283,26 @@ def test_a_large_shard_is_scanned_in_bounded_memory(repo_files, tmp_path, monkey
             tracemalloc.stop()
     assert read_json(out / "manifest.json")["train_unigram_counts"][1] == -(-n // 259)
     assert peak_bytes < 40 << 20, peak_bytes
+
+
+def test_hub_values_copied_into_our_manifest_are_plain(repo_files, tmp_path):
+    """HOLE (before the fix): `docs_meta.docs_sha256` and `tokenizer_name` went into manifest.json as whatever the
+    hub gave: a 1 MB string, a nested structure, control characters."""
+    out = tmp_path / "v"
+
+    def edit(raw):
+        raw["docs_meta"] = {"docs_sha256": {"nested": [[["x" * 1_000_000]]]}}
+
+    with HubServer(REPO_ID, _edit_manifest(repo_files, edit)) as hub:
+        download_variant("byte260", out, train_shards=0, endpoint=hub.endpoint)
+    assert read_json(out / "manifest.json")["source"]["docs_sha256"] is None
+    assert (out / "manifest.json").stat().st_size < 100_000
+
+    def edit_name(raw):
+        raw["datasets"][0]["tokenizer_name"] = raw["tokenizers"][0]["name"] = "tok\x1b[2J"
+
+    with (
+        HubServer(REPO_ID, _edit_manifest(repo_files, edit_name)) as hub,
+        pytest.raises(ValueError, match=r"tokenizer_name 'tok\\x1b\[2J' is not a plain name"),
+    ):
+        download_variant("byte260", tmp_path / "w", train_shards=0, endpoint=hub.endpoint)
