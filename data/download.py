@@ -33,7 +33,7 @@ Guarantees:
   file, by huggingface_hub); a rerun of an interrupted command does not fetch again a file already
   verified (recorded in `.pgolf-download.json`), but checks it again against this run's hub manifest
   (the state file and the folder are no proof, and the previous run may have used another endpoint);
-  the hub manifest itself is always fetched afresh.
+  the staging folder is emptied first, so nothing else (the hub manifest, a partial file) is reused.
 - The hub is not trusted: a file is cut off once the hub sends more than its declared size (else
   MAX_TOKENIZER_BYTES / MAX_SHARD_BYTES; the hub manifest MAX_HUB_MANIFEST_BYTES); tokenizer files
   are plain names (`.model`, `.vocab`, `.json`) that collide with none of the folder's own; at most
@@ -378,10 +378,8 @@ class _Hub:
             raise DownloadError(f"{url} gave X-Repo-Commit {meta.commit_hash!r}, not a commit: refused")
         return meta.commit_hash
 
-    def fetch(self, path: str, commit: str, limit_bytes: int, *, fresh: bool = False) -> Path:
-        """The file at `path` in the staging folder, fetched (or resumed); more than `limit_bytes` is refused.
-        `fresh`: fetched again even if the staging folder has it for this commit (hf_hub_download would return a
-        staged copy unasked, whichever endpoint served it)."""
+    def fetch(self, path: str, commit: str, limit_bytes: int) -> Path:
+        """The file at `path` in the staging folder, fetched (or resumed); more than `limit_bytes` is refused."""
         from huggingface_hub import hf_hub_download
 
         try:
@@ -395,7 +393,6 @@ class _Hub:
                     endpoint=self.endpoint,
                     token=self.token,
                     tqdm_class=_bounded_progress(limit_bytes),
-                    force_download=fresh,
                 )
             )
         except _TooLarge:
@@ -576,14 +573,16 @@ def download_variant(
         raise FileExistsError(
             f"{dest} holds a dataset that was not downloaded from the hub; HINT: choose another --out"
         )
+    # hf_hub_download returns a staged file its metadata says is of this commit without asking the hub, and
+    # resumes a partial one: what an earlier run (another endpoint) or someone else left there is not reused
     if (dest / STAGING_NAME).is_symlink():
-        # hf_hub_download would write through it, wherever it points
         (dest / STAGING_NAME).unlink()
+    shutil.rmtree(dest / STAGING_NAME, ignore_errors=True)
     hub = _Hub(repo_id, endpoint, token, dest / STAGING_NAME)
     manifest_path = f"{prefix}/{HUB_MANIFEST_NAME}"
     commit = hub.resolve(manifest_path, revision)
     where = f"{repo_id}@{revision} {manifest_path}"
-    hub_manifest = hub.fetch(manifest_path, commit, MAX_HUB_MANIFEST_BYTES, fresh=True)
+    hub_manifest = hub.fetch(manifest_path, commit, MAX_HUB_MANIFEST_BYTES)
     raw = read_json(hub_manifest, what=f"hub manifest {manifest_path}")
     plan = parse_hub_manifest(raw, variant=variant, train_shards=train_shards, prefix=prefix, where=where)
     state = _load_state(dest, repo_id, commit)

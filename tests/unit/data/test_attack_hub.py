@@ -306,3 +306,21 @@ def test_hub_values_copied_into_our_manifest_are_plain(repo_files, tmp_path):
         pytest.raises(ValueError, match=r"tokenizer_name 'tok\\x1b\[2J' is not a plain name"),
     ):
         download_variant("byte260", tmp_path / "w", train_shards=0, endpoint=hub.endpoint)
+
+
+def test_a_file_planted_in_the_staging_folder_is_not_taken_for_the_hubs(built, tmp_path):
+    """HOLE (before the fix): hf_hub_download returns a file of its local folder, unasked, when a metadata file
+    beside it names the commit; a file and metadata planted in DEST/.hub-staging (or left by a run against another
+    endpoint) became the dataset's training shard without the hub being asked, when the manifest had no sha256."""
+    files = td.reference_repo_files(built, with_sha256=False)
+    out = tmp_path / "s"
+    staged = out / ".hub-staging" / TRAIN0
+    staged.parent.mkdir(parents=True)
+    staged.write_bytes(files[TRAIN1])
+    meta = out / ".hub-staging/.cache/huggingface/download" / f"{TRAIN0}.metadata"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(f'{td.DEFAULT_COMMIT}\n"planted"\n9999999999\n')
+    with HubServer(REPO_ID, files) as hub:
+        download_variant("byte260", out, train_shards=1, endpoint=hub.endpoint)
+        assert len(hub.gets(TRAIN0)) == 1
+    assert (out / "fineweb_train_000000.bin").read_bytes() == files[TRAIN0]
