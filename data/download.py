@@ -322,12 +322,13 @@ def _network_errors() -> tuple[type[BaseException], ...]:
 
 def _token_for(endpoint: str | None, token: str | bool | None) -> str | bool | None:
     """The token to send: one passed on purpose; else the stored one (HF_TOKEN, `hf auth login`) only to
-    huggingface.co, never to a mirror (False: none)."""
+    https://huggingface.co, never to a mirror nor in clear text (False: none)."""
     if token is not None:
         return token
     from huggingface_hub import constants
 
-    return None if urlsplit(endpoint or constants.ENDPOINT).hostname in HUB_TOKEN_HOSTS else False
+    url = urlsplit(endpoint or constants.ENDPOINT)
+    return None if url.scheme == "https" and url.hostname in HUB_TOKEN_HOSTS else False
 
 
 class _TooLarge(RuntimeError):

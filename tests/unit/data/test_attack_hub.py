@@ -14,6 +14,7 @@ from data.download import (
     MAX_SHARDS,
     STATE_NAME,
     DownloadError,
+    _token_for,
     download_variant,
     parse_hub_manifest,
 )
@@ -61,6 +62,13 @@ def test_the_stored_token_is_never_sent_to_another_endpoint(repo_files, tmp_path
         # one passed on purpose still goes
         download_variant("byte260", tmp_path / "t2", train_shards=1, endpoint=hub.endpoint, token="hf_given")
         assert set(hub.state.authorizations) == {None, "Bearer hf_given"}
+    assert _token_for("https://huggingface.co", None) is None  # huggingface_hub's own: the stored token
+    for other in (
+        "http://huggingface.co",
+        "https://huggingface.co.example",
+        "https://huggingface.co@evil.example",
+    ):
+        assert _token_for(other, None) is False
 
 
 def test_a_rerun_checks_the_files_it_keeps_against_the_new_hub_manifest(repo_files, tmp_path):
