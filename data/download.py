@@ -485,7 +485,9 @@ def _tokenizer_entry(dest: Path, plan: VariantPlan) -> dict[str, Any]:
             "byte_offset": BYTE260_OFFSET,
             "byte_count": 256,
         }
-        got = {k: (cfg.get("config") or {}).get(k, v) for k, v in expect.items()}
+        cfg = cfg if isinstance(cfg, dict) else {}
+        config = cfg.get("config") or {}
+        got = {k: config.get(k, v) for k, v in expect.items()} if isinstance(config, dict) else config
         if cfg.get("tokenizer_type") != "pure_byte" or got != expect:
             raise DownloadError(f"{js}: not the byte260 layout this harness reads ({got}); expected {expect}")
         path = dest / BYTE260_FILENAME

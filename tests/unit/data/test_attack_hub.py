@@ -332,3 +332,15 @@ def test_a_file_planted_in_the_staging_folder_is_not_taken_for_the_hubs(built, t
         download_variant("byte260", out, train_shards=1, endpoint=hub.endpoint)
         assert len(hub.gets(TRAIN0)) == 1
     assert (out / "fineweb_train_000000.bin").read_bytes() == files[TRAIN0]
+
+
+@pytest.mark.parametrize("content", [b"[]", b'{"tokenizer_type": "pure_byte", "config": [1]}', b'"x"'])
+def test_a_byte260_tokenizer_file_of_another_shape_is_one_line(repo_files, tmp_path, content):
+    """HOLE (before the fix): a byte260 .json that was a list, or whose `config` was not an object, ended the
+    download in a bare AttributeError traceback."""
+    path = "datasets/tokenizers/fineweb_pure_byte_260.json"
+    with (
+        HubServer(REPO_ID, {**repo_files, path: content}) as hub,
+        pytest.raises(DownloadError, match=r"fineweb_pure_byte_260\.json: not the byte260 layout"),
+    ):
+        download_variant("byte260", tmp_path / "j", train_shards=0, endpoint=hub.endpoint)
