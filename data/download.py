@@ -30,9 +30,9 @@ Guarantees:
   and its sha256 where the manifest gives one. A corrupt file is deleted and the error names it.
   `hf_hub_download` itself writes to a temporary name, so a partial file never has a final name.
 - Resumable: a dropped connection is resumed in place with an HTTP Range request (up to 5 times per
-  file, by huggingface_hub); a rerun of an interrupted command does not fetch again a file already
-  verified (recorded in `.pgolf-download.json`), but checks it again against this run's hub manifest
-  (the state file and the folder are no proof, and the previous run may have used another endpoint);
+  file, by huggingface_hub); a rerun of an interrupted command at the same endpoint does not fetch
+  again a file already verified (recorded in `.pgolf-download.json`), but checks it again against this
+  run's hub manifest (the state file and the folder are no proof); at another endpoint it fetches all;
   the staging folder is emptied first, so nothing else (the hub manifest, a partial file) is reused.
 - The hub is not trusted: a file is cut off once the hub sends more than its declared size (else
   MAX_TOKENIZER_BYTES / MAX_SHARD_BYTES; the hub manifest MAX_HUB_MANIFEST_BYTES); tokenizer files
@@ -71,7 +71,8 @@ REMOTE_PREFIX = "datasets"
 HUB_MANIFEST_NAME = "manifest.json"
 DEFAULT_TRAIN_SHARDS = 80
 STATE_NAME = ".pgolf-download.json"
-STATE_FORMAT, STATE_VERSION = "pg-download-state", 1
+STATE_FORMAT, STATE_VERSION = "pg-download-state", 2
+"""Version 2 records the endpoint the files came from."""
 STAGING_NAME = ".hub-staging"
 HUB_MANIFEST_COPY = "hub_manifest.json"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -358,7 +359,10 @@ def _bounded_progress(limit_bytes: int) -> type:
 
 class _Hub:
     def __init__(self, repo_id: str, endpoint: str | None, token: str | bool | None, staging: Path):
+        from huggingface_hub import constants
+
         self.repo_id, self.endpoint, self.staging = repo_id, endpoint, staging
+        self.endpoint_url = (endpoint or constants.ENDPOINT).rstrip("/")
         self.token = _token_for(endpoint, token)
 
     def resolve(self, path: str, revision: str) -> str:
@@ -507,13 +511,16 @@ def _tokenizer_entry(dest: Path, plan: VariantPlan) -> dict[str, Any]:
 # ---- The download ----
 
 
-def _load_state(dest: Path, repo_id: str, commit: str) -> dict[str, Any]:
+def _load_state(dest: Path, repo_id: str, commit: str, endpoint: str) -> dict[str, Any]:
+    """What a previous run verified. Files another endpoint served are fetched again: a mirror can claim the
+    official commit, and without sha256s in the hub manifest the checks alone cannot tell its files apart."""
     path = dest / STATE_NAME
     fresh = {
         "format": STATE_FORMAT,
         "format_version": STATE_VERSION,
         "repo_id": repo_id,
         "commit": commit,
+        "endpoint": endpoint,
         "files": {},
     }
     if not path.is_file():
@@ -524,6 +531,7 @@ def _load_state(dest: Path, repo_id: str, commit: str) -> dict[str, Any]:
         or state.get("format") != STATE_FORMAT
         or state.get("format_version") != STATE_VERSION
         or not isinstance(state.get("files"), dict)
+        or state.get("endpoint") != endpoint
     ):
         return fresh
     if state["files"] and (state.get("repo_id"), state.get("commit")) != (repo_id, commit):
@@ -588,7 +596,7 @@ def download_variant(
     hub_manifest = hub.fetch(manifest_path, commit, MAX_HUB_MANIFEST_BYTES)
     raw = read_json(hub_manifest, what=f"hub manifest {manifest_path}")
     plan = parse_hub_manifest(raw, variant=variant, train_shards=train_shards, prefix=prefix, where=where)
-    state = _load_state(dest, repo_id, commit)
+    state = _load_state(dest, repo_id, commit, hub.endpoint_url)
     write_bytes_atomic(dest / HUB_MANIFEST_COPY, hub_manifest.read_bytes())
 
     vocab_size: int | None = None  # known once the tokenizer (fetched first) is in place

@@ -13,6 +13,7 @@ from data.download import (
     MAX_HUB_MANIFEST_BYTES,
     MAX_SHARDS,
     STATE_NAME,
+    STATE_VERSION,
     DownloadError,
     _token_for,
     download_variant,
@@ -71,13 +72,15 @@ def test_the_stored_token_is_never_sent_to_another_endpoint(repo_files, tmp_path
         assert _token_for(other, None) is False
 
 
-def test_a_rerun_checks_the_files_it_keeps_against_the_new_hub_manifest(repo_files, tmp_path):
+@pytest.mark.parametrize("with_sha256", [True, False])
+def test_a_rerun_at_another_endpoint_keeps_nothing_the_mirror_sent(built, tmp_path, with_sha256):
     """HOLE (before the fix): a rerun kept every file `.pgolf-download.json` listed if its size matched. A mirror
     claiming the official commit served its own training shard 0 (a valid shard, its own manifest agreeing) and
     then failed on shard 1; the rerun against the honest hub kept the mirror's shard, wrote its sha256 into
-    manifest.json and `pgolf data verify` passed."""
+    manifest.json and `pgolf data verify` passed (and hf_hub_download even reused the mirror's staged manifest)."""
+    repo_files = td.reference_repo_files(built, with_sha256=with_sha256)
     poisoned = repo_files[TRAIN1]
-    hostile = _serve_as(repo_files, TRAIN0, poisoned)
+    hostile = _serve_as(repo_files, TRAIN0, poisoned) if with_sha256 else {**repo_files, TRAIN0: poisoned}
     out = tmp_path / "p"
     with HubServer(REPO_ID, hostile) as mirror:
         mirror.state.fail[TRAIN1] = 403
@@ -86,7 +89,7 @@ def test_a_rerun_checks_the_files_it_keeps_against_the_new_hub_manifest(repo_fil
     assert (out / "fineweb_train_000000.bin").read_bytes() == poisoned
     with HubServer(REPO_ID, repo_files) as hub:
         download_variant("byte260", out, train_shards=2, endpoint=hub.endpoint)
-        assert len(hub.gets(TRAIN0)) == 1 and len(hub.gets(VAL0)) == 0  # the honest kept file is not fetched
+        assert len(hub.gets(TRAIN0)) == 1
     assert (out / "fineweb_train_000000.bin").read_bytes() == repo_files[TRAIN0]
     shards = {s["name"]: s["sha256"] for s in read_json(out / "manifest.json")["shards"]}
     assert shards["fineweb_train_000000.bin"] == sha256_bytes(repo_files[TRAIN0])
@@ -106,15 +109,16 @@ def test_a_planted_state_file_and_links_in_the_destination_change_nothing_outsid
     tampered[-1] ^= 1
     (out / "fineweb_val_000000.bin").write_bytes(tampered)
     record = {"bytes": len(tampered), "sha256": sha256_bytes(bytes(tampered)), "tokens": 1, "docs": 1}
-    state = {
-        "format": "pg-download-state",
-        "format_version": 1,
-        "repo_id": REPO_ID,
-        "commit": td.DEFAULT_COMMIT,
-        "files": {"fineweb_val_000000.bin": record},
-    }
-    (out / STATE_NAME).write_text(json.dumps(state))
     with HubServer(REPO_ID, repo_files) as hub:
+        state = {
+            "format": "pg-download-state",
+            "format_version": STATE_VERSION,
+            "repo_id": REPO_ID,
+            "commit": td.DEFAULT_COMMIT,
+            "endpoint": hub.endpoint,
+            "files": {"fineweb_val_000000.bin": record},
+        }
+        (out / STATE_NAME).write_text(json.dumps(state))
         download_variant("byte260", out, train_shards=1, endpoint=hub.endpoint)
     assert victim.read_text() == "the user's file\n"
     assert not (out / "byte260.json").is_symlink()
