@@ -152,8 +152,10 @@ def _int_field(entry: dict[str, Any], keys: Iterable[str]) -> int | None:
     stats: dict[str, Any] = raw_stats if isinstance(raw_stats, dict) else {}
     for k in keys:
         for d in (stats, entry):
-            if isinstance(d.get(k), int | str) and str(d[k]).isascii() and str(d[k]).isdigit():
-                return int(d[k])
+            text = str(d.get(k))
+            # at most 18 digits: int() refuses a string of over 4300 with a message naming no input
+            if isinstance(d.get(k), int | str) and text.isascii() and text.isdigit() and len(text) <= 18:
+                return int(text)
     return None
 
 

@@ -93,11 +93,8 @@ def read_json(path: str | os.PathLike[str], *, what: str = "JSON file") -> Any:
         raise FileNotFoundError(f"{what} not found: {path}")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (
-        json.JSONDecodeError,
-        UnicodeDecodeError,
-        RecursionError,
-    ) as e:  # deep nesting raises RecursionError
+    except (ValueError, RecursionError) as e:
+        # malformed JSON, bytes not UTF-8, an integer of over 4300 digits (ValueError); deep nesting (RecursionError)
         raise ValueError(
             f"{what} {path} is not valid JSON ({e}); re-create it with the command that wrote it"
         ) from e

@@ -157,7 +157,8 @@ def test_a_tokenizer_file_named_like_a_file_of_the_folder_is_refused(repo_files,
 
 
 def test_shard_counts_beyond_any_export_are_refused():
-    """HOLE (before the fix): `files_val` of 10**9 made parse_hub_manifest list 10**9 files (memory, then a hang)."""
+    """HOLE (before the fix): `files_val` of 10**9 made parse_hub_manifest list 10**9 files (memory, then a hang);
+    a count given as a string of 5000 digits raised int()'s own message, naming no input."""
     raw = {
         "datasets": [
             {
@@ -172,6 +173,9 @@ def test_shard_counts_beyond_any_export_are_refused():
         parse_hub_manifest(raw, variant="sp1024", train_shards=1)
     raw["datasets"][0]["stats"] = {"files_train": 10**12, "files_val": 1}
     with pytest.raises(ValueError, match=rf"files_train {10**12};"):
+        parse_hub_manifest(raw, variant="sp1024", train_shards=1)
+    raw["datasets"][0]["stats"] = {"files_train": "9" * 5000, "files_val": 1}
+    with pytest.raises(ValueError, match=r"lacks stats\.files_train"):
         parse_hub_manifest(raw, variant="sp1024", train_shards=1)
 
 
@@ -198,11 +202,12 @@ def test_a_huge_hub_manifest_is_refused_unread(repo_files, tmp_path):
         download_variant("byte260", tmp_path / "m", train_shards=0, endpoint=hub.endpoint)
 
 
-def test_a_hub_manifest_not_utf8_is_named(repo_files, tmp_path):
+@pytest.mark.parametrize("content", [b"\xff\xfe{}", b'{"datasets": [], "x": ' + b"9" * 5000 + b"}"])
+def test_a_hub_manifest_not_utf8_is_named(repo_files, tmp_path, content):
     """Before the fix: a manifest of bytes that are not UTF-8 gave only "'utf-8' codec can't decode byte 0xff",
-    naming no file."""
+    one with an integer of 5000 digits "Exceeds the limit (4300 digits) ...", naming no file."""
     with (
-        HubServer(REPO_ID, {**repo_files, MANIFEST: b"\xff\xfe{}"}) as hub,
+        HubServer(REPO_ID, {**repo_files, MANIFEST: content}) as hub,
         pytest.raises(ValueError, match=r"hub manifest datasets/manifest\.json .* is not valid JSON"),
     ):
         download_variant("byte260", tmp_path / "u", train_shards=0, endpoint=hub.endpoint)
