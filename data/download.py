@@ -224,9 +224,10 @@ def parse_hub_manifest(
         (d for d in datasets if _variant_of(str(d.get("name"))) == variant), None
     )
     if entry is None:
-        have = sorted({_variant_of(str(d.get("name"))) for d in datasets if d.get("name")})
+        have = sorted({_variant_of(str(d.get("name")))[:40] for d in datasets if d.get("name")})
+        listed = ", ".join(have[:20]) + (f" and {len(have) - 20} more" if len(have) > 20 else "")
         raise ValueError(
-            f"variant {variant!r} ({wanted}) is not in {where}; it has: {', '.join(have) or 'no datasets'}. "
+            f"variant {variant!r} ({wanted}) is not in {where}; it has: {listed or 'no datasets'}. "
             "HINT: pick one of those with --variant, or another --repo / --revision"
         )
     name = str(entry["name"])

@@ -227,6 +227,16 @@ def test_hub_strings_reach_the_terminal_without_control_characters(repo_files, t
     err = capsys.readouterr().err
     assert rc == 2 and "it has: " in err and "\x1b" not in err and "\x07" not in err
 
+    def many(raw):
+        raw["datasets"] = [{"name": f"fineweb10B_v{i}_" + "x" * 1000} for i in range(10_000)]
+
+    with HubServer(REPO_ID, _edit_manifest(repo_files, many)) as hub:
+        rc = data_main(
+            ["download", "--variant", "sp4096", "--out", str(tmp_path / "e"), "--endpoint", hub.endpoint]
+        )
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err) < 2_000 and "and 9980 more" in err
+
 
 def test_an_official_variant_with_another_tokenizer_is_refused(built, tmp_path):
     """HOLE (before the fix): a mirror could serve sp1024 with a tokenizer of its own (its pieces decide every
