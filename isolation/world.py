@@ -514,6 +514,8 @@ def build_world(rules: Iterable[_PathRule], plan: dict[str, Any]) -> dict[str, A
 # ---- the page cache between worlds ----
 
 DROP_CACHES = "/proc/sys/vm/drop_caches"
+DROP_PAGES_AND_NAMES = b"3"
+"""What `reset()` writes: 1 drops the page cache alone, 2 the dentries and inodes too; 3 both."""
 
 
 class PageCacheReset:
@@ -524,6 +526,10 @@ class PageCacheReset:
     from a closed main worker to its probe workers. Eviction by a world is refused (seccomp), so
     dropping every clean, unmapped page after a world closes (`reset()`) leaves the next world nothing
     of it: pages the trusted side keeps mapped stay resident, a constant no world controls.
+
+    The names a world looked up are dropped too (the dentry and inode caches): a path it stat'ed stays
+    cached on the host beneath its overlay, and a later world's stat of it took 7 us against 76 us
+    uncached (255 of 256 bits through a reset of the page cache alone).
 
     `open()` opens /proc/sys/vm/drop_caches for writing while the process may (before the scorer
     confines itself, which keeps the descriptor); where it cannot (a container without
@@ -550,7 +556,7 @@ class PageCacheReset:
     def reset(self) -> None:
         t0 = time.perf_counter()
         if self.fd is not None:
-            os.write(self.fd, b"1")
+            os.write(self.fd, DROP_PAGES_AND_NAMES)
         else:
             for root in self.roots:
                 _fadvise_tree(root)
