@@ -98,3 +98,83 @@ def read_json(path: str | os.PathLike[str], *, what: str = "JSON file") -> Any:
         raise ValueError(
             f"{what} {path} is not valid JSON ({e}); re-create it with the command that wrote it"
         ) from e
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _empty_but_folders(fd: int) -> list[str]:
+    """Unlink every entry of the open folder that is not a folder; the names of its folders."""
+    folders = []
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        folders.append(entry.name)
+                    else:
+                        os.unlink(entry.name, dir_fd=fd)
+                except OSError:
+                    continue
+    except OSError:
+        pass
+    return folders
+
+
+def remove_tree(path: str | os.PathLike[str]) -> None:
+    """Remove a folder a sandboxed process wrote, however deep; never raises (what cannot go stays).
+
+    shutil.rmtree of Python 3.11 calls itself once per level, so a folder 3,000 levels deep (a model worker
+    made one in its own temp folder) raised RecursionError, which ignore_errors does not cover, out of the
+    scorer's close of that worker. This walks down and back up holding one folder open at a time, by
+    descriptor (no path grows with the depth), never through a link, and stops if a folder it climbs back to
+    is not the one it came down from."""
+    try:
+        fd = os.open(path, _DIR_FLAGS)
+    except OSError:
+        return
+    # (name in the parent, the parent's (device, inode), the parent's folders still to remove)
+    above: list[tuple[str, tuple[int, int], list[str]]] = []
+    pending = _empty_but_folders(fd)
+    try:
+        while True:
+            if pending:
+                name = pending.pop()
+                try:
+                    child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except OSError:
+                    continue
+                st = os.fstat(fd)
+                above.append((name, (st.st_dev, st.st_ino), pending))
+                os.close(fd)
+                fd = child
+                pending = _empty_but_folders(fd)
+                continue
+            if not above:
+                break
+            name, parent_id, pending = above.pop()
+            parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != parent_id:
+                return  # moved while it was walked: nothing more is removed
+            with contextlib.suppress(OSError):
+                os.rmdir(name, dir_fd=fd)
+    except OSError:
+        return
+    finally:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+
+
+@contextlib.contextmanager
+def temp_folder(prefix: str) -> Iterator[Path]:
+    """A fresh temp folder for a sandboxed phase to write in, removed with `remove_tree` however deep it grew
+    (tempfile.TemporaryDirectory's cleanup is shutil.rmtree: RecursionError on a deep one)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        remove_tree(path)

@@ -31,7 +31,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import sys
 import tempfile
 import threading
@@ -41,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from data.io import remove_tree
 from data.manifest import load_manifest
 from data.tokenizer import Tokenizer, load_tokenizer
 from scoring.artifact.format import check_code_hashes, read_artifact
@@ -252,7 +252,7 @@ def generate_confined(
         os.close(read_fd)
         if child is not None:
             child.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_tree(tmp)
         policy.unlink(missing_ok=True)
 
 

@@ -36,12 +36,12 @@ import site
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from data.io import remove_tree, temp_folder
 from data.loader import train_shard_paths
 from data.manifest import MANIFEST_NAME, Manifest, dataset_locations, load_manifest, make_split_view
 from harness.config import LaunchConfig
@@ -389,7 +389,7 @@ def run_train_phase(
     )
     _collect(out, run_dir)
     take_handed_state(handed_state, run_dir, outcome.clock.get("state_sha256"))
-    shutil.rmtree(stage, ignore_errors=True)
+    remove_tree(stage)  # the ranks wrote in it: however deep
     log_text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
     attempts = parse_attempts(log_text)
     isolation["attempts"] = attempts
@@ -519,8 +519,7 @@ def run_sealed_pack(
     its imports).
     Returns (exit status, record); the artifact and pack.json land in `run_dir` as the plain pack's do.
     """
-    with tempfile.TemporaryDirectory(prefix="pgolf-pack-") as tmp:
-        stage = Path(tmp)
+    with temp_folder("pgolf-pack-") as stage:
         out = stage / "out"
         out.mkdir()
         shutil.copy2(run_dir / STATE_FILE, stage / STATE_FILE)

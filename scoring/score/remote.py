@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from data.io import remove_tree
 from data.manifest import dataset_locations
 from isolation.processes import die_with_parent, kill_group_reaped
 from isolation.sandbox import SandboxPlan, plan_sandbox
@@ -418,7 +418,7 @@ class WorkerModel:
         self.sock.close()
         self.inbuf.close()
         self.outbuf.close()
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        remove_tree(self._tmp)  # however deep the worker made it
         self._tmp.with_name(self._tmp.name + "-policy.json").unlink(missing_ok=True)
 
     def kill(self) -> None:

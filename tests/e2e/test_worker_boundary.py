@@ -394,3 +394,41 @@ def test_relative_paths_work_in_score(tmp_path, tiny_dataset):
     )  # fmt: skip
     assert r.returncode == 0, (r.stdout[-1000:], r.stderr[-2000:])
     assert json.loads((tmp_path / "out" / "score.json").read_text())["status"] == "ok"
+
+
+DEEP_FOLDER = TINY_MODEL.replace(
+    "def build_model(config):\n",
+    "def build_model(config):\n"
+    "    import os\n"
+    "\n"
+    "    if os.path.basename(os.getcwd()) != 'home':  # the test's own build, at the pack\n"
+    "        return Tiny(config.get('vocab_size', 260), config.get('dim', 16))\n"
+    "    fd = os.open('.', os.O_RDONLY)\n"
+    "    for _ in range(3000):\n"
+    "        os.mkdir('d', dir_fd=fd)\n"
+    "        os.close(os.open('f', os.O_CREAT | os.O_WRONLY, dir_fd=fd))\n"
+    "        deeper = os.open('d', os.O_RDONLY, dir_fd=fd)\n"
+    "        os.close(fd)\n"
+    "        fd = deeper\n"
+    "    os.symlink('/etc', 'etc', dir_fd=fd)\n",
+)
+
+
+def test_a_worker_s_folder_however_deep_is_removed_when_it_closes(tmp_path):
+    """A model left a folder 3,000 levels deep in its own temp folder: shutil.rmtree (Python 3.11) recursed
+    once per level, and its RecursionError, which ignore_errors does not cover, came out of the scorer's close
+    of that worker (a traceback, the probes never run, the folder left behind). The folder is removed whole,
+    and the link at its bottom is not followed."""
+    from scoring.score.remote import start_worker
+    from tests.unit.scoring.test_eval_support import tiny_worker_config
+
+    folder = write_submission(tmp_path / "sub", model_src=DEEP_FOLDER)
+    pack_tiny(folder, tmp_path / "a.pgolf")
+    worker = start_worker(tiny_worker_config(folder, tmp_path / "a.pgolf"))
+    try:
+        worker.wait_ready()
+        home = worker._tmp / "home"
+        assert (home / "d" / "d" / "f").is_file()
+    finally:
+        worker.close()
+    assert not worker._tmp.exists() and Path("/etc/passwd").exists()
