@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from data.io import remove_tree
 from scoring.artifact.codecs import CODECS, StateDict
 from scoring.artifact.format import (
     Artifact,
@@ -100,7 +100,7 @@ def decode_confined(
     finally:
         if child is not None:
             child.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_tree(tmp)  # the codec wrote in it: however deep
         policy.unlink(missing_ok=True)
 
 

@@ -41,6 +41,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from data.io import remove_tree
 from scoring.worker.child import default_memory_limit_bytes, exit_how, one_line, run_child, where_raised
 
 TRANSFORM_SPEC_FORMAT = "pg-transform-spec"
@@ -415,7 +416,7 @@ class ConfinedTransforms:
             if child is not None:
                 child.wait(min(5.0, self.timeout_s))  # it ends at the closed pipe; else its group is killed
                 child.close()
-            shutil.rmtree(root, ignore_errors=True)
+            remove_tree(root)  # the child wrote in it: however deep
             self._live = False
 
 
