@@ -53,6 +53,7 @@ import hashlib
 import json
 import math
 import os
+import stat
 import statistics
 import sys
 import time
@@ -63,6 +64,7 @@ from typing import Any
 
 from data.io import read_regular
 from harness.records.verify import Check, append_ledger
+from isolation.landlock import SYSTEM_READ_ROOTS, is_beneath, python_prefixes
 from scoring.statuses import Status
 from scoring.tracks import TRACKS
 
@@ -158,13 +160,29 @@ SEED_SALT_MAX_BYTES = 4096
 
 def read_seed_salt(path: str | None) -> str | None:
     """The official's seed salt: the text of the file `path` (None: no salt), its ends stripped. ValueError, naming
-    the file, for one that cannot be read, is empty or is larger than SEED_SALT_MAX_BYTES."""
+    the file, for one that cannot be read, is empty or is larger than SEED_SALT_MAX_BYTES, and for one a sandboxed
+    phase could read: a training rank that read a salt in /opt (mode 644) could compute the fresh seeds of every
+    later reproduction, which the salt is there to deny it."""
     if path is None:
         return None
     try:
         raw = Path(path).read_bytes()[: SEED_SALT_MAX_BYTES + 1]
+        mode = stat.S_IMODE(os.stat(path).st_mode)
     except OSError as e:
         raise ValueError(f"--seed-salt-file {path}: cannot read it ({e.strerror})") from None
+    if mode & 0o077:
+        raise ValueError(
+            f"--seed-salt-file {path}: other users may read it (mode {mode:04o}), and every sandboxed phase runs "
+            f"as another user. HINT: chmod 600 {path}"
+        )
+    real = os.path.realpath(path)
+    shown = [*SYSTEM_READ_ROOTS, *python_prefixes(), str(Path(os.path.realpath(sys.executable)).parents[1])]
+    root = next((r for r in shown if r not in ("/proc", "/sys") and is_beneath(real, r)), None)
+    if root is not None:
+        raise ValueError(
+            f"--seed-salt-file {path}: lies in {root}, which every sandboxed phase reads (one without a world "
+            "of its own reads it as the file's owner). HINT: keep it in your home folder, chmod 600"
+        )
     salt = raw.decode("utf-8", "replace").strip()
     if not salt or len(raw) > SEED_SALT_MAX_BYTES:
         raise ValueError(

@@ -196,6 +196,7 @@ def test_the_seed_salt_comes_from_a_file_never_an_argument(tmp_path):
 
     salt = tmp_path / "salt"
     salt.write_text("  official secret\n")
+    salt.chmod(0o600)
     assert rp.read_seed_salt(str(salt)) == "official secret" and rp.read_seed_salt(None) is None
     for bad, why in (("", "holds nothing"), ("x" * 5000, "more than 4 KB")):
         salt.write_text(bad)
@@ -275,3 +276,32 @@ def test_a_record_track_takes_only_seeds_fresh_under_the_officials_salt(tmp_path
     assert rows["salted"]["accepted"] and rows["salted"]["seeds_chosen"] == "salted"
     assert rows["smoke"]["accepted"]  # a non-record track takes any seeds
     assert chain["format_version"] == 2
+
+
+@pytest.mark.parametrize(
+    ("where", "mode", "why"),
+    [
+        ("home", 0o644, r"other users may read it \(mode 0644\).*HINT: chmod 600"),
+        ("home", 0o640, r"other users may read it \(mode 0640\)"),
+        (
+            "python",
+            0o600,
+            r"lies in .*, which every sandboxed phase reads.*HINT: keep it in your home folder",
+        ),
+    ],
+    ids=["mode-644", "mode-640", "in-the-python-installation"],
+)
+def test_a_salt_a_sandboxed_phase_could_read_is_refused(tmp_path, monkeypatch, where, mode, why):
+    """A salt in /opt with mode 644 was read by a training rank in its world (and one in /opt with mode 600 by a
+    rank without a world, as the file's owner): with it an entrant computes the fresh seeds of every later
+    reproduction. A salt others may read, or one beneath a folder every sandbox reads, is refused by name."""
+    from harness.records import reproduce as rp
+
+    prefix = tmp_path / "python"  # stands for the Python installation, which every sandbox reads
+    prefix.mkdir()
+    monkeypatch.setattr(rp, "python_prefixes", lambda: [str(prefix)])
+    salt = (tmp_path if where == "home" else prefix) / "salt"
+    salt.write_text("official secret\n")
+    salt.chmod(mode)
+    with pytest.raises(ValueError, match=why):
+        rp.read_seed_salt(str(salt))
