@@ -457,7 +457,8 @@ def reproduce_seed(task: dict[str, Any]) -> dict[str, Any]:
     """Train, pack and score one seed of an entry through `pgolf run`'s pipeline; the "pg-repro-run" record.
 
     task: entry_dir, entry_digest, entry_key, seed, preset, data, run_dir, ledger (the results ledger the
-    run appends its pg-result to), set (the official's --set). Never raises for the entry's failure."""
+    run appends its pg-result to), set (the official's --set), private (folders no sandboxed phase may read
+    beyond the run's own: the other entries' reproductions). Never raises for the entry's failure."""
     from harness.run.pipeline import run_pipeline
 
     t0 = time.time()
@@ -480,6 +481,7 @@ def reproduce_seed(task: dict[str, Any]) -> dict[str, Any]:
             out_dir=task["run_dir"],
             overrides=list(task.get("set") or []),
             ledger=task.get("ledger"),
+            private=list(task.get("private") or []),
         )
         phases = result.get("phases") or {}
         rec.update(
@@ -605,7 +607,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         print(f"[reproduce] {entry.key} seed {seed} -> {run_dir}", file=sys.stderr, flush=True)
         task = {"entry_dir": str(entry.root), "entry_digest": entry.digest, "entry_key": entry.key, "seed": seed,
                 "preset": entry.preset, "data": args.data, "run_dir": str(run_dir), "ledger": str(ledger),
-                "set": args.set}  # fmt: skip
+                "set": args.set, "private": [str(out.parent)]}  # fmt: skip
         with contextlib.redirect_stdout(sys.stderr):  # the run's card and phases: progress, not the verdict
             run = reproduce_seed(task)
         append_ledger(ledger, run)

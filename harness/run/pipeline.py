@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +168,10 @@ def run_pipeline(
     out_dir: str | Path | None = None,
     overrides: list[str] | None = None,
     ledger: str | Path | None = None,
+    private: Sequence[str | Path] = (),
 ) -> dict[str, Any]:
+    """`private`: folders beyond the run's own (its parent, the ledger's) out of every sandboxed phase's broad
+    read rules: the other entries' runs, where the caller keeps them beside this one's folder."""
     t_pipeline = time.perf_counter()
     submission_dir = Path(submission_dir).resolve()
     # the folder, submission.json, every config value and the track's rules: checked before anything runs
@@ -221,6 +224,7 @@ def run_pipeline(
                 ledger,
                 t_pipeline,
                 tracker,
+                private=private,
             )
     except Exception as e:  # noqa: BLE001 - every run that started ends with a result record
         # the detail: one line naming the cause and where; the traceback in RUN_DIR/harness_error.log
@@ -300,6 +304,7 @@ def _phases(
     ledger: str | Path | None,
     t_pipeline: float,
     tracker: Tracker | None = None,
+    private: Sequence[str | Path] = (),
 ) -> dict[str, Any]:
     run_cfg = cfg.section("run")
     budget = cfg.section("budget")
@@ -355,7 +360,7 @@ def _phases(
             train_shards=cfg.section("data").train_shards,
             base_env=_subprocess_env(),
             gptq=_gptq_spec(cfg.section("pack")),
-            private=[ledger_path(run_dir, ledger).parent],
+            private=[ledger_path(run_dir, ledger).parent, *map(Path, private)],
         )
         if threads is not None:
             phases["train"]["threads"] = threads
@@ -404,7 +409,7 @@ def _phases(
                 cap_bytes=track.cap_bytes,
                 log_path=run_dir / "pack.log",
                 base_env=_subprocess_env(),
-                private=[ledger_path(run_dir, ledger).parent],
+                private=[ledger_path(run_dir, ledger).parent, *map(Path, private)],
             )
             phases["train"]["codec_encode"] = sealed
             pack_wall_s = sealed["wall_s"]
@@ -497,7 +502,8 @@ def _phases(
             sandbox=launch.sandbox,  # the model worker's: off only when the whole run is unsandboxed (recorded)
             confine=launch.sandbox != "off",
             protect=(data_root,),
-            private=(run_dir.parent, ledger_path(run_dir, ledger).parent),  # the other runs, the ledger
+            # the other runs, the ledger
+            private=(run_dir.parent, ledger_path(run_dir, ledger).parent, *map(Path, private)),
             eval_budget_s=eval_deadline_s,
             allow_missing_layers=parse_layers(launch.allow_missing_layers),
             json_out=score_out,

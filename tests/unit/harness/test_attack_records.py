@@ -305,3 +305,39 @@ def test_a_salt_a_sandboxed_phase_could_read_is_refused(tmp_path, monkeypatch, w
     salt.chmod(mode)
     with pytest.raises(ValueError, match=why):
         rp.read_seed_salt(str(salt))
+
+
+def test_a_reproduction_hides_the_other_entries_reproductions_from_its_phases(tmp_path, monkeypatch):
+    """`pgolf reproduce` keeps each entry's runs in runs/reproduce/KEY, and its phases hid only that folder (the
+    run's parent, the ledger's): from a working folder under /opt, which every sandbox reads, a training rank of
+    one entry read another entry's artifact (its trained weights) and ledger there. The folder that holds the
+    entries' reproductions is now out of every phase's broad read rules too, down to the train phase."""
+    from harness.cli import build_parser
+    from harness.records import reproduce as rp
+    from harness.run import pipeline
+    from tests.unit.scoring.test_eval_support import write_submission
+
+    entry = write_submission(tmp_path / "entries" / "tiny")
+    out = tmp_path / "work" / "runs" / "reproduce" / "tiny"
+    seen: list[list[str]] = []
+
+    def fake_run(*a, **kw):
+        seen.append(kw["private"])
+        return {"status": "error", "detail": "not run here", "phases": {}}
+
+    monkeypatch.setattr(pipeline, "run_pipeline", fake_run)
+    args = build_parser().parse_args(["reproduce", str(entry), "--seeds", "1", "--out", str(out)])
+    rp.cmd_reproduce(args)
+    assert seen == [[str(out.parent)]]
+
+    reached: list[list[Path]] = []
+
+    def fake_train(**kw):
+        reached.append(kw["private"])
+        raise RuntimeError("the train phase is not run here")
+
+    monkeypatch.undo()
+    monkeypatch.setattr(pipeline, "run_train_phase", fake_train)
+    smoke = ["run.track=smoke", "model.vocab_size=1024"]  # the embedded corpus, off the record tracks
+    pipeline.run_pipeline(entry, seed=1, out_dir=out / "seed-1", private=seen[0], overrides=smoke)
+    assert len(reached) == 1 and out.parent in reached[0]
