@@ -103,6 +103,18 @@ def read_json(path: str | os.PathLike[str], *, what: str = "JSON file") -> Any:
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+def _open_folder(name: str | os.PathLike[str], dir_fd: int | None = None) -> int:
+    """A folder to empty, made the owner's to change (a process that ran as this user may have locked it: 000)."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except PermissionError:
+        os.chmod(name, stat.S_IRWXU, dir_fd=dir_fd)
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, stat.S_IRWXU)
+    return fd
+
+
 def _empty_but_folders(fd: int) -> list[str]:
     """Unlink every entry of the open folder that is not a folder; the names of its folders."""
     folders = []
@@ -130,7 +142,7 @@ def remove_tree(path: str | os.PathLike[str]) -> None:
     descriptor (no path grows with the depth), never through a link, and stops if a folder it climbs back to
     is not the one it came down from."""
     try:
-        fd = os.open(path, _DIR_FLAGS)
+        fd = _open_folder(path)
     except OSError:
         return
     # (name in the parent, the parent's (device, inode), the parent's folders still to remove)
@@ -141,7 +153,7 @@ def remove_tree(path: str | os.PathLike[str]) -> None:
             if pending:
                 name = pending.pop()
                 try:
-                    child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                    child = _open_folder(name, dir_fd=fd)
                 except OSError:
                     continue
                 st = os.fstat(fd)
