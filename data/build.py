@@ -86,6 +86,7 @@ from data.proof import (
     choose_canonical,
     declared_tokenizer,
     piece_lengths,
+    refuse_denormalizer,
     refuse_long_pieces,
     split_transforms,
     val_only_pieces,
@@ -256,6 +257,7 @@ class ProvingEncoder:
         self.tok: Tokenizer = declared_tokenizer(self.inner, declared)
         self.canon = canonical_function(spec.canonical)
         refuse_long_pieces(self.tok)
+        refuse_denormalizer(self.tok)
         spell = piece_lengths(self.tok)
         if spell is None:
             raise ValueError(

@@ -208,7 +208,7 @@ def check_claims(vb: ValBytes, manifest_raw: dict[str, Any], where: str) -> None
 def spelled_lengths(root: str | os.PathLike[str], manifest_raw: dict[str, Any]) -> Any:
     """What each piece of the dataset's tokenizer spells (data/proof.py PieceLengths: a declared transform's
     markers 0), the harness's own spelling: what the build counted each token as."""
-    from data.proof import declared_tokenizer, piece_lengths, refuse_long_pieces
+    from data.proof import declared_tokenizer, piece_lengths, refuse_denormalizer, refuse_long_pieces
     from data.tokenizer import load_tokenizer
 
     block = canonical_entry(manifest_raw) or {}
@@ -218,6 +218,7 @@ def spelled_lengths(root: str | os.PathLike[str], manifest_raw: dict[str, Any]) 
     try:
         tok = declared_tokenizer(inner, declared)
         refuse_long_pieces(tok)
+        refuse_denormalizer(tok)
         spell = piece_lengths(tok)
     except ValueError as e:
         raise CanonicalBytesError(f"{root}: the byte counts' tokenizer cannot be spelled: {e}") from e

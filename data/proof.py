@@ -343,6 +343,30 @@ def refuse_long_pieces(tok: Tokenizer) -> None:
         )
 
 
+def refuse_denormalizer(tok: Tokenizer) -> None:
+    """ValueError (one line) when a SentencePiece tokenizer (a transform's inner one) has denormalisation rules.
+
+    SentencePiece rewrites its decoded text with the model's `denormalizer_spec` rules, of any length, which no
+    piece spells and no proof sees: with a normaliser that turns each 40 characters of validation text into as many
+    3-byte characters (one piece each, under VAL_ONLY_MIN_BYTES) and a denormaliser that turns them back, every
+    proof held while the tokenizer held the text (tests/unit/data/test_attack_data.py). The official tokenizers and
+    every one SentencePiece trains without `denormalization_rule_tsv` have none."""
+    inner = tok.inner if isinstance(tok, TransformedTokenizer) else tok
+    if not isinstance(inner, SentencePieceTokenizer):
+        return
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]
+    proto.ParseFromString(inner.sp.serialized_model_proto())
+    rules = proto.denormalizer_spec.precompiled_charsmap
+    if rules:
+        raise ValueError(
+            f"tokenizer {inner.path.name}: its denormalizer_spec holds {len(rules):,} bytes of rules that rewrite the "
+            "decoded text, text no piece spells: a tokenizer does not count toward the cap, so it may have none "
+            "(train it without denormalization_rule_tsv, or clear denormalizer_spec)"
+        )
+
+
 # ---- the pieces the validation split alone uses: text the tokenizer holds, on a record track ----
 
 
@@ -665,6 +689,7 @@ def _prove(
     t0 = time.perf_counter()
     tok = declared_tokenizer(inner, None if transforms is None else (transforms.name, transforms.markers))
     refuse_long_pieces(tok)
+    refuse_denormalizer(tok)
     name = choose_canonical(inner, child) if canonical == "auto" else canonical
     canon = canonical_function(name)
     table = tok.byte_table() if table is None else table

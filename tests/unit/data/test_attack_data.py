@@ -255,6 +255,100 @@ def test_validation_ordered_pieces_the_training_text_also_holds_lose_their_order
     assert problem is not None and "an order of the entry's own" in problem
 
 
+def _denormalizing_sp1024(canonical_val: list[str], out: Path) -> tuple[Path, int]:
+    """The official sp1024 with normalisation rules that turn each run of about 40 characters of the validation
+    text into as many 3-byte CJK characters as it has UTF-8 bytes / 3 (consecutive code points along the validation
+    text, each a user-defined piece), and denormalisation rules that turn them back after decoding. A piece spells
+    one character of 3 bytes (under VAL_ONLY_MIN_BYTES), the text lives in rules no piece spells. Returns the model
+    and the validation bytes the rules hold."""
+    import io
+
+    import sentencepiece as spm
+
+    pb = pytest.importorskip("sentencepiece.sentencepiece_model_pb2", reason="needs protobuf to edit a model")
+    rules: dict[str, str] = {}
+    first = sym = 0x4E00
+    for t in canonical_val:
+        i = 0
+        while i < len(t):
+            j = min(i + 40, len(t))
+            while j < len(t) and len(t[i:j].encode()) % 3:
+                j += 1
+            n = len(t[i:j].encode())
+            if n % 3 or t[i:j] in rules:
+                break
+            rules[t[i:j]], sym, i = "".join(map(chr, range(sym, sym + n // 3))), sym + n // 3, j
+
+    def tsv(pairs: dict[str, str], name: str) -> str:
+        rows = ("\t".join(" ".join(f"{ord(c):X}" for c in s) for s in pair) + "\n" for pair in pairs.items())
+        (out.parent / name).write_text("".join(rows))
+        return str(out.parent / name)
+
+    compiled = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(["abc def " * 10] * 50),
+        model_writer=compiled,
+        model_type="bpe",
+        vocab_size=300,
+        hard_vocab_limit=False,
+        add_dummy_prefix=False,
+        minloglevel=2,
+        normalization_rule_tsv=tsv(rules, "norm.tsv"),
+        denormalization_rule_tsv=tsv({v: k for k, v in rules.items()}, "denorm.tsv"),
+    )
+    spec = pb.ModelProto()
+    spec.ParseFromString(compiled.getvalue())
+    m = pb.ModelProto()
+    m.ParseFromString(SP1024.read_bytes())
+    # the rules under the official name: the text is already nmt_nfkc's canonical one
+    m.normalizer_spec.precompiled_charsmap = spec.normalizer_spec.precompiled_charsmap
+    m.denormalizer_spec.CopyFrom(spec.denormalizer_spec)
+    for cp in range(first, sym):
+        p = m.pieces.add()
+        p.piece, p.type, p.score = chr(cp), pb.ModelProto.SentencePiece.USER_DEFINED, 0.0
+    out.write_bytes(m.SerializeToString())
+    return out, sum(len(k.encode()) for k in rules)
+
+
+def test_a_tokenizer_holding_the_validation_text_in_its_denormaliser_is_refused(tmp_path, monkeypatch):
+    """HOLE (before the fix): SentencePiece rewrites decoded text with the model's `denormalizer_spec`, rules of any
+    length that no piece spells. sp1024 with normalisation rules turning runs of 40 characters of 10 validation
+    documents into consecutive 3-byte CJK characters (user-defined pieces) and denormalisation rules turning them
+    back passed every proof, `pgolf data verify` and a record track's check (`pieces.val_only` 0: each piece is 3
+    bytes): 55,095 of the 55,237 validation bytes were in the rules, 18,450 validation tokens, 99.5 % of them the
+    previous id + 1, and a model that predicts id + 1 scored 0.074 bpb. A tokenizer may have no denormaliser."""
+    from data.proof import prove_tokenizer
+    from data.tokenizer import SentencePieceTokenizer
+
+    require_shared(SP1024, SAMPLE_JSONL)
+    docs = sample_docs(41)[1:]
+    model, hidden = _denormalizing_sp1024(sp1024_canonical(docs[:10]), tmp_path / "denorm.model")
+    assert hidden > 55_000
+    try:
+        ds = build_dataset(docs, tmp_path / "d", val_docs=10, tokenizer=model, workers=1, canonical="sp1024")
+    except ValueError as e:
+        assert "denormalizer_spec" in str(e) and "\n" not in str(e), e
+        with pytest.raises(ValueError, match="denormalizer_spec"):
+            prove_tokenizer(SentencePieceTokenizer(model), docs, canonical="sp1024")
+        # shards built without the check (elsewhere, or before it): the scorer's loader refuses their counts
+        monkeypatch.setattr("data.build.refuse_denormalizer", lambda tok: None)
+        ds = build_dataset(
+            docs, tmp_path / "old", val_docs=10, tokenizer=model, workers=1, canonical="sp1024"
+        )
+        with pytest.raises(CanonicalBytesError, match="denormalizer_spec"):
+            _canonical(ds)
+        return
+    m = load_manifest(ds)
+    toks = read_split(ds, "val")
+    cfg = EvalConfig(mode="sliding", seq_len=64, batch_seqs=8, stride=64)
+    res = evaluate(NextId(m.vocab_size), toks, _canonical(ds), cfg, torch.device("cpu"))
+    pytest.fail(
+        f"built and verified ({verify_dataset(ds).ok}), val_only {m.raw['pieces']['val_only']}: {hidden:,} of "
+        f"{res.sums.bytes:,} validation bytes in the rules, {toks.size} tokens, val_bpb {res.sums.val_bpb:.4f} from "
+        "a model that predicts id + 1"
+    )
+
+
 @pytest.mark.parametrize("counts", ["absent", "empty", "one id", "all ones"])
 def test_proving_shards_counts_the_training_split_itself(tmp_path, counts):
     """HOLE (before the fix): `pgolf data prove` (shards built or downloaded elsewhere) took the training split's
