@@ -10,6 +10,12 @@ One pass over the training shards (a pool of processes, a shard each at a time) 
   digest file (`disjoint.val_digests`, builds since manifest v2) that file must hold exactly them.
   A hit is a problem naming the training document (its index in the split, its shard and token
   offset) and the validation document (its index and place).
+- **own tokens** (whenever training documents are decoded): each training document's tokens must be the
+  tokenizer's encoding of the text they decode to. Both checks see only that text: validation documents
+  written as tokens of another encoding (sp1024 byte pieces of each byte + 1, which a train.py undoes)
+  decode to other text and passed both. The honest builds of sample.jsonl (sp1024, sp8192, sp1024 + case,
+  byte260) re-encode exactly; it costs an encode of the training text (sp1024: 1.1 to 3.4 CPU s for
+  13.9 M characters with digests alone, 3.1 to 5.8 with the windows).
 - **windows** (`--against-docs FILE`: the validation documents as text, for a folder built elsewhere):
   every 50-character window of each validation document's skeleton (its normalised text's letters and
   digits, `skeleton`: a mark, space or zero-width character put into the text every few characters
@@ -66,7 +72,7 @@ from data.disjoint import (
 from data.io import sha256_file
 from data.manifest import DISJOINT_SINCE_VERSION, Manifest
 from data.shards import read_shard
-from data.tokenizer import load_tokenizer
+from data.tokenizer import SentencePieceTokenizer, load_tokenizer
 
 WINDOW_CHARS = 50
 DEFAULT_SAMPLE = 8
@@ -279,6 +285,9 @@ class _ShardScan:
     """Rows (document in shard, offset, validation document, shared windows): every pair that shares one."""
     undecodable: str | None = None
     """Why the shard's documents could not be decoded (token ids beyond the vocabulary)."""
+    foreign: list[tuple[int, int, int]] = field(default_factory=list)
+    """(document in shard, offset, first token that differs): documents whose tokens are not the tokenizer's
+    encoding of the text they decode to."""
 
 
 _STATE: dict[str, Any] = {}
@@ -313,6 +322,19 @@ def _shard_documents(paths: Sequence[Path], k: int, bos: int) -> Iterator[tuple[
         yield s, (toks[s + 1 : starts[j + 1]] if j + 1 < starts.size else tail(s + 1))
 
 
+def _encode(tok: Any, texts: list[str]) -> list[list[int]]:
+    """The tokenizer's own tokens of each text (one thread: parallelism comes from worker processes)."""
+    if isinstance(tok, SentencePieceTokenizer):
+        return list(tok.sp.encode(texts, out_type=int, num_threads=1)) if texts else []
+    return tok.encode(texts)
+
+
+def _first_difference(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(a.size, b.size)
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if differ.size else n
+
+
 def _batched(docs: Iterable[tuple[int, np.ndarray]]) -> Iterator[list[tuple[int, np.ndarray]]]:
     batch: list[tuple[int, np.ndarray]] = []
     tokens = 0
@@ -341,6 +363,13 @@ def _scan_shard(k: int) -> _ShardScan:
             )
             return out
         spelled = decode_documents(st["tok"], [d for _, d in batch])
+        if st.get("reencode"):
+            # what the checks below see is the text the tokens decode to: tokens of another encoding (another
+            # tokenizer's, or shifted ids a train.py undoes) decode to other text, and encode to other tokens
+            for i, ((off, d), again) in enumerate(zip(batch, _encode(st["tok"], spelled), strict=True)):
+                ids, back = d.astype(np.int64), np.asarray(again, dtype=np.int64)
+                if ids.size != back.size or not np.array_equal(ids, back):
+                    out.foreign.append((out.docs + i, off, _first_difference(ids, back)))
         texts = [normalise(t) for t in without_markers(spelled, st["markers"])]
         base = out.docs
         for i, ((off, _), t) in enumerate(zip(batch, texts, strict=True)):
@@ -526,11 +555,18 @@ def check_disjoint(
     docs = chars = 0
     covered = np.zeros(index.hashes.size if index is not None else 0, dtype=np.bool_)
     pairs: list[np.ndarray] = []  # (training document, shard, offset, validation document, shared)
-    state = {**base, "paths": train_paths, "collect": False, "sets": sets}
+    state = {**base, "paths": train_paths, "collect": False, "sets": sets, "reencode": True}
+    foreign: list[str] = []
     for k, scan in enumerate(_scan(state, len(train_paths), workers)):
         shard = train_paths[k].name
         if scan.undecodable:
             problems.append(f"disjoint: {scan.undecodable}")
+        foreign += [
+            f"disjoint: training document {docs + local} ({shard}, token {off:,}) is not this tokenizer's encoding "
+            f"of the text it decodes to (from its token {at:,}): tokens of another encoding hide their text from "
+            "these checks"
+            for local, off, at in scan.foreign
+        ]
         for local, off, name, v in scan.hits:
             vp = val_places[v] if name == "validation shards" else None
             overlaps.append(
@@ -563,7 +599,7 @@ def check_disjoint(
         overlaps += _spread(index, covered, pairs, reported, against, train_paths, threshold)
     elapsed = time.perf_counter() - t0
     rate = docs / max(elapsed, 1e-9)
-    checks = "digests" + (f" and {WINDOW_CHARS}-character windows" if against else "")
+    checks = "digests" + (f", {WINDOW_CHARS}-character windows" if against else "") + " and its own tokens"
     lines.append(
         f"disjoint: {docs:,} training documents ({chars / 1e6:.1f} M characters) decoded and checked ({checks}) "
         f"in {elapsed:.1f} s on {max(1, min(workers, len(train_paths)))} worker(s): {rate:,.0f} documents/s"
@@ -574,6 +610,11 @@ def check_disjoint(
     ]
     overlaps.sort(key=lambda o: (o.train_doc, o.against, o.val_doc))
     problems += _listed(overlaps)
+    problems += foreign[:PROBLEMS_LISTED]
+    if len(foreign) > PROBLEMS_LISTED:
+        problems.append(
+            f"disjoint: ... and {len(foreign) - PROBLEMS_LISTED} more not this tokenizer's encoding"
+        )
     if not overlaps:
         lines.append(
             "disjoint: no training document is a validation document"

@@ -374,3 +374,46 @@ def test_digest_file_format(tmp_path):
     p.write_bytes(raw[:-1])
     with pytest.raises(ValueError, match="declares 3 digests"):
         read_val_digests(p)
+
+
+# ---- tokens that are not the tokenizer's own: text hidden from the decoding checks ----
+
+
+def _sp_shards(folder, docs_ids: list[list[int]], split: str = "train") -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    flat = np.concatenate([np.asarray([BOS_ID, *ids], dtype=np.uint16) for ids in docs_ids])
+    write_shard(folder / shard_name(split, 0), flat)
+
+
+def test_validation_documents_in_tokens_of_another_encoding_are_reported(tmp_path, capsys):
+    """HOLE (before the fix): the digests and the windows look at what the dataset's tokenizer decodes the training
+    tokens to. 20 validation documents written into a folder's training shards as sp1024 byte pieces of each byte
+    + 1 (a train.py subtracts it back) decode to other text: `pgolf data verify --tokenizer sp1024 --against-docs`
+    passed them (0 of 20 reported; the same documents as sp1024's own tokens: 20 of 20). Every training document
+    must now be the tokenizer's encoding of the text it decodes to; honest shards are (0 of 180 reported)."""
+    import sentencepiece as spm
+
+    from data.proof import sp1024_canonical
+
+    require_shared(SAMPLE_JSONL, SP1024)
+    sp = spm.SentencePieceProcessor(model_file=str(SP1024))
+    texts = sp1024_canonical(read_jsonl_texts(SAMPLE_JSONL)[:200])
+    val, train = texts[:20], texts[20:]
+    val_file = tmp_path / "val.jsonl"
+    val_file.write_text("".join(json.dumps({"text": t}) + "\n" for t in val), encoding="utf-8")
+    shifted = [[BYTE260_OFFSET + (b + 1) % 256 for b in t.encode()] for t in val]
+    honest = sp.encode(train)
+    runs = {"honest": honest, "plain": honest + sp.encode(val), "shifted": honest + shifted}
+    found = {}
+    for name, ids in runs.items():
+        _sp_shards(tmp_path / name, ids)
+        code = data_main(
+            ["verify", str(tmp_path / name), "--tokenizer", str(SP1024), "--against-docs", str(val_file)]
+        )
+        found[name] = (code, capsys.readouterr().out)
+    assert found["honest"][0] == 0 and found["plain"][0] == 1, found["honest"][1]
+    code, out = found["shifted"]
+    assert code == 1, f"20 validation documents as shifted byte pieces passed verify:\n{out}"
+    assert "training document 180 (fineweb_train_000000.bin, token " in out
+    assert "not this tokenizer's encoding of the text it decodes to" in out
+    assert out.count("not this tokenizer's encoding") == 20, out
