@@ -3,7 +3,7 @@
     pgolf data build --docs FILE|DIR (--tokenizer MODEL|byte260 | --vocab-size N) --out DIR [--val-docs 50000]
     pgolf data build --hf-dataset HuggingFaceFW/fineweb --hf-config sample-10BT --max-docs N ... --out DIR
     pgolf data download --variant sp1024 [--train-shards N] [--repo ID] [--revision REV] [--out DIR]
-    pgolf data verify DIR [--quick] [--against-docs VAL.jsonl [--ngram-threshold 0.5] [--ngram-sample 8]]
+    pgolf data verify DIR [--quick] [--against-docs VAL.jsonl [--ngram-threshold 0.25] [--ngram-sample 8]]
     pgolf data verify DIR --transform FILE.py       (a dataset built with a submitted transform: its file)
     pgolf data verify SHARDS_DIR --tokenizer MODEL --against-docs VAL.jsonl     (a folder without a manifest)
 
@@ -247,7 +247,7 @@ def register(sub: argparse._SubParsersAction, resolver: TransformResolver | None
         "--against-docs",
         metavar="FILE",
         help="validation documents as text (.jsonl, .parquet, .txt): report training documents equal to one "
-        "after normalisation or holding more than --ngram-threshold of its 50-character windows",
+        "after normalisation or holding more than --ngram-threshold of its 25-character windows",
     )
     p.add_argument(
         "--ngram-threshold",

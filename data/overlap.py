@@ -17,28 +17,33 @@ One pass over the training shards (a pool of processes, a shard each at a time) 
   byte260) re-encode exactly; it costs an encode of the training text (sp1024: 1.1 to 3.4 CPU s for
   13.9 M characters with digests alone, 3.1 to 5.8 with the windows).
 - **windows** (`--against-docs FILE`: the validation documents as text, for a folder built elsewhere):
-  every 50-character window of each validation document's skeleton (its normalised text's letters and
+  every 25-character window of each validation document's skeleton (its normalised text's letters and
   digits, `skeleton`: a mark, space or zero-width character put into the text every few characters
   breaks no window) is hashed (a polynomial
   rolling hash mod 2^64 over code points, then the splitmix64 finaliser); one window in `sample` (by
   hash value, so the same windows are kept on both sides; 8 by default) is kept, and a window found in
   more than MAX_DOCS_PER_WINDOW validation documents is dropped as boilerplate. A training document is
-  reported when it holds more than `threshold` (0.5 by default) of a validation document's kept
+  reported when it holds more than `threshold` (0.25 by default) of a validation document's kept
   windows, and at least MIN_SHARED_WINDOWS of them: the training document, the validation document's
   index in FILE, and the fraction. A validation document more than `threshold` of whose kept windows are in
   the training documents taken together (a document cut in parts, each its own training document) is
   reported too ("spread"), naming the training documents that hold the most of them. Training documents equal to one of FILE's documents after
   normalisation are reported too.
 
-Why 50 characters of normalised text rather than 13 tokens: a window of tokens means a different
-length of text under every tokenizer (13 bytes under byte260, about 30 under sp1024), and tokens change
-with case and context; 50 characters of the normalised text are the same for every tokenizer and
-every way of writing a text that pg-norm/1 folds (case, width, whitespace). 50 characters are 8 to 10
-English words: longer than stock phrases shared by unrelated pages, shorter than a paragraph, so a copied
-paragraph gives dozens of windows.
+Why characters of normalised text rather than tokens: a window of tokens means a different length of text
+under every tokenizer (13 bytes under byte260, about 30 under sp1024), and tokens change with case and
+context; characters of the normalised text are the same for every tokenizer and every way of writing a text
+that pg-norm/1 folds (case, width, whitespace).
+
+Why 25 letters and digits and 0.25: an edit every so often (a letter put in, a word changed) leaves whole only
+the windows between two edits. With 50 and 0.5, 50 validation documents of sample.jsonl, each in training
+with a letter put in every 100 characters or a word changed in every 8 or 16, went unreported, 50 of 50 and
+49 of 50. With 25 and 0.25 all 50 are reported for each (and every 60 characters), and the honest training
+documents of sample.jsonl (2,148 against its 500 validation ones) hold at most 11.5 % of one's windows (at 50:
+12.8 %). 25 letters and digits are 5 or 6 English words: a copied paragraph gives dozens of windows.
 
 Why the skeleton: a validation document with a mark put in every 40 characters ("|", a zero-width space)
-kept no 50-character window of its normalised text whole, and no digest matched, yet a model learns the
+kept no window of its normalised text whole, and no digest matched, yet a model learns the
 text from it almost whole. What is left to an attacker is putting letters or digits into the text, which
 the model then learns too.
 
@@ -74,9 +79,9 @@ from data.manifest import DISJOINT_SINCE_VERSION, Manifest
 from data.shards import read_shard
 from data.tokenizer import SentencePieceTokenizer, load_tokenizer
 
-WINDOW_CHARS = 50
+WINDOW_CHARS = 25
 DEFAULT_SAMPLE = 8
-DEFAULT_THRESHOLD = 0.5
+DEFAULT_THRESHOLD = 0.25
 MIN_SHARED_WINDOWS = 3
 MAX_DOCS_PER_WINDOW = 8
 BATCH_TOKENS = 1 << 20

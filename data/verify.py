@@ -9,7 +9,7 @@ that the manifest does not list is a failure too, since anything globbing `finew
 Disjointness (data/overlap.py): every training document, decoded from the shards with the dataset's
 tokenizer and normalised, is looked up among the validation documents' digests (from the validation
 shards, and the manifest's digest file where it records one); `--against-docs FILE` also checks the
-training documents against the documents of FILE, by digest and by 50-character windows, for a
+training documents against the documents of FILE, by digest and by 25-character windows, for a
 folder built elsewhere. Each overlapping training document is a problem naming both documents.
 
 The canonical byte counts (`val_bytes.bin`, manifest version 3: data/canonical.py) are checked against

@@ -394,8 +394,18 @@ def test_a_validation_document_split_over_training_documents_is_reported(tmp_pat
     usually pass too: the windows across the cut are lost). The build passes it too (neither half is a copy). The check now also counts, per
     validation document, its windows found anywhere in training."""
     docs = prose_documents(16, 1500)
-    v, k = docs[2], len(docs[2]) // 3
-    train = docs[4:10] + [v[:k], "An unrelated line.", v[k : 2 * k], "Another one.", v[2 * k :]] + docs[10:]
+    v, k = docs[2], len(docs[2]) // 5
+    # five parts, each under the threshold (a quarter) of its windows: a third each was reported since 0.25
+    parts = [
+        v[:k],
+        "An unrelated line.",
+        v[k : 2 * k],
+        "Another one.",
+        v[2 * k : 3 * k],
+        "A third.",
+        v[3 * k : 4 * k],
+    ]
+    train = docs[4:10] + parts + ["A fourth.", v[4 * k :]] + docs[10:]
     ds = build_dataset(docs[:4] + train, tmp_path / "d", val_docs=4, tokenizer="byte260", workers=1)
     val_file = tmp_path / "val.jsonl"
     val_file.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs[:4]), encoding="utf-8")
@@ -406,7 +416,7 @@ def test_a_validation_document_split_over_training_documents_is_reported(tmp_pat
     hits = [o for o in report.disjoint.overlaps if o.val_doc == 2]
     assert hits and {o.val_doc for o in report.disjoint.overlaps} == {2}
     line = "\n".join(report.problems())
-    assert "spread over training documents 6, 8, 10" in line, line
+    assert "spread over training documents 6, 8, 10, 12, 14" in line, line
 
 
 @pytest.mark.parametrize("mark", ["|", "\u200b", " "])
