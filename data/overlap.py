@@ -44,8 +44,9 @@ documents of sample.jsonl (2,148 against its 500 validation ones) hold at most 1
 
 Why the skeleton: a validation document with a mark put in every 40 characters ("|", a zero-width space)
 kept no window of its normalised text whole, and no digest matched, yet a model learns the
-text from it almost whole. What is left to an attacker is putting letters or digits into the text, which
-the model then learns too.
+text from it almost whole. Letters drawn like Latin ones (Cyrillic "о", Greek "ο") are read as those
+(`LOOK_ALIKES`): NFKC keeps them. What is left to an attacker is putting letters or digits into the text
+every 20 or so characters, which the model then learns too.
 
 Memory: the validation windows kept cost 12 bytes each (hash + document), about 1.5 bytes per character of
 validation text at 1 in 8: some 180 MB (skeletons) for the challenge's 50,000 documents (150 M characters).
@@ -117,10 +118,18 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 _NOT_ALNUM = re.compile(r"[\W_]+")
 
+LOOK_ALIKES = str.maketrans(
+    # Cyrillic, Greek and Latin letters (as casefolded) drawn like a Latin letter, as that letter. NFKC keeps them:
+    # a Cyrillic look-alike for 1 in 5 of a, e, o, p, c, x, y, i left no window whole and passed the windows.
+    "аеёорсхуіїјѕԁԛԝһӏвкмнтαβεζηικμνορτυχγϲϳıȷɑɡ",
+    "aeeopcxyiijsdqwhlbkmhtabezhikmvoptuxycjijag",
+)
+
 
 def skeleton(normalised: str) -> str:
-    """The letters and digits of a normalised text, in order (what the windows are of: see the module docstring)."""
-    return _NOT_ALNUM.sub("", normalised)
+    """The letters and digits of a normalised text, in order, a look-alike of a Latin letter as that letter (what
+    the windows are of: see the module docstring)."""
+    return _NOT_ALNUM.sub("", normalised).translate(LOOK_ALIKES)
 
 
 def window_hashes(texts: Sequence[str], sample: int = DEFAULT_SAMPLE) -> tuple[np.ndarray, np.ndarray]:

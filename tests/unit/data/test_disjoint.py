@@ -441,3 +441,30 @@ def test_validation_documents_edited_every_few_words_are_reported_and_honest_one
     report = verify_dataset(ds, against_docs=val_file, workers=1)
     found = sorted((o.train_doc, o.val_doc) for o in report.disjoint.overlaps)
     assert found == [(240, 7), (241, 13)], "\n".join(report.problems())
+
+
+def test_a_validation_document_in_look_alike_letters_is_reported(tmp_path):
+    """HOLE (before the skeleton read look-alikes as the Latin letter): NFKC and case folding keep a Cyrillic "о"
+    for "o". A validation document with 1 in 5 of its a, e, o, p, c, x, y, i in Cyrillic reads the same and kept no
+    window whole: 50 of 50 sample.jsonl documents so placed went unreported (1 in 20: 50 of 50 too)."""
+    require_shared(SAMPLE_JSONL)
+    texts = read_jsonl_texts(SAMPLE_JSONL)[:100]
+    val = texts[:20]
+    cyrillic = dict(zip("aeopcxyi", "аеорсхуі", strict=True))
+    n = 0
+
+    def look_alike(c: str) -> str:
+        nonlocal n
+        n += c in cyrillic
+        return cyrillic[c] if c in cyrillic and n % 5 == 0 else c
+
+    planted = "".join(map(look_alike, val[5]))
+    assert planted != val[5] and normalise(planted) != normalise(val[5])
+    ds = build_dataset(
+        val + texts[20:] + [planted], tmp_path / "d", val_docs=20, tokenizer="byte260", workers=1
+    )
+    val_file = tmp_path / "val.jsonl"
+    val_file.write_text("".join(json.dumps({"text": t}) + "\n" for t in val), encoding="utf-8")
+    report = verify_dataset(ds, against_docs=val_file, workers=1)
+    assert [(o.train_doc, o.val_doc) for o in report.disjoint.overlaps] == [(80, 5)], report.problems()
+    assert skeleton(normalise("Ρаураl")) == "paypal"
