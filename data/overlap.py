@@ -46,7 +46,7 @@ Why the skeleton: a validation document with a mark put in every 40 characters (
 kept no window of its normalised text whole, and no digest matched, yet a model learns the
 text from it almost whole. Letters drawn like Latin ones (Cyrillic "о", Greek "ο") are read as those
 (`LOOK_ALIKES`): NFKC keeps them. What is left to an attacker is putting letters or digits into the text
-every 20 or so characters, which the model then learns too.
+every 30 or so characters (measured: docs/RULES.md), which the model then learns too.
 
 Memory: the validation windows kept cost 12 bytes each (hash + document), about 1.5 bytes per character of
 validation text at 1 in 8: some 180 MB (skeletons) for the challenge's 50,000 documents (150 M characters).
