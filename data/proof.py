@@ -15,8 +15,8 @@ proof"), with `ids = tok.encode(transform.encode_text(canonical(doc)))`, what th
     bytes between the tokens of a document is refused even when the document's total is right.
 
 The canonical text is a stated choice (`CANONICALS`): `sp1024` is the document as the official sp1024
-normalises it (SentencePiece's built-in nmt_nfkc rules: NFKC, newlines and runs of whitespace to one
-space, no leading or trailing space), so every sp1024 and sp8192 score is what it was; `raw` is the
+normalises it (its own nmt_nfkc table, data/tokenizer.py official_nmt_nfkc: NFKC, newlines and runs of
+whitespace to one space, no leading or trailing space), so every sp1024 and sp8192 score is what it was; `raw` is the
 document exactly as given (byte260 and any tokenizer that keeps the text whole). `auto` takes
 `sp1024` when the tokenizer's own round trip of `AUTO_PROBE` is that probe's sp1024 canonical text,
 `raw` otherwise; the report names the canonical it proved.
@@ -48,6 +48,7 @@ from data.tokenizer import (
     ByteTokenizer,
     SentencePieceTokenizer,
     Tokenizer,
+    official_nmt_nfkc,
 )
 
 PROOF_FORMAT = "pg-tokenizer-proof"
@@ -67,15 +68,8 @@ def sp1024_canonical(texts: list[str]) -> list[str]:
     """The documents as the official sp1024 normalises them (what its decode gives back)."""
     global _sp1024_normalizer
     if _sp1024_normalizer is None:
-        import sentencepiece as spm
-
-        # The official sp1024's normalizer_spec: the built-in rules, no dummy prefix (docs/RULES.md).
-        _sp1024_normalizer = spm.SentencePieceNormalizer(
-            rule_name="nmt_nfkc",
-            add_dummy_prefix=False,
-            remove_extra_whitespaces=True,
-            escape_whitespaces=True,
-        )
+        # The official sp1024's normalizer_spec: its nmt_nfkc table, no dummy prefix (docs/RULES.md).
+        _sp1024_normalizer = official_nmt_nfkc()
     if not texts:
         return []
     return [t.replace(SPACE_MARK, " ") for t in _sp1024_normalizer.normalize(texts)]

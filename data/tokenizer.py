@@ -15,12 +15,13 @@ split digits, no dummy prefix, ids pad/bos/eos/unk = 0/1/2/3, character coverage
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -203,14 +204,59 @@ def pieces_in_text_order(model: bytes) -> bytes:
     return proto.SerializeToString(deterministic=True)
 
 
+SP1024_CHARSMAP_SHA256 = "79372c41389c2b9b29bc171017ab5400e352debd686b02670a42bec709015074"
+"""sha256 of the official sp1024's (and sp8192's) normalisation table, `normalizer_spec.precompiled_charsmap`."""
+NEWER_NMT_NFKC = ("\u061c", "\ua7f1")
+"""What sentencepiece 0.2's built-in nmt_nfkc maps and the official table (an older one) leaves as it is: U+061C
+(ARABIC LETTER MARK, to a space) and U+A7F1 with what follows it (to S and its accented forms). The canonical text
+is the official table's: with the installed one a document holding either would not be what the official sp1024
+(and the challenge's shards) make of it, and its bytes would depend on the installed sentencepiece."""
+
+
+@functools.cache
+def official_nmt_nfkc() -> Any:
+    """A normaliser with the official sp1024's table, rebuilt from the installed built-in one less its newer rules
+    and checked by its sha256 (ValueError, one line, for an installed sentencepiece whose table is neither)."""
+    import hashlib
+
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2
+
+    built_in = spm.SentencePieceNormalizer(
+        rule_name="nmt_nfkc", add_dummy_prefix=False, remove_extra_whitespaces=True, escape_whitespaces=True
+    )
+    spec = sentencepiece_model_pb2.NormalizerSpec()  # type: ignore[attr-defined]
+    spec.ParseFromString(built_in.serialized_normalizer_spec())
+    if hashlib.sha256(spec.precompiled_charsmap).hexdigest() == SP1024_CHARSMAP_SHA256:
+        return built_in
+    rules = [(str(a), str(b)) for a, b in built_in.decompile() if not str(a).startswith(NEWER_NMT_NFKC)]
+    spm.set_min_log_level(2)  # the builder's "Generated normalizer blob" is no news
+    rebuilt = spm.SentencePieceNormalizer(
+        norm_map=rules, add_dummy_prefix=False, remove_extra_whitespaces=True, escape_whitespaces=True
+    )
+    spec.ParseFromString(rebuilt.serialized_normalizer_spec())
+    if hashlib.sha256(spec.precompiled_charsmap).hexdigest() != SP1024_CHARSMAP_SHA256:
+        raise ValueError(
+            f"sentencepiece {spm.__version__}: its built-in nmt_nfkc differs from the official sp1024's table in ways "
+            "this harness does not know, so the canonical text would depend on it. HINT: install sentencepiece 0.2.x"
+        )
+    return rebuilt
+
+
 def reproducible_model_bytes(model: bytes) -> bytes:
-    """A trained model's bytes with the trainer spec's one machine fact cleared: `num_threads` (the pieces
-    and scores do not depend on it), so that two builds of the same documents give the same file."""
+    """A trained model's bytes with the trainer spec's machine facts cleared: `num_threads` (the pieces and scores
+    do not depend on it), so that two builds of the same documents give the same file; and its nmt_nfkc table the
+    official one (`official_nmt_nfkc`), not the installed sentencepiece's, which may be newer: the canonical text
+    is the official table's, and the tokenizer must give it back."""
     from sentencepiece import sentencepiece_model_pb2
 
     proto = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]
     proto.ParseFromString(model)
     proto.trainer_spec.ClearField("num_threads")
+    if proto.normalizer_spec.name == "nmt_nfkc":
+        spec = sentencepiece_model_pb2.NormalizerSpec()  # type: ignore[attr-defined]
+        spec.ParseFromString(official_nmt_nfkc().serialized_normalizer_spec())
+        proto.normalizer_spec.precompiled_charsmap = spec.precompiled_charsmap
     return proto.SerializeToString(deterministic=True)
 
 

@@ -80,6 +80,21 @@ def test_the_sp1024_canonical_is_what_the_official_sp1024_gives_back():
     assert sp1024_canonical(docs) == [sp.decode(ids) for ids in sp.encode(docs)]
 
 
+def test_the_sp1024_canonical_is_the_official_table_for_every_character():
+    """HOLE (before the fix): the canonical text came from the installed sentencepiece's built-in nmt_nfkc, which
+    in 0.2 maps U+061C (to a space) and U+A7F1 (to S) where the official sp1024's table, an older one, keeps them.
+    A document holding either was then not what the official sp1024 makes of it (the challenge's shards could not
+    be proved), and its canonical bytes depended on the installed version. Every character from U+0020 to
+    U+2FFFF, between two letters, against the official model's own normaliser."""
+    require_shared(SP1024)
+    sp = SentencePieceTokenizer(SP1024).sp
+    texts = [f"a{chr(c)}b" for c in range(0x20, 0x30000) if not 0xD800 <= c < 0xE000]
+    texts += ["x\ua7f1\u0301y", "Arabic \u061c mark"]
+    official = [t.replace(SPACE_MARK, " ") for t in sp.normalize(texts)]
+    differ = [(t, c, o) for t, c, o in zip(texts, sp1024_canonical(texts), official, strict=True) if c != o]
+    assert not differ, f"{len(differ)} texts differ, the first {differ[:3]}"
+
+
 # ---- hostile tokenizers ----
 
 
@@ -352,3 +367,19 @@ def test_cli_refuses_in_one_line_and_passes_with_the_right_canonical(tmp_path, c
     assert "not one piece" in capsys.readouterr().err
     assert pgolf(["audit-tokenizer", str(SP1024), "--docs", str(docs), "--transform", "cases"]) == 2
     assert "--transform 'cases': expected none, case or a FILE.py" in capsys.readouterr().err
+
+
+def test_a_tokenizer_trained_here_gives_back_the_official_table_s_text(tmp_path):
+    """A tokenizer the build trains (`--vocab-size`) carries the official nmt_nfkc table, not the installed
+    sentencepiece's newer one: its decoding of a document holding U+061C and U+A7F1 is the canonical text, which
+    keeps them, so the build's proof holds."""
+    from data.build import build_dataset
+    from data.manifest import load_manifest
+
+    require_shared(SAMPLE_JSONL)
+    docs = ["Arabic \u061c mark and x\ua7f1y here. " * 20, *sample_docs(30)]
+    ds = build_dataset(docs, tmp_path / "d", val_docs=5, vocab_size=400, workers=1, canonical="sp1024")
+    sp = SentencePieceTokenizer(load_manifest(ds).tokenizer_path).sp
+    assert sp.decode(sp.encode(docs[0])) == sp1024_canonical(docs[:1])[0] and "\u061c" in sp.decode(
+        sp.encode(docs[0])
+    )
