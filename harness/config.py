@@ -275,7 +275,8 @@ class PackConfig:
 @mirrored(EvalConfig)
 class EvalSection:
     """[eval]: scoring/score/evaluate.py's EvalConfig, its keys and defaults, with 0 for its None: max_tokens
-    0 scores the full split (the track's, Track.eval_max_tokens, is applied), stride 0 is the mode's default.
+    and max_docs 0 score the full split (the track's, Track.eval_max_tokens / eval_max_docs, is applied), stride
+    0 is the mode's default.
     The checks here name the key; EvalConfig's own run after them."""
 
     def __post_init__(self) -> None:
@@ -294,6 +295,11 @@ class EvalSection:
             raise ConfigError(
                 f"eval.max_tokens = {max_tokens} must be 0 (the full split) or more than eval.seq_len ({seq_len})"
             )
+        if v["max_docs"] < 0 or (v["max_docs"] and max_tokens):
+            raise ConfigError(
+                f"eval.max_docs = {v['max_docs']} with eval.max_tokens = {max_tokens}: give at most one subset, "
+                "max_docs >= 0 (0: the full split)"
+            )
         if stride and mode == "standard":
             raise ConfigError(
                 f"eval.stride = {stride} applies to the sliding and documents modes only; set eval.mode or drop eval.stride"
@@ -304,9 +310,12 @@ class EvalSection:
             )
         self.to_eval_config(None)  # the scorer's own checks, now rather than after training
 
-    def to_eval_config(self, track_max_tokens: int | None) -> EvalConfig:
+    def to_eval_config(self, track: Track | None) -> EvalConfig:
+        """The scorer's config, with the track's subset where this one names none."""
         values = unmirrored(self, EvalConfig)
-        return EvalConfig(**{**values, "max_tokens": values["max_tokens"] or track_max_tokens})
+        if track is not None and not values["max_tokens"] and not values["max_docs"]:
+            values.update(max_tokens=track.eval_max_tokens, max_docs=track.eval_max_docs)
+        return EvalConfig(**values)
 
 
 HARNESS_SECTIONS: dict[str, type] = {
@@ -354,6 +363,7 @@ TRACK_KEYS: dict[str, Callable[[Track], Any]] = {
     "budget.startup_s": lambda t: t.startup_s,
     "budget.warmup_max_s": lambda t: t.warmup_max_s,
     "eval.max_tokens": lambda t: t.eval_max_tokens or 0,
+    "eval.max_docs": lambda t: t.eval_max_docs or 0,
     "launch.sandbox": lambda t: t.sandbox,
     "launch.network": lambda t: t.network,
     "launch.sandbox_read_paths": lambda t: "",  # no folder beyond the sandbox's own plan
@@ -385,7 +395,7 @@ def _looser(key: str, value: Any, track_value: Any) -> bool:
         return value == "host" and track_value != "host"
     if key == "launch.sandbox_read_paths":
         return value != track_value
-    if key == "eval.max_tokens":
+    if key in ("eval.max_tokens", "eval.max_docs"):
         return value != track_value  # another subset is another score
     return value > track_value  # seconds: more time is looser
 

@@ -64,7 +64,8 @@ DEFAULT_SUBMISSION = REPO / "baselines" / "naive_baseline"
 DEFAULT_MODEL_CONFIG = {"num_layers": 4, "model_dim": 192, "num_heads": 4, "num_kv_heads": 2}
 DEFAULT_SEQ_LEN, DEFAULT_BATCH_SEQS = 256, 32
 DEFAULT_PROJECT_TOKENS = 2_097_152
-"""The CPU track's documented eval subset: what a real score on that track evaluates."""
+"""About the CPU track's eval subset in sp1024 tokens (its first 1,700 documents, Track.eval_max_docs, at the
+split's mean of 1,240 tokens a document): what a real score on that track evaluates."""
 DEFAULT_PROBES = 2
 """The scorer's default (ProbeConfig.probes): each probe is a fresh worker and one forward pass."""
 PROBES_TARGET = 0.05

@@ -238,9 +238,10 @@ def track_checks(result: dict[str, Any], data_dir: Path | None, data_given: bool
     _check(
         checks,
         f"eval subset is the track's ({track.name})",
-        track.eval_max_tokens,
-        score.get("eval_subset_max_tokens") or None,
-    )
+        (track.eval_max_tokens, track.eval_max_docs),
+        (score.get("eval_subset_max_tokens") or None if track.eval_max_docs is None else None,
+         score.get("eval_subset_docs") or None),
+    )  # fmt: skip
     for key, of_track in TRACK_KEYS.items():
         section, _, name = key.partition(".")
         _check(checks, f"config {key} is the track's", of_track(track), (tables.get(section) or {}).get(name))
@@ -273,14 +274,22 @@ def rescore_request(
     """The run's own score request again (scoring/score/cli.py's ScoreRequest: one builder for run and verify)."""
     score = result["phases"]["score"]
     ev = (result.get("config") or {}).get("eval") or {}
+    track = TRACKS.get(str(result.get("track")))
+    docs = score.get("eval_subset_docs") or None
+    subset = (
+        {"max_tokens": track.eval_max_tokens, "max_docs": track.eval_max_docs}
+        if track is not None and track.record
+        else {"max_tokens": None, "max_docs": docs}
+        if docs
+        else {"max_tokens": score.get("eval_subset_max_tokens") or None, "max_docs": None}
+    )
     eval_cfg = EvalConfig(
         mode=str(score["eval_mode"]),
         seq_len=int(score["eval_seq_len"]),
         batch_seqs=int(score.get("eval_batch_seqs") or ev.get("batch_seqs") or 32),
-        # a record track's own subset (track_checks fails a result that claims another)
-        max_tokens=TRACKS[result["track"]].eval_max_tokens
-        if result.get("track") in TRACKS and TRACKS[result["track"]].record
-        else score.get("eval_subset_max_tokens") or None,
+        # a record track's own subset (track_checks fails a result that claims another); a cut by documents is
+        # resolved again on the verifier's dataset
+        **subset,
         dtype=str(score["eval_dtype"]),
         stride=score.get("eval_stride") if score["eval_mode"] != "standard" else None,
         adapt_chunk_tokens=int(ev.get("adapt_chunk_tokens") or EvalConfig().adapt_chunk_tokens),

@@ -483,7 +483,7 @@ def _phases(
         # ---- 4. score ----
         staged = stage_model_code(submission_dir, views / "model_code", cap_bytes=track.cap_bytes)
         val_view = make_split_view(data_root, views / "val", "val")
-        ev = cfg.section("eval").to_eval_config(track.eval_max_tokens)
+        ev = cfg.section("eval").to_eval_config(track)
         score_out = views / "score_out" / "score.json"  # the one folder the confined scorer may write
         score_out.parent.mkdir()
         eval_deadline_s = track.eval_budget_s + budget.grace_s

@@ -79,7 +79,7 @@ class ScoreRequest:
         argv = [
             "score", str(self.artifact), "--submission", str(self.code_dir), "--data", str(self.data_dir),
             "--mode", e.mode, "--seq-len", str(e.seq_len), "--batch-seqs", str(e.batch_seqs),
-            "--max-tokens", str(e.max_tokens or 0), "--dtype", e.dtype, "--stride", str(e.stride or 0),
+            "--max-tokens", str(e.max_tokens or 0), "--max-docs", str(e.max_docs or 0), "--dtype", e.dtype, "--stride", str(e.stride or 0),
             "--adapt-chunk-tokens", str(e.adapt_chunk_tokens), "--device", self.device,
             "--threads", str(self.threads), "--sandbox", self.sandbox, "--eval-budget-s", repr(self.eval_budget_s),
             "--probes", str(self.probes), "--memory-limit-bytes", str(self.memory_limit_bytes),
@@ -104,6 +104,7 @@ class ScoreRequest:
             seq_len=args.seq_len,
             batch_seqs=args.batch_seqs,
             max_tokens=args.max_tokens or None,
+            max_docs=args.max_docs or None,
             dtype=args.dtype,
             stride=args.stride or None,
             adapt_chunk_tokens=args.adapt_chunk_tokens,
@@ -237,6 +238,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-seqs", type=int, default=d.batch_seqs)
     p.add_argument(
         "--max-tokens", type=int, default=0, help="score only the first N validation tokens (0: all)"
+    )
+    p.add_argument(
+        "--max-docs",
+        type=int,
+        default=0,
+        help="score only the first N validation documents, each to its end (0: all; the CPU record track's subset)",
     )
     p.add_argument("--dtype", default=d.dtype, choices=EVAL_DTYPES)
     p.add_argument(

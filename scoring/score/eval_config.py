@@ -19,7 +19,11 @@ class EvalConfig:
     batch_seqs: int = 32
     """Windows per forward pass; changes speed, never the result beyond float rounding."""
     max_tokens: int | None = None
-    """Score only the first this-many validation tokens (a documented subset for the CPU track)."""
+    """Score only the first this-many validation tokens (a subset of the split)."""
+    max_docs: int | None = None
+    """Score only the first this-many validation documents, each to its end (the CPU record track's subset: the
+    same text whatever the tokenizer). The scorer resolves it to max_tokens on the tokens it reads
+    (scoring/score/windows.py documents_cut); None: no cut by documents."""
     dtype: str = "float32"
     """Compute dtype of the forward pass: float32, or bfloat16 autocast (GPU)."""
     stride: int | None = None
@@ -37,6 +41,8 @@ class EvalConfig:
             )
         if self.max_tokens is not None and self.max_tokens <= self.seq_len:
             raise ValueError(f"max_tokens must exceed seq_len ({self.seq_len}), got {self.max_tokens}")
+        if self.max_docs is not None and self.max_docs <= 0:
+            raise ValueError(f"max_docs must be None or positive, got {self.max_docs}")
         if self.dtype not in EVAL_DTYPES:
             raise ValueError(f"eval dtype must be one of {EVAL_DTYPES}, got {self.dtype!r}")
         if self.stride is not None:

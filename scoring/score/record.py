@@ -42,6 +42,8 @@ class ScoreRecord:
     val_bytes: int
     val_tokens_available: int
     eval_subset_max_tokens: int | None
+    eval_subset_docs: int | None = None
+    """The documents scored, each to its end, when the subset is cut by documents (EvalConfig.max_docs)."""
     eval_mode: str
     eval_dtype: str
     eval_seq_len: int
@@ -128,6 +130,7 @@ _SCORE_FIELDS: dict[str, Types] = {
     "val_bytes": int,
     "val_tokens_available": int,
     "eval_subset_max_tokens": _INT_OR_NONE,
+    "eval_subset_docs": _INT_OR_NONE,
     "eval_mode": str,
     "eval_dtype": str,
     "eval_seq_len": int,
@@ -163,7 +166,7 @@ _SCORE_FIELDS: dict[str, Types] = {
     "scoring_workers": _INT_OR_NONE,
 }
 """Each field of ScoreRecord with the JSON types it may hold (numbers must be finite)."""
-_OPTIONAL = frozenset({"eval_clock", "denominator", "crossing", "scoring_workers"})
+_OPTIONAL = frozenset({"eval_clock", "denominator", "crossing", "scoring_workers", "eval_subset_docs"})
 """Fields a record from before them may lack."""
 _NON_NEGATIVE = frozenset(
     {"val_tokens", "val_bytes", "val_tokens_available", "val_loss_sum_nats", "eval_time_s", "score_wall_s"}

@@ -79,6 +79,7 @@ from scoring.score.probes import (
 )
 from scoring.score.record import ScoreRecord
 from scoring.score.remote import EvalDeadline, WorkerConfig, WorkerModel, start_worker
+from scoring.score.windows import resolve_documents
 from scoring.worker.child import default_memory_limit_bytes, tune_cpu_allocator
 from scoring.worker.cpu_math import warm_cpu_math
 
@@ -233,6 +234,8 @@ class CoreScore:
     tokenizer_sha256: str
     artifact_sha256: str
     manifest_sha256: str
+    cfg: EvalConfig | None = None
+    """The eval config as scored: a cut by documents resolved to max_tokens (windows.py resolve_documents)."""
     crossing: dict[str, Any] | None = None
     """How the logits crossed from the scoring workers (remote.py WorkerModel.crossing_record, bytes summed)."""
 
@@ -317,6 +320,7 @@ def score_core(
         cache = PageCacheReset.open(roots=[r.path for r in main.plan.rules if r.access == "ro"])
         stack.callback(cache.close)
         tokens = read_split(data_dir, "val")
+        cfg = resolve_documents(cfg, tokens, tokenizer.bos_id)
         # this process's own loss (log-softmax in float64) goes through MKL's vector math too: warmed like
         # the workers' (scoring/worker/cpu_math.py), so no first call can change a scored number
         warm_cpu_math()
@@ -461,6 +465,7 @@ def score_core(
         tokenizer_sha256=tokenizer_sha256,
         artifact_sha256=artifact_sha256,
         manifest_sha256=manifest_sha256,
+        cfg=cfg,
         crossing=crossing,
     )
 
@@ -549,6 +554,7 @@ def score_artifact(
         write_dirs=write_dirs,
     )
     result, sums = core.result, core.result.sums
+    cfg = core.cfg or cfg
     finite = math.isfinite(eval_budget_s)
     return ScoreRecord(
         metric_version=METRIC_VERSION,
@@ -561,6 +567,7 @@ def score_artifact(
         val_bytes=sums.bytes,
         val_tokens_available=core.tokens_available,
         eval_subset_max_tokens=cfg.max_tokens,
+        eval_subset_docs=cfg.max_docs,
         eval_mode=cfg.mode,
         eval_dtype=cfg.dtype,
         eval_seq_len=cfg.seq_len,

@@ -8,12 +8,14 @@ built so that each target of the mode is scored exactly once. Pure numpy: no mod
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from data.tokenizer import BOS_ID
+from scoring.score.eval_config import EvalConfig
 
 
 class WindowRules(Protocol):
@@ -94,6 +96,31 @@ def standard_targets(
             f"validation split has {tokens.size} tokens: too short for one window of seq_len={seq_len}"
         )
     return tokens[: windows * seq_len + 1], windows
+
+
+def documents_cut(tokens: np.ndarray, docs: int, bos_id: int = BOS_ID) -> int | None:
+    """max_tokens for the first `docs` documents of `tokens` (each starts with BOS), each scored to its end: the
+    position of document `docs`'s BOS, whose target is the prediction that document `docs - 1` ends. None when
+    the split holds no more than `docs` documents (the whole split). ValueError for a split that does not start
+    with BOS: its documents cannot be counted."""
+    if tokens.size == 0 or int(tokens[0]) != bos_id:
+        raise ValueError("the validation tokens do not start with BOS: their documents cannot be counted")
+    starts = np.flatnonzero(tokens == bos_id)
+    return int(starts[docs]) if starts.size > docs else None
+
+
+def resolve_documents(cfg: EvalConfig, tokens: np.ndarray, bos_id: int = BOS_ID) -> EvalConfig:
+    """`cfg` with a cut by documents (max_docs) resolved to max_tokens on these tokens; `cfg` itself without one.
+    ValueError when a max_tokens given with it is another cut."""
+    if cfg.max_docs is None:
+        return cfg
+    cut = documents_cut(tokens, cfg.max_docs, bos_id)
+    if cfg.max_tokens is not None and cfg.max_tokens != cut:
+        raise ValueError(
+            f"max_tokens = {cfg.max_tokens} with max_docs = {cfg.max_docs}: the first {cfg.max_docs} documents end at "
+            f"{cut}; give one of the two"
+        )
+    return dataclasses.replace(cfg, max_tokens=cut)
 
 
 def eval_tokens(tokens: np.ndarray, cfg: WindowRules) -> np.ndarray:

@@ -89,6 +89,7 @@ def test_the_eval_and_pack_sections_mirror_their_configs():
     from harness.config import EvalSection, PackConfig
     from harness.train.gptq_config import GptqConfig
     from scoring.score.evaluate import EvalConfig
+    from scoring.tracks import TRACKS
 
     def defaults(cls, prefix=""):
         return {prefix + f.name: f.default for f in dataclasses.fields(cls)}
@@ -97,7 +98,10 @@ def test_the_eval_and_pack_sections_mirror_their_configs():
     assert defaults(EvalSection) == {k: 0 if v is None else v for k, v in defaults(EvalConfig).items()}
     assert list(defaults(EvalSection)) == list(defaults(EvalConfig))  # the record's key order
     section = EvalSection(mode="sliding", stride=64, max_tokens=0)
-    assert section.to_eval_config(5000) == EvalConfig(mode="sliding", stride=64, max_tokens=5000)
+    smoke = dataclasses.replace(TRACKS["smoke"], eval_max_tokens=5000)
+    assert section.to_eval_config(smoke) == EvalConfig(mode="sliding", stride=64, max_tokens=5000)
+    cpu = section.to_eval_config(TRACKS["cpu_10min_16mb"])
+    assert (cpu.max_tokens, cpu.max_docs) == (None, 1_700)  # the CPU record track's subset: documents
     assert EvalSection().to_eval_config(None) == EvalConfig()  # 0 back to None
     pack = PackConfig(gptq_batches=2, gptq_seq_len=64, gptq_batch_tokens=128, codec="int6_zlib9")
     assert pack.gptq() == GptqConfig(batches=2, seq_len=64, batch_tokens=128)

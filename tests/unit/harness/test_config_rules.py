@@ -88,13 +88,15 @@ def test_every_preset_of_the_repo_validates_without_a_gpu(folder, preset):
         assert cfg.tables["launch"]["sandbox"] == track.sandbox == "required"
         assert cfg.tables["budget"]["grace_s"] == track.grace_s
         assert cfg.tables["eval"]["max_tokens"] == (track.eval_max_tokens or 0)
+        assert cfg.tables["eval"]["max_docs"] == (track.eval_max_docs or 0)
 
 
 def test_track_values_fill_what_the_folder_leaves():
     official = load_config(BASELINE, "official").section("budget")
     assert (official.grace_s, official.startup_s, official.warmup_max_s) == (30.0, 300.0, 180.0)
     cpu = load_config(BASELINE, "cpu")
-    assert cpu.section("budget").grace_s == 60.0 and cpu.section("eval").max_tokens == 2_097_152
+    assert cpu.section("budget").grace_s == 60.0
+    assert (cpu.section("eval").max_tokens, cpu.section("eval").max_docs) == (0, 1_700)
 
 
 def test_train_budget_defaults_to_the_tracks(tmp_path):

@@ -162,12 +162,18 @@ def test_a_board_ranks_only_results_scored_under_their_tracks_rules():
     )
     assert why["loosened"].startswith("the track's rules were loosened (budget.grace_s")
     two_tracks = full_result("cpu_entry", track="cpu_10min_16mb", val_bpb=2.0)
-    two_tracks["phases"]["score"] = {"eval_subset_max_tokens": 2_097_152}
-    board = _board([full, two_tracks])
+    two_tracks["phases"]["score"] = {"eval_subset_max_tokens": 2_101_377, "eval_subset_docs": 1_700}
+    by_tokens = full_result("cpu_by_tokens", track="cpu_10min_16mb", val_bpb=1.9)
+    by_tokens["phases"]["score"] = {"eval_subset_max_tokens": 2_097_152}  # the track's cut before documents
+    board = _board([full, two_tracks, by_tokens])
     assert sorted((r["track"], r["rank"]) for r in board["ranked"]) == [
         ("10min_16mb", 1),
         ("cpu_10min_16mb", 1),
     ]
+    assert {r["name"]: r["why"] for r in board["unranked"]}["cpu_by_tokens"] == (
+        "scored on the first 2,097,152 validation tokens; the track cpu_10min_16mb scores the first 1,700 "
+        "validation documents"
+    )
 
 
 def test_a_plot_title_is_bounded_and_escaped():

@@ -20,12 +20,12 @@ def tables_of(track: str) -> dict:
     return tables
 
 
-def result(track: str, *, tables: dict, subset: int | None = None) -> dict:
+def result(track: str, *, tables: dict, subset: int | None = None, docs: int | None = None) -> dict:
     return {
         "track": track,
         "cap_bytes": 16_000_000,
         "config": tables,
-        "phases": {"score": {"eval_subset_max_tokens": subset}},
+        "phases": {"score": {"eval_subset_max_tokens": subset, "eval_subset_docs": docs}},
     }
 
 
@@ -49,10 +49,13 @@ def test_a_smoke_run_relabelled_as_a_record_fails_its_track(tiny_dataset):
 def test_a_claimed_eval_subset_fails_on_a_track_without_one():
     forged = result("10min_16mb", tables=tables_of("10min_16mb"), subset=2048)
     assert failed(track_checks(forged, None, data_given=True)) == ["eval subset is the track's (10min_16mb)"]
-    cpu = result(
-        "cpu_10min_16mb", tables=tables_of("cpu_10min_16mb"), subset=TRACKS["cpu_10min_16mb"].eval_max_tokens
-    )
+    # the CPU track's subset is its first 1,700 documents, however many tokens they are on the scored dataset
+    cpu = result("cpu_10min_16mb", tables=tables_of("cpu_10min_16mb"), subset=2_101_377, docs=1_700)
     assert failed(track_checks(cpu, None, data_given=True)) == []
+    by_tokens = result("cpu_10min_16mb", tables=tables_of("cpu_10min_16mb"), subset=2_097_152)
+    assert failed(track_checks(by_tokens, None, data_given=True)) == [
+        "eval subset is the track's (cpu_10min_16mb)"
+    ]
 
 
 def test_an_unknown_track_or_cap_fails():
@@ -70,5 +73,7 @@ def test_the_tables_a_real_record_track_run_records_pass():
     from tests.conftest import BASELINE
 
     tables = load_config(BASELINE, "cpu").tables
-    honest = result("cpu_10min_16mb", tables=tables, subset=TRACKS["cpu_10min_16mb"].eval_max_tokens)
+    honest = result(
+        "cpu_10min_16mb", tables=tables, subset=2_101_377, docs=TRACKS["cpu_10min_16mb"].eval_max_docs
+    )
     assert failed(track_checks(honest, None, data_given=True)) == []

@@ -150,11 +150,23 @@ def test_a_model_that_patches_torch_through_an_alias_changes_nothing_in_the_scor
 
 
 def test_a_clean_score_records_its_code_check(tmp_path, tiny_dataset):
+    """(Scored on its first validation document: a cut by documents, resolved by the scorer and recorded.)"""
+    import dataclasses
+
+    import numpy as np
+
+    from data.shards import read_split
+    from data.tokenizer import BOS_ID
+
     folder = write_submission(tmp_path / "ok")
     pack_tiny(folder, tmp_path / "a.pgolf")
+    first_doc = dataclasses.replace(FAST_EVAL, max_tokens=None, max_docs=1)
     rec = score_artifact(
-        tmp_path / "a.pgolf", folder, tiny_dataset, FAST_EVAL, threads=1, probe_cfg=NO_PROBES
+        tmp_path / "a.pgolf", folder, tiny_dataset, first_doc, threads=1, probe_cfg=NO_PROBES
     )
+    second_doc_at = int(np.flatnonzero(read_split(tiny_dataset, "val") == BOS_ID)[1])
+    assert (rec["eval_subset_docs"], rec["eval_subset_max_tokens"]) == (1, second_doc_at)
+    assert rec["val_tokens"] == second_doc_at - second_doc_at % 32  # standard mode: whole windows of 32
     cc = rec["code_check"]
     assert cc["static"] == "passed" and cc["files"] == ["model.py"] and "model.py" in cc["code_files_checked"]
     assert "static lint" in rec["enforcement"]["allowed imports, no files or monkeypatching in scored code"]

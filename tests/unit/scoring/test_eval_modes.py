@@ -22,7 +22,7 @@ from data.build import build_dataset
 from data.shards import read_split
 from data.tokenizer import BOS_ID, ByteTokenizer
 from scoring.score.evaluate import EvalConfig, evaluate
-from scoring.score.windows import plan_windows
+from scoring.score.windows import eval_tokens, plan_windows
 from tests.conftest import BASELINE
 
 V = 260
@@ -218,3 +218,52 @@ def test_default_strides():
     assert EvalConfig(mode="sliding", seq_len=64).resolved_stride == 32
     assert EvalConfig(mode="documents", seq_len=64).resolved_stride == 64
     assert EvalConfig(seq_len=64).resolved_stride is None
+
+
+def test_a_cut_by_documents_ends_at_a_documents_start_and_refuses_another_cut():
+    from scoring.score.windows import documents_cut, resolve_documents
+
+    tokens = np.array([BOS_ID, 5, 6, BOS_ID, 7, BOS_ID, 8, 9, 10, BOS_ID, 11], dtype=np.int64)
+    assert [documents_cut(tokens, d) for d in (1, 2, 3, 4, 9)] == [3, 5, 9, None, None]
+    cfg = resolve_documents(EvalConfig(seq_len=2, mode="sliding", max_docs=3), tokens)
+    assert (cfg.max_tokens, cfg.max_docs) == (9, 3)
+    # the targets scored are every token of documents 0..2 after the first, and document 3's BOS: the end of 2
+    assert plan_windows(eval_tokens(tokens, cfg), cfg).target_positions().tolist() == list(range(1, 10))
+    assert resolve_documents(EvalConfig(seq_len=2), tokens) == EvalConfig(seq_len=2)
+    with pytest.raises(ValueError, match="the first 3 documents end at 9; give one of the two"):
+        resolve_documents(EvalConfig(seq_len=2, max_docs=3, max_tokens=8), tokens)
+    with pytest.raises(ValueError, match="do not start with BOS"):
+        documents_cut(tokens[1:], 2)
+
+
+def test_a_cut_by_documents_scores_the_same_text_whatever_the_tokenizer(tmp_path):
+    """The CPU record track scores a subset. Cut by tokens, it fell elsewhere in the text for each tokenizer
+    (byte260 covered 3 sample documents where sp8192 covered 26), so an entry's tokenizer chose which documents
+    counted; cut by documents, every tokenizer's scored targets cover the same canonical bytes."""
+    from data.canonical import read_val_bytes
+    from scoring.score.windows import resolve_documents
+    from tests.conftest import SP1024, SP8192
+    from tests.fixtures.texts import prose_documents
+
+    if not (SP1024.is_file() and SP8192.is_file()):
+        pytest.skip(f"needs the official tokenizers at {SP1024.parent} (../shared/data)")
+    texts = prose_documents(12, 3000)
+    covered = {}
+    for tok in (SP1024, SP8192):  # both count the sp1024 canonical text, as a record track's datasets must
+        ds = build_dataset(texts, tmp_path / tok.stem, val_docs=6, tokenizer=str(tok), progress=False)
+        tokens = read_split(ds, "val")
+        counts = read_val_bytes(ds / "val_bytes.bin").token_bytes
+        # sliding: every target of the tokens read is scored (standard mode drops its last partial window, under
+        # seq_len tokens at the end of the last document, as every standard evaluation does)
+        cfg = resolve_documents(EvalConfig(seq_len=16, mode="sliding", max_docs=4), tokens)
+        targets = plan_windows(eval_tokens(tokens, cfg), cfg).target_positions()
+        covered[tok.stem] = (int(counts[targets].sum()), int(cfg.max_tokens or 0))
+        by_tokens = plan_windows(
+            eval_tokens(tokens, EvalConfig(seq_len=16, mode="sliding", max_tokens=1500)), cfg
+        )
+        covered[tok.stem] += (int(counts[by_tokens.target_positions()].sum()),)
+    (bytes_1024, tokens_1024, cut_1024), (bytes_8192, tokens_8192, cut_8192) = covered.values()
+    assert (
+        bytes_1024 == bytes_8192 > 0 and tokens_1024 > tokens_8192
+    )  # the same four documents, in other tokens
+    assert cut_8192 > cut_1024  # cut by tokens, sp8192 was scored on more text than sp1024
