@@ -200,3 +200,36 @@ def test_every_format_version_the_docs_state_is_the_code_s():
         if code.get(name) != version
     ]
     assert not wrong, "\n".join(wrong)
+
+
+def status_lists() -> dict[str, list[str]]:
+    """The statuses each doc lists besides RULES.md's table (tests/unit/test_statuses.py holds that one): the
+    OFFICIALS.md 'Statuses' table's rows, RECORDS.md's pg-result `status` cell, README's and ARCHITECTURE's
+    verdict paragraphs."""
+
+    def section(doc: str, start: str, end: str) -> str:
+        text = (REPO / doc).read_text()
+        at = text.index(start)
+        return text[at : text.index(end, at + len(start))]
+
+    officials = section("docs/OFFICIALS.md", "## Statuses", "\n## ")
+    records = section("docs/RECORDS.md", "## `pg-result`", "\n## ")
+    return {
+        "docs/OFFICIALS.md": re.findall(r"^\| `([a-z_]+)` \|", officials, re.MULTILINE),
+        "docs/RECORDS.md": re.findall(r"`([a-z_]+)`", re.search(r"^\| `status` \|(.*)$", records, re.M)[1]),
+        "README.md": re.findall(r"`([a-z_]+)`", section("README.md", "**Verdicts**", "\n- **")),
+        "docs/ARCHITECTURE.md": re.findall(
+            r"`([a-z_]+)`", section("docs/ARCHITECTURE.md", "## Verdicts", "names live")
+        ),
+    }
+
+
+def test_every_doc_that_lists_the_statuses_lists_every_one():
+    from scoring.statuses import STATUSES
+
+    lists = status_lists()
+    assert lists["docs/OFFICIALS.md"] == list(STATUSES)
+    assert lists["docs/RECORDS.md"] == list(STATUSES)
+    for doc in ("README.md", "docs/ARCHITECTURE.md"):
+        missing = [s for s in STATUSES if s not in lists[doc]]
+        assert not missing, f"{doc}'s verdicts leave out {missing}"
