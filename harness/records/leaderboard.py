@@ -5,7 +5,10 @@
 The ledger is append-only JSON lines: "pg-result" records (one per run, written by the runner) and
 "pg-verification" records (written by `pgolf verify`, keyed by the result's digest). A result's
 verification is the latest verification record for exactly its digest (harness/records/verify.py); a
-"verified" written into a result by hand, without one, counts for nothing.
+"verified" written into a result by hand, without one, counts for nothing. A line is its writer's word:
+a string or a list where a number or an object goes is no number (listed apart, never a crash), a
+verified result ranks only with bytes within its track's cap and a bpb above zero (the board checks the
+numbers it shows, never within_cap alone), and the same result twice is one run.
 
 Only verified results that scored (status ok, within the cap) on a record track rank (a smoke or untimed
 track's results are listed, never ranked; an unknown --track is refused). A failed run's row and a run
@@ -112,6 +115,10 @@ def read_ledger(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, dict[
             raise ValueError(
                 f"{path}:{n} is not a JSON line ({e}); the ledger is append-only JSON lines"
             ) from e
+        if not isinstance(rec, dict):
+            raise ValueError(
+                f"{path}:{n} is a JSON {type(rec).__name__}, not a record; the ledger is append-only JSON objects"
+            )
         if rec.get("format") == "pg-result":
             results.append(rec)
         elif rec.get("format") == "pg-verification" and rec.get("result_sha256"):
@@ -119,11 +126,47 @@ def read_ledger(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, dict[
     return results, verifications
 
 
+_LAST_UNIX_S = 253_402_300_799.0
+"""9999-12-31 23:59:59 UTC: the last time a date can show (a later one is no time, not a crash)."""
+_NUMBER_KEYS = ("val_bpb", "val_loss", "bytes_total", "seed", "created_unix_s")
+
+
+def _number(v: Any) -> float | int | None:
+    """A record's number as one (int or finite float), else None: a string ("inf", "nan", as
+    harness/run/result.py writes non-finite numbers, or any text), a bool, a list are no number."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _dict(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
+def _clean(r: dict[str, Any]) -> dict[str, Any]:
+    """The result as the board reads it: its objects objects, its numbers numbers (else None). A ledger line
+    is the word of whatever wrote it; one with a string where a number goes must not stop the board."""
+    out = {**r, **{k: _number(r.get(k)) for k in _NUMBER_KEYS}}
+    for key in ("submission", "phases", "provenance"):
+        out[key] = _dict(r.get(key))
+    out["phases"] = {k: _dict(v) for k, v in out["phases"].items()}
+    return out
+
+
+def _digest(r: dict[str, Any]) -> str | None:
+    """The result's ledger key, None for a line no verification can name (a bare NaN or Infinity in it)."""
+    try:
+        return result_digest(r)
+    except (TypeError, ValueError):
+        return None
+
+
 def _date(r: dict[str, Any]) -> str:
     d = (r.get("submission") or {}).get("date")
     if isinstance(d, str) and d:
         return d
-    return dt.datetime.fromtimestamp(float(r.get("created_unix_s") or 0), dt.UTC).date().isoformat()
+    t = _run_unix_s(r)
+    return dt.datetime.fromtimestamp(t, dt.UTC).date().isoformat() if t is not None else ""
 
 
 def _overrides(r: dict[str, Any]) -> str:
@@ -133,8 +176,8 @@ def _overrides(r: dict[str, Any]) -> str:
 
 
 def _run_unix_s(r: dict[str, Any]) -> float | None:
-    t = r.get("created_unix_s")
-    return float(t) if isinstance(t, int | float) and math.isfinite(t) and t > 0 else None
+    t = _number(r.get("created_unix_s"))
+    return float(t) if t is not None and 0 < t <= _LAST_UNIX_S else None
 
 
 def _run_time(t: float | None) -> str:
@@ -210,6 +253,19 @@ def unranked_track(r: dict[str, Any]) -> str | None:
     return None
 
 
+def _numbers_problem(r: dict[str, Any]) -> str | None:
+    """Why a result's numbers are no result on its track (None: they are): bytes outside 0..the track's cap,
+    a bpb or loss below zero (no cross-entropy is). A record's within_cap is its writer's word; the board
+    checks the numbers it shows."""
+    track, n = TRACKS.get(str(r.get("track"))), r.get("bytes_total")
+    if track is not None and n is not None and not 0 <= n <= track.cap_bytes:
+        return f"bytes_total {n:,} is outside 0..{track.cap_bytes:,}, the track's cap"
+    for key in ("val_bpb", "val_loss"):
+        if r.get(key) is not None and r[key] < 0:
+            return f"{key} {r[key]} is below zero"
+    return None
+
+
 def marks(r: dict[str, Any]) -> list[str]:
     """What a row shows beside its name: `failed` (a status other than ok), `contended` (its CPUs were shared
     with other processes, harness/run/load.py: its speed is not the machine's)."""
@@ -225,7 +281,7 @@ def marks(r: dict[str, Any]) -> list[str]:
 def _why_unranked(r: dict[str, Any], verification: str, rules: str | None) -> str:
     if r.get("status") != OK:
         return f"status {visible(r.get('status'), 40)}"
-    if not r.get("within_cap"):
+    if r.get("within_cap") is not True:
         return "over the cap"
     if verification != VERIFIED:
         return f"verification {visible(verification, 40)}"
@@ -242,19 +298,31 @@ def build(
         )
     groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
     unranked = []
-    for r in results:
-        if track and r.get("track") != track:
+    seen: set[str] = set()
+    for raw in results:
+        if track and raw.get("track") != track:
             continue
-        sub = r.get("submission") or {}
-        ver = verifications.get(result_digest(r))
-        verification = ver["status"] if ver else UNVERIFIED
+        digest = _digest(raw)
+        if digest is not None and digest in seen:
+            # the same result twice (a line appended again, a copied run) is one run, never a second seed
+            continue
+        seen.add(digest or "")
+        r = _clean(raw)
+        sub = r["submission"]
+        ver = verifications.get(digest) if digest else None
+        verification = str(ver.get("status")) if isinstance(ver, dict) else UNVERIFIED
         name = str(sub.get("name") or "?")
-        rules = rules_problem(r) or unranked_track(r)
+        try:
+            rules = rules_problem(r) or unranked_track(r) or _numbers_problem(r)
+        except (TypeError, ValueError, AttributeError) as e:
+            rules = f"malformed record ({visible(e, 120)})"
         if (
             verification == VERIFIED
             and r.get("status") == OK
-            and r.get("within_cap")
+            and r.get("within_cap") is True
             and r.get("val_bpb") is not None
+            and r.get("val_loss") is not None
+            and r.get("bytes_total") is not None
             and rules is None
         ):
             key = (entry_id(r), str(r.get("track")), str(r.get("preset")), _overrides(r))

@@ -1,0 +1,102 @@
+"""The leaderboard against hostile ledger lines (harness/records/leaderboard.py). A line is the word of
+whatever wrote it: `write_result` writes a non-finite number as the string "inf", a line may hold a bare
+Infinity, a string where a number goes, a list where an object goes, a time past year 9999. Each stopped
+the whole board with a traceback (one bad record hid every other); each is now listed apart, never
+ranked. A verified result still ranks only on numbers the board checks itself: bytes within the track's
+cap (a record's within_cap is its writer's word) and a bpb above zero; the same result twice in the
+ledger is one run, never a second seed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.records.leaderboard import build, markdown, page, write_leaderboard
+from harness.records.verify import result_digest
+from tests.unit.harness.test_text_as_data import full_result
+
+
+def verification(r: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "format": "pg-verification",
+        "format_version": 1,
+        "status": "verified",
+        "result_sha256": result_digest(r),
+    }
+
+
+def entry(name: str, **over: Any) -> dict[str, Any]:
+    over.setdefault("submission", {"name": name, "author": name, "github_id": name, "builds_on": None})
+    return full_result(name, **over)
+
+
+HOSTILE_LINES = {
+    "inf bpb as written": entry("inf", val_bpb="inf", status="error"),
+    "text bytes": entry("textbytes", bytes_total="big"),
+    "text seed": entry("textseed", seed="x"),
+    "list submission": full_result("x", submission=["x"]),
+    "list phases": entry("listphases", phases=["x"]),
+    "text time": entry("texttime", created_unix_s="x", submission={"name": "texttime"}),
+    "time past 9999": entry("future", created_unix_s=1e20),
+    "list score": entry("listscore", phases={"score": ["x"], "command": {"loosened": 5}}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_LINES))
+def test_one_hostile_record_is_listed_apart_and_the_board_still_builds(tmp_path: Path, case: str) -> None:
+    good = entry("good")
+    bad = HOSTILE_LINES[case]
+    lines = [json.dumps(good), json.dumps(verification(good)), json.dumps(bad)]
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text("\n".join(lines) + "\n")
+    board = write_leaderboard(ledger, tmp_path / "site")
+    assert [r["name"] for r in board["ranked"]] == ["good"]
+    assert len(board["unranked"]) == 1
+    assert (tmp_path / "site" / "index.html").read_text().count("<tr") == 4  # 2 headers, 2 rows
+
+
+def test_a_bare_infinity_in_a_line_is_listed_and_can_never_be_verified(tmp_path: Path) -> None:
+    good = entry("good")
+    ledger = tmp_path / "ledger.jsonl"
+    bare = json.dumps(entry("bare")).replace('"val_bpb": 1.0', '"val_bpb": Infinity')
+    ledger.write_text("\n".join([json.dumps(good), json.dumps(verification(good)), bare]) + "\n")
+    board = write_leaderboard(ledger, tmp_path / "site")
+    assert [(r["name"], r["verification"], r["val_bpb"]) for r in board["unranked"]] == [
+        ("bare", "unverified", None)
+    ]
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"pg-result"', "7"])
+def test_a_ledger_line_that_is_no_object_is_one_line(tmp_path: Path, text: str) -> None:
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text(json.dumps(entry("good")) + "\n" + text + "\n")
+    with pytest.raises(ValueError, match=r"ledger.jsonl:2 is a JSON \w+, not a record"):
+        write_leaderboard(ledger, tmp_path / "site")
+
+
+@pytest.mark.parametrize(
+    ("over", "why"),
+    [
+        ({"bytes_total": 16_000_001}, "bytes_total 16,000,001 is outside 0..16,000,000, the track's cap"),
+        ({"bytes_total": -1}, "bytes_total -1 is outside 0..16,000,000, the track's cap"),
+        ({"val_bpb": -0.5}, "val_bpb -0.5 is below zero"),
+        ({"within_cap": "yes"}, "over the cap"),
+    ],
+)
+def test_a_verified_result_ranks_only_on_numbers_the_board_checks(over: dict[str, Any], why: str) -> None:
+    good, claim = entry("good"), entry("claim", **over)
+    board = build([good, claim], {result_digest(r): verification(r) for r in (good, claim)}, None)
+    assert [r["name"] for r in board["ranked"]] == ["good"]
+    assert [(r["name"], r["why"]) for r in board["unranked"]] == [("claim", why)]
+
+
+def test_the_same_result_twice_in_the_ledger_is_one_seed() -> None:
+    one, other = entry("e", seed=1, val_bpb=1.0), entry("e", seed=2, val_bpb=1.2)
+    vs = {result_digest(r): verification(r) for r in (one, other)}
+    board = build([one, one, one, other], vs, None)
+    (row,) = board["ranked"]
+    assert (row["seeds"], row["seed_list"], round(row["val_bpb"], 6)) == (2, [1, 2], 1.1)
+    markdown(board), page(board)
