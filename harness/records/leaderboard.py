@@ -609,7 +609,8 @@ def _href(path: str, base: Path | None) -> str:
 
 def _cell(row: dict[str, Any], key: str, typ: str, links: dict[str, str], base: Path | None = None) -> str:
     """A table cell: every value escaped (harness/run/text.py html_text) and bounded; `links` maps an
-    entry's name to the id of its best ranked row (what a lineage links to)."""
+    entry's name to the id of its best ranked row (what a lineage links to; a name that two entries
+    hold is in no link)."""
     v = row.get(key)
     if key == "plots":
         anchors = [
@@ -658,8 +659,12 @@ def page(board: dict[str, Any], base: Path | None = None) -> str:
     ranked, unranked = board["ranked"], board["unranked"]
     ids = _row_ids(ranked)
     links: dict[str, str] = {}
+    owners: dict[str, set[str]] = {}
     for r, rid in zip(ranked, ids, strict=True):  # a name's best row (rows are sorted best first)
         links.setdefault(str(r["name"]), rid)
+        owners.setdefault(str(r["name"]), set()).add(str(r["entry_id"]))
+    # a name two entries hold links to neither: else the better one takes every lineage naming the other
+    links = {name: rid for name, rid in links.items() if len(owners[name]) == 1}
     head = "".join(f'<th data-key="{k}" data-type="{t}">{html.escape(h)}</th>' for k, h, t in COLUMNS)
     body = (
         "".join(

@@ -100,3 +100,20 @@ def test_the_same_result_twice_in_the_ledger_is_one_seed() -> None:
     (row,) = board["ranked"]
     assert (row["seeds"], row["seed_list"], round(row["val_bpb"], 6)) == (2, [1, 2], 1.1)
     markdown(board), page(board)
+
+
+def test_a_lineage_never_links_to_an_impostor_that_took_the_name() -> None:
+    """An entrant names its entry after an earlier one ("base", another author) and scores better: every
+    entry that builds on "base" linked to the impostor's row, the one sorted first."""
+    base = entry("base", val_bpb=1.2)
+    impostor = entry("base", val_bpb=1.0, submission={"name": "base", "author": "mallory", "github_id": "m"})
+    child = entry("child", val_bpb=1.1, submission={"name": "child", "author": "c", "builds_on": "base"})
+    board = build(
+        [base, impostor, child], {result_digest(r): verification(r) for r in (base, impostor, child)}, None
+    )
+    assert [r["name"] for r in board["ranked"]] == ["base", "child", "base"]
+    html = page(board)
+    child_row = html.split(f'id="row-{board["ranked"][1]["entry_id"]}"')[1].split("</tr>")[0]
+    assert '<a href="#row-' not in child_row and ">base</td>" in child_row
+    alone = page(build([base, child], {result_digest(r): verification(r) for r in (base, child)}, None))
+    assert f'<a href="#row-{board["ranked"][2]["entry_id"]}">base</a>' in alone
