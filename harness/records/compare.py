@@ -18,6 +18,10 @@ tokenizer and validation subset); otherwise pass `--metric val_bpb`: the test th
 and the margin is converted to bits per byte with the old side's tokens per byte
 (margin · tokens/bytes / ln 2), the margin the record's own tokenizer implies. bpb stays the
 ranking metric of the leaderboard; this command only says whether an improvement is significant.
+
+A result is verified only by a "verified" verification of its digest in the official's ledger
+(`--ledger`, as the leaderboard reads it); the "verification" a result.json holds is the word of whoever
+wrote the file, and a verdict on any unverified result says UNVERIFIED.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from typing import Any
 from scipy import stats
 
 from data.io import read_json
-from scoring.statuses import Status
+from harness.records.verify import result_digest
+from scoring.statuses import VERIFIED, Status
 from scoring.tracks import get_track
 
 COMPARE_FORMAT = "pg-compare"
@@ -118,14 +123,27 @@ def load_results(paths: list[str | os.PathLike[str]]) -> list[dict[str, Any]]:
     return out
 
 
+def _verified(r: dict[str, Any], verifications: dict[str, dict[str, Any]]) -> bool:
+    """Whether the ledger's verification of exactly this result says verified (never the result's own word)."""
+    core = {k: v for k, v in r.items() if k != "_path"}
+    try:
+        ver = verifications.get(result_digest(core))
+    except (TypeError, ValueError):
+        return False
+    return isinstance(ver, dict) and ver.get("status") == VERIFIED
+
+
 def compare_results(
     new: list[dict[str, Any]],
     old: list[dict[str, Any]],
     *,
     metric: str = "val_loss",
     track: str | None = None,
+    verifications: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The comparison record: the Welch result plus what was compared and any warnings."""
+    """The comparison record: the Welch result plus what was compared and any warnings. A result is verified
+    only by a "verified" record for its digest in `verifications` (the official's ledger, `--ledger`): the
+    "verification" a result.json holds is the word of whoever wrote the file."""
     if metric not in METRICS:
         raise ValueError(f"--metric must be one of {METRICS}, got {metric!r}")
     track_name = track or new[0].get("track")
@@ -155,12 +173,12 @@ def compare_results(
     w = welch_test(
         [float(r[metric]) for r in new], [float(r[metric]) for r in old], margin, tr.p_value, metric
     )
-    unverified = [r["_path"] for r in new + old if r.get("verification") != "verified"]
+    unverified = [r["_path"] for r in new + old if not _verified(r, verifications or {})]
     if unverified:
         warnings.append(
             f"{len(unverified)} of {len(new) + len(old)} results are not verified: the verdict is the numbers' "
-            "only until `pgolf verify` re-scores them (a result.json is the word of whoever wrote it; the "
-            "leaderboard ranks only results whose verification is in the official's ledger)"
+            "only until `pgolf verify` re-scores them (a result.json is the word of whoever wrote it, its "
+            'own "verification" too; a verification counts from the official\'s ledger, --ledger)'
         )
     return {
         "format": COMPARE_FORMAT,
@@ -193,8 +211,17 @@ def describe(rec: dict[str, Any]) -> str:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    verifications = None
+    if args.ledger:
+        from harness.records.leaderboard import read_ledger
+
+        verifications = read_ledger(args.ledger)[1]
     rec = compare_results(
-        load_results(args.new), load_results(args.against), metric=args.metric, track=args.track
+        load_results(args.new),
+        load_results(args.against),
+        metric=args.metric,
+        track=args.track,
+        verifications=verifications,
     )
     print(json.dumps(rec, sort_keys=True) if args.json else describe(rec))
     return 0
@@ -212,5 +239,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--metric", default="val_loss", choices=METRICS, help="val_loss (nats/token, default) or val_bpb"
     )
     p.add_argument("--track", help="track whose margin and p-value apply (default: the new results' track)")
+    p.add_argument(
+        "--ledger",
+        help="the official's results ledger: a result counts as verified only by its verification there",
+    )
     p.add_argument("--json", action="store_true", help="print the comparison record as one JSON object")
     p.set_defaults(func=cmd_compare)

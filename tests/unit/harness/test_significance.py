@@ -7,11 +7,14 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from scipy import stats
 
 from harness.records.compare import compare_results, describe, load_results, welch_test
+from harness.records.leaderboard import read_ledger
+from harness.records.verify import result_digest
 from scoring.tracks import get_track
 from tests.conftest import REPO
 
@@ -63,6 +66,25 @@ def write_results(
     return paths
 
 
+def ledger_of(tmp_path, *paths):
+    """The official's ledger holding a "verified" verification of each result file (what `pgolf verify` appends)."""
+    ledger = tmp_path / "ledger.jsonl"
+    lines = []
+    for p in paths:
+        r = json.loads(Path(p).read_text())
+        lines.append(
+            {
+                "format": "pg-verification",
+                "format_version": 1,
+                "status": "verified",
+                "result_sha256": result_digest(r),
+            }
+        )
+    with ledger.open("a") as f:
+        f.write("".join(json.dumps(x) + "\n" for x in lines))
+    return ledger
+
+
 CASES = {
     "clear record": ([2.0400, 2.0410, 2.0395, 2.0405], [2.0600, 2.0590, 2.0612]),
     "better, but not by the margin": ([2.0570, 2.0560, 2.0565], [2.0600, 2.0590, 2.0612]),
@@ -99,14 +121,18 @@ def test_verdicts_of_the_cases(tmp_path):
 
 def test_cli_prints_means_difference_t_df_p_and_verdict(tmp_path):
     new, old = CASES["clear record"]
+    new_paths, old_paths = write_results(tmp_path, "new", new), write_results(tmp_path, "old", old)
+    ledger = ledger_of(tmp_path, *new_paths, *old_paths)
     args = [
         sys.executable,
         "-m",
         "harness.cli",
         "compare",
-        *write_results(tmp_path, "new", new),
+        *new_paths,
         "--against",
-        *write_results(tmp_path, "old", old),
+        *old_paths,
+        "--ledger",
+        str(ledger),
     ]
     r = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
@@ -126,14 +152,31 @@ def test_cli_prints_means_difference_t_df_p_and_verdict(tmp_path):
 def test_unverified_results_never_make_a_new_record(tmp_path):
     """An attacker's hand-written result.json files got "NEW RECORD" (p = 1.5e-15) before this."""
     new, old = CASES["clear record"]
+    old_paths = write_results(tmp_path, "o", old)
     rec = compare_results(
         load_results(write_results(tmp_path, "n", new, verification="unverified")),
-        load_results(write_results(tmp_path, "o", old)),
+        load_results(old_paths),
+        verifications=read_ledger(ledger_of(tmp_path, *old_paths))[1],
     )
     assert rec["record"] is True and len(rec["unverified"]) == len(new)
     text = describe(rec)
     assert "verdict: a record by these numbers, UNVERIFIED" in text and "NEW RECORD" not in text
     assert "4 of 7 results are not verified" in text
+
+
+def test_a_result_that_says_verified_is_not_verified_without_the_ledgers_word(tmp_path):
+    """The same attacker writes "verification": "verified" into its hand-written files: compare printed
+    "verdict: NEW RECORD" with no warning (the field was believed). Only the official's ledger verifies."""
+    new, old = CASES["clear record"]
+    forged, old_paths = write_results(tmp_path, "n", new), write_results(tmp_path, "o", old)
+    ledger = ledger_of(tmp_path, *old_paths)
+    for verifications in (None, read_ledger(ledger)[1]):
+        rec = compare_results(load_results(forged), load_results(old_paths), verifications=verifications)
+        assert rec["unverified"][: len(new)] == forged
+        assert "verdict: a record by these numbers, UNVERIFIED" in describe(rec)
+    ledger_of(tmp_path, *forged)
+    rec = compare_results(load_results(forged), load_results(old_paths), verifications=read_ledger(ledger)[1])
+    assert rec["unverified"] == [] and "verdict: NEW RECORD" in describe(rec)
 
 
 def test_bpb_metric_converts_the_margin_with_the_old_tokens_per_byte(tmp_path):
