@@ -39,6 +39,7 @@ from scipy import stats
 
 from data.io import read_json
 from harness.records.verify import result_digest
+from harness.run.text import visible
 from scoring.statuses import VERIFIED, Status
 from scoring.tracks import get_track
 
@@ -118,9 +119,43 @@ def load_results(paths: list[str | os.PathLike[str]]) -> list[dict[str, Any]]:
             raise ValueError(
                 f"{path} has status {r.get('status')!r} and no score; only scored results can be compared"
             )
+        for key in ("val_loss", "val_bpb"):
+            v = r.get(key)
+            if (key == "val_loss" or v is not None) and not _is_score(v):
+                raise ValueError(
+                    f"{path}: {key} {visible(str(v), 40)} is not a number in 0..{SCORE_MAX:g}; a scored result holds "
+                    "its score as a finite number"
+                )
+        for key in ("provenance", "submission"):
+            if not isinstance(r.get(key, {}), dict):
+                raise ValueError(
+                    f"{path}: {key} is a {type(r[key]).__name__}, not an object; not a pg-result record"
+                )
         r["_path"] = str(path)
         out.append(r)
     return out
+
+
+SCORE_MAX = 1e6
+"""The largest val_loss or val_bpb a result may hold (no model scores a million nats a token; a larger
+number overflowed the variance: a traceback, not a verdict)."""
+
+
+def _is_score(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= SCORE_MAX
+
+
+def _counts(r: dict[str, Any]) -> tuple[int, int]:
+    """(val_tokens, val_bytes) of a result the bpb margin is converted with: both counts above zero."""
+    n, b = r.get("val_tokens"), r.get("val_bytes")
+    for key, v in (("val_tokens", n), ("val_bytes", b)):
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ValueError(
+                f"{r['_path']}: {key} {visible(str(v), 40)} is not a count above zero; --metric val_bpb converts the "
+                "margin with the old side's tokens per byte"
+            )
+    assert isinstance(n, int) and isinstance(b, int)
+    return n, b
 
 
 def _verified(r: dict[str, Any], verifications: dict[str, dict[str, Any]]) -> bool:
@@ -168,7 +203,8 @@ def compare_results(
         warnings.append(f"track {tr.name} does not hold records; the verdict is informational")
     margin = tr.margin_nats
     if metric == "val_bpb":
-        tokens_per_byte = sum(r["val_tokens"] for r in old) / sum(r["val_bytes"] for r in old)
+        counts = [_counts(r) for r in old]
+        tokens_per_byte = sum(n for n, _ in counts) / sum(b for _, b in counts)
         margin = tr.margin_nats * tokens_per_byte / math.log(2.0)
     w = welch_test(
         [float(r[metric]) for r in new], [float(r[metric]) for r in old], margin, tr.p_value, metric

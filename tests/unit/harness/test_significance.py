@@ -204,3 +204,43 @@ def test_refusals(tmp_path):
     bad.write_text(json.dumps({"format": "pg-result", "status": "error", "val_loss": None}))
     with pytest.raises(ValueError, match="only scored results"):
         load_results([bad])
+
+
+@pytest.mark.parametrize(
+    ("over", "metric", "error"),
+    [
+        ({"val_loss": "-inf"}, "val_loss", "val_loss -inf is not a number in 0..1e+06"),
+        ({"val_loss": 1e308}, "val_loss", "val_loss 1e+308 is not a number in 0..1e+06"),
+        ({"val_loss": "abc"}, "val_loss", "val_loss abc is not a number in 0..1e+06"),
+        ({"val_bpb": True}, "val_loss", "val_bpb True is not a number in 0..1e+06"),
+        ({"provenance": ["x"]}, "val_loss", "provenance is a list, not an object"),
+        ({"val_bytes": 0}, "val_bpb", "val_bytes 0 is not a count above zero"),
+        ({"val_tokens": None}, "val_bpb", "val_tokens None is not a count above zero"),
+    ],
+)
+def test_a_hostile_result_is_one_line_naming_the_file_never_a_traceback(tmp_path, over, metric, error):
+    """Hand-written result files (the "-inf" is how write_result stores a non-finite number): an overflow in
+    the variance, a division by zero bytes, a list for an object each ended compare in a traceback."""
+    old = write_results(tmp_path, "o", [2.06, 2.059])
+    bad = Path(old[0])
+    bad.write_text(json.dumps({**json.loads(bad.read_text()), **over}))
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "compare",
+            *write_results(tmp_path, "n", [2.0, 2.01]),
+            "--against",
+            *old,
+            "--metric",
+            metric,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        check=False,
+    )
+    assert (r.returncode, r.stderr) == (2, f"error: {bad}: {error}" + r.stderr.split(error, 1)[1])
+    assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1
