@@ -41,7 +41,14 @@ from data.manifest import dataset_locations
 from isolation.processes import die_with_parent, kill_group_reaped
 from isolation.sandbox import SandboxPlan, plan_sandbox
 from scoring.statuses import Status
-from scoring.worker.confined import PRIVATE_DIRS, PROJECT_ROOT, WORKER_ISOLATION, OutputTail, worker_env
+from scoring.worker.confined import (
+    PRIVATE_DIRS,
+    PROJECT_ROOT,
+    WORKER_ISOLATION,
+    OutputTail,
+    confined_import_path,
+    worker_env,
+)
 from scoring.worker.env import names
 from scoring.worker.pinning import CROSSING_VERSION, PAGEABLE, PINNED, registrar_for, side_record, synchronize
 from scoring.worker.process import WORKER_SPEC_FORMAT, WORKER_SPEC_VERSION, kernel_oom_kills, oom_killed_since
@@ -157,7 +164,7 @@ class WorkerModel:
             protected=cfg.protected,
             # another dataset of the same documents holds the validation text too
             private=[*cfg.private, *dataset_locations()],
-            import_path=[p for p in sys.path[1:] if p],
+            import_path=confined_import_path(),
             allow_missing=cfg.allow_missing_layers,
             phase="model worker",
             **WORKER_ISOLATION,

@@ -78,6 +78,19 @@ class OutputTail:
         return b"".join(self.chunks).decode("utf-8", "replace")[-OUTPUT_KEEP_BYTES:]
 
 
+def confined_import_path() -> list[str]:
+    """The import folders a process under `worker_env` will have, for its read rules: this process's sys.path
+    less what the official's own environment put there: its PYTHONPATH entries and its user site (the
+    process gets PYTHONPATH of the project alone and a HOME of its own, so it imports from neither). A rule
+    for one (PYTHONPATH=. run from the home folder) let a codec or a model read ~/.ssh and ~/.cache/huggingface."""
+    import site
+
+    theirs = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p} | {
+        os.path.realpath(site.getusersitepackages())
+    }
+    return [p for p in sys.path[1:] if p and os.path.realpath(p) not in theirs]
+
+
 def plan_confined(tmp: Path, read_paths: Iterable[Path], *, sandbox: str = "auto") -> SandboxPlan:
     """Make the temp folder's private folders and plan the sandbox: read `read_paths`, write `tmp`."""
     for d in PRIVATE_DIRS:
@@ -90,7 +103,7 @@ def plan_confined(tmp: Path, read_paths: Iterable[Path], *, sandbox: str = "auto
         write_paths=[tmp],
         protected=(),
         private=dataset_locations(),
-        import_path=[p for p in sys.path[1:] if p],
+        import_path=confined_import_path(),
         **WORKER_ISOLATION,
     )
 

@@ -393,3 +393,24 @@ def test_sample_and_generate_take_a_run_folder(baseline_artifact, sp_dataset, tm
     (tmp_path / "code_only").mkdir()
     empty = pgolf("sample", str(tmp_path / "code_only"), "--data", str(sp_dataset))
     assert empty.returncode == 2 and "a folder without artifact.pgolf" in empty.stderr
+
+
+def test_a_codec_reads_nothing_under_the_officials_pythonpath(tmp_path, monkeypatch):
+    """The official runs pgolf with PYTHONPATH naming a broad folder (PYTHONPATH=. from the home folder): every
+    import folder was a read rule of the confined decode, so a codec read ~/.ssh and the HF token there and
+    could say them in its error line. The process imports from none of those folders (its PYTHONPATH is the
+    project's alone), so it reads none of them now; the decode still works."""
+    home = tmp_path / "home"
+    secret = home / ".ssh" / "id_ed25519"
+    secret.parent.mkdir(parents=True)
+    secret.write_text("FAKE-PRIVATE-KEY")
+    monkeypatch.setenv("PYTHONPATH", f"{REPO}{os.pathsep}{home}")
+    monkeypatch.setattr(sys, "path", [*sys.path, str(home)])
+    reading = HONEST_CODEC.replace(
+        "    return load(payload)",
+        f"    try:\n        said = open({str(secret)!r}).read()\n    except OSError:\n        return load(payload)\n"
+        "    raise ValueError('read: ' + said)",
+    )
+    folder = write_submission(tmp_path / "sub")
+    artifact = packed(folder, reading, tmp_path / "a.pgolf")
+    assert state_equal(decode_confined(artifact, folder), tiny_state())
