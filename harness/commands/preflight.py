@@ -39,7 +39,9 @@ built-in codec itself. What the child reports is advice, not a verdict: the real
 Two estimates: the initial weights packed (over the cap: FAIL), and the same tensors filled with N(0, 1)
 noise (`dense_state`), since trained weights are dense and a fresh model's are not (the naive baseline,
 `pgolf check` bytes_total: initial 4,937,165, dense 15,904,723; the reference's trained artifact:
-15,863,489, its submission.json's claim); dense over the cap: `warn` (exit 0).
+15,863,489, its submission.json's claim); dense over the cap: `warn` (exit 0). An initial state over
+STATE_READ_MAX_CAPS caps is not read back at all (`warn`, not estimated): reading and packing it here costs
+about 12 times its bytes of this process's memory, and its size is the submitted code's choice.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from data.io import read_regular
+from scoring.artifact.cap import ARTIFACT_CAP_BYTES
 from scoring.worker.build_check import (
     DENSE_PAYLOAD_FILE,
     PAYLOAD_FILE,
@@ -72,6 +75,9 @@ BATCH_ROWS = 2
 BATCH_MAX_LENGTH = 32
 """The tiny batch: 2 rows of min(eval.seq_len, 32) tokens."""
 CHILD_TIMEOUT_S = 120.0
+STATE_READ_MAX_CAPS = 32
+"""The largest initial state the artifact check reads back, in caps: 32 x 16 MB is a float32 model packed
+at 1 bit a parameter. A larger one is not estimated (warn): its size is the submitted code's choice."""
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 CHECK_SKIPPED = "skip"
 """A check not run because one it needs failed (a check status, not a run status)."""
@@ -404,6 +410,19 @@ def run_checks(
             return checks
 
         def artifact() -> Check:
+            state_bytes = os.lstat(built["out"] / STATE_FILE).st_size
+            limit = STATE_READ_MAX_CAPS * int(cap_bytes or ARTIFACT_CAP_BYTES)
+            if state_bytes > limit:
+                # what the child wrote is the submitted code's choice: read back and packed twice here, a
+                # state costs about 12 times its bytes of this process's memory (a 2 GB unused parameter:
+                # 24 GB in the official's triage, past the child's every limit)
+                return Check(
+                    "artifact",
+                    "warn",
+                    f"not estimated: the initial weights are {state_bytes:,} bytes, over {limit:,} "
+                    f"({STATE_READ_MAX_CAPS} x the cap), the most this check reads back; the run's pack decides",
+                    facts={"state_bytes": state_bytes, "state_read_max_bytes": limit},
+                )
             est = _estimate_artifact(
                 root,
                 built["out"],
