@@ -601,9 +601,13 @@ def _href(path: str, base: Path | None) -> str:
     p = Path(path)
     if base is not None:
         try:
-            return os.path.relpath(p.resolve(), base.resolve())
+            rel = os.path.relpath(p.resolve(), base.resolve())
         except ValueError:
             pass
+        else:
+            # a first segment with a colon is a URL's scheme: a run folder named after a submission folder
+            # "javascript:alert(1)" made the plot's link run script when clicked
+            return f"./{rel}" if ":" in rel.split("/", 1)[0] else rel
     return p.resolve().as_uri()
 
 

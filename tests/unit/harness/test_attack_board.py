@@ -117,3 +117,15 @@ def test_a_lineage_never_links_to_an_impostor_that_took_the_name() -> None:
     assert '<a href="#row-' not in child_row and ">base</td>" in child_row
     alone = page(build([base, child], {result_digest(r): verification(r) for r in (base, child)}, None))
     assert f'<a href="#row-{board["ranked"][2]["entry_id"]}">base</a>' in alone
+
+
+def test_a_run_folder_named_like_a_url_scheme_links_as_a_path(tmp_path: Path) -> None:
+    """A run folder is named after the submission's folder (runs/NAME-PRESET-STAMP), and the entrant names that:
+    "javascript:alert(document.cookie)". With the page written into runs/, the plot's link was
+    href="javascript:alert(document.cookie)-tiny-.../train_curve.png": script, run on a click."""
+    runs = tmp_path / "runs"
+    run_dir = runs / "javascript:alert(document.cookie)-tiny-20261204-235959"
+    r = entry("x", run_dir=str(run_dir), phases={"plot": {"file": "train_curve.png"}})
+    html = page(build([r], {}, None), runs)
+    assert 'href="./javascript:alert(document.cookie)-tiny-20261204-235959/train_curve.png"' in html
+    assert 'href="javascript:' not in html
