@@ -170,7 +170,36 @@ def confined_build(
         raise ValueError("the confined build wrote a report nested too deeply") from None
     if not isinstance(report, dict):
         raise ValueError("the confined build wrote a report that is not a JSON object")
+    wrong = _report_problem(
+        report, rows=BATCH_ROWS, length=min(seq_len, BATCH_MAX_LENGTH), vocab_size=vocab_size
+    )
+    if wrong:
+        raise ValueError(f"the confined build wrote a report that is not its build's: {wrong}")
     return report, out / "out"
+
+
+def _report_problem(report: dict[str, Any], *, rows: int, length: int, vocab_size: int) -> str | None:
+    """What in the child's report is not what its build could have said (None: nothing). The report is the
+    submitted code's to rewrite (an exit handler), and this side prints it: an ESC sequence in `input`
+    cleared the official's terminal and wrote a line of its own."""
+    from harness.api import MODEL_OUTPUTS
+
+    def count(v: Any) -> bool:
+        return type(v) is int and v >= 0
+
+    shape = report.get("shape")
+    max_vocab = max(2 * vocab_size, vocab_size + 1024)  # the scorer's buffer, as the child checks it
+    if not count(report.get("params")):
+        return "params is not a count"
+    if report.get("input") != [rows, length]:
+        return f"input is not the [{rows}, {length}] batch it was given"
+    if not (isinstance(shape, list) and len(shape) == 3 and all(map(count, shape))):
+        return "shape is not [batch, seq, vocab]"
+    if shape[:2] != [rows, length] or not vocab_size <= shape[2] <= max_vocab:
+        return f"shape {shape} is not [{rows}, {length}, V] with {vocab_size} <= V <= {max_vocab}"
+    if report.get("output") not in MODEL_OUTPUTS:
+        return f"output is not one of {list(MODEL_OUTPUTS)}"
+    return None
 
 
 def _estimate_artifact(

@@ -130,3 +130,44 @@ def test_a_state_bigger_than_the_check_reads_back_is_not_estimated(tmp_path: Pat
     art = checks["artifact"]
     assert art.status == "warn" and art.detail.startswith("not estimated: the initial weights are 16,")
     assert art.facts["state_read_max_bytes"] == 9_600_000
+
+
+def _rewriting_report(tmp_path: Path, report: dict[str, object]) -> Path:
+    """The baseline, whose model.py (past the lint: a string annotation) rewrites the child's report.json at exit."""
+    from tests.unit.harness.test_sample_unpack_sandbox import smuggling
+
+    d = _folder(tmp_path)
+    text = json.dumps(report).replace("\\", "\\\\")
+    expr = (
+        "__import__('atexit').register(lambda: open(__import__('json').loads(__import__('sys').argv[-1])['out']"
+        f" + '/report.json', 'w').write({text!r}))"
+    )
+    src = (d / "model.py").read_text().replace("import torch\n", "import typing\n\nimport torch\n", 1)
+    (d / "model.py").write_text(src + smuggling(expr) + "\n\nsmuggle()\n")
+    return d
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "why"),
+    [
+        (
+            "input",
+            "\x1b[2J\x1b[H\x1b]0;pwned\x07ok    everything",
+            "input is not the [2, 32] batch it was given",
+        ),
+        ("params", "\x1b[31m1", "params is not a count"),
+        ("shape", [2, 32, 10**9], "shape [2, 32, 1000000000] is not [2, 32, V] with 1024 <= V <= 2048"),
+        ("output", "\x1b[2K", "output is not one of"),
+    ],
+)
+def test_a_report_the_submitted_code_rewrote_is_one_line_never_printed(
+    tmp_path: Path, field, value, why
+) -> None:
+    """The model's exit handler rewrites the child's report: its fields were printed raw on the model line (an
+    ESC sequence cleared the official's terminal, set its title, wrote "ok" lines of its own)."""
+    report = {"params": 1, "input": [2, 32], "shape": [2, 32, 1024], "output": "logits", field: value}
+    checks = {c.name: c for c in run_checks(_rewriting_report(tmp_path, report), "tiny")}
+    assert checks["lint"].status == "ok"
+    model = checks["model"]
+    assert model.status == "FAIL" and "\x1b" not in model.line()
+    assert model.detail.startswith(f"the confined build wrote a report that is not its build's: {why}")
