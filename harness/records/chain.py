@@ -16,7 +16,8 @@ Each track's policy (`TRACK_POLICIES`) names the rule and the evidence:
   and at least 3 seeds from one configuration (one preset, no per-seed overrides);
 - evidence `reproduced` (default): an entry's numbers are the seeds `pgolf reproduce` re-trained, and only
   a `reproduced` verdict can be accepted; `verified`: the entry's own runs in the ledger that `pgolf
-  verify` marked verified (a track whose officials re-score rather than re-train);
+  verify` marked verified (a track whose officials re-score rather than re-train), each scored under
+  its track's rules as the leaderboard ranks them (harness/records/leaderboard.py scored_problem);
 - seeds `salted` (every record track): only a reproduction whose seeds were fresh under the official's salt
   (`pgolf queue --seeds N --seed-salt-file F`) is accepted. Claimed seeds reproduce exactly even when they are
   the best few of a hundred the entrant tried, and seeds from the entry's digest alone the entrant computes;
@@ -161,18 +162,20 @@ def candidates_from_reproductions(
 
 def candidates_from_verified(ledger: Path, order: dict[str, int]) -> list[Candidate]:
     """Verified ok results in the ledger, grouped like the leaderboard (entry id, track, preset, overrides)."""
-    from harness.records.leaderboard import entry_id, read_ledger
-    from harness.records.verify import result_digest
+    from harness.records.leaderboard import digest_or_none, entry_id, read_ledger, scored_problem
 
     results, verifications = read_ledger(ledger)
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in results:
-        v = verifications.get(result_digest(r))
+        digest = digest_or_none(r)
+        v = verifications.get(digest) if digest else None
         if (
             r.get("status") != Status.OK
-            or not v
+            or not isinstance(v, dict)
             or v.get("status") != Verification.VERIFIED
-            or not r.get("within_cap")
+            or r.get("within_cap") is not True
+            # scored under its track's rules (no validation subset, no loosened rule), as the leaderboard ranks
+            or scored_problem(r) is not None
         ):
             continue
         over = json.dumps(((r.get("phases") or {}).get("command") or {}).get("overrides") or [])

@@ -153,7 +153,7 @@ def _clean(r: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _digest(r: dict[str, Any]) -> str | None:
+def digest_or_none(r: dict[str, Any]) -> str | None:
     """The result's ledger key, None for a line no verification can name (a bare NaN or Infinity in it)."""
     try:
         return result_digest(r)
@@ -244,6 +244,17 @@ def rules_problem(r: dict[str, Any]) -> str | None:
     return unscored_targets_problem(score)
 
 
+def scored_problem(r: dict[str, Any]) -> str | None:
+    """Why a verified result is no score to rank or accept (None: it is one): its track's rules (rules_problem)
+    or numbers the board checks itself (bytes within the cap, bpb and loss not below zero). What the record
+    chain (harness/records/chain.py) asks of a verified result too; a record that is no record is one."""
+    r = _clean(r)
+    try:
+        return rules_problem(r) or _numbers_problem(r)
+    except (TypeError, ValueError, AttributeError) as e:
+        return f"malformed record ({visible(e, 120)})"
+
+
 def unranked_track(r: dict[str, Any]) -> str | None:
     """Why a result's track never ranks (None: a record track ranks): smoke runs and untimed tracks are
     listed, never placed above or below a record."""
@@ -302,7 +313,7 @@ def build(
     for raw in results:
         if track and raw.get("track") != track:
             continue
-        digest = _digest(raw)
+        digest = digest_or_none(raw)
         if digest is not None and digest in seen:
             # the same result twice (a line appended again, a copied run) is one run, never a second seed
             continue
@@ -312,10 +323,7 @@ def build(
         ver = verifications.get(digest) if digest else None
         verification = str(ver.get("status")) if isinstance(ver, dict) else UNVERIFIED
         name = str(sub.get("name") or "?")
-        try:
-            rules = rules_problem(r) or unranked_track(r) or _numbers_problem(r)
-        except (TypeError, ValueError, AttributeError) as e:
-            rules = f"malformed record ({visible(e, 120)})"
+        rules = scored_problem(raw) or unranked_track(r)
         if (
             verification == VERIFIED
             and r.get("status") == OK

@@ -127,3 +127,47 @@ def test_a_track_whose_policy_takes_verified_results(tmp_path, monkeypatch):
         ("e1", True, "verified"),
         ("e2", True, "verified"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("over", "why"),
+    [
+        ({"phases": {"command": {"overrides": [], "loosened": [{"key": "eval.max_tokens"}]}}}, "loosened"),
+        ({"phases": {"command": {"overrides": []}, "score": {"eval_subset_max_tokens": 4096}}}, "subset"),
+        ({"bytes_total": 16_000_001}, "over the cap"),
+        ({}, "a bare NaN in another line"),
+    ],
+)
+def test_a_verified_result_scored_outside_its_tracks_rules_is_never_accepted(
+    tmp_path, monkeypatch, over, why
+):
+    """The leaderboard ranks a verified result only when it scored under its track's rules; the chain, on a
+    track whose evidence is `verified`, accepted one scored on a validation subset, under a loosened rule or
+    with bytes over the cap (within_cap is the result's word) as the record, and a bare NaN in any line of
+    the ledger stopped the chain (result_digest refuses it)."""
+    from harness.records import chain as chain_mod
+    from harness.records.verify import result_digest
+
+    monkeypatch.setitem(chain_mod.TRACK_POLICIES, "smoke", chain_mod.TrackPolicy(evidence="verified"))
+
+    def result(name: str, seed: int, loss: float, **more) -> dict:
+        return {"format": "pg-result", "status": "ok", "within_cap": True, "track": "smoke", "preset": "tiny",
+                "seed": seed, "val_loss": loss, "val_bpb": loss / 1.386, "val_tokens": 1000, "val_bytes": 2000,
+                "bytes_total": 1000, "submission": {"name": name, "author": "x", "github_id": "x",
+                "date": "2026-01-0" + name[-1]}, "provenance": {"code_files": {"model.py": name},
+                "tokenizer_sha256": "t"}, "phases": {"command": {"overrides": []}}, **more}  # fmt: skip
+
+    rows = [result("e1", s, x) for s, x in ((1, 5.0), (2, 5.01))]
+    rows += [result("e2", s, x, **over) for s, x in ((1, 4.0), (2, 4.01))]
+    lines_out = [json.dumps(r) for r in rows]
+    if why.startswith("a bare NaN"):
+        lines_out.append(json.dumps(result("e3", 1, 1.0)).replace("1.0,", "NaN,", 1))
+    lines_out += [
+        json.dumps({"format": "pg-verification", "status": "verified", "result_sha256": result_digest(r)})
+        for r in rows
+    ]
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text("\n".join(lines_out) + "\n")
+    chain = build_chain(ledger, track="smoke", rule=None, order={})
+    want = [("e1", True), ("e2", True)] if why.startswith("a bare NaN") else [("e1", True)]
+    assert [(r["name"], r["accepted"]) for r in chain["rows"]] == want, why
