@@ -12,7 +12,9 @@ numbers it shows, never within_cap alone), and the same result twice is one run.
 
 Only verified results that scored (status ok, within the cap) on a record track rank (a smoke or untimed
 track's results are listed, never ranked; an unknown --track is refused). A failed run's row and a run
-measured on a contended machine are marked beside the name; an empty board says "no verified results yet". They are grouped by
+measured on a contended machine are marked beside the name, and so is every row whose name reads like
+another entry's (one skeleton: case, NFKC, zero-width and combining characters aside) or mixes Latin
+with Cyrillic or Greek letters (`lookalike`: a name, author and GitHub id are free text); an empty board says "no verified results yet". They are grouped by
 (submission name, track, preset, overrides): a row's val_bpb is the mean over its verified seeds (with
 the standard deviation and the seed count), sorted ascending (bpb is the ranking metric, lower is
 better). Every other result (unverified, failed verification, errors, over budget) is listed apart,
@@ -40,6 +42,7 @@ import math
 import os
 import statistics
 import time
+import unicodedata
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -277,6 +280,41 @@ def _numbers_problem(r: dict[str, Any]) -> str | None:
     return None
 
 
+LOOKALIKE = "lookalike"
+
+
+def name_skeleton(name: str) -> str:
+    """A name as it reads: NFKC (fullwidth and styled letters as plain ones), case folded, without format
+    characters, combining marks or spaces. Two entries' names with one skeleton look alike on a page."""
+    folded = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", name).casefold())
+    return "".join(ch for ch in folded if unicodedata.category(ch) not in ("Mn", "Me", "Cf", "Zs", "Cc"))
+
+
+_LOOKALIKE_SCRIPTS = frozenset({"LATIN", "CYRILLIC", "GREEK", "ARMENIAN", "CHEROKEE"})
+"""Scripts whose letters copy one another's shapes (Latin a, Cyrillic а, Greek ο, ...)."""
+
+
+def mixed_scripts(name: str) -> bool:
+    """Whether a name mixes letters of two look-alike scripts (Latin with Cyrillic or Greek, ...): the homoglyph
+    trick ("nаive_baseline" with a Cyrillic а) that no skeleton catches without a table of confusables. Other
+    mixes are a language's own (Japanese: kana with CJK ideographs) and are not marked."""
+    nfkc = unicodedata.normalize("NFKC", name)
+    scripts = {unicodedata.name(ch, "?").split(" ")[0] for ch in nfkc if ch.isalpha()}
+    return len(scripts & _LOOKALIKE_SCRIPTS) > 1
+
+
+def mark_lookalikes(rows: list[dict[str, Any]]) -> None:
+    """Mark `lookalike` beside every row whose name reads like another entry's (one skeleton, two entry
+    ids) or mixes scripts: an entrant's free-text name, author and GitHub id may copy another's exactly."""
+    owners: dict[str, set[str]] = {}
+    for row in rows:
+        owners.setdefault(name_skeleton(str(row["name"])), set()).add(str(row["entry_id"]))
+    for row in rows:
+        name = str(row["name"])
+        if len(owners[name_skeleton(name)]) > 1 or mixed_scripts(name):
+            row["marks"] = sorted({*row.get("marks", []), LOOKALIKE})
+
+
 def marks(r: dict[str, Any]) -> list[str]:
     """What a row shows beside its name: `failed` (a status other than ok), `contended` (its CPUs were shared
     with other processes, harness/run/load.py: its speed is not the machine's)."""
@@ -389,6 +427,7 @@ def build(
             }
         )
     # ranks within a track: a board without --track holds several rule sets, each ranked on its own
+    mark_lookalikes([*rows, *unranked])
     rows.sort(key=lambda row: (row["track"], row["val_bpb"], row["bytes_total"], row["entry_id"]))
     ranks: dict[str, int] = {}
     for row in rows:
@@ -587,7 +626,7 @@ def time_axis(lo_s: float, hi_s: float, n: int = 6) -> tuple[list[float], Callab
 _CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#1b1f24}h1{font-size:22px}h2{font-size:17px;margin-top:28px}
 table{border-collapse:collapse;font-size:13px;margin:8px 0}th,td{border-bottom:1px solid #d0d7de;padding:4px 6px;text-align:left;white-space:nowrap}
 td.wrap{white-space:normal;min-width:6em;max-width:16em;overflow-wrap:anywhere}.mark{font-size:11px;padding:0 4px;border-radius:3px;color:#fff}
-.mark.failed{background:#cf222e}.mark.contended{background:#9a6700}tr.failed td{color:#6e7781}tr.empty td{color:#57606a;font-style:italic}
+.mark.failed{background:#cf222e}.mark.contended{background:#9a6700}.mark.lookalike{background:#8250df}tr.failed td{color:#6e7781}tr.empty td{color:#57606a;font-style:italic}
 th{cursor:pointer;background:#f6f8fa;user-select:none}th[aria-sort=ascending]::after{content:" ▲"}th[aria-sort=descending]::after{content:" ▼"}
 td.num{text-align:right;font-variant-numeric:tabular-nums}.plots{display:flex;flex-wrap:wrap;gap:16px}
 .plot{border:1px solid #d0d7de;background:#fff}.frame{fill:none;stroke:#8c959f}.grid{stroke:#eaeef2}.tick{font-size:10px;fill:#57606a}

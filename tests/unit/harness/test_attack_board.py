@@ -129,3 +129,37 @@ def test_a_run_folder_named_like_a_url_scheme_links_as_a_path(tmp_path: Path) ->
     html = page(build([r], {}, None), runs)
     assert 'href="./javascript:alert(document.cookie)-tiny-20261204-235959/train_curve.png"' in html
     assert 'href="javascript:' not in html
+
+
+@pytest.mark.parametrize(
+    ("copy", "both"),
+    [
+        ("n\\u0430ive_baseline", False),  # a Cyrillic а: it alone mixes scripts
+        ("naive_baseline", True),  # the same name, author and GitHub id, exactly
+        ("\\uff4eaive_baseline", True),  # a fullwidth n
+        ("naive_base\\u200bline", True),  # a zero-width space
+        ("Naive_Baseline", True),
+    ],
+)
+def test_an_entry_that_looks_like_another_is_marked_on_the_board(copy: str, both: bool) -> None:
+    """An impostor copies the leader's name (and its author and GitHub id: free text, never checked): the page
+    showed two rows a reader could not tell apart. Rows of one skeleton are now marked `lookalike` (which
+    came first is the chain's question), a name mixing Latin and Cyrillic too, in the JSON, the markdown and
+    the page; a name of one language's scripts (kana with ideographs) is not."""
+    name = copy.encode().decode("unicode_escape")
+    sub = {"name": "naive_baseline", "author": "alice", "github_id": "alice", "builds_on": None}
+    real = entry("naive_baseline", submission=sub, val_bpb=1.2)
+    fake = entry(
+        name, submission={**sub, "name": name}, val_bpb=1.1, provenance={"code_files": {"model.py": "f"}}
+    )
+    other = entry("日本語のモデル", val_bpb=1.3)
+    board = build([real, fake, other], {result_digest(r): verification(r) for r in (real, fake, other)}, None)
+    marked = [(r["name"], r["marks"]) for r in board["ranked"]]
+    lookalike = ["lookalike"]
+    assert marked == [
+        (name, lookalike),
+        ("naive_baseline", lookalike if both else []),
+        ("日本語のモデル", []),
+    ]
+    assert markdown(board).count("**[lookalike]**") == 1 + both
+    assert page(board).count('<span class="mark lookalike">lookalike</span>') == 1 + both
