@@ -74,6 +74,9 @@ def write_training_plot(
     fig = Figure(figsize=(PLOT_WIDTH_PX / _DPI, PLOT_HEIGHT_PX / _DPI), dpi=_DPI, layout="constrained")
     ax_time, ax_step = fig.subplots(1, 2)
     failed = status != Status.OK
+    # a "$" starts matplotlib's math text: a name "${{{...}}}$" made the plot fail (RecursionError), "$x^{x}$"
+    # drew other text than the name; escaped, every character is drawn as itself
+    title = title.replace("$", r"\$")
     fig.suptitle(f"{status.upper()} (not scored) · {title}" if failed else title, fontsize=11,
                  color="#cf222e" if failed else "black")  # fmt: skip
     steps = [r["step"] for r in pts]

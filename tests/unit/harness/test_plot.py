@@ -130,3 +130,16 @@ def test_a_failed_run_is_marked(tmp_path):
     with Image.open(tmp_path / PLOT_FILE) as im:
         red = _count(np.asarray(im.convert("RGB")).astype(int), [207, 34, 46])
     assert red_ok == 0 and red > 100, (red_ok, red)  # the red title "OVER_BUDGET (not scored) · t"
+
+
+@pytest.mark.parametrize(
+    "name", ["$" + "{" * 35 + "x" + "}" * 35 + "$", "$\\boldsymbol{\\x}$", "$x^{x}$ costs $5"]
+)
+def test_a_name_with_dollars_is_drawn_as_text_never_math(tmp_path, name):
+    """A "$" started matplotlib's math text in the title: "${{{...}}}$" failed the plot (RecursionError),
+    an unknown command failed it (ParseException), "$x^{x}$" drew a superscript instead of the name."""
+    from harness.run.pipeline import plot_title
+
+    write_metrics(tmp_path / "metrics.jsonl", n=5)
+    rec = plot_run(tmp_path, {}, title=plot_title(name, "smoke", "tiny", 1))
+    assert rec.get("file") == PLOT_FILE, rec
