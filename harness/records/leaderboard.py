@@ -124,7 +124,7 @@ def read_ledger(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, dict[
             )
         if rec.get("format") == "pg-result":
             results.append(rec)
-        elif rec.get("format") == "pg-verification" and rec.get("result_sha256"):
+        elif rec.get("format") == "pg-verification" and isinstance(rec.get("result_sha256"), str):
             verifications[rec["result_sha256"]] = rec
     return results, verifications
 

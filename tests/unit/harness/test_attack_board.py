@@ -69,6 +69,16 @@ def test_a_bare_infinity_in_a_line_is_listed_and_can_never_be_verified(tmp_path:
     ]
 
 
+def test_a_verification_line_keyed_by_no_digest_is_no_verification(tmp_path: Path) -> None:
+    """A pg-verification line whose result_sha256 is a list (unhashable) stopped the board and the chain."""
+    good = entry("good")
+    bad = {"format": "pg-verification", "format_version": 1, "status": "verified", "result_sha256": ["x"]}
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text("\n".join(json.dumps(x) for x in (good, verification(good), bad)) + "\n")
+    board = write_leaderboard(ledger, tmp_path / "site")
+    assert [r["name"] for r in board["ranked"]] == ["good"]
+
+
 @pytest.mark.parametrize("text", ["[1, 2]", '"pg-result"', "7"])
 def test_a_ledger_line_that_is_no_object_is_one_line(tmp_path: Path, text: str) -> None:
     ledger = tmp_path / "ledger.jsonl"
