@@ -158,6 +158,12 @@ def _counts(r: dict[str, Any]) -> tuple[int, int]:
     return n, b
 
 
+def _same(v: Any) -> str:
+    """A result's value as a set member: its JSON (a list or an object where a string goes is unhashable: a
+    seed of [1] in a hand-written result ended compare in TypeError)."""
+    return json.dumps(v, sort_keys=True, default=str)
+
+
 def _verified(r: dict[str, Any], verifications: dict[str, dict[str, Any]]) -> bool:
     """Whether the ledger's verification of exactly this result says verified (never the result's own word)."""
     core = {k: v for k, v in r.items() if k != "_path"}
@@ -184,8 +190,8 @@ def compare_results(
     track_name = track or new[0].get("track")
     tr = get_track(str(track_name))
     warnings = []
-    tok = {r.get("provenance", {}).get("tokenizer_sha256") for r in new + old}
-    subset = {(r.get("val_tokens"), r.get("eval_mode")) for r in new + old}
+    tok = {_same(r.get("provenance", {}).get("tokenizer_sha256")) for r in new + old}
+    subset = {_same([r.get("val_tokens"), r.get("eval_mode")]) for r in new + old}
     if metric == "val_loss" and (len(tok) > 1 or len(subset) > 1):
         raise ValueError(
             "the results score different tokens (tokenizer or validation subset differ), so nats per token do not compare; "
@@ -193,7 +199,7 @@ def compare_results(
         )
     for side, rs in (("new", new), ("old", old)):
         seeds = [r.get("seed") for r in rs]
-        if len(set(seeds)) < len(seeds):
+        if len(set(map(_same, seeds))) < len(seeds):
             warnings.append(f"{side} side repeats seeds {seeds}: repeated seeds are not independent samples")
         if {r.get("track") for r in rs} != {tr.name}:
             warnings.append(

@@ -244,3 +244,26 @@ def test_a_hostile_result_is_one_line_naming_the_file_never_a_traceback(tmp_path
     )
     assert (r.returncode, r.stderr) == (2, f"error: {bad}: {error}" + r.stderr.split(error, 1)[1])
     assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("seed", [1]),
+        ("val_tokens", [1000]),
+        ("eval_mode", {"a": 1}),
+        ("provenance", {"tokenizer_sha256": [1]}),
+    ],
+)
+def test_a_list_where_a_string_or_number_goes_is_compared_never_a_type_error(tmp_path, key, value):
+    """Hand-written results with a list or an object for a seed, a token count, an eval mode or a tokenizer hash
+    ended compare in TypeError: unhashable type (the values are compared as sets)."""
+    new = write_results(tmp_path, "n", [2.0, 2.01])
+    for p in new:
+        Path(p).write_text(json.dumps({**json.loads(Path(p).read_text()), key: value}))
+    old = load_results(write_results(tmp_path, "o", [2.06, 2.059]))
+    if key == "seed":
+        assert "new side repeats seeds [[1], [1]]" in describe(compare_results(load_results(new), old))
+    else:
+        with pytest.raises(ValueError, match="score different tokens"):
+            compare_results(load_results(new), old)
