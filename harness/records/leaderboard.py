@@ -191,9 +191,12 @@ def _plot(r: dict[str, Any]) -> dict[str, Any] | None:
     """{"seed", "path"} of the run's training-curve PNG, when it drew one (harness/run/plot.py)."""
     plot = (r.get("phases") or {}).get("plot") or {}
     name = plot.get("file") if isinstance(plot, dict) else None
-    if not isinstance(name, str) or not name or "/" in name or not r.get("run_dir"):
+    run_dir = r.get("run_dir")
+    if not isinstance(name, str) or not name or "/" in name or not isinstance(run_dir, str) or not run_dir:
         return None
-    return {"seed": r.get("seed"), "path": str(Path(str(r["run_dir"])) / name)}
+    if "\0" in name + run_dir:  # no file has a NUL in its path (resolving one raised ValueError: a crash)
+        return None
+    return {"seed": r.get("seed"), "path": str(Path(run_dir) / name)}
 
 
 def entry_id(r: dict[str, Any]) -> str:
