@@ -129,8 +129,8 @@ def read_ledger(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, dict[
     return results, verifications
 
 
-_LAST_UNIX_S = 253_402_300_799.0
-"""9999-12-31 23:59:59 UTC: the last time a date can show (a later one is no time, not a crash)."""
+_RUN_CLOCK_SLACK_S = 86_400.0
+"""How far past the board's own clock a run's time may lie (clocks of two machines); later is no time."""
 _NUMBER_KEYS = ("val_bpb", "val_loss", "bytes_total", "seed", "created_unix_s")
 
 
@@ -180,7 +180,9 @@ def _overrides(r: dict[str, Any]) -> str:
 
 def _run_unix_s(r: dict[str, Any]) -> float | None:
     t = _number(r.get("created_unix_s"))
-    return float(t) if t is not None and 0 < t <= _LAST_UNIX_S else None
+    # a run ends before the board that lists it (a day's slack for clocks): one "run" in year 9999 (or 1e20)
+    # stretched the time axis past what a date can say, and the page stopped (ValueError, OverflowError)
+    return float(t) if t is not None and 0 < t <= time.time() + _RUN_CLOCK_SLACK_S else None
 
 
 def _run_time(t: float | None) -> str:

@@ -41,6 +41,7 @@ HOSTILE_LINES = {
     "list phases": entry("listphases", phases=["x"]),
     "text time": entry("texttime", created_unix_s="x", submission={"name": "texttime"}),
     "time past 9999": entry("future", created_unix_s=1e20),
+    "time in 9999": entry("far", created_unix_s=253_402_300_799.0),
     "list score": entry("listscore", phases={"score": ["x"], "command": {"loosened": 5}}),
     "NUL in the plot's name": entry("nulplot", phases={"plot": {"file": "a\x00b"}}),
     "NUL in the run folder": entry("nulrun", run_dir="/runs/r\x00x", phases={"plot": {"file": "p.png"}}),
