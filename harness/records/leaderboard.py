@@ -139,6 +139,8 @@ def _number(v: Any) -> float | int | None:
     harness/run/result.py writes non-finite numbers, or any text), a bool, a list are no number."""
     if isinstance(v, bool) or not isinstance(v, int | float):
         return None
+    if isinstance(v, int):  # JSON holds any integer; past 2**63 no float or count of the board's is one
+        return v if abs(v) < 2**63 else None
     return v if math.isfinite(v) else None
 
 

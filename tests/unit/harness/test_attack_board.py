@@ -42,6 +42,8 @@ HOSTILE_LINES = {
     "text time": entry("texttime", created_unix_s="x", submission={"name": "texttime"}),
     "time past 9999": entry("future", created_unix_s=1e20),
     "time in 9999": entry("far", created_unix_s=253_402_300_799.0),
+    "a 400-digit bpb": entry("digits", val_bpb=10**400),
+    "a 400-digit size": entry("bigsize", bytes_total=10**400),
     "list score": entry("listscore", phases={"score": ["x"], "command": {"loosened": 5}}),
     "NUL in the plot's name": entry("nulplot", phases={"plot": {"file": "a\x00b"}}),
     "NUL in the run folder": entry("nulrun", run_dir="/runs/r\x00x", phases={"plot": {"file": "p.png"}}),
