@@ -142,14 +142,15 @@ number overflowed the variance: a traceback, not a verdict)."""
 
 
 def _is_score(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= SCORE_MAX
+    # compared before isfinite: a 400-digit integer (JSON holds any) overflowed it
+    return isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= SCORE_MAX and math.isfinite(v)
 
 
 def _counts(r: dict[str, Any]) -> tuple[int, int]:
     """(val_tokens, val_bytes) of a result the bpb margin is converted with: both counts above zero."""
     n, b = r.get("val_tokens"), r.get("val_bytes")
     for key, v in (("val_tokens", n), ("val_bytes", b)):
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 < v < 2**63:
             raise ValueError(
                 f"{r['_path']}: {key} {visible(str(v), 40)} is not a count above zero; --metric val_bpb converts the "
                 "margin with the old side's tokens per byte"

@@ -216,6 +216,8 @@ def test_refusals(tmp_path):
         ({"provenance": ["x"]}, "val_loss", "provenance is a list, not an object"),
         ({"val_bytes": 0}, "val_bpb", "val_bytes 0 is not a count above zero"),
         ({"val_tokens": None}, "val_bpb", "val_tokens None is not a count above zero"),
+        ({"val_loss": 10**400}, "val_loss", "val_loss 1000000000"),
+        ({"val_bytes": 10**400}, "val_bpb", "val_bytes 1000000000"),
     ],
 )
 def test_a_hostile_result_is_one_line_naming_the_file_never_a_traceback(tmp_path, over, metric, error):
