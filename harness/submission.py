@@ -19,6 +19,7 @@ import ast
 import datetime as dt
 import json
 import re
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,20 @@ DATA_VARIANT_RE = re.compile(r"(sp[1-9]\d*|byte260)(\+case)?")
 TEXT_LIMITS = {"name": 200, "author": 200, "github_id": 100, "builds_on": 200, "blurb": 10_000}
 """The most characters each text field may hold; none may hold a control or format character (a blurb may
 hold newlines and tabs). Shown anywhere, text is escaped too (harness/run/text.py): this is the early word."""
-_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
-"""The dataset variants (data/download.py names them the same way: fineweb10B_<variant>)."""
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+"""Control, format (bidi overrides, zero-width, the soft hyphen, tag characters), line and paragraph
+separators, surrogates: characters a reader does not see as themselves. A regex of ranges missed some
+(U+00AD, U+E0041): "naive_base\u00adline" showed as another entry's name."""
+
+
+def _hidden_char(text: str, allowed: str = "") -> tuple[str, int] | None:
+    """The first character of `text` in _HIDDEN_CATEGORIES (not in `allowed`) and where it is, or None."""
+    for i, ch in enumerate(text):
+        if ch not in allowed and unicodedata.category(ch) in _HIDDEN_CATEGORIES:
+            return ch, i
+    return None
+
+
 SUBMISSION_JSON_MAX_BYTES = 1 << 20
 """The most bytes submission.json may hold (its longest field, a 10,000-character blurb, is a small part of it)."""
 
@@ -114,10 +127,10 @@ def validate_metadata(meta: Any, where: str) -> dict[str, Any]:
             continue
         if len(text) > limit:
             raise SubmissionError(f"{where}: field {key!r} is {len(text):,} characters; at most {limit:,}")
-        bad = _CONTROL_RE.search(text) or (None if key == "blurb" else re.search(r"[\n\t]", text))
+        bad = _hidden_char(text, "\n\t" if key == "blurb" else "")
         if bad:
             raise SubmissionError(
-                f"{where}: field {key!r} holds the control character {bad.group()!r} at {bad.start()}; "
+                f"{where}: field {key!r} holds the control character {bad[0]!r} at {bad[1]}; "
                 "text fields are plain text"
             )
     try:

@@ -9,6 +9,7 @@ ledger is one run, never a second seed."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -178,3 +179,21 @@ def test_an_entry_that_looks_like_another_is_marked_on_the_board(copy: str, both
     ]
     assert markdown(board).count("**[lookalike]**") == 1 + both
     assert page(board).count('<span class="mark lookalike">lookalike</span>') == 1 + both
+
+
+@pytest.mark.parametrize("hidden", ["\u00ad", "\U000e0041", "\u061c", "\u180e", "\ufff9", "\u2029"])
+def test_submission_json_refuses_every_invisible_format_character(hidden: str) -> None:
+    """submission.json promised no control or format character, but its list of ranges missed the soft hyphen,
+    tag characters and others: "naive_base\\u00adline" passed and showed as another entry's name."""
+    from harness.submission import validate_metadata
+
+    meta = {"name": f"naive_base{hidden}line", "author": "a", "github_id": "a", "date": "2026-01-01",
+            "track": "smoke", "data_variant": "sp1024", "blurb": "two\nlines\tfine"}  # fmt: skip
+    with pytest.raises(
+        ValueError, match=re.escape(f"field 'name' holds the control character {hidden!r} at 10;")
+    ):
+        validate_metadata(meta, "submission.json")
+    assert (
+        validate_metadata({**meta, "name": "naive_baseline"}, "submission.json")["blurb"]
+        == "two\nlines\tfine"
+    )
