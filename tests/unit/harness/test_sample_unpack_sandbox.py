@@ -414,3 +414,43 @@ def test_a_codec_reads_nothing_under_the_officials_pythonpath(tmp_path, monkeypa
     folder = write_submission(tmp_path / "sub")
     artifact = packed(folder, reading, tmp_path / "a.pgolf")
     assert state_equal(decode_confined(artifact, folder), tiny_state())
+
+
+def test_a_built_in_codecs_payload_is_decompressed_only_confined(tmp_path, monkeypatch):
+    """`pgolf unpack` decoded a built-in codec's payload in the official's process, with no limit: a 98 KB
+    int8_zlib artifact of zeros (a [100000, 1000] tensor) took 1.2 GB of memory and wrote 400 MB, so a 16 MB one
+    asks some 160 GB. It decodes in the confined process now, under its memory limit; the tensors are the same."""
+    import scoring.worker.decode as decode_mod
+
+    def in_this_process(*args, **kwargs):
+        raise AssertionError("a built-in codec decoded in the official's process")
+
+    folder = write_submission(tmp_path / "sub")
+    pack_state(
+        tiny_state(), folder, tmp_path / "a.pgolf", codec_name="int8_zlib", model_config={}, cap_bytes=10**9
+    )
+    art = read_artifact(tmp_path / "a.pgolf")
+    want = decode_state(art, artifact_codec(art, None))
+    monkeypatch.setattr(decode_mod, "artifact_codec", in_this_process)
+    state = unpack_artifact(tmp_path / "a.pgolf", tmp_path / "out.safetensors")
+    assert state_equal(state, want) and state_equal(load_file(tmp_path / "out.safetensors"), want)
+
+
+def test_a_built_in_codec_bomb_fails_in_one_line_under_the_childs_limit(tmp_path):
+    """The same zeros decode in the confined process, whose address-space limit ends them (here 1 GB, the
+    default three quarters of the machine): one line, nothing allocated in the official's process."""
+    folder = write_submission(tmp_path / "sub")
+    bomb = tmp_path / "bomb.pgolf"
+    pack_state(
+        {"w": torch.zeros(100_000, 1000)},
+        folder,
+        bomb,
+        codec_name="int8_zlib",
+        model_config={},
+        cap_bytes=10**9,
+    )
+    assert bomb.stat().st_size < 100_000
+    with pytest.raises(
+        DecodeFailure, match=r"^codec int8_zlib failed to decode bomb.pgolf \(exit status 1\): "
+    ):
+        decode_confined(bomb, None, memory_limit_bytes=1_000_000_000)
