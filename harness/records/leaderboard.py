@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from data.io import write_bytes_atomic, write_json_atomic
+from harness.records.compare import SCORE_MAX
 from harness.records.verify import result_digest
 from harness.run.text import NAME_MAX_CHARS, html_text, markdown_cell, visible
 from scoring.score.bpb import METRIC_VERSION
@@ -144,6 +145,14 @@ def _number(v: Any) -> float | int | None:
     return v if math.isfinite(v) else None
 
 
+_TEXT_KEYS = ("status", "track", "preset", "run_dir")
+
+
+def _text(v: Any) -> str | None:
+    """A record's text as text: a string as it is, None as None, anything else as its str()."""
+    return v if v is None or isinstance(v, str) else str(v)
+
+
 def _dict(v: Any) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
 
@@ -155,6 +164,9 @@ def _clean(r: dict[str, Any]) -> dict[str, Any]:
     for key in ("submission", "phases", "provenance"):
         out[key] = _dict(r.get(key))
     out["phases"] = {k: _dict(v) for k, v in out["phases"].items()}
+    # the text the board shows and writes back: an object with a NaN in it made the JSON unwritable
+    out["submission"] = {k: _text(v) for k, v in out["submission"].items()}
+    out.update({k: _text(r.get(k)) for k in _TEXT_KEYS})
     return out
 
 
@@ -177,6 +189,8 @@ def _date(r: dict[str, Any]) -> str:
 def _overrides(r: dict[str, Any]) -> str:
     """The run's `--set` overrides as given (the pipeline records them: phases.command), without log.*."""
     given = ((r.get("phases") or {}).get("command") or {}).get("overrides") or []
+    if not isinstance(given, list):  # a number or an object is no list of overrides
+        return ""
     return " ".join(str(o) for o in given if isinstance(o, str) and not o.startswith("log."))
 
 
@@ -284,6 +298,9 @@ def _numbers_problem(r: dict[str, Any]) -> str | None:
     for key in ("val_bpb", "val_loss"):
         if r.get(key) is not None and r[key] < 0:
             return f"{key} {r[key]} is below zero"
+        if r.get(key) is not None and r[key] > SCORE_MAX:
+            # the mean of two 1e308 is inf: the board's JSON could not be written
+            return f"{key} {r[key]:g} is over {SCORE_MAX:g}"
     return None
 
 
@@ -511,6 +528,8 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     if hi <= lo:
         lo, hi = lo - 0.5, hi + 0.5
     raw = (hi - lo) / n
+    if not (math.isfinite(raw) and raw > 0):  # 1e308 (or 1e17 + 0.5 == 1e17): no step to tick by
+        return []
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
     first = math.ceil(lo / step) * step

@@ -45,6 +45,10 @@ HOSTILE_LINES = {
     "time in 9999": entry("far", created_unix_s=253_402_300_799.0),
     "a 400-digit bpb": entry("digits", val_bpb=10**400),
     "a 400-digit size": entry("bigsize", bytes_total=10**400),
+    "a number for the overrides": entry("numover", phases={"command": {"overrides": 5.0}}),
+    "a NaN in an object for builds_on": entry(
+        "nanlineage", submission={"name": "nanlineage", "builds_on": {"x": float("nan")}}
+    ),
     "list score": entry("listscore", phases={"score": ["x"], "command": {"loosened": 5}}),
     "NUL in the plot's name": entry("nulplot", phases={"plot": {"file": "a\x00b"}}),
     "NUL in the run folder": entry("nulrun", run_dir="/runs/r\x00x", phases={"plot": {"file": "p.png"}}),
@@ -197,3 +201,15 @@ def test_submission_json_refuses_every_invisible_format_character(hidden: str) -
         validate_metadata({**meta, "name": "naive_baseline"}, "submission.json")["blurb"]
         == "two\nlines\tfine"
     )
+
+
+def test_a_board_of_one_huge_bpb_draws_and_verified_huge_bpbs_never_rank(tmp_path: Path) -> None:
+    """One result at 1e17 bpb: the plot's y range could not be widened (1e17 + 0.5 == 1e17) and its ticks took
+    log10(0) (math domain error). Two verified seeds at 1e308: their mean was inf and leaderboard.json could
+    not be written (no NaN or inf in a record)."""
+    page(build([entry("big", val_bpb=1e17, status="error")], {}, None))
+    a, b = entry("huge", seed=1, val_bpb=1e308), entry("huge", seed=2, val_bpb=1e308)
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text("\n".join(json.dumps(x) for x in (a, b, verification(a), verification(b))) + "\n")
+    board = write_leaderboard(ledger, tmp_path / "site")
+    assert board["ranked"] == [] and {r["why"] for r in board["unranked"]} == {"val_bpb 1e+308 is over 1e+06"}
