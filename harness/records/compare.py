@@ -38,6 +38,7 @@ from typing import Any
 from scipy import stats
 
 from data.io import read_json
+from harness.records.leaderboard import SCORE_MAX, read_ledger
 from harness.records.verify import result_digest
 from harness.run.text import visible
 from scoring.statuses import VERIFIED, Status
@@ -134,11 +135,6 @@ def load_results(paths: list[str | os.PathLike[str]]) -> list[dict[str, Any]]:
         r["_path"] = str(path)
         out.append(r)
     return out
-
-
-SCORE_MAX = 1e6
-"""The largest val_loss or val_bpb a result may hold (no model scores a million nats a token; a larger
-number overflowed the variance: a traceback, not a verdict)."""
 
 
 def _is_score(v: Any) -> bool:
@@ -254,11 +250,7 @@ def describe(rec: dict[str, Any]) -> str:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    verifications = None
-    if args.ledger:
-        from harness.records.leaderboard import read_ledger
-
-        verifications = read_ledger(args.ledger)[1]
+    verifications = read_ledger(args.ledger)[1] if args.ledger else None
     rec = compare_results(
         load_results(args.new),
         load_results(args.against),

@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 from data.io import write_bytes_atomic, write_json_atomic
-from harness.records.compare import SCORE_MAX
 from harness.records.verify import result_digest
 from harness.run.text import NAME_MAX_CHARS, html_text, markdown_cell, visible
 from scoring.score.bpb import METRIC_VERSION
@@ -130,6 +129,9 @@ def read_ledger(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, dict[
     return results, verifications
 
 
+SCORE_MAX = 1e6
+"""The largest val_loss or val_bpb a result may hold to rank or compare (no model scores a million nats a
+token; larger numbers overflowed a mean or a variance: a traceback, not a verdict). pgolf compare's too."""
 _RUN_CLOCK_SLACK_S = 86_400.0
 """How far past the board's own clock a run's time may lie (clocks of two machines); later is no time."""
 _NUMBER_KEYS = ("val_bpb", "val_loss", "bytes_total", "seed", "created_unix_s")
