@@ -198,7 +198,7 @@ def compare_results(
         seeds = [r.get("seed") for r in rs]
         if len(set(map(_same, seeds))) < len(seeds):
             warnings.append(f"{side} side repeats seeds {seeds}: repeated seeds are not independent samples")
-        if {r.get("track") for r in rs} != {tr.name}:
+        if any(r.get("track") != tr.name for r in rs):
             warnings.append(
                 f"{side} side has results from tracks {sorted({str(r.get('track')) for r in rs})}, testing under {tr.name}"
             )
@@ -209,6 +209,11 @@ def compare_results(
         counts = [_counts(r) for r in old]
         tokens_per_byte = sum(n for n, _ in counts) / sum(b for _, b in counts)
         margin = tr.margin_nats * tokens_per_byte / math.log(2.0)
+    unscored = next((r["_path"] for r in new + old if r.get(metric) is None), None)
+    if unscored is not None:
+        raise ValueError(
+            f"{unscored} has no {metric}; compare results that hold it (or pass the other --metric)"
+        )
     w = welch_test(
         [float(r[metric]) for r in new], [float(r[metric]) for r in old], margin, tr.p_value, metric
     )

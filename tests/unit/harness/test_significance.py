@@ -269,3 +269,16 @@ def test_a_list_where_a_string_or_number_goes_is_compared_never_a_type_error(tmp
     else:
         with pytest.raises(ValueError, match="score different tokens"):
             compare_results(load_results(new), old)
+
+
+def test_an_object_track_on_the_old_side_or_no_bpb_is_one_line_never_a_type_error(tmp_path):
+    """Two more a fuzz of hand-written results found: an object for the old side's track (unhashable in a
+    set) and --metric val_bpb on a result without val_bpb (float(None)), each a TypeError traceback."""
+    new = load_results(write_results(tmp_path, "n", [2.0, 2.01]))
+    old_paths = write_results(tmp_path, "o", [2.06, 2.059])
+    for p in old_paths:
+        Path(p).write_text(json.dumps({**json.loads(Path(p).read_text()), "track": {"a": 1}}))
+    assert "old side has results from tracks" in describe(compare_results(new, load_results(old_paths)))
+    Path(old_paths[0]).write_text(json.dumps({**json.loads(Path(old_paths[0]).read_text()), "val_bpb": None}))
+    with pytest.raises(ValueError, match=f"^{old_paths[0]} has no val_bpb; compare results that hold it"):
+        compare_results(new, load_results(old_paths), metric="val_bpb")
