@@ -427,6 +427,30 @@ class SandboxPlan:
         }
 
 
+SECRET_LOCATION_ENV = ("XDG_CONFIG_HOME", "WANDB_CONFIG_DIR", "WANDB_DIR", "HF_TOKEN_PATH")
+"""Variables that name where the official's own credentials and settings live, beside the home folder."""
+
+
+def official_homes() -> list[str]:
+    """The official's home folder (HOME, and the account's own from the password database) and the folders
+    SECRET_LOCATION_ENV names (a file's folder for HF_TOKEN_PATH): where keys live (~/.ssh, ~/.netrc with the
+    wandb key, ~/.cache/huggingface/token, cloud credentials). A phase's broad read rules leave them out, so an
+    import root the official's PYTHONPATH names (`PYTHONPATH=.` run from home) shows a phase none of them; a
+    Python installation inside one (a venv in home) is a broad rule of its own and stays readable."""
+    import pwd
+
+    named = [os.path.expanduser("~")]
+    try:
+        named.append(pwd.getpwuid(os.getuid()).pw_dir)
+    except KeyError:
+        pass
+    for key in SECRET_LOCATION_ENV:
+        v = os.environ.get(key)
+        if v:
+            named.append(os.path.dirname(v) if key == "HF_TOKEN_PATH" else v)
+    return sorted({os.path.realpath(p) for p in named if p and os.path.isdir(p)})
+
+
 def broad_hidden(paths: Iterable[str | Path], warnings: list[str]) -> list[str]:
     """Of `paths` (the phase's private folders, the project's, the machine's dataset locations), those every broad
     read rule leaves out, resolved. A folder that holds the Python installation is left out around it (each Python
@@ -529,7 +553,7 @@ def plan_sandbox(
             f"leftover processes are found by their {TOKEN_ENV} environment variable, and the network is the host's"
         )
     rules: list[Rule] = []  # planned even without Landlock: the access monitor reports against them
-    hidden = sorted({*prot, *broad_hidden([*private, project_root], warnings)})
+    hidden = sorted({*prot, *broad_hidden([*private, project_root, *official_homes()], warnings)})
     tmp = os.path.realpath(tempfile.gettempdir())
     broad = [*SYSTEM_READ_ROOTS, *python_roots(import_path, project_root), *extra_read]
     if device.startswith("cuda"):  # the CUDA/NCCL libraries the ranks will load, where they are

@@ -919,3 +919,28 @@ def test_the_machines_dataset_locations_are_the_configured_ones_that_exist(tmp_p
     monkeypatch.setenv("PGOLF_DATA", str(tmp_path / "absent"))
     monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
     assert dataset_locations() == [tmp_path / "hf", tmp_path / "pg"]
+
+
+def test_the_officials_home_is_out_of_every_broad_rule(tmp_path, monkeypatch):
+    """`PYTHONPATH=.` run from the official's home made the home folder an import root, so a broad read rule:
+    train.py read ~/.ssh, ~/.netrc (the wandb key) and the Hugging Face token. The home folder and the folders
+    that name the official's credentials are now out of every broad rule; a Python installation inside the home
+    (a venv) is a rule of its own and stays readable."""
+    from isolation.sandbox import official_homes
+
+    home = tmp_path / "home"
+    for d in (".ssh", ".venv/lib", "wandb-config"):
+        (home / d).mkdir(parents=True)
+    (home / ".ssh/id_ed25519").write_text("PRIVATE KEY")
+    (home / ".netrc").write_text("machine api.wandb.ai password SECRET")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(home / "wandb-config"))
+    assert str(home.resolve()) in official_homes()
+    plan, _ = _plan(tmp_path, LANDLOCK_ROOT, import_path=[str(home)], extra_read=[str(home / ".venv")])
+    readable = [r.path for r in plan.rules if r.access == "ro"]
+
+    def covered(path: Path) -> bool:
+        return any(str(path) == r or str(path).startswith(r.rstrip("/") + "/") for r in readable)
+
+    assert not covered(home / ".ssh/id_ed25519") and not covered(home / ".netrc")
+    assert covered(home / ".venv/lib")
