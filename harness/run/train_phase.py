@@ -81,16 +81,17 @@ OUTPUT_FILES = (TRAIN_RECORD, METRICS_FILE)
 """What the ranks leave in their output folder; the state is not among them: the supervisor takes it at the handover."""
 
 
-def compile_cache_dir(out: Path) -> Path:
-    """torch.compile / Triton / CUDA caches: the phase's own (OUT/compile) unless $PGOLF_COMPILE_CACHE names one.
+def compile_cache_dir(out: Path, sandbox: str = "auto") -> Path:
+    """torch.compile / Triton / CUDA caches: the phase's own (OUT/compile) unless $PGOLF_COMPILE_CACHE names one
+    and the sandbox is not "required".
 
-    A cache kept between runs is writable from every run's sandbox: a channel from one run to the next
-    (and from anything else that writes there), so it is opt-in. Compiling happens in the off-clock
-    warm-up, so a cold cache costs wall time, not budget.
+    A cache kept between runs is writable from every run's sandbox: a channel from one run to the next (and
+    from anything else that writes there; what it holds is code the next run executes), so it is opt-in, and
+    never on a record track (sandbox "required"), where nothing is shared between runs. Compiling happens in
+    the off-clock warm-up, so a cold cache costs wall time, not budget.
     """
-    return (
-        Path(os.environ["PGOLF_COMPILE_CACHE"]) if os.environ.get("PGOLF_COMPILE_CACHE") else out / "compile"
-    )
+    shared = os.environ.get("PGOLF_COMPILE_CACHE")
+    return Path(shared) if shared and sandbox != "required" else out / "compile"
 
 
 def worker_import_path(env: dict[str, str], cwd: Path) -> list[str]:
@@ -117,10 +118,12 @@ def data_identity_of(manifest: Manifest, shard_names: list[str]) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-def phase_env(base: dict[str, str], out: Path, token: str, threads: int) -> dict[str, str]:
+def phase_env(
+    base: dict[str, str], out: Path, token: str, threads: int, sandbox: str = "auto"
+) -> dict[str, str]:
     """The training processes' environment: the allow-list of scoring/worker/env.py (nothing else of `base`,
     the official's: no keys, no tokens, no hint of where the data lives); caches and temp files in OUT."""
-    cache = compile_cache_dir(out)
+    cache = compile_cache_dir(out, sandbox)
     extra = [
         p
         for p in base.get("PYTHONPATH", "").split(os.pathsep)
@@ -283,7 +286,11 @@ def run_train_phase(
     (stage / "spec.json").touch()  # a rule needs the file to exist; written below, once the plan is known
     token = secrets.token_hex(8)
     env = phase_env(
-        base_env if base_env is not None else dict(os.environ), out, token, launch.threads_per_rank()
+        base_env if base_env is not None else dict(os.environ),
+        out,
+        token,
+        launch.threads_per_rank(),
+        launch.sandbox,
     )
     plan = plan_sandbox(
         mode=launch.sandbox,
@@ -292,7 +299,7 @@ def run_train_phase(
         multi_node=launch.nnodes > 1,
         project_root=PROJECT_ROOT,
         read_paths=[train_view / MANIFEST_NAME, staged_sub, stage / "spec.json"],  # shards: over the wire
-        write_paths=[out, compile_cache_dir(out)],
+        write_paths=[out, compile_cache_dir(out, launch.sandbox)],
         protected=[data_root, *val_shards],
         # another dataset holds the validation text too; the folder of this run's own holds the other runs (their
         # trained states) and, by default, the ledger
@@ -526,7 +533,11 @@ def run_sealed_pack(
         manifest = load_manifest(data_root)
         token = secrets.token_hex(8)
         env = phase_env(
-            base_env if base_env is not None else dict(os.environ), out, token, launch.threads_per_rank()
+            base_env if base_env is not None else dict(os.environ),
+            out,
+            token,
+            launch.threads_per_rank(),
+            launch.sandbox,
         )
         plan = plan_sandbox(
             mode=launch.sandbox,

@@ -126,6 +126,17 @@ def test_the_training_side_uses_the_allow_list(tmp_path, monkeypatch):
     assert (tmp_path / "out" / "home").is_dir() and (tmp_path / "out" / "compile" / "nv").is_dir()
 
 
+def test_a_shared_compile_cache_is_never_a_record_tracks(tmp_path, monkeypatch):
+    """A compile cache kept between runs holds code the next run executes, written by the last one's sandbox: a
+    channel between entrants. The official may opt in on an unranked track; under a required sandbox (every
+    record track) each run compiles into its own."""
+    monkeypatch.setenv("PGOLF_COMPILE_CACHE", str(tmp_path / "shared"))
+    shared = phase_env(dict(OFFICIAL), tmp_path / "a", "tok", threads=1, sandbox="auto")
+    assert shared["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "shared" / "inductor")
+    own = phase_env(dict(OFFICIAL), tmp_path / "b", "tok", threads=1, sandbox="required")
+    assert own["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "b" / "compile" / "inductor")
+
+
 def test_a_record_names_the_variables_never_their_values():
     assert names({"B": SECRET, "A": "x"}) == ["A", "B"]
 
