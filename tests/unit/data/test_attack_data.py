@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -97,6 +98,14 @@ class NextId(nn.Module):
         return 30.0 * nn.functional.one_hot(nxt, self.vocab_size).float() + 0 * self.dummy
 
 
+def _next_id_score(ds: Path) -> tuple[Any, np.ndarray, Any]:
+    """The dataset's manifest, validation tokens and the score of a model that predicts id + 1 on them."""
+    m = load_manifest(ds)
+    toks = read_split(ds, "val")
+    cfg = EvalConfig(mode="sliding", seq_len=64, batch_seqs=8, stride=64)
+    return m, toks, evaluate(NextId(m.vocab_size), toks, _canonical(ds), cfg, torch.device("cpu"))
+
+
 def _memorising_sp1024(canonical_val: list[str], out: Path, chunk: int) -> Path:
     """The official sp1024 plus one user-defined piece per `chunk` characters of the validation documents'
     canonical text, in order: consecutive ids along the validation stream. The tokenizer does not count
@@ -130,10 +139,7 @@ def test_a_tokenizer_holding_the_validation_text_in_its_pieces_is_refused(tmp_pa
     except ValueError as e:
         assert "16 characters" in str(e) and "\n" not in str(e)
         return
-    m = load_manifest(ds)
-    toks = read_split(ds, "val")
-    cfg = EvalConfig(mode="sliding", seq_len=64, batch_seqs=8, stride=64)
-    res = evaluate(NextId(m.vocab_size), toks, _canonical(ds), cfg, torch.device("cpu"))
+    m, toks, res = _next_id_score(ds)
     pytest.fail(
         f"built and verified ({verify_dataset(ds).ok}): {toks.size} validation tokens for "
         f"{res.sums.bytes:,} bytes, val_bpb {res.sums.val_bpb:.4f} from a model that predicts id + 1"
@@ -338,10 +344,7 @@ def test_a_tokenizer_holding_the_validation_text_in_its_denormaliser_is_refused(
         with pytest.raises(CanonicalBytesError, match="denormalizer_spec"):
             _canonical(ds)
         return
-    m = load_manifest(ds)
-    toks = read_split(ds, "val")
-    cfg = EvalConfig(mode="sliding", seq_len=64, batch_seqs=8, stride=64)
-    res = evaluate(NextId(m.vocab_size), toks, _canonical(ds), cfg, torch.device("cpu"))
+    m, toks, res = _next_id_score(ds)
     pytest.fail(
         f"built and verified ({verify_dataset(ds).ok}), val_only {m.raw['pieces']['val_only']}: {hidden:,} of "
         f"{res.sums.bytes:,} validation bytes in the rules, {toks.size} tokens, val_bpb {res.sums.val_bpb:.4f} from "
