@@ -292,6 +292,9 @@ def load_entry(entry_dir: str | os.PathLike[str], preset: str | None = None) -> 
     if len(files) > CLAIM_MAX_FILES:
         raise ValueError(f"{root}: more than {CLAIM_MAX_FILES} claimed result files under results/ and runs/")
     h = hashlib.sha256()
+    # the folder's name too: two folders of the same bytes (a copy of another's pull request) are two entries, each
+    # its own runs and verdict (one digest shared one run folder and one verdict: the copy's failed run overwrote it)
+    h.update(root.name.encode("utf-8", "surrogateescape") + b"\0")
     h.update(json.dumps(code, sort_keys=True).encode())
     h.update((root / "submission.json").read_bytes())
     claims: list[Claim] = []

@@ -1,0 +1,115 @@
+"""Attacks on `pgolf queue` by an entrant whose folder is one of many it runs: the queue's state (its ledger), its
+job folders and what its own, unsandboxed process reads. The queue runs here in this process on an inline
+executor (`Inline`: each job's function called at submit time) with training replaced by a record that names
+the run folder it was given, so a test of the queue's bookkeeping costs no run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.records import queue
+from harness.records.executors import ExecutorConfig
+from harness.records.reproduce import RUN_FORMAT, load_entry
+from scoring.statuses import Status
+
+TINY = Path(__file__).resolve().parents[2] / "fixtures" / "submissions" / "tiny_lm"
+
+
+class Handle:
+    def __init__(self, job_id: int, value: str) -> None:
+        self.job_id, self._value, self.state = job_id, value, "FINISHED"
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> str:
+        return self._value
+
+    def cancel(self, check: bool = False) -> None:
+        pass
+
+
+class Inline:
+    """submitit's executor interface, each job run at once in this process."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def update_parameters(self, **_: Any) -> None:
+        pass
+
+    def submit(self, fn: Any, arg: str) -> Handle:
+        self.n += 1
+        return Handle(1000 + self.n, fn(arg))
+
+
+def fake_seed(task: dict[str, Any]) -> dict[str, Any]:
+    """What reproduce_seed returns for a run that trained to 1.5 bits/byte; a run folder already used is the
+    pipeline's refusal (harness/run/pipeline.py: a non-empty run folder is never written into again)."""
+    run_dir = Path(task["run_dir"])
+    rec = {"format": RUN_FORMAT, "format_version": 1, "entry_key": task["entry_key"],
+           "entry_digest": task["entry_digest"], "seed": task["seed"], "run_dir": str(run_dir), "track": "smoke",
+           "job_id": task.get("job_id"), "started_unix_s": 0.0, "ended_unix_s": 1.0, "job_wall_s": 1.0}  # fmt: skip
+    if run_dir.exists():
+        return {
+            **rec,
+            "status": Status.ERROR,
+            "detail": "not run: run folder already exists",
+            "harness_failed": True,
+        }
+    run_dir.mkdir(parents=True)
+    return {**rec, "status": Status.OK, "val_bpb": 1.5, "val_loss": 1.0}
+
+
+@pytest.fixture
+def run_inline(monkeypatch):
+    from harness.commands import preflight
+
+    monkeypatch.setattr(queue, "_executor", lambda ecfg, folder: Inline())
+    monkeypatch.setattr(queue, "reproduce_seed", fake_seed)
+    monkeypatch.setattr(preflight, "run_checks", lambda root, preset, sandbox: [])
+
+    def run(root: Path, out: Path, **kw: Any) -> dict[str, Any]:
+        qcfg = queue.QueueConfig(root=root, out=out, ledger=out / "ledger.jsonl", seeds=2, **kw)
+        return queue.run_queue(qcfg, ExecutorConfig(kind="local", max_parallel=1, poll_s=0.001))
+
+    return run
+
+
+def entry(dest: Path, **meta: Any) -> Path:
+    shutil.copytree(TINY, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    m = json.loads((dest / "submission.json").read_text())
+    m.update(claimed={"val_bpb": 1.5}, **meta)
+    (dest / "submission.json").write_text(json.dumps(m))
+    return dest
+
+
+def ledger(out: Path, fmt: str) -> list[dict[str, Any]]:
+    return [r for r in map(json.loads, (out / "ledger.jsonl").read_text().splitlines()) if r["format"] == fmt]
+
+
+def test_a_copy_of_another_entry_neither_shares_its_run_folders_nor_overwrites_its_verdict(
+    run_inline, tmp_path
+):
+    """An entrant submits a byte-for-byte copy of a rival's folder. Same bytes were one digest: one entry key, so
+    the copy's jobs were given the rival's run folders (its run refused there: 'already exists'), and the copy's
+    `could_not_run` verdict, decided last, was the digest's latest, the one `pgolf chain` reads: the rival's
+    reproduced entry left the chain (measured with real runs: chain 0 records, summary could_not_run 2)."""
+    root = tmp_path / "entries"
+    victim = entry(root / "2026-02-01_victim", name="victim")
+    shutil.copytree(victim, root / "2026-02-09_copycat")
+    summary = run_inline(root, tmp_path / "q")
+    runs = ledger(tmp_path / "q", RUN_FORMAT)
+    assert len(runs) == 4 and len({r["run_dir"] for r in runs}) == 4
+    assert all(r["status"] == Status.OK for r in runs)
+    verdicts = {Path(r["entry_dir"]).name: r["verdict"] for r in ledger(tmp_path / "q", "pg-reproduction")}
+    assert verdicts == {"2026-02-01_victim": "reproduced", "2026-02-09_copycat": "reproduced"}
+    assert summary["verdicts"]["reproduced"] == 2
+    a, b = load_entry(victim), load_entry(root / "2026-02-09_copycat")
+    assert a.digest != b.digest and a.key != b.key
+    assert load_entry(victim).digest == a.digest  # stable: a resumed queue finds it in its ledger
