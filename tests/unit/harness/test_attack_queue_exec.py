@@ -113,3 +113,23 @@ def test_a_copy_of_another_entry_neither_shares_its_run_folders_nor_overwrites_i
     a, b = load_entry(victim), load_entry(root / "2026-02-09_copycat")
     assert a.digest != b.digest and a.key != b.key
     assert load_entry(victim).digest == a.digest  # stable: a resumed queue finds it in its ledger
+
+
+def test_a_huge_initial_state_is_not_read_into_the_triage_process(monkeypatch, tmp_path):
+    """The triage's estimate read the confined build's state file and packed it twice in the queue's own process:
+    a model of 125 M zero parameters (a 0.5 GB state; int8_zlib packs it to 154 KB, so the check passed) took the
+    official's `pgolf check` to 6.1 GB resident and 40 s; the child may fill 3/4 of the machine, so a state of a
+    few GB kills the queue. Over the bound the estimate is skipped (a warning; the run's pack decides)."""
+    from harness.commands import preflight
+    from scoring.artifact import pack
+
+    monkeypatch.setattr(preflight, "STATE_ESTIMATE_MAX_BYTES", 10_000, raising=False)
+    read: list[str] = []
+    real = pack.read_state
+    monkeypatch.setattr(pack, "read_state", lambda p: read.append(str(p)) or real(p))
+    checks = {c.name: c for c in preflight.run_checks(entry(tmp_path / "e"), None)}
+    assert checks["model"].status == "ok"
+    art = checks["artifact"]
+    assert art.status == "warn" and read == []
+    assert art.detail.startswith("not estimated: the initial state is ") and "over the 10,000" in art.detail
+    assert art.facts["bytes_state"] > 10_000

@@ -112,26 +112,6 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
     assert main(["check", str(BASELINE), "--set", "no_equals_sign"]) == EXIT_USAGE
 
 
-def test_a_state_bigger_than_the_check_reads_back_is_not_estimated(tmp_path: Path, monkeypatch) -> None:
-    """build_model adds an unused parameter: the confined child writes it (within its limits), then this process
-    read it back and packed it twice, about 12 bytes of memory a byte (0.4 GB: 4.9 GB peak, 32 s; 2 GB would
-    take 24 GB of the official's triage). Here the cap is 300 KB, so 32 caps are 9.6 MB and 16 MB is over."""
-    import dataclasses
-
-    from scoring.tracks import TRACKS
-
-    monkeypatch.setitem(TRACKS, "smoke", dataclasses.replace(TRACKS["smoke"], cap_bytes=300_000))
-    d = _folder(tmp_path)
-    src = (d / "model.py").read_text()
-    big = "    m = GPT(**{**DEFAULTS, **config})\n    m.pad = nn.Parameter(torch.zeros(4_000_000))\n    return m"
-    (d / "model.py").write_text(src.replace("    return GPT(**{**DEFAULTS, **config})", big))
-    checks = {c.name: c for c in run_checks(d, "tiny")}
-    assert checks["model"].status == "ok", checks["model"].detail
-    art = checks["artifact"]
-    assert art.status == "warn" and art.detail.startswith("not estimated: the initial weights are 16,")
-    assert art.facts["state_read_max_bytes"] == 9_600_000
-
-
 def _rewriting_report(tmp_path: Path, report: dict[str, object]) -> Path:
     """The baseline, whose model.py (past the lint: a string annotation) rewrites the child's report.json at exit."""
     from tests.unit.harness.test_sample_unpack_sandbox import smuggling
