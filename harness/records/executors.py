@@ -37,6 +37,12 @@ without a record (it failed, timed out, was cancelled, or the harness failed in 
 "error" line naming the job and its state, and result.json, verification.json and the ledger keep the
 earlier verdict. A path that is no result is one "error" line of its own; the other paths are verified. The job's result pickle is written by the job process, never by submission code (the
 re-score runs in the sealed scorer process, which may write only beneath its own output folder).
+
+Jobs folder. submitit unpickles a job's result from `FOLDER/JOB_ID/JOB_ID_0_result.pkl` in this process (on
+Slurm as soon as that file exists; locally once the job ended without writing its own). Each invocation
+therefore makes a folder of its own under the one given (`fresh_jobs_folder`): a pickle an entrant committed
+beside a run folder it submitted (`.verify-jobs/` is the default, beside the first run), or one a reused folder
+kept from an earlier job of the same id (local ids are PIDs), is never where a job's result is looked for.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -497,6 +504,12 @@ def default_folder(ecfg: ExecutorConfig, first_run_dir: Path) -> Path:
     return ecfg.folder or first_run_dir.parent / ".verify-jobs"
 
 
+def fresh_jobs_folder(base: Path) -> Path:
+    """A new folder under `base`, made here and empty (the module docstring, "Jobs folder"): submitit's folder."""
+    base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=base))
+
+
 def run_verifications(
     paths: Sequence[str],
     *,
@@ -533,8 +546,7 @@ def run_verifications(
         )
     if not items:
         return [not_results[i] for i in sorted(not_results)]
-    folder = default_folder(ecfg, items[0].run_dir)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = fresh_jobs_folder(default_folder(ecfg, items[0].run_dir))
     executor = make_executor(ecfg, folder)
     limit = ecfg.max_parallel
     if limit == 0 and ecfg.kind == "local":

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from data.io import read_regular
-from harness.records.executors import INCOMPLETE_STATES, ExecutorConfig, JobResources
+from harness.records.executors import INCOMPLETE_STATES, ExecutorConfig, JobResources, fresh_jobs_folder
 from harness.records.reproduce import (
     COULD_NOT_RUN,
     NOT_REPRODUCED,
@@ -489,9 +489,7 @@ def run_queue(qcfg: QueueConfig, ecfg: ExecutorConfig) -> dict[str, Any]:
     for e in entries:  # every seed already run (a queue killed before it decided): decide now
         if e.digest not in st.verdicts and not any(j.entry is e for j in todo):
             decide(e, st, qcfg, ledger)
-    folder = ecfg.folder or qcfg.out / ".jobs"
-    folder.mkdir(parents=True, exist_ok=True)
-    executor = _executor(ecfg, folder) if todo else None
+    executor = _executor(ecfg, fresh_jobs_folder(ecfg.folder or qcfg.out / ".jobs")) if todo else None
     k = ecfg.max_parallel or (0 if ecfg.kind == "slurm" else max(1, (os.cpu_count() or 1) // max(
         [j.resources.cpus for j in todo] or [1])))  # fmt: skip
     in_flight: list[Job] = []
@@ -671,7 +669,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", help="runs, job folders and the ledger (default: DIR-queue beside DIR)")
     p.add_argument("--ledger", help="the queue's ledger, its state (default: OUT/ledger.jsonl)")
-    p.add_argument("--jobs-folder", help="submitit's folder, shared with the nodes (default: OUT/.jobs)")
+    p.add_argument(
+        "--jobs-folder",
+        help="submitit's folder, shared with the nodes; each invocation makes a new one in it (default: OUT/.jobs)",
+    )
     p.add_argument(
         "--data", help="dataset folder (default: the embedded corpus; a record track needs its own)"
     )

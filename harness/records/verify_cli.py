@@ -150,7 +150,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--jobs-folder",
-        help="the jobs' folder, on a filesystem the nodes share (default: .verify-jobs/ beside the first run)",
+        help="the jobs' folder, on a filesystem the nodes share; each invocation makes a new one in it "
+        "(default: .verify-jobs/ beside the first run)",
     )
     p.add_argument("--partition", help="slurm partition (default: the cluster's default)")
     p.add_argument(

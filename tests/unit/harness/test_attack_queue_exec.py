@@ -133,3 +133,76 @@ def test_a_huge_initial_state_is_not_read_into_the_triage_process(monkeypatch, t
     assert art.status == "warn" and read == []
     assert art.detail.startswith("not estimated: the initial state is ") and "over the 10,000" in art.detail
     assert art.facts["bytes_state"] > 10_000
+
+
+PLANTED: list[str] = []
+
+
+def _planted_ran(marker: str) -> tuple[str, str]:
+    PLANTED.append(marker)
+    return ("success", "{}")
+
+
+class Planted:
+    """A result pickle an entrant commits: unpickled, it runs `_planted_ran` (any callable) in the reader."""
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (_planted_ran, ("ran in the official's process",))
+
+
+def test_a_result_pickle_planted_beside_a_submitted_run_is_never_unpickled(monkeypatch, tmp_path):
+    """`pgolf verify RUN --executor local|slurm` put submitit's folder at RUN/../.verify-jobs: for a run folder
+    an entrant submitted (the `verified` evidence), inside their folder. A pickle committed there at
+    JOB_ID/JOB_ID_0_result.pkl is unpickled by the official's process: on Slurm as soon as the job is submitted
+    (done() is that file existing), locally when the job ends without a result of its own. Measured: 3,000 planted
+    pickles over the next PIDs, the local job killed (as an out-of-memory kill would), and the entrant's payload ran
+    as root in `pgolf verify` ("RCE in pid 18133 uid 0"). Each invocation now makes a fresh, empty jobs folder."""
+    import pickle
+
+    import submitit
+
+    import harness.records.executors as ex
+    from harness.records.verify import VerifyConfig
+
+    run = tmp_path / "entry" / "runs" / "seed-1"
+    run.mkdir(parents=True)
+    planted = run.parent / ".verify-jobs"
+    folders: list[Path] = []
+
+    def make_executor(ecfg: ExecutorConfig, folder: Path) -> Any:
+        folders.append(folder)
+        return submitit.LocalExecutor(folder=folder / "%j")
+
+    def submit(executor: Any, ecfg: ExecutorConfig, item: Any, task: dict[str, Any]) -> Any:
+        executor.update_parameters(timeout_min=1)
+        job = executor.submit(ex.os._exit, 9)  # the job dies without writing its result
+        job._results_timeout_s = 0
+        # where the entrant committed it (a PID guessed: the demo above covers 3,000 of them)
+        (planted / job.job_id).mkdir(parents=True, exist_ok=True)
+        (planted / job.job_id / f"{job.job_id}_0_result.pkl").write_bytes(pickle.dumps(Planted()))
+        return job
+
+    def finish(item: Any, *_: Any) -> dict[str, Any]:
+        got, why = ex.job_outcome(item.job)
+        return {"executor": {"job_id": item.job.job_id, "state": "DONE"}, "status": "error" if why else "?",
+                "differences": [why]}  # fmt: skip
+
+    monkeypatch.setattr(ex, "read_result", lambda p: (run / "result.json", run, {"phases": {"score": {}}}))
+    monkeypatch.setattr(ex, "resolve_inputs", lambda *a: (None, None))
+    monkeypatch.setattr(ex, "result_digest", lambda r: "d" * 64)
+    monkeypatch.setattr(ex, "make_executor", make_executor)
+    monkeypatch.setattr(ex, "submit", submit)
+    monkeypatch.setattr(ex, "finish", finish)
+    PLANTED.clear()
+    (got,) = ex.run_verifications(
+        [str(run)],
+        submission=None,
+        data=None,
+        vcfg=VerifyConfig(),
+        ecfg=ExecutorConfig(kind="local", poll_s=0.05),
+        ledger=None,
+    )
+    assert PLANTED == []
+    assert got["status"] == "error" and "has not produced any output" in got["differences"][0]
+    (folder,) = folders
+    assert folder.parent == planted and folder.name.startswith("20")
