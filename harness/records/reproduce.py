@@ -240,8 +240,13 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
+CLAIM_INT_MAX = 10**18
+"""A claimed integer (seed, token, byte and step counts) larger than this is no claim's: a val_tokens of 4,000
+digits overflowed compare_claim's float arithmetic and stopped the whole queue at that entry's verdict."""
+
+
 def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) and abs(v) <= CLAIM_INT_MAX else None
 
 
 def claim_of(raw: bytes, rel: str) -> Claim | None:

@@ -74,8 +74,8 @@ def run_inline(monkeypatch):
     monkeypatch.setattr(queue, "reproduce_seed", fake_seed)
     monkeypatch.setattr(preflight, "run_checks", lambda root, preset, sandbox: [])
 
-    def run(root: Path, out: Path, **kw: Any) -> dict[str, Any]:
-        qcfg = queue.QueueConfig(root=root, out=out, ledger=out / "ledger.jsonl", seeds=2, **kw)
+    def run(root: Path, out: Path, seeds: int | None = 2) -> dict[str, Any]:
+        qcfg = queue.QueueConfig(root=root, out=out, ledger=out / "ledger.jsonl", seeds=seeds)
         return queue.run_queue(qcfg, ExecutorConfig(kind="local", max_parallel=1, poll_s=0.001))
 
     return run
@@ -206,3 +206,28 @@ def test_a_result_pickle_planted_beside_a_submitted_run_is_never_unpickled(monke
     assert got["status"] == "error" and "has not produced any output" in got["differences"][0]
     (folder,) = folders
     assert folder.parent == planted and folder.name.startswith("20")
+
+
+@pytest.mark.parametrize("field", ["val_tokens", "val_bytes"])
+def test_a_claim_with_a_4000_digit_count_is_that_entrys_verdict_not_the_queues_end(
+    run_inline, tmp_path, field
+):
+    """A claimed result whose val_tokens (or val_bytes) is a 4,001-digit integer (JSON allows it; Python parses up
+    to 4,300 digits) reached `val_loss * val_tokens` in compare_claim: OverflowError in the queue's own process
+    at that entry's verdict, every later entry undecided, and the same crash on every resumption (the entry's
+    runs are in the ledger, so its verdict is decided again first). A count over 10**18 is now no claim's."""
+    root = tmp_path / "entries"
+    bad = entry(root / "2026-02-01_huge", name="huge")
+    claim = {"format": "pg-result", "status": "ok", "track": "smoke", "seed": 7, "val_bpb": 1.5, "val_loss": 1.0,
+             "val_tokens": 100, "val_bytes": 96, field: 10**4000}  # fmt: skip
+    (bad / "results" / "seed-7").mkdir(parents=True)
+    (bad / "results" / "seed-7" / "result.json").write_text(json.dumps(claim))
+    entry(root / "2026-02-02_next", name="next")
+    summary = run_inline(root, tmp_path / "q", seeds=None)  # the claimed seed: 7
+    verdicts = {Path(r["entry_dir"]).name: r for r in ledger(tmp_path / "q", "pg-reproduction")}
+    assert set(verdicts) == {"2026-02-01_huge", "2026-02-02_next"}
+    assert (
+        verdicts["2026-02-01_huge"]["seeds"] == [7]
+        and verdicts["2026-02-01_huge"]["claimed"][0][field] is None
+    )
+    assert summary["verdicts"]["pending"] == 0
