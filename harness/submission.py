@@ -168,6 +168,10 @@ def check_submission(submission_dir: str | Path) -> dict[str, Any]:
             ok = _defines(text, where, func)
         except SyntaxError as e:
             raise SubmissionError(f"{where} does not parse: {e}") from e
+        except (RecursionError, MemoryError):  # the parser's own limits (`1+1+...` 3,000 terms deep)
+            raise SubmissionError(
+                f"{where}: does not parse (nested too deeply for Python's parser)"
+            ) from None
         if not ok:
             raise SubmissionError(f"{where} must define a top-level function {func}(...)")
     path = root / SUBMISSION_JSON

@@ -336,6 +336,9 @@ def lint_scored_code(submission_dir: str | Path) -> list[str]:
             problems.append(
                 f"{f.rel}:{getattr(e, 'lineno', None) or '?'}: does not parse ({getattr(e, 'msg', e)})"
             )
+        except (RecursionError, MemoryError):
+            # `1+1+...` 3,000 terms deep, or 100,000 unary minuses: the parser's own limits, raised as these
+            problems.append(f"{f.rel}:?: does not parse (nested too deeply for Python's parser)")
     codec_only = _reached(trees, [CODEC_FILE]) - _reached(trees, [MODEL_FILE, EVAL_HOOK_FILE])
     for rel, tree in trees.items():
         rules = CODEC_RULES if rel in codec_only else MODEL_RULES

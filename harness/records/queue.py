@@ -256,9 +256,12 @@ def triage(
     cached = st.triage.get(entry.digest)
     if cached is not None:
         return (entry if cached["ok"] else None), {**cached, "cached": True}
-    from harness.commands.preflight import CHECK_SKIPPED, PASSING, run_checks
+    from harness.commands.preflight import CHECK_SKIPPED, PASSING, Check, run_checks
 
-    checks = run_checks(root, entry.preset, sandbox=sandbox)
+    try:
+        checks = run_checks(root, entry.preset, sandbox=sandbox)
+    except Exception as e:  # noqa: BLE001 - the checks' own failure on a hostile folder is that entry's FAIL
+        checks = [Check("triage", "FAIL", f"the checks failed on this folder: {type(e).__name__}: {e}"[:400])]
     not_passing = [c for c in checks if c.status not in PASSING]
     causes = [
         c for c in not_passing if c.status != CHECK_SKIPPED

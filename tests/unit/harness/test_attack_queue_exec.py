@@ -70,6 +70,7 @@ def fake_seed(task: dict[str, Any]) -> dict[str, Any]:
 def run_inline(monkeypatch):
     from harness.commands import preflight
 
+    real_checks = preflight.run_checks
     monkeypatch.setattr(queue, "_executor", lambda ecfg, folder: Inline())
     monkeypatch.setattr(queue, "reproduce_seed", fake_seed)
     monkeypatch.setattr(preflight, "run_checks", lambda root, preset, sandbox: [])
@@ -78,6 +79,7 @@ def run_inline(monkeypatch):
         qcfg = queue.QueueConfig(root=root, out=out, ledger=out / "ledger.jsonl", seeds=seeds)
         return queue.run_queue(qcfg, ExecutorConfig(kind="local", max_parallel=1, poll_s=0.001))
 
+    run.real_checks = real_checks  # type: ignore[attr-defined]
     return run
 
 
@@ -231,3 +233,51 @@ def test_a_claim_with_a_4000_digit_count_is_that_entrys_verdict_not_the_queues_e
         and verdicts["2026-02-01_huge"]["claimed"][0][field] is None
     )
     assert summary["verdicts"]["pending"] == 0
+
+
+def test_scored_code_nested_past_the_parser_is_a_lint_failure_not_the_queues_end(
+    run_inline, monkeypatch, tmp_path
+):
+    """A scored helper (util.py, linted like model.py) of `X = 1+1+...` (200,000 terms, 400 KB) made ast.parse
+    raise RecursionError, which no check caught: `pgolf check` was a traceback and `pgolf queue` stopped at that
+    entry's triage, every later entry untriaged, the same on every resumption (a triage that crashed is not in
+    the ledger). It is now the entry's lint FAIL; any other exception of the checks is that entry's triage FAIL;
+    and the same in model.py (parsed first by check_submission) is a one-line refusal of the folder."""
+    from harness.commands import preflight
+    from harness.submission import check_submission
+    from scoring.codecheck import lint_scored_code
+    from scoring.errors import SubmissionError
+
+    real = run_inline.real_checks
+    root = tmp_path / "entries"
+    deep = entry(root / "2026-02-01_deep", name="deep")
+    (deep / "util.py").write_text("X = 1" + "+1" * 200_000 + "\n")
+    assert lint_scored_code(deep) == ["util.py:?: does not parse (nested too deeply for Python's parser)"]
+    with (tmp_path / "model.py").open("w") as f:
+        f.write((deep / "model.py").read_text() + "\nX = 1" + "+1" * 200_000 + "\n")
+    shutil.copytree(deep, tmp_path / "deep_model")
+    shutil.copy(tmp_path / "model.py", tmp_path / "deep_model" / "model.py")
+    with pytest.raises(
+        SubmissionError, match=r"model.py: does not parse \(nested too deeply for Python's parser\)"
+    ):
+        check_submission(tmp_path / "deep_model")
+    entry(root / "2026-02-02_crash", name="crash")
+    entry(root / "2026-02-03_next", name="next")
+
+    def checks(root: Path, preset: Any, sandbox: str) -> list[Any]:
+        if root.name.endswith("_crash"):
+            raise RecursionError("maximum recursion depth exceeded")
+        return real(root, preset) if root.name.endswith("_deep") else []
+
+    monkeypatch.setattr(preflight, "run_checks", checks)
+    run_inline(root, tmp_path / "q")
+    verdicts = {Path(r["entry_dir"]).name: r for r in ledger(tmp_path / "q", "pg-reproduction")}
+    assert {k: v["verdict"] for k, v in verdicts.items()} == {
+        "2026-02-01_deep": "not_reproduced", "2026-02-02_crash": "not_reproduced", "2026-02-03_next": "reproduced"
+    }  # fmt: skip
+    assert [d["name"] for d in verdicts["2026-02-01_deep"]["differences"]] == ["triage lint"]
+    (crash,) = verdicts["2026-02-02_crash"]["differences"]
+    assert (
+        crash["actual"]
+        == "FAIL: the checks failed on this folder: RecursionError: maximum recursion depth exceeded"
+    )
