@@ -236,13 +236,22 @@ def _claim_files(root: Path) -> list[tuple[Path, bytes]]:
     return found
 
 
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else None
-
-
 CLAIM_INT_MAX = 10**18
 """A claimed integer (seed, token, byte and step counts) larger than this is no claim's: a val_tokens of 4,000
 digits overflowed compare_claim's float arithmetic and stopped the whole queue at that entry's verdict."""
+CLAIM_NUM_MAX = 1e15
+"""A claimed number (val_bpb, val_loss, train_time_s) larger than this is no claim's: two claims of 1.7e308 bits
+per byte overflowed the mean (fsum) and stopped the whole queue the same way."""
+
+
+def _num(v: Any) -> float | None:
+    ok = (
+        isinstance(v, int | float)
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+        and abs(v) <= CLAIM_NUM_MAX
+    )
+    return float(v) if ok else None
 
 
 def _int(v: Any) -> int | None:

@@ -210,28 +210,33 @@ def test_a_result_pickle_planted_beside_a_submitted_run_is_never_unpickled(monke
     assert folder.parent == planted and folder.name.startswith("20")
 
 
-@pytest.mark.parametrize("field", ["val_tokens", "val_bytes"])
-def test_a_claim_with_a_4000_digit_count_is_that_entrys_verdict_not_the_queues_end(
-    run_inline, tmp_path, field
+@pytest.mark.parametrize(
+    ("field", "value"), [("val_tokens", 10**4000), ("val_bytes", 10**4000), ("val_bpb", 1.7e308)]
+)
+def test_a_claim_of_a_4000_digit_count_is_that_entrys_verdict_not_the_queues_end(
+    run_inline, tmp_path, field, value
 ):
     """A claimed result whose val_tokens (or val_bytes) is a 4,001-digit integer (JSON allows it; Python parses up
     to 4,300 digits) reached `val_loss * val_tokens` in compare_claim: OverflowError in the queue's own process
     at that entry's verdict, every later entry undecided, and the same crash on every resumption (the entry's
-    runs are in the ledger, so its verdict is decided again first). A count over 10**18 is now no claim's."""
+    runs are in the ledger, so its verdict is decided again first). A count over 10**18 is now no claim's; so is
+    a number over 1e15 (two claims of 1.7e308 bits per byte overflowed their mean, math.fsum, the same way)."""
     root = tmp_path / "entries"
     bad = entry(root / "2026-02-01_huge", name="huge")
-    claim = {"format": "pg-result", "status": "ok", "track": "smoke", "seed": 7, "val_bpb": 1.5, "val_loss": 1.0,
-             "val_tokens": 100, "val_bytes": 96, field: 10**4000}  # fmt: skip
-    (bad / "results" / "seed-7").mkdir(parents=True)
-    (bad / "results" / "seed-7" / "result.json").write_text(json.dumps(claim))
+    claim = {"format": "pg-result", "status": "ok", "track": "smoke", "val_bpb": 1.5, "val_loss": 1.0,
+             "val_tokens": 100, "val_bytes": 96, field: value}  # fmt: skip
+    for seed in (7, 8):
+        (bad / "results" / f"seed-{seed}").mkdir(parents=True)
+        (bad / "results" / f"seed-{seed}" / "result.json").write_text(json.dumps({**claim, "seed": seed}))
     entry(root / "2026-02-02_next", name="next")
-    summary = run_inline(root, tmp_path / "q", seeds=None)  # the claimed seed: 7
+    summary = run_inline(root, tmp_path / "q", seeds=None)  # the claimed seeds (7, 8), or 3 fresh ones
     verdicts = {Path(r["entry_dir"]).name: r for r in ledger(tmp_path / "q", "pg-reproduction")}
     assert set(verdicts) == {"2026-02-01_huge", "2026-02-02_next"}
-    assert (
-        verdicts["2026-02-01_huge"]["seeds"] == [7]
-        and verdicts["2026-02-01_huge"]["claimed"][0][field] is None
-    )
+    huge = verdicts["2026-02-01_huge"]
+    if field == "val_bpb":  # no claimed result left: submission.json's claimed mean, fresh seeds
+        assert huge["claimed"] == [] and huge["claimed_mean_bpb"] == 1.5 and len(huge["seeds"]) == 3
+    else:
+        assert huge["seeds"] == [7, 8] and [c[field] for c in huge["claimed"]] == [None, None]
     assert summary["verdicts"]["pending"] == 0
 
 
