@@ -468,7 +468,11 @@ def run_queue(qcfg: QueueConfig, ecfg: ExecutorConfig) -> dict[str, Any]:
     # 2. jobs
     todo: list[Job] = []
     skipped_jobs = 0
+    runs_of: dict[str, str] = {}  # a folder of runs under OUT -> the digest whose runs it holds
     for e in entries:
+        # the key holds 48 bits of the digest: an entry ground to share another's name and key (2^48 hashes, hours
+        # on a GPU) and claimed seeds was given its run folders, where one of the two runs was refused
+        runs_name = e.key if runs_of.setdefault(e.key, e.digest) == e.digest else f"{e.key}-{e.digest}"
         if e.digest in st.verdicts and all((e.digest, s) in st.runs for s in qcfg.seeds_of(e)):
             print(f"done {e.key}: {st.verdicts[e.digest]['verdict']} (from the ledger)", flush=True)
             skipped_jobs += len(qcfg.seeds_of(e))
@@ -483,7 +487,7 @@ def run_queue(qcfg: QueueConfig, ecfg: ExecutorConfig) -> dict[str, Any]:
                 print(f"done {e.key} seed {s}: job {st.runs[(e.digest, s)].get('job_id')} (from the ledger)")
                 continue
             attempt = st.attempts[(e.digest, s)] + 1
-            run_dir = qcfg.out / e.key / f"seed-{s}-a{attempt}"
+            run_dir = qcfg.out / runs_name / f"seed-{s}-a{attempt}"
             task = {"entry_dir": str(e.root), "entry_digest": e.digest, "entry_key": e.key, "seed": s,
                     "preset": e.preset, "data": qcfg.data, "run_dir": str(run_dir),
                     "ledger": str(qcfg.out / "results.jsonl"), "queue_ledger": str(ledger),

@@ -286,3 +286,25 @@ def test_scored_code_nested_past_the_parser_is_a_lint_failure_not_the_queues_end
         crash["actual"]
         == "FAIL: the checks failed on this folder: RecursionError: maximum recursion depth exceeded"
     )
+
+
+def test_an_entry_ground_to_anothers_key_does_not_get_its_run_folders(run_inline, monkeypatch, tmp_path):
+    """The run folders are OUT/KEY/seed-S-aN and the key is the name and 48 bits of the digest: an entrant who
+    copies a rival's name and claimed seeds and grinds submission.json until the digests share 12 hex digits
+    (2^48 SHA-256, hours on one GPU) had the rival's run folders, so the rival's run was refused there
+    (`could_not_run`) or the two shared one. Simulated here by a key without the digest."""
+    from harness.records.reproduce import Entry
+
+    monkeypatch.setattr(Entry, "key", property(lambda self: "same-key"))
+    root = tmp_path / "entries"
+    for folder, blurb in (("2026-02-01_rival", "mine"), ("2026-02-09_grinder", "nonce 1234567")):
+        e = entry(root / folder, name="same", blurb=blurb)
+        for seed in (7, 8):
+            claim = {"format": "pg-result", "status": "ok", "track": "smoke", "val_bpb": 1.5, "seed": seed}
+            (e / "results" / f"seed-{seed}").mkdir(parents=True)
+            (e / "results" / f"seed-{seed}" / "result.json").write_text(json.dumps(claim))
+    run_inline(root, tmp_path / "q", seeds=None)  # the claimed seeds, the same for both
+    runs = ledger(tmp_path / "q", RUN_FORMAT)
+    assert len(runs) == 4 and len({r["run_dir"] for r in runs}) == 4
+    assert all(r["status"] == Status.OK for r in runs)
+    assert [r["verdict"] for r in ledger(tmp_path / "q", "pg-reproduction")] == ["reproduced", "reproduced"]
