@@ -64,7 +64,7 @@ from typing import Any
 
 from data.io import read_regular
 from harness.records.verify import Check, append_ledger
-from isolation.landlock import SYSTEM_READ_ROOTS, is_beneath, python_prefixes
+from isolation.landlock import is_beneath, python_prefixes
 from scoring.statuses import Status
 from scoring.tracks import TRACKS
 
@@ -158,6 +158,24 @@ class Entry:
 SEED_SALT_MAX_BYTES = 4096
 
 
+def sandbox_readable(path: str | os.PathLike[str]) -> str | None:
+    """The broad read root of a sandboxed phase that holds `path`, links resolved (a system folder, the Python
+    installation, an import folder of the ranks: isolation/landlock.py); None when none does."""
+    from isolation import landlock
+
+    real = os.path.realpath(path)
+    project = Path(__file__).resolve().parents[2]
+    # the ranks' import folders are this interpreter's but its first (the working folder): sys.path[1:]
+    roots = [
+        *landlock.SYSTEM_READ_ROOTS,
+        *python_prefixes(),
+        *landlock.python_roots([p for p in sys.path[1:] if p], project),
+    ]
+    return next(
+        (r for r in roots if r not in ("/proc", "/sys") and is_beneath(real, os.path.realpath(r))), None
+    )
+
+
 def read_seed_salt(path: str | None) -> str | None:
     """The official's seed salt: the text of the file `path` (None: no salt), its ends stripped. ValueError, naming
     the file, for one that cannot be read, is empty or is larger than SEED_SALT_MAX_BYTES, and for one a sandboxed
@@ -165,6 +183,13 @@ def read_seed_salt(path: str | None) -> str | None:
     later reproduction, which the salt is there to deny it."""
     if path is None:
         return None
+    root = sandbox_readable(path)
+    if root is not None:
+        raise ValueError(
+            f"--seed-salt-file {path}: lies beneath {root}, which every sandboxed phase reads (an entrant's train.py "
+            "would learn it, and with it every later entry's fresh seeds; one without a world of its own reads it "
+            "as the file's owner). HINT: keep it in your home folder, chmod 600"
+        )
     try:
         raw = Path(path).read_bytes()[: SEED_SALT_MAX_BYTES + 1]
         mode = stat.S_IMODE(os.stat(path).st_mode)
@@ -174,14 +199,6 @@ def read_seed_salt(path: str | None) -> str | None:
         raise ValueError(
             f"--seed-salt-file {path}: other users may read it (mode {mode:04o}), and every sandboxed phase runs "
             f"as another user. HINT: chmod 600 {path}"
-        )
-    real = os.path.realpath(path)
-    shown = [*SYSTEM_READ_ROOTS, *python_prefixes(), str(Path(os.path.realpath(sys.executable)).parents[1])]
-    root = next((r for r in shown if r not in ("/proc", "/sys") and is_beneath(real, r)), None)
-    if root is not None:
-        raise ValueError(
-            f"--seed-salt-file {path}: lies in {root}, which every sandboxed phase reads (one without a world "
-            "of its own reads it as the file's owner). HINT: keep it in your home folder, chmod 600"
         )
     salt = raw.decode("utf-8", "replace").strip()
     if not salt or len(raw) > SEED_SALT_MAX_BYTES:

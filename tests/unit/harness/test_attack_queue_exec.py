@@ -308,3 +308,28 @@ def test_an_entry_ground_to_anothers_key_does_not_get_its_run_folders(run_inline
     assert len(runs) == 4 and len({r["run_dir"] for r in runs}) == 4
     assert all(r["status"] == Status.OK for r in runs)
     assert [r["verdict"] for r in ledger(tmp_path / "q", "pg-reproduction")] == ["reproduced", "reproduced"]
+
+
+def test_a_seed_salt_where_the_sandbox_reads_is_refused(monkeypatch, tmp_path):
+    """The salt makes fresh seeds no entrant can compute, but the sandboxed training reads the system folders
+    (/etc, /opt, ...) and the Python installation: a salt kept at /opt/.../seed-salt (mode 644; any mode where
+    the sandbox runs as the official's uid, as it does without root) was read by an entrant's train.py in a
+    `pgolf run` (its train.log printed it), and from then on every later entry's fresh seeds are theirs to
+    compute and grind submission.json for. Such a path, or a link to one, is refused in one line."""
+    from harness.records import reproduce as rp
+    from isolation import landlock
+
+    opt = tmp_path / "opt"
+    (opt / "pgolf").mkdir(parents=True)
+    (opt / "pgolf" / "seed-salt").write_text("official secret\n")
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "link").symlink_to(opt / "pgolf" / "seed-salt")
+    (tmp_path / "home" / "seed-salt").write_text("official secret\n")
+    (tmp_path / "home" / "seed-salt").chmod(0o600)
+    monkeypatch.setattr(landlock, "SYSTEM_READ_ROOTS", (*landlock.SYSTEM_READ_ROOTS, str(opt)))
+    for where in (opt / "pgolf" / "seed-salt", tmp_path / "home" / "link"):
+        with pytest.raises(ValueError, match=f"lies beneath {opt}, which every sandboxed phase reads"):
+            rp.read_seed_salt(str(where))
+    with pytest.raises(ValueError, match="lies beneath /etc"):
+        rp.read_seed_salt("/etc/hostname")
+    assert rp.read_seed_salt(str(tmp_path / "home" / "seed-salt")) == "official secret"

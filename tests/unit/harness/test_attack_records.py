@@ -286,7 +286,7 @@ def test_a_record_track_takes_only_seeds_fresh_under_the_officials_salt(tmp_path
         (
             "python",
             0o600,
-            r"lies in .*, which every sandboxed phase reads.*HINT: keep it in your home folder",
+            r"lies beneath .*, which every sandboxed phase reads.*HINT: keep it in your home folder",
         ),
     ],
     ids=["mode-644", "mode-640", "in-the-python-installation"],
