@@ -428,7 +428,13 @@ def list_entries(root: Path) -> tuple[list[Path], list[str]]:
 
 def decide(entry: Entry, st: State, qcfg: QueueConfig, ledger: Path) -> dict[str, Any]:
     runs = [st.runs[(entry.digest, s)] for s in qcfg.seeds_of(entry) if (entry.digest, s) in st.runs]
-    rec = verdict_of(entry, runs, qcfg.tol, fresh_seeds_record(entry, qcfg.seeds, qcfg.seed_salt))
+    try:
+        rec = verdict_of(entry, runs, qcfg.tol, fresh_seeds_record(entry, qcfg.seeds, qcfg.seed_salt))
+    except Exception as e:  # noqa: BLE001 - one entry's verdict never stops the batch (nor every resumption)
+        diff = {"name": "verdict", "ok": False, "expected": "decided",
+                "actual": f"the harness failed deciding it: {type(e).__name__}: {e}"[:400]}  # fmt: skip
+        rec = refused_record(entry.root, entry.digest, entry.key, entry.track, entry.meta, [])
+        rec.update(verdict=COULD_NOT_RUN, checks=[diff], differences=[diff], seeds=[r["seed"] for r in runs])
     append_ledger(ledger, rec)
     st.verdicts[entry.digest] = rec
     print(describe(rec), flush=True)

@@ -333,3 +333,28 @@ def test_a_seed_salt_where_the_sandbox_reads_is_refused(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match="lies beneath /etc"):
         rp.read_seed_salt("/etc/hostname")
     assert rp.read_seed_salt(str(tmp_path / "home" / "seed-salt")) == "official secret"
+
+
+def test_an_entry_whose_verdict_crashes_the_harness_never_stops_the_batch(run_inline, monkeypatch, tmp_path):
+    """Two such crashes were found (a 4,000-digit claimed count, claims of 1.7e308): each stopped the queue at that
+    entry's verdict, every entry after it undecided, on every resumption. Whatever the next one is, it is now that
+    entry's `could_not_run` line, and the batch goes on."""
+    from harness.records import reproduce as rp
+
+    real = rp.verdict_of
+
+    def verdict_of(entry: Any, *a: Any) -> dict[str, Any]:
+        if entry.meta["name"] == "crash":
+            raise OverflowError("intermediate overflow in fsum")
+        return real(entry, *a)
+
+    monkeypatch.setattr(queue, "verdict_of", verdict_of)
+    root = tmp_path / "entries"
+    entry(root / "2026-02-01_crash", name="crash")
+    entry(root / "2026-02-02_next", name="next")
+    summary = run_inline(root, tmp_path / "q")
+    verdicts = {r["submission"]["name"]: r for r in ledger(tmp_path / "q", "pg-reproduction")}
+    assert {k: v["verdict"] for k, v in verdicts.items()} == {"crash": "could_not_run", "next": "reproduced"}
+    (diff,) = verdicts["crash"]["differences"]
+    assert diff["actual"] == "the harness failed deciding it: OverflowError: intermediate overflow in fsum"
+    assert len(verdicts["crash"]["seeds"]) == 2 and summary["verdicts"]["pending"] == 0
