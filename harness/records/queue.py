@@ -362,6 +362,13 @@ def job_record(j: Job, ecfg: ExecutorConfig) -> dict[str, Any]:
         rec = json.loads(j.handle.result())
         if not isinstance(rec, dict) or rec.get("format") != RUN_FORMAT:
             raise ValueError("not a pg-repro-run record")
+        if [rec.get(k) for k in ("entry_digest", "seed", "run_dir")] != [
+            j.entry.digest,
+            j.seed,
+            str(j.run_dir),
+        ]:
+            # a result file of another job (a reused jobs folder, a recycled local job id): never this seed's run
+            raise ValueError("a pg-repro-run record of another job (its entry, seed or run folder differ)")
     except (FailedJobError, UncompletedJobError, OSError, EOFError, ValueError) as e:
         rec = {"format": RUN_FORMAT, "format_version": FORMAT_VERSION, "entry_key": j.entry.key,
                "entry_digest": j.entry.digest, "seed": j.seed, "run_dir": str(j.run_dir),

@@ -86,7 +86,7 @@ def run_inline(monkeypatch):
 def entry(dest: Path, **meta: Any) -> Path:
     shutil.copytree(TINY, dest, ignore=shutil.ignore_patterns("__pycache__"))
     m = json.loads((dest / "submission.json").read_text())
-    m.update(claimed={"val_bpb": 1.5}, **meta)
+    m.update({"claimed": {"val_bpb": 1.5}, **meta})
     (dest / "submission.json").write_text(json.dumps(m))
     return dest
 
@@ -358,3 +358,23 @@ def test_an_entry_whose_verdict_crashes_the_harness_never_stops_the_batch(run_in
     (diff,) = verdicts["crash"]["differences"]
     assert diff["actual"] == "the harness failed deciding it: OverflowError: intermediate overflow in fsum"
     assert len(verdicts["crash"]["seeds"]) == 2 and summary["verdicts"]["pending"] == 0
+
+
+def test_a_job_result_of_another_entry_is_not_this_entrys_run(run_inline, monkeypatch, tmp_path):
+    """The queue took any pg-repro-run record submitit handed back as the run of the job it asked for: a result
+    file left by another job of the same id (local ids are PIDs, recycled; a jobs folder reused on resumption) made
+    one entry's seed the other's numbers. A record of another entry, seed or run folder is now a job that ended
+    without one (run again on resumption)."""
+    other = {"entry_digest": "0" * 64, "seed": 1, "run_dir": "/elsewhere/seed-1-a1"}
+
+    def stale(task: dict[str, Any]) -> dict[str, Any]:
+        return {**fake_seed(task), **other, "val_bpb": 0.5}  # a far better run, of someone else
+
+    monkeypatch.setattr(queue, "reproduce_seed", stale)
+    root = tmp_path / "entries"
+    entry(root / "2026-02-01_mine", name="mine", claimed={"val_bpb": 0.5})
+    summary = run_inline(root, tmp_path / "q")
+    (verdict,) = ledger(tmp_path / "q", "pg-reproduction")
+    assert verdict["verdict"] == "could_not_run" and summary["jobs_failed"] == 2
+    failed = [r for r in ledger(tmp_path / "q", RUN_FORMAT) if r.get("job_failed")]
+    assert len(failed) == 2 and all("of another job" in r["detail"] for r in failed)
