@@ -3,7 +3,8 @@
     pgolf chain --ledger runs/queue/ledger.jsonl [--track T] [--rule challenge|practised] [--out DIR] [--json]
 
 Entries are considered in submission order (the order file `pgolf queue --order` recorded, the pull
-requests as they came in; then submission.json `date`, which alone orders entries the file does not list
+requests as they came in; a line names the entry first decided under that folder name, never a later one an
+entrant named the same; then submission.json `date`, which alone orders entries the file does not list
 and every entry when there is no file; then the folder name) against the frontier at that time: the record
 holder when the entry came in. The date is the entrant's own word, the order file the official's.
 
@@ -124,13 +125,19 @@ def candidates_from_reproductions(
 ) -> list[Candidate]:
     """The latest pg-reproduction record of each entry digest, as a candidate."""
     latest: dict[str, dict[str, Any]] = {}
+    holder: dict[str, str] = {}
+    """Folder name -> the digest first decided under it: the entry an order line names. An entrant chooses their
+    folder's name; one named as an earlier entry in the order file (that entry merged, its folder gone from the
+    batch) took its place in the official's order, and with a backdated date came before it."""
     for r in records:
         if r.get("format") == REPRO_FORMAT:
             latest[r["entry_digest"]] = r
+            holder.setdefault(Path(str(r.get("entry_dir"))).name, r["entry_digest"])
     out = []
     for r in latest.values():
         sub = r.get("submission") or {}
         folder = Path(str(r.get("entry_dir"))).name
+        listed = holder.get(folder) == r["entry_digest"]
         ok = [x for x in r.get("reproduced") or [] if x.get("status") == Status.OK]
         diffs = r.get("differences") or []
         why = (
@@ -143,7 +150,7 @@ def candidates_from_reproductions(
                 key=str(r["entry_key"]),
                 name=visible(sub.get("name"), 80),
                 date=str(sub.get("date") or ""),
-                order=order.get(folder, len(order)),
+                order=order.get(folder, len(order)) if listed else len(order),
                 folder=folder,
                 track=str(r.get("track")),
                 verdict=str(r.get("verdict")),

@@ -378,3 +378,30 @@ def test_a_job_result_of_another_entry_is_not_this_entrys_run(run_inline, monkey
     assert verdict["verdict"] == "could_not_run" and summary["jobs_failed"] == 2
     failed = [r for r in ledger(tmp_path / "q", RUN_FORMAT) if r.get("job_failed")]
     assert len(failed) == 2 and all("of another job" in r["detail"] for r in failed)
+
+
+def test_a_folder_named_as_an_earlier_entry_does_not_take_its_place_in_the_order(tmp_path):
+    """The order file names entry folders, and an entrant names their folder. One named as an entry already in the
+    ledger and the order file (merged since, its folder gone from this batch), with a backdated date, took that
+    entry's place: it was compared first, set the frontier, and the genuine later record was refused against it.
+    An order line now names the entry first decided under that name; a later one of the same name is unlisted."""
+    from harness.records.chain import build_chain
+
+    def rec(key: str, digest: str, folder: str, date: str, losses: list[float]) -> dict[str, Any]:
+        runs = [{"seed": i, "status": "ok", "val_loss": x, "val_bpb": x / 1.386, "val_tokens": 1000,
+                 "val_bytes": 2000, "tokenizer_sha256": "t" * 64} for i, x in enumerate(losses)]  # fmt: skip
+        return {"format": "pg-reproduction", "format_version": 1, "entry_key": key, "entry_digest": digest,
+                "entry_dir": f"/batch-{digest}/{folder}", "submission": {"name": key, "date": date},
+                "track": "smoke", "verdict": "reproduced", "reproduced": runs, "differences": [], "seeds": [0, 1, 2],
+                "fresh_seeds": {"chosen": "claimed"}}  # fmt: skip
+
+    ledger_path = tmp_path / "ledger.jsonl"
+    ledger_path.write_text("".join(json.dumps(x) + "\n" for x in (
+        rec("alpha", "1", "2026-03-01_alpha", "2026-03-01", [5.0, 5.01, 5.02]),
+        rec("beta", "2", "2026-03-05_beta", "2026-03-05", [4.0, 4.01, 4.02]),  # the real record after alpha
+        rec("squatter", "3", "2026-03-01_alpha", "2026-01-01", [4.5, 4.51, 4.52]),  # a later PR, alpha's name
+    )))  # fmt: skip
+    order = {"2026-03-01_alpha": 0, "2026-03-05_beta": 1}
+    chain = build_chain(ledger_path, track=None, rule="practised", order=order)
+    assert [r["entry_key"] for r in chain["rows"]] == ["alpha", "beta", "squatter"]  # was squatter, alpha, beta
+    assert chain["records"] == ["alpha", "beta"]
