@@ -505,7 +505,15 @@ def default_folder(ecfg: ExecutorConfig, first_run_dir: Path) -> Path:
 
 
 def fresh_jobs_folder(base: Path) -> Path:
-    """A new folder under `base`, made here and empty (the module docstring, "Jobs folder"): submitit's folder."""
+    """A new folder under `base`, made here and empty (the module docstring, "Jobs folder"): submitit's folder.
+    ValueError for a `base` that is a link (committed beside a submitted run: `.verify-jobs -> /dev/shm/x`) or lies
+    in /dev/shm, which a sandboxed phase without a mount namespace may write: a pickle written there is read here."""
+    real = os.path.realpath(base)
+    if base.is_symlink() or real == "/dev/shm" or real.startswith("/dev/shm/"):
+        raise ValueError(
+            f"jobs folder {base}: {'a symbolic link to ' if base.is_symlink() else ''}{real}; submitit's folder "
+            "must be a real folder outside /dev/shm (sandboxed code may write there): pass --jobs-folder DIR"
+        )
     base.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=base))
 

@@ -403,5 +403,32 @@ def test_a_folder_named_as_an_earlier_entry_does_not_take_its_place_in_the_order
     )))  # fmt: skip
     order = {"2026-03-01_alpha": 0, "2026-03-05_beta": 1}
     chain = build_chain(ledger_path, track=None, rule="practised", order=order)
-    assert [r["entry_key"] for r in chain["rows"]] == ["alpha", "beta", "squatter"]  # was squatter, alpha, beta
+    assert [r["entry_key"] for r in chain["rows"]] == [
+        "alpha",
+        "beta",
+        "squatter",
+    ]  # was squatter, alpha, beta
     assert chain["records"] == ["alpha", "beta"]
+
+
+def test_a_jobs_folder_linked_where_sandboxed_code_writes_is_refused(tmp_path):
+    """`.verify-jobs` committed as a link beside a submitted run put submitit's folder wherever the entrant chose:
+    /dev/shm, which a re-score's sandboxed model worker may write where no mount namespace is (several nodes, no
+    root), so its code could write the result pickle this process unpickles. A linked or /dev/shm jobs folder
+    is refused in one line."""
+    from harness.records.executors import fresh_jobs_folder
+
+    runs = tmp_path / "entry" / "runs"
+    runs.mkdir(parents=True)
+    (runs / ".verify-jobs").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(
+        ValueError, match=r"\.verify-jobs: a symbolic link to .*elsewhere; submitit's folder must be"
+    ):
+        fresh_jobs_folder(runs / ".verify-jobs")
+    with pytest.raises(
+        ValueError, match="jobs folder /dev/shm/pgolf-jobs: /dev/shm/pgolf-jobs; submitit's folder"
+    ):
+        fresh_jobs_folder(Path("/dev/shm/pgolf-jobs"))
+    assert not (tmp_path / "elsewhere").exists() and not Path("/dev/shm/pgolf-jobs").exists()
+    fresh = fresh_jobs_folder(runs / "jobs")
+    assert fresh.parent == runs / "jobs" and list(fresh.iterdir()) == []
