@@ -514,6 +514,14 @@ def fresh_jobs_folder(base: Path) -> Path:
             f"jobs folder {base}: {'a symbolic link to ' if base.is_symlink() else ''}{real}; submitit's folder "
             "must be a real folder outside /dev/shm (sandboxed code may write there): pass --jobs-folder DIR"
         )
+    from harness.records.reproduce import sandbox_readable
+
+    seen = sandbox_readable(base)
+    if seen is not None:  # its logs and pickles: every job's task and output, other entries' runs among them
+        raise ValueError(
+            f"jobs folder {base}: lies beneath {seen}, which every sandboxed phase may read (other jobs' tasks and "
+            "logs); pass --jobs-folder DIR in a folder of its own"
+        )
     base.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=base))
 

@@ -63,6 +63,7 @@ from harness.records.reproduce import (
     load_entry,
     read_seed_salt,
     reproduce_seed,
+    sandbox_readable,
     verdict_of,
 )
 from harness.records.verify import append_ledger
@@ -457,6 +458,12 @@ def run_queue(qcfg: QueueConfig, ecfg: ExecutorConfig) -> dict[str, Any]:
         raise ValueError(f"--executor {ecfg.kind!r}: the queue runs jobs on 'local' or 'slurm'")
     t_start = time.time()
     ledger = qcfg.ledger
+    seen = sandbox_readable(ledger)
+    if seen is not None:  # OUT is hidden from every phase; a ledger elsewhere is not
+        raise ValueError(
+            f"--ledger {ledger}: lies beneath {seen}, which every sandboxed training process may read (every "
+            "entry's runs and verdicts); keep it in OUT or a folder of its own"
+        )
     ledger.parent.mkdir(parents=True, exist_ok=True)
     st = read_state(ledger)
     paths, skipped = list_entries(qcfg.root)

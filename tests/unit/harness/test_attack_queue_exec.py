@@ -432,3 +432,26 @@ def test_a_jobs_folder_linked_where_sandboxed_code_writes_is_refused(tmp_path):
     assert not (tmp_path / "elsewhere").exists() and not Path("/dev/shm/pgolf-jobs").exists()
     fresh = fresh_jobs_folder(runs / "jobs")
     assert fresh.parent == runs / "jobs" and list(fresh.iterdir()) == []
+
+
+def test_a_ledger_or_jobs_folder_the_sandbox_reads_is_refused(run_inline, monkeypatch, tmp_path):
+    """OUT (the runs, the results ledger) is hidden from every phase, but a `--ledger` or `--jobs-folder` elsewhere
+    was not: beneath /opt (a sandbox read root) every entrant's training could read the queue's ledger (every other
+    entry's runs and verdicts as they land) and the jobs' logs. Both are refused in one line."""
+    from isolation import landlock
+
+    opt = tmp_path / "opt"
+    monkeypatch.setattr(landlock, "SYSTEM_READ_ROOTS", (*landlock.SYSTEM_READ_ROOTS, str(opt)))
+    root = tmp_path / "entries"
+    entry(root / "2026-02-01_a", name="a")
+    qcfg = queue.QueueConfig(root=root, out=tmp_path / "q", ledger=opt / "pgolf" / "ledger.jsonl")
+    with pytest.raises(
+        ValueError, match=f"--ledger {opt}/pgolf/ledger.jsonl: lies beneath {opt}, which every"
+    ):
+        queue.run_queue(qcfg, ExecutorConfig(kind="local", poll_s=0.01))
+    qcfg = queue.QueueConfig(root=root, out=tmp_path / "q", ledger=tmp_path / "q" / "ledger.jsonl")
+    with pytest.raises(
+        ValueError, match=f"jobs folder {opt}/jobs: lies beneath {opt}, which every sandboxed"
+    ):
+        queue.run_queue(qcfg, ExecutorConfig(kind="local", poll_s=0.01, folder=opt / "jobs"))
+    assert not opt.exists()
