@@ -299,7 +299,15 @@ def read_order(path: str | None) -> dict[str, int]:
     if not path:
         return {}
     names = [x.strip() for x in Path(path).read_text(encoding="utf-8").splitlines() if x.strip()]
-    return {Path(n).name: i for i, n in enumerate(names)}
+    order: dict[str, int] = {}
+    for i, n in enumerate(names):
+        # a line injected by a folder name holding a newline, or a mistake: never guessed
+        if Path(n).name in order:
+            raise ValueError(
+                f"--order {path}: {visible(Path(n).name, 80)!r} is listed twice; list each entry once"
+            )
+        order[Path(n).name] = i
+    return order
 
 
 def build_chain(

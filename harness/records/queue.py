@@ -427,7 +427,12 @@ def list_entries(root: Path) -> tuple[list[Path], list[str]]:
     for p in sorted(root.iterdir()):
         if p.name.startswith(".") or p.is_symlink() or not p.is_dir():
             continue
-        if (p / "submission.json").is_file():
+        if not p.name.isprintable():
+            # a newline in a name makes two lines of `ls > order` (the official's order file): one naming another folder
+            skipped.append(
+                f"skip {visible(p, 300)}: its name holds a control character (a newline, ...); rename it"
+            )
+        elif (p / "submission.json").is_file():
             entries.append(p.absolute())
         else:
             skipped.append(f"skip {visible(p, 300)}: not an entry (no submission.json)")
@@ -457,6 +462,9 @@ def run_queue(qcfg: QueueConfig, ecfg: ExecutorConfig) -> dict[str, Any]:
     elif ecfg.kind != "local":
         raise ValueError(f"--executor {ecfg.kind!r}: the queue runs jobs on 'local' or 'slurm'")
     t_start = time.time()
+    from harness.records.chain import read_order
+
+    read_order(qcfg.order)  # a bad order file is one line now, not after the batch ran
     ledger = qcfg.ledger
     seen = sandbox_readable(ledger)
     if seen is not None:  # OUT is hidden from every phase; a ledger elsewhere is not
@@ -573,7 +581,7 @@ def run_queue(qcfg: QueueConfig, ecfg: ExecutorConfig) -> dict[str, Any]:
         print(f"interrupted ({interrupted}): {len(in_flight)} job(s) in flight cancelled; run the same command "
               "again to resume (finished jobs are not run again)", file=sys.stderr)  # fmt: skip
         raise SystemExit(130)
-    from harness.records.chain import build_chain, lines, markdown, read_order
+    from harness.records.chain import build_chain, lines, markdown
 
     chain = build_chain(ledger, track=None, rule=None, order=read_order(qcfg.order))
     (qcfg.out / "chain.md").write_text(markdown(chain), encoding="utf-8")

@@ -455,3 +455,24 @@ def test_a_ledger_or_jobs_folder_the_sandbox_reads_is_refused(run_inline, monkey
     ):
         queue.run_queue(qcfg, ExecutorConfig(kind="local", poll_s=0.01, folder=opt / "jobs"))
     assert not opt.exists()
+
+
+def test_a_folder_name_with_a_newline_is_no_entry_and_an_order_file_lists_each_once(tmp_path):
+    """`ls entries > order` (one name a line) prints a folder named "x\\n2026-03-09_mine" as two lines: the
+    entrant's second folder then appeared in the official's order where the first was. A name with a control
+    character is skipped (one line), and an order file that lists a name twice is refused (read_order kept the
+    last position silently)."""
+    from harness.records.chain import read_order
+
+    root = tmp_path / "entries"
+    entry(root / "x\n2026-03-09_mine", name="sneaky")
+    entry(root / "2026-03-01_fine", name="fine")
+    paths, skipped = queue.list_entries(root)
+    assert [p.name for p in paths] == ["2026-03-01_fine"]
+    assert skipped == [
+        f"skip {root}/x\\n2026-03-09_mine: its name holds a control character (a newline, ...); rename it"
+    ]
+    order = tmp_path / "order"
+    order.write_text("x\n2026-03-09_mine\n2026-03-01_fine\n2026-03-09_mine\n")
+    with pytest.raises(ValueError, match=r"'2026-03-09_mine' is listed twice; list each entry once"):
+        read_order(str(order))
