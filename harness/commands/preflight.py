@@ -58,7 +58,6 @@ from pathlib import Path
 from typing import Any
 
 from data.io import read_regular
-from scoring.artifact.cap import ARTIFACT_CAP_BYTES
 from scoring.worker.build_check import (
     DENSE_PAYLOAD_FILE,
     PAYLOAD_FILE,
