@@ -64,6 +64,10 @@ DEVICES = ("auto", "cpu", "cuda")
 """launch.device's values."""
 WANDB_MODES = ("disabled", "offline", "online")
 """log.wandb's values (harness/run/tracking.py)."""
+WANDB_NAME_MAX_CHARS = 128
+"""The longest log.project and log.run_name wandb takes (a longer one fails wandb.init: the run goes untracked)."""
+_WANDB_PROJECT = re.compile(r"[A-Za-z0-9_.\- ]{1,128}")
+_WANDB_RUN_NAME = re.compile(r"[^\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]{0,128}")
 
 
 # ---- The sections of their components: the launcher (harness/run/launch.py) and tracking ----
@@ -174,6 +178,17 @@ class LogConfig:
             raise ValueError(f"log.wandb = {self.wandb!r} is not a mode; allowed: {', '.join(WANDB_MODES)}")
         if not self.project.strip():
             raise ValueError("log.project = '' must name a wandb project, e.g. log.project='pgolf'")
+        # a name wandb refuses fails wandb.init (the official's run goes untracked); an escape reaches the terminal
+        if not _WANDB_PROJECT.fullmatch(self.project):
+            raise ValueError(
+                f"log.project = {self.project[:WANDB_NAME_MAX_CHARS]!r} must be 1 to {WANDB_NAME_MAX_CHARS} "
+                "letters, digits, spaces or '_.-', e.g. log.project='pgolf'"
+            )
+        if not _WANDB_RUN_NAME.fullmatch(self.run_name):
+            raise ValueError(
+                f"log.run_name = {self.run_name[:WANDB_NAME_MAX_CHARS]!r} must be at most "
+                f"{WANDB_NAME_MAX_CHARS} characters and no control characters, e.g. log.run_name='seed-1'"
+            )
         if not (0 < self.init_timeout_s <= 300):
             raise ValueError(f"log.init_timeout_s = {self.init_timeout_s} must be in (0, 300] seconds")
 

@@ -38,6 +38,8 @@ METRICS_MAX_BYTES = 64 * 1024 * 1024
 """Read at most this much of a metrics file (the rest is ignored and counted as skipped)."""
 METRICS_LINE_MAX_BYTES = 4096
 METRICS_MAX_KEYS = 32
+WANDB_TAG_MAX_CHARS = 64
+"""wandb refuses a longer tag, and with it the whole init (a submission's 80-character name is one)."""
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,63}")
 _CHUNK_BYTES = 1024 * 1024
 FINISH_TIMEOUT_S = 30.0
@@ -202,7 +204,7 @@ class Tracker:
     def __init__(self, cfg: LogConfig, run_dir: Path, *, tags: list[str] | None = None) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
-        self.tags = [t for t in (tags or []) if t][:20]
+        self.tags = [t[:WANDB_TAG_MAX_CHARS] for t in (tags or []) if t][:20]
         self.mode = cfg.wandb
         if self.mode != "disabled" and os.environ.get("WANDB_MODE") == "disabled":
             self.mode = "disabled"
