@@ -9,6 +9,7 @@ status, provenance). The metrics file is written by a process that ran submitted
 hostile input: it is opened without following links and only if it is a regular file, read in
 bounded chunks up to a cap, and every line is checked (MetricsReader); the rank's numbers go to
 wandb under `rank/` so they cannot pose as the scorer's (val_bpb is the result's alone).
+What reaches wandb is bounded: at most WANDB_MAX_NAMES metric names and WANDB_MAX_LINES lines a run.
 
 Tracking never blocks or fails a run. Modes: "disabled" (the default: wandb is not even imported),
 "offline" (files under RUN_DIR/wandb, `wandb sync` uploads them later) and "online". wandb.init
@@ -40,6 +41,11 @@ METRICS_LINE_MAX_BYTES = 4096
 METRICS_MAX_KEYS = 32
 WANDB_TAG_MAX_CHARS = 64
 """wandb refuses a longer tag, and with it the whole init (a submission's 80-character name is one)."""
+WANDB_MAX_NAMES = 256
+"""The most distinct metric names a run sends to wandb: a line naming one more is skipped (a 64 MiB file of
+new names each line would otherwise be ~10^6 metrics in the official's account)."""
+WANDB_MAX_LINES = 100_000
+"""The most metric lines a run sends to wandb (a step each); the rest are skipped (the plot still reads them all)."""
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,63}")
 _CHUNK_BYTES = 1024 * 1024
 FINISH_TIMEOUT_S = 30.0
@@ -212,15 +218,24 @@ class Tracker:
         else:
             self.note = "wandb: disabled" if self.mode == "disabled" else f"wandb: {self.mode}, starting"
         self.logged = 0
-        self.skipped = 0
+        self._read_skipped = 0
+        self._dropped = 0
         self._run: Any = None
         self._lock = threading.Lock()
         self._pending: list[dict[str, float]] = []
         self._last_step = -1
+        self._names: set[str] = set()
+        self.capped = ""
+        """Which cap on what is sent to wandb was reached (WANDB_MAX_NAMES, WANDB_MAX_LINES), or empty."""
         self._stop = threading.Event()
         self._init_thread: threading.Thread | None = None
         self._tail_thread: threading.Thread | None = None
         self._deadline = 0.0
+
+    @property
+    def skipped(self) -> int:
+        """Lines not logged: not metrics (the reader's count) plus those wandb could not take (a step back, a cap)."""
+        return self._read_skipped + self._dropped
 
     @property
     def active(self) -> bool:
@@ -312,7 +327,7 @@ class Tracker:
                 stopping = self._stop.wait(poll_s)
                 with self._lock:
                     self._pending += reader.poll(final=stopping)
-                    self.skipped = reader.skipped
+                    self._read_skipped = reader.skipped
                     self._flush()
                 if stopping:
                     return
@@ -328,8 +343,18 @@ class Tracker:
         for rec in self._pending:
             step = int(rec["step"])
             if step < self._last_step:  # wandb's steps only go forward
-                self.skipped += 1
+                self._dropped += 1
                 continue
+            if self.logged >= WANDB_MAX_LINES:
+                self._dropped += 1
+                self.capped = self.capped or f"more than {WANDB_MAX_LINES} lines"
+                continue
+            new = rec.keys() - self._names
+            if new and len(self._names) + len(new) > WANDB_MAX_NAMES + 1:  # + "step"
+                self._dropped += 1
+                self.capped = self.capped or f"more than {WANDB_MAX_NAMES} metric names"
+                continue
+            self._names |= new
             self._run.log({f"rank/{k}": v for k, v in rec.items() if k != "step"}, step=step)
             self._last_step = step
             self.logged += 1
@@ -365,8 +390,10 @@ class Tracker:
                 f"; finish did not return in {FINISH_TIMEOUT_S + DEADLINE_SLACK_S:.0f} s, left behind"
             )
         else:
-            self.note += f"; {self.logged} metric line(s) logged" + (
-                f", {self.skipped} skipped" if self.skipped else ""
+            self.note += (
+                f"; {self.logged} metric line(s) logged"
+                + (f", {self.skipped} skipped" if self.skipped else "")
+                + (f" (wandb gets no {self.capped})" if self.capped else "")
             )
         return self.note
 

@@ -3,10 +3,15 @@ its config.toml may set, its submission name (a wandb tag), and the ranks' metri
 
 from __future__ import annotations
 
+import json
+import sys
+import time
+import types
+
 import pytest
 
 from harness.config import LogConfig, load_config
-from harness.run.tracking import Tracker, finish_tracking
+from harness.run.tracking import WANDB_MAX_LINES, WANDB_MAX_NAMES, Tracker, finish_tracking
 from tests.unit.harness.test_tracking import wandb_env  # noqa: F401 - a fixture
 
 # ---- the names a submission may set: wandb refuses some, and then the official's run is not tracked ----
@@ -40,3 +45,83 @@ def test_a_long_submission_name_as_a_tag_still_tracks_the_run(wandb_env):  # noq
     note = finish_tracking(tracker, run_dir, {"status": "ok"})
     assert tracker.tracked, note
     assert tracker.tags == ["smoke", "n" * 64]
+
+
+# ---- the metrics file: what reaches the official's wandb account is bounded ----
+
+
+class FakeRun:
+    id, dir, url = "fake", "", ""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.names: set[str] = set()
+        self.config = types.SimpleNamespace(update=lambda *a, **k: None)
+        self.summary: dict = {}
+
+    def log(self, row: dict, step: int) -> None:
+        self.steps.append(step)
+        self.names |= row.keys()
+
+    def finish(self) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_wandb(monkeypatch):
+    runs: list[FakeRun] = []
+
+    def init(**kwargs):
+        runs.append(FakeRun())
+        return runs[-1]
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init, Settings=lambda **k: None))
+    return runs
+
+
+def _track(tmp_path, lines: list[str], *, between=None) -> tuple[Tracker, str]:
+    metrics = tmp_path / "metrics.jsonl"
+    tracker = Tracker(LogConfig(wandb="offline"), tmp_path)
+    tracker.start()
+    deadline = time.monotonic() + 10
+    while not tracker.tracked and time.monotonic() < deadline:
+        time.sleep(0.01)
+    tracker.follow(metrics, poll_s=0.02)
+    with open(metrics, "a") as f:
+        f.writelines(lines)
+        f.flush()
+        if between is not None:
+            time.sleep(0.2)  # the tail reads these, then later polls find nothing new
+            f.writelines(between)
+            f.flush()
+            time.sleep(0.2)
+    return tracker, finish_tracking(tracker, tmp_path, {"status": "ok"})
+
+
+def test_a_flood_of_metric_names_stops_at_the_cap(tmp_path, fake_wandb):
+    # 300 lines of 32 new names each: 9,600 names (a 64 MiB file holds ~10^6)
+    lines = [
+        json.dumps({"step": i, **{f"m{i}_{j}_{'x' * 40}": 1.0 for j in range(32)}}) + "\n" for i in range(300)
+    ]
+    tracker, note = _track(tmp_path, lines)
+    [run] = fake_wandb
+    assert len(run.names) == WANDB_MAX_NAMES == 256 and run.steps == list(range(8))
+    assert tracker.logged == 8 and tracker.skipped == 292
+    assert "8 metric line(s) logged, 292 skipped (wandb gets no more than 256 metric names)" in note
+    assert json.loads((tmp_path / "tracking.json").read_text())["metric_lines_skipped"] == 292
+
+
+def test_a_flood_of_steps_stops_at_the_cap(tmp_path, fake_wandb):
+    lines = [f'{{"step":{i},"a":1}}\n' for i in range(WANDB_MAX_LINES + 5)]
+    tracker, note = _track(tmp_path, lines)
+    [run] = fake_wandb
+    assert len(run.steps) == WANDB_MAX_LINES == 100_000 and run.steps[-1] == 99_999
+    assert tracker.skipped == 5 and "(wandb gets no more than 100000 lines)" in note
+
+
+def test_lines_wandb_refused_stay_counted_as_skipped(tmp_path, fake_wandb):
+    # a step back is skipped when logged; a later poll of the file must not forget it
+    tracker, note = _track(tmp_path, ['{"step": 5, "a": 1}\n', '{"step": 3, "a": 1}\n'], between=[])
+    [run] = fake_wandb
+    assert run.steps == [5] and tracker.skipped == 1 and "1 metric line(s) logged, 1 skipped" in note
+    assert json.loads((tmp_path / "tracking.json").read_text())["metric_lines_skipped"] == 1
