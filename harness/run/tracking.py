@@ -46,6 +46,12 @@ WANDB_MAX_NAMES = 256
 new names each line would otherwise be ~10^6 metrics in the official's account)."""
 WANDB_MAX_LINES = 100_000
 """The most metric lines a run sends to wandb (a step each); the rest are skipped (the plot still reads them all)."""
+WANDB_CONFIG_MAX_KEYS = 1000
+"""The most config keys a run sends to wandb: [model] and [train] are the entry's, any number of keys."""
+WANDB_CONFIG_VALUE_MAX_CHARS = 1000
+"""A longer config value (a string, or a list as JSON) is cut to this, then "…"; a key to WANDB_KEY_MAX_CHARS."""
+WANDB_KEY_MAX_CHARS = 200
+CONFIG_DROPPED_KEY = "config_keys_dropped"
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,63}")
 _CHUNK_BYTES = 1024 * 1024
 FINISH_TIMEOUT_S = 30.0
@@ -188,15 +194,38 @@ def summary_of(result: dict[str, Any]) -> dict[str, Any]:
     return {k: result[k] for k in keys if result.get(k) is not None}
 
 
+def bounded_config(flat: dict[str, Any]) -> dict[str, Any]:
+    """A flat config as wandb gets it: at most WANDB_CONFIG_MAX_KEYS keys (then CONFIG_DROPPED_KEY, how many
+    more), each key and long value cut, so an entry's tables cannot flood the official's account."""
+
+    def cut(text: str, limit: int) -> str:
+        return text if len(text) <= limit else text[: limit - 1] + "…"
+
+    out: dict[str, Any] = {}
+    for k, v in flat.items():
+        if len(out) >= WANDB_CONFIG_MAX_KEYS:
+            out[CONFIG_DROPPED_KEY] = len(flat) - WANDB_CONFIG_MAX_KEYS
+            break
+        if isinstance(v, str):
+            v = cut(v, WANDB_CONFIG_VALUE_MAX_CHARS)
+        elif not isinstance(v, bool | int | float | type(None)):  # a list (TOML arrays)
+            text = json.dumps(v, default=str)
+            v = v if len(text) <= WANDB_CONFIG_VALUE_MAX_CHARS else cut(text, WANDB_CONFIG_VALUE_MAX_CHARS)
+        out[cut(k, WANDB_KEY_MAX_CHARS)] = v
+    return out
+
+
 def config_of(result: dict[str, Any]) -> dict[str, Any]:
     """The run's config for wandb: the resolved tables, the submission, the counted code and the receipt."""
     prov = result.get("provenance") or {}
+    tables = result.get("config") or {}
+    # the harness's own first: past WANDB_CONFIG_MAX_KEYS an entry's [model] and [train] keys are dropped, never these
     return {
-        "config": result.get("config") or {},
-        "submission": result.get("submission") or {},
-        "code_files": prov.get("code_files") or {},
         "provenance": {k: v for k, v in prov.items() if k != "code_files"},
         "run_dir": result.get("run_dir"),
+        "code_files": prov.get("code_files") or {},
+        "submission": result.get("submission") or {},
+        "config": {k: tables[k] for k in sorted(tables, key=lambda name: name in ("model", "train"))},
     }
 
 
@@ -376,7 +405,7 @@ class Tracker:
                 with self._lock:
                     self._flush()
                     run = self._run
-                run.config.update(_flat("", config_of(result), {}), allow_val_change=True)
+                run.config.update(bounded_config(_flat("", config_of(result), {})), allow_val_change=True)
                 run.summary.update(summary_of(result))
                 self._close(run)
             except Exception as e:  # noqa: BLE001 - tracking never fails a run

@@ -56,7 +56,8 @@ class FakeRun:
     def __init__(self) -> None:
         self.steps: list[int] = []
         self.names: set[str] = set()
-        self.config = types.SimpleNamespace(update=lambda *a, **k: None)
+        self.config_sent: dict = {}
+        self.config = types.SimpleNamespace(update=lambda d, **k: self.config_sent.update(d))
         self.summary: dict = {}
 
     def log(self, row: dict, step: int) -> None:
@@ -125,3 +126,27 @@ def test_lines_wandb_refused_stay_counted_as_skipped(tmp_path, fake_wandb):
     [run] = fake_wandb
     assert run.steps == [5] and tracker.skipped == 1 and "1 metric line(s) logged, 1 skipped" in note
     assert json.loads((tmp_path / "tracking.json").read_text())["metric_lines_skipped"] == 1
+
+
+def test_an_entrys_tables_cannot_flood_the_wandb_config_or_push_out_the_receipt(tmp_path, fake_wandb):
+    # [train] is the entry's: any number of keys, any length (bounded only by the 16 MB cap)
+    train = {f"k{i}": i for i in range(5000)}
+    train["big"] = "x" * 10_000_000
+    train["list"] = list(range(100_000))
+    train["K" * 10_000] = 1
+    result = {
+        "status": "ok",
+        "config": {"train": train, "model": {"d": 1}, "run": {"track": "smoke"}},
+        "provenance": {"artifact_sha256": "ab" * 32, "code_files": {"train.py": "cd" * 32}},
+        "run_dir": "/runs/x",
+        "submission": {"name": "n"},
+    }
+    tracker = Tracker(LogConfig(wandb="offline"), tmp_path)
+    tracker.start()
+    finish_tracking(tracker, tmp_path, result)
+    [run] = fake_wandb
+    sent = run.config_sent
+    assert len(sent) == 1001 and sent["config_keys_dropped"] == 5009 - 1000
+    assert sent["provenance/artifact_sha256"] == "ab" * 32 and sent["code_files/train.py"] == "cd" * 32
+    assert sent["run_dir"] == "/runs/x" and sent["config/run/track"] == "smoke"
+    assert max(len(k) for k in sent) <= 200 and len(json.dumps(sent)) < 200_000
