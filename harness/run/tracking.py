@@ -34,6 +34,7 @@ from typing import Any
 
 from data.io import write_json_atomic
 from harness.config import LogConfig
+from harness.run.text import visible
 
 METRICS_MAX_BYTES = 64 * 1024 * 1024
 """Read at most this much of a metrics file (the rest is ignored and counted as skipped)."""
@@ -434,6 +435,7 @@ class Tracker:
             pass
 
 
+NOTE_MAX_CHARS = 1000
 TRACKING_RECORD = "tracking.json"
 TRACKING_FORMAT = "pg-tracking"
 TRACKING_FORMAT_VERSION = 1
@@ -441,8 +443,9 @@ TRACKING_FORMAT_VERSION = 1
 
 def finish_tracking(tracker: Tracker, run_dir: Path, result: dict[str, Any]) -> str:
     """End of `pgolf run`: close the wandb run with the result, record what happened in
-    RUN_DIR/tracking.json (when tracking was asked for) and return the one line the run prints."""
-    note = tracker.finish(result)
+    RUN_DIR/tracking.json (when tracking was asked for) and return the one line the run prints: as
+    text.visible shows it (it names the run folder, from the submission folder's name, and wandb's errors)."""
+    note = visible(tracker.finish(result), NOTE_MAX_CHARS)
     if tracker.cfg.wandb != "disabled":
         try:
             write_json_atomic(

@@ -150,3 +150,14 @@ def test_an_entrys_tables_cannot_flood_the_wandb_config_or_push_out_the_receipt(
     assert sent["provenance/artifact_sha256"] == "ab" * 32 and sent["code_files/train.py"] == "cd" * 32
     assert sent["run_dir"] == "/runs/x" and sent["config/run/track"] == "smoke"
     assert max(len(k) for k in sent) <= 200 and len(json.dumps(sent)) < 200_000
+
+
+def test_the_printed_tracking_line_cannot_carry_terminal_escapes(wandb_env):  # noqa: F811
+    # the run folder is named after the submission's folder: `runs/NAME-preset-stamp`
+    run_dir = wandb_env / "sub\x1b]0;pwned\x07\x1b[2J-default-1"
+    run_dir.mkdir()
+    tracker = Tracker(LogConfig(wandb="offline"), run_dir)
+    tracker.start()
+    note = finish_tracking(tracker, run_dir, {"status": "ok"})
+    assert tracker.tracked and note.startswith("wandb: offline, run ")
+    assert "\x1b" not in note and "\x07" not in note and "sub\\x1b]0;pwned\\x07\\x1b[2J-default-1" in note
