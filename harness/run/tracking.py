@@ -82,9 +82,13 @@ def parse_metrics_line(line: bytes) -> dict[str, float] | None:
     for k, v in d.items():
         if not _KEY.fullmatch(k) or isinstance(v, bool) or not isinstance(v, int | float):
             return None
-        if not math.isfinite(v):
+        try:
+            value = float(v)
+        except OverflowError:  # an integer of hundreds of digits: no float holds it
             return None
-        out[k] = float(v)
+        if not math.isfinite(value):
+            return None
+        out[k] = value
     return out
 
 

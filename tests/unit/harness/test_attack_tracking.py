@@ -11,7 +11,14 @@ import types
 import pytest
 
 from harness.config import LogConfig, load_config
-from harness.run.tracking import WANDB_MAX_LINES, WANDB_MAX_NAMES, Tracker, finish_tracking
+from harness.run.tracking import (
+    WANDB_MAX_LINES,
+    WANDB_MAX_NAMES,
+    Tracker,
+    finish_tracking,
+    parse_metrics_line,
+    read_metrics,
+)
 from tests.unit.harness.test_tracking import wandb_env  # noqa: F401 - a fixture
 
 # ---- the names a submission may set: wandb refuses some, and then the official's run is not tracked ----
@@ -161,3 +168,14 @@ def test_the_printed_tracking_line_cannot_carry_terminal_escapes(wandb_env):  # 
     note = finish_tracking(tracker, run_dir, {"status": "ok"})
     assert tracker.tracked and note.startswith("wandb: offline, run ")
     assert "\x1b" not in note and "\x07" not in note and "sub\\x1b]0;pwned\\x07\\x1b[2J-default-1" in note
+
+
+def test_an_integer_no_float_holds_is_a_skipped_line_not_the_end_of_the_metrics(tmp_path, fake_wandb):
+    huge = b'{"step": 2, "train_loss": 1' + b"0" * 400 + b"}"
+    assert parse_metrics_line(huge) is None
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(b'{"step": 1, "train_loss": 3.0}\n' + huge + b'\n{"step": 3, "train_loss": 2.0}\n')
+    records, skipped, refused = read_metrics(path)  # the plot's reader: it raised, the plot was not drawn
+    assert [r["step"] for r in records] == [1, 3] and skipped == 1 and refused == ""
+    tracker, note = _track(tmp_path, [path.read_text()])  # the tail thread stopped following at that line
+    assert fake_wandb[0].steps == [1, 3] and "2 metric line(s) logged, 1 skipped" in note
