@@ -48,11 +48,13 @@ new names each line would otherwise be ~10^6 metrics in the official's account).
 WANDB_MAX_LINES = 100_000
 """The most metric lines a run sends to wandb (a step each); the rest are skipped (the plot still reads them all)."""
 WANDB_CONFIG_MAX_KEYS = 1000
-"""The most config keys a run sends to wandb: [model] and [train] are the entry's, any number of keys."""
+"""The most config keys of the entry's making a run sends to wandb (ENTRY_SIZED_PREFIXES: any number otherwise)."""
 WANDB_CONFIG_VALUE_MAX_CHARS = 1000
 """A longer config value (a string, or a list as JSON) is cut to this, then "…"; a key to WANDB_KEY_MAX_CHARS."""
 WANDB_KEY_MAX_CHARS = 200
 CONFIG_DROPPED_KEY = "config_keys_dropped"
+ENTRY_SIZED_PREFIXES = ("config/model/", "config/train/", "code_files/")
+"""The config keys whose number the entry sets: the rest (the receipt, the harness's tables) are the harness's."""
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,63}")
 _CHUNK_BYTES = 1024 * 1024
 FINISH_TIMEOUT_S = 30.0
@@ -200,23 +202,29 @@ def summary_of(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def bounded_config(flat: dict[str, Any]) -> dict[str, Any]:
-    """A flat config as wandb gets it: at most WANDB_CONFIG_MAX_KEYS keys (then CONFIG_DROPPED_KEY, how many
-    more), each key and long value cut, so an entry's tables cannot flood the official's account."""
+    """A flat config as wandb gets it: at most WANDB_CONFIG_MAX_KEYS keys of the entry's size (its [model] and
+    [train], one per counted file; past them CONFIG_DROPPED_KEY says how many more), every key of the harness's
+    own, each key and long value cut, so an entry can neither flood the official's account nor push out the receipt."""
 
     def cut(text: str, limit: int) -> str:
         return text if len(text) <= limit else text[: limit - 1] + "…"
 
     out: dict[str, Any] = {}
+    entry_keys = dropped = 0
     for k, v in flat.items():
-        if len(out) >= WANDB_CONFIG_MAX_KEYS:
-            out[CONFIG_DROPPED_KEY] = len(flat) - WANDB_CONFIG_MAX_KEYS
-            break
+        if k.startswith(ENTRY_SIZED_PREFIXES):
+            if entry_keys >= WANDB_CONFIG_MAX_KEYS:
+                dropped += 1
+                continue
+            entry_keys += 1
         if isinstance(v, str):
             v = cut(v, WANDB_CONFIG_VALUE_MAX_CHARS)
         elif not isinstance(v, bool | int | float | type(None)):  # a list (TOML arrays)
             text = json.dumps(v, default=str)
             v = v if len(text) <= WANDB_CONFIG_VALUE_MAX_CHARS else cut(text, WANDB_CONFIG_VALUE_MAX_CHARS)
         out[cut(k, WANDB_KEY_MAX_CHARS)] = v
+    if dropped:
+        out[CONFIG_DROPPED_KEY] = dropped
     return out
 
 

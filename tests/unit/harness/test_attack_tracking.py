@@ -144,7 +144,11 @@ def test_an_entrys_tables_cannot_flood_the_wandb_config_or_push_out_the_receipt(
     result = {
         "status": "ok",
         "config": {"train": train, "model": {"d": 1}, "run": {"track": "smoke"}},
-        "provenance": {"artifact_sha256": "ab" * 32, "code_files": {"train.py": "cd" * 32}},
+        # a folder of 3,000 small counted files: as many code_files keys
+        "provenance": {
+            "artifact_sha256": "ab" * 32,
+            "code_files": {f"f{i}.py": "cd" * 32 for i in range(3000)},
+        },
         "run_dir": "/runs/x",
         "submission": {"name": "n"},
     }
@@ -153,9 +157,9 @@ def test_an_entrys_tables_cannot_flood_the_wandb_config_or_push_out_the_receipt(
     finish_tracking(tracker, tmp_path, result)
     [run] = fake_wandb
     sent = run.config_sent
-    assert len(sent) == 1001 and sent["config_keys_dropped"] == 5009 - 1000
-    assert sent["provenance/artifact_sha256"] == "ab" * 32 and sent["code_files/train.py"] == "cd" * 32
-    assert sent["run_dir"] == "/runs/x" and sent["config/run/track"] == "smoke"
+    harness_keys = ["provenance/artifact_sha256", "run_dir", "submission/name", "config/run/track"]
+    assert len(sent) == 1000 + len(harness_keys) + 1 and sent["config_keys_dropped"] == 3000 + 5004 - 1000
+    assert [sent[k] for k in harness_keys] == ["ab" * 32, "/runs/x", "n", "smoke"]
     assert max(len(k) for k in sent) <= 200 and len(json.dumps(sent)) < 200_000
 
 
