@@ -59,6 +59,9 @@ _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,63}")
 _CHUNK_BYTES = 1024 * 1024
 FINISH_TIMEOUT_S = 30.0
 """How long the end of a run waits for wandb to write or upload what it holds."""
+FINISH_FLUSH_S = 5.0
+"""How long the end of a run keeps logging metric lines still pending (a burst written at the end can take
+minutes to log): past it they are skipped, so the result's summary and config are never left behind."""
 DEADLINE_SLACK_S = 10.0
 """The thread's deadline past wandb's own init_timeout (wandb's timeout is the one that normally fires)."""
 
@@ -270,6 +273,7 @@ class Tracker:
         self.capped = ""
         """Which cap on what is sent to wandb was reached (WANDB_MAX_NAMES, WANDB_MAX_LINES), or empty."""
         self._stop = threading.Event()
+        self._flush_until = math.inf
         self._init_thread: threading.Thread | None = None
         self._tail_thread: threading.Thread | None = None
         self._deadline = 0.0
@@ -382,7 +386,11 @@ class Tracker:
         """Log what is pending to the run, if it is ready (the caller holds the lock)."""
         if self._run is None:
             return
-        for rec in self._pending:
+        for i, rec in enumerate(self._pending):
+            if self._stop.is_set() and time.monotonic() > self._flush_until:  # the summary must not wait
+                self._dropped += len(self._pending) - i
+                self.capped = self.capped or f"lines still pending {FINISH_FLUSH_S:g} s after the run ended"
+                break
             step = int(rec["step"])
             if step < self._last_step:  # wandb's steps only go forward
                 self._dropped += 1
@@ -406,6 +414,7 @@ class Tracker:
         """Stop following, log the records, close the run; returns the note. Bounded; never raises."""
         if not self.active:
             return self.note
+        self._flush_until = time.monotonic() + FINISH_FLUSH_S
         self._stop.set()
         if self._tail_thread is not None:
             self._tail_thread.join(10.0)

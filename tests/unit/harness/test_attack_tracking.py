@@ -11,6 +11,7 @@ import types
 import pytest
 
 from harness.config import LogConfig, load_config
+from harness.run import tracking
 from harness.run.tracking import (
     WANDB_MAX_LINES,
     WANDB_MAX_NAMES,
@@ -183,3 +184,23 @@ def test_an_integer_no_float_holds_is_a_skipped_line_not_the_end_of_the_metrics(
     assert [r["step"] for r in records] == [1, 3] and skipped == 1 and refused == ""
     tracker, note = _track(tmp_path, [path.read_text()])  # the tail thread stopped following at that line
     assert fake_wandb[0].steps == [1, 3] and "2 metric line(s) logged, 1 skipped" in note
+
+
+def test_a_burst_of_lines_at_the_end_cannot_keep_the_result_out_of_wandb(tmp_path, fake_wandb, monkeypatch):
+    # logging is slow (an online run: ~0.2 ms a line measured offline here, more online); a burst written
+    # as training ends held the lock past finish's wait, and the summary (val_bpb, status) was never sent
+    monkeypatch.setattr(FakeRun, "log", lambda self, row, step: (time.sleep(0.002), self.steps.append(step)))
+    monkeypatch.setattr(tracking, "FINISH_FLUSH_S", 0.5, raising=False)
+    metrics = tmp_path / "metrics.jsonl"
+    tracker = Tracker(LogConfig(wandb="offline"), tmp_path)
+    tracker.start()
+    tracker.follow(metrics, poll_s=0.05)
+    time.sleep(0.2)
+    metrics.write_text("".join(f'{{"step":{i},"a":1}}\n' for i in range(30_000)))  # 60 s of logging
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    note = finish_tracking(tracker, tmp_path, {"status": "ok", "val_bpb": 1.25})
+    [run] = fake_wandb
+    assert time.monotonic() - t0 < 5 and run.summary == {"status": "ok", "val_bpb": 1.25}
+    assert tracker.logged + tracker.skipped == 30_000 and tracker.skipped > 20_000
+    assert "(wandb gets no lines still pending 0.5 s after the run ended)" in note
