@@ -219,11 +219,20 @@ def progress_line(
     of = f" of {budget.train_s:.0f} s" if math.isfinite(budget.train_s) else ""
     line = f"[train] {clock_s:.0f} s{of} on the clock"
     step, loss = (metrics or {}).get("step"), (metrics or {}).get("train_loss")
-    if isinstance(step, int) and not isinstance(step, bool):
+    # the rank's word: an integer of hundreds of digits raised OverflowError here and ended the supervisor's loop
+    if isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 2**63:
         line += f", step {step}"
-        if isinstance(loss, int | float) and not isinstance(loss, bool) and math.isfinite(loss):
+        if isinstance(loss, int | float) and not isinstance(loss, bool) and _finite(loss):
             line += f", train_loss {loss:.4f}"
     return line
+
+
+def _finite(x: int | float) -> bool:
+    """Whether a JSON number is a finite float (an int no float holds is not)."""
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
 
 
 def supervise(

@@ -12,6 +12,7 @@ import pytest
 
 from harness.config import LogConfig, load_config
 from harness.run import tracking
+from harness.run.launch import last_metrics, progress_line
 from harness.run.tracking import (
     WANDB_MAX_LINES,
     WANDB_MAX_NAMES,
@@ -20,6 +21,7 @@ from harness.run.tracking import (
     parse_metrics_line,
     read_metrics,
 )
+from harness.train.budget import BudgetConfig
 from tests.unit.harness.test_tracking import wandb_env  # noqa: F401 - a fixture
 
 # ---- the names a submission may set: wandb refuses some, and then the official's run is not tracked ----
@@ -204,3 +206,21 @@ def test_a_burst_of_lines_at_the_end_cannot_keep_the_result_out_of_wandb(tmp_pat
     assert time.monotonic() - t0 < 5 and run.summary == {"status": "ok", "val_bpb": 1.25}
     assert tracker.logged + tracker.skipped == 30_000 and tracker.skipped > 20_000
     assert "(wandb gets no lines still pending 0.5 s after the run ended)" in note
+
+
+# ---- the supervisor's progress line reads the same file while training runs ----
+
+
+def test_a_hostile_last_metrics_line_cannot_end_the_supervisors_loop(tmp_path):
+    # the progress line (non-terminal runs, every 30 s) read it; OverflowError ended supervise(): the run
+    # was killed and recorded "the harness failed"
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 7, "train_loss": 1' + "0" * 400 + "}\n")
+    budget = BudgetConfig(train_s=600.0)
+    line = progress_line(100.0, 0.0, 10.0, 0.0, 0.0, budget, last_metrics(path))
+    assert line == "[train] 90 s of 600 s on the clock, step 7"
+    path.write_text('{"step": 1' + "0" * 400 + ', "train_loss": 2.5}\n')
+    line = progress_line(100.0, 0.0, 10.0, 0.0, 0.0, budget, last_metrics(path))
+    assert line == "[train] 90 s of 600 s on the clock"
+    line = progress_line(100.0, 0.0, 10.0, 0.0, 0.0, budget, {"step": 8, "train_loss": 2})
+    assert line == "[train] 90 s of 600 s on the clock, step 8, train_loss 2.0000"
