@@ -54,6 +54,8 @@ from isolation.monitor import monitor_from_rules
 STATE_FILE = "state.safetensors"
 TRAIN_RECORD = "train.json"
 METRICS_FILE = "metrics.jsonl"
+RANK_INT_MAX = 2**63
+"""Every integer of train.json is below it (an int64: steps, tokens, counts)."""
 TRAIN_FORMAT = "pg-train"
 TRAIN_FORMAT_VERSION = 4
 SPEC_FORMAT = "pg-train-spec"
@@ -115,6 +117,10 @@ class RankReport:
             k: field(d, k, types, what, required=False, finite=True, non_negative=True)
             for k, types in RANK_REPORT_FIELDS.items()
         }
+        for k, v in values.items():  # an int no float holds raised OverflowError in what reads the result
+            if isinstance(v, int) and not isinstance(v, bool) and v >= RANK_INT_MAX:
+                shown = str(v) if len(str(v)) <= 40 else f"{str(v)[:40]}... ({len(str(v))} digits)"
+                raise ValueError(f"{what} field {k!r} = {shown} is not below 2**63")
         if values["role"] not in (None, "main", "secondary_node"):
             raise ValueError(
                 f"{what} field 'role' = {str(values['role'])[:80]!r} is not main or secondary_node"

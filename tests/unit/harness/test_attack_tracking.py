@@ -21,7 +21,9 @@ from harness.run.tracking import (
     parse_metrics_line,
     read_metrics,
 )
+from harness.run.train_phase import read_rank_record
 from harness.train.budget import BudgetConfig
+from harness.train.rank import TRAIN_FORMAT, TRAIN_FORMAT_VERSION
 from tests.unit.harness.test_tracking import wandb_env  # noqa: F401 - a fixture
 
 # ---- the names a submission may set: wandb refuses some, and then the official's run is not tracked ----
@@ -224,3 +226,30 @@ def test_a_hostile_last_metrics_line_cannot_end_the_supervisors_loop(tmp_path):
     assert line == "[train] 90 s of 600 s on the clock"
     line = progress_line(100.0, 0.0, 10.0, 0.0, 0.0, budget, {"step": 8, "train_loss": 2})
     assert line == "[train] 90 s of 600 s on the clock, step 8, train_loss 2.0000"
+
+
+# ---- train.json: the rank's counts reach the result, the card, wandb and `pgolf reproduce` ----
+
+
+def test_a_rank_count_no_float_holds_is_refused_at_the_rank_record(tmp_path):
+    # steps = 10**400 was kept: `pgolf reproduce` compared it (rel * abs(steps)) and died of OverflowError
+    path = tmp_path / "train.json"
+    base = {
+        "format": TRAIN_FORMAT,
+        "format_version": TRAIN_FORMAT_VERSION,
+        "steps": 10,
+        "tokens_seen": 2**63 - 1,
+    }
+    path.write_text(json.dumps(base))
+    assert read_rank_record(path)["tokens_seen"] == 2**63 - 1
+    path.write_text(json.dumps({**base, "steps": 10**400}))
+    with pytest.raises(
+        ValueError,
+        match=r"^train.json field 'steps' = 1000000000000000000000000000000000000000\.\.\. \(401 digits\) is not below 2\*\*63$",
+    ):
+        read_rank_record(path)
+    path.write_text(json.dumps({**base, "tokens_seen": 2**63}))
+    with pytest.raises(
+        ValueError, match=r"^train.json field 'tokens_seen' = 9223372036854775808 is not below 2\*\*63$"
+    ):
+        read_rank_record(path)
