@@ -206,7 +206,7 @@ def run_pipeline(
             print(f"[data] warning: {text}", file=sys.stderr, flush=True)
     # wandb (off unless [log] / --wandb asks): init in its own thread, bounded; never blocks or fails the run
     tags = [track.name, visible(preset or "default", 40), visible(meta.get("name") or "", NAME_MAX_CHARS)]
-    tracker = Tracker(cfg.section("log"), run_dir, tags=tags)
+    tracker = Tracker(cfg.section("log"), run_dir, tags=tags, untrusted=submission_dir)
     tracker.start()
     try:
         with stop_signals_interrupt():  # SIGTERM ends the run as Ctrl-C does (harness/run/signals.py)

@@ -245,6 +245,22 @@ def config_of(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def entry_settings_file(untrusted: Path | None) -> Path | None:
+    """The settings file wandb.init would read from the current folder (`wandb/settings`, `.wandb/settings`:
+    base_url, entity, mode, ...) when that folder is inside the submission's `untrusted` folder; else None.
+    wandb reads it before init's own arguments and dir apply: an entry run from its own folder chose the server
+    the official's API key went to."""
+    if untrusted is None:
+        return None
+    cwd = Path.cwd().resolve()
+    if not cwd.is_relative_to(untrusted.resolve()):
+        return None
+    for name in (".wandb", "wandb"):  # wandb reads .wandb/settings where .wandb exists
+        if os.path.lexists(cwd / name / "settings"):
+            return cwd / name / "settings"
+    return None
+
+
 class Tracker:
     """One run's wandb run, fed from a background thread; every call returns promptly and never raises.
 
@@ -252,9 +268,13 @@ class Tracker:
     stops the tail, logs the records and closes the run, each bounded. `note` is the one line the
     run prints about tracking."""
 
-    def __init__(self, cfg: LogConfig, run_dir: Path, *, tags: list[str] | None = None) -> None:
+    def __init__(
+        self, cfg: LogConfig, run_dir: Path, *, tags: list[str] | None = None, untrusted: Path | None = None
+    ) -> None:
+        """`untrusted`: the submission's folder (wandb must read no settings file of the entry's)."""
         self.cfg = cfg
         self.run_dir = run_dir
+        self.untrusted = untrusted
         self.tags = [t[:WANDB_TAG_MAX_CHARS] for t in (tags or []) if t][:20]
         self.mode = cfg.wandb
         if self.mode != "disabled" and os.environ.get("WANDB_MODE") == "disabled":
@@ -294,6 +314,14 @@ class Tracker:
 
     def start(self) -> None:
         if not self.active:
+            return
+        planted = entry_settings_file(self.untrusted)
+        if planted is not None:
+            self.mode = "disabled"
+            self.note = (
+                f"wandb: not started: {planted} is the submission's and wandb would read it (it can name the "
+                "server your key is sent to and the account); run pgolf from a folder outside the submission"
+            )
             return
         self._deadline = time.monotonic() + self.cfg.init_timeout_s + DEADLINE_SLACK_S
         self._init_thread = threading.Thread(target=self._init, name="pgolf-wandb-init", daemon=True)

@@ -253,3 +253,35 @@ def test_a_rank_count_no_float_holds_is_refused_at_the_rank_record(tmp_path):
         ValueError, match=r"^train.json field 'tokens_seen' = 9223372036854775808 is not below 2\*\*63$"
     ):
         read_rank_record(path)
+
+
+# ---- the current folder: wandb reads its wandb/settings before init's own arguments ----
+
+
+def test_an_entrys_wandb_settings_never_choose_the_server_or_account(wandb_env, monkeypatch):  # noqa: F811
+    # `cd entry && pgolf run . --wandb online`: the entry's wandb/settings set base_url (where wandb sends the
+    # official's API key) and entity; measured with wandb 0.31 offline: run.entity 'evil', base_url the file's
+    entry = wandb_env / "entry"
+    (entry / "wandb").mkdir(parents=True)
+    (entry / "wandb" / "settings").write_text(
+        "[default]\nentity = evil\nbase_url = http://127.0.0.1:9/collect\n"
+    )
+    monkeypatch.chdir(entry)
+    run_dir = wandb_env / "run"
+    run_dir.mkdir()
+    tracker = Tracker(LogConfig(wandb="offline"), run_dir, untrusted=entry)
+    tracker.start()
+    note = finish_tracking(tracker, run_dir, {"status": "ok"})
+    assert not tracker.tracked and not (run_dir / "wandb").exists()
+    assert note.startswith(f"wandb: not started: {entry / 'wandb' / 'settings'} is the submission's")
+    assert json.loads((run_dir / "tracking.json").read_text())["tracked"] is False
+    # the official's own folder (outside the entry) is the official's to configure
+    monkeypatch.chdir(wandb_env)
+    (wandb_env / "wandb").mkdir()
+    (wandb_env / "wandb" / "settings").write_text("[default]\nentity = mine\n")
+    other = wandb_env / "run2"
+    other.mkdir()
+    tracker = Tracker(LogConfig(wandb="offline"), other, untrusted=entry)
+    tracker.start()
+    finish_tracking(tracker, other, {"status": "ok"})
+    assert tracker.tracked  # (which entity: wandb reads the file once a process, at its first init)
