@@ -352,6 +352,8 @@ class Tracker:
                     console="off",  # the orchestrator's output stays its own
                     silent=True,
                     x_disable_stats=True,  # no sampling thread competing with training for the cores
+                    # the current folder's git (an entry's own checkout, run from it) is no record of the run's
+                    disable_git=True,
                     save_code=False,  # the counted code is logged from the records, not guessed
                 ),
             )

@@ -4,6 +4,7 @@ its config.toml may set, its submission name (a wandb tag), and the ranks' metri
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 import types
@@ -24,7 +25,7 @@ from harness.run.tracking import (
 from harness.run.train_phase import read_rank_record
 from harness.train.budget import BudgetConfig
 from harness.train.rank import TRAIN_FORMAT, TRAIN_FORMAT_VERSION
-from tests.unit.harness.test_tracking import wandb_env  # noqa: F401 - a fixture
+from tests.unit.harness.test_tracking import wandb_env, wandb_records  # noqa: F401 - a fixture
 
 # ---- the names a submission may set: wandb refuses some, and then the official's run is not tracked ----
 
@@ -285,3 +286,26 @@ def test_an_entrys_wandb_settings_never_choose_the_server_or_account(wandb_env, 
     tracker.start()
     finish_tracking(tracker, other, {"status": "ok"})
     assert tracker.tracked  # (which entity: wandb reads the file once a process, at its first init)
+
+
+def test_the_current_folders_git_is_not_the_runs_record(wandb_env, monkeypatch):  # noqa: F811
+    # run from an entry's own git checkout, wandb ran `git config --get remote.origin.url` and `git rev-parse
+    # --verify HEAD` in it (GIT_TRACE) and recorded the entry's remote and commit as the run's code
+    entry = wandb_env / "entry"
+    entry.mkdir()
+    git = ["git", "-C", str(entry), "-c", "user.email=a@b", "-c", "user.name=a"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (entry / "train.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "train.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    subprocess.run([*git, "remote", "add", "origin", "https://example.invalid/evil/leak.git"], check=True)
+    monkeypatch.chdir(entry)
+    run_dir = wandb_env / "run"
+    run_dir.mkdir()
+    tracker = Tracker(LogConfig(wandb="offline"), run_dir)
+    tracker.start()
+    finish_tracking(tracker, run_dir, {"status": "ok"})
+    assert tracker.tracked
+    [log] = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    run = next(r.run for r in wandb_records(log) if r.WhichOneof("record_type") == "run")
+    assert (run.git.remote_url, run.git.commit) == ("", "")
