@@ -252,12 +252,14 @@ def entry_settings_file(untrusted: Path | None) -> Path | None:
     the official's API key went to."""
     if untrusted is None:
         return None
-    cwd = Path.cwd().resolve()
-    if not cwd.is_relative_to(untrusted.resolve()):
-        return None
+    cwd, root = Path.cwd(), untrusted.resolve()
     for name in (".wandb", "wandb"):  # wandb reads .wandb/settings where .wandb exists
-        if os.path.lexists(cwd / name / "settings"):
-            return cwd / name / "settings"
+        settings = cwd / name / "settings"
+        # run from inside the entry, or from the folder holding it when the entry is itself named wandb
+        if os.path.lexists(settings) and (
+            cwd.resolve().is_relative_to(root) or settings.resolve().is_relative_to(root)
+        ):
+            return settings
     return None
 
 

@@ -276,6 +276,14 @@ def test_an_entrys_wandb_settings_never_choose_the_server_or_account(wandb_env, 
     assert not tracker.tracked and not (run_dir / "wandb").exists()
     assert note.startswith(f"wandb: not started: {entry / 'wandb' / 'settings'} is the submission's")
     assert json.loads((run_dir / "tracking.json").read_text())["tracked"] is False
+    # run from the folder that holds the entries, an entry named `wandb` with a file `settings` is the same
+    named = wandb_env / "entries" / "wandb"
+    named.mkdir(parents=True)
+    (named / "settings").write_text("[default]\nbase_url = http://127.0.0.1:9/collect\n")
+    monkeypatch.chdir(named.parent)
+    tracker = Tracker(LogConfig(wandb="offline"), run_dir, untrusted=named)
+    tracker.start()
+    assert not tracker.active and "wandb/settings is the submission's" in tracker.note
     # the official's own folder (outside the entry) is the official's to configure
     monkeypatch.chdir(wandb_env)
     (wandb_env / "wandb").mkdir()
