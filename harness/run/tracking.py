@@ -252,14 +252,17 @@ def entry_settings_file(untrusted: Path | None) -> Path | None:
     the official's API key went to."""
     if untrusted is None:
         return None
-    cwd, root = Path.cwd(), untrusted.resolve()
-    for name in (".wandb", "wandb"):  # wandb reads .wandb/settings where .wandb exists
-        settings = cwd / name / "settings"
-        # run from inside the entry, or from the folder holding it when the entry is itself named wandb
-        if os.path.lexists(settings) and (
-            cwd.resolve().is_relative_to(root) or settings.resolve().is_relative_to(root)
-        ):
-            return settings
+    try:
+        cwd, root = Path.cwd(), untrusted.resolve()
+        for name in (".wandb", "wandb"):  # wandb reads .wandb/settings where .wandb exists
+            settings = cwd / name / "settings"
+            # run from inside the entry, or from the folder holding it when the entry is itself named wandb
+            if os.path.lexists(settings) and (
+                cwd.resolve().is_relative_to(root) or settings.resolve().is_relative_to(root)
+            ):
+                return settings
+    except (OSError, RuntimeError):  # no current folder (removed): wandb's init fails on it in its own thread
+        return None
     return None
 
 

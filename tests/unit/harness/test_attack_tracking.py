@@ -317,3 +317,14 @@ def test_the_current_folders_git_is_not_the_runs_record(wandb_env, monkeypatch):
     [log] = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
     run = next(r.run for r in wandb_records(log) if r.WhichOneof("record_type") == "run")
     assert (run.git.remote_url, run.git.commit) == ("", "")
+
+
+def test_a_removed_current_folder_never_stops_the_run_before_its_record(tmp_path, monkeypatch, fake_wandb):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    tracker = Tracker(LogConfig(wandb="offline"), tmp_path, untrusted=tmp_path / "entry")
+    tracker.start()  # outside the pipeline's try: an exception here left the run without a result record
+    finish_tracking(tracker, tmp_path, {"status": "ok"})
+    assert tracker.tracked
