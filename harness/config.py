@@ -33,6 +33,7 @@ from __future__ import annotations
 import ast
 import copy
 import dataclasses
+import datetime as dt
 import math
 import os
 import re
@@ -562,6 +563,15 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def _not_json(value: Any) -> bool:
+    """Whether a TOML value holds what JSON has no type for: a date, a time or a date-time (tomllib's datetime)."""
+    if isinstance(value, list | tuple):
+        return any(_not_json(v) for v in value)
+    if isinstance(value, dict):
+        return any(_not_json(v) for v in value.values())
+    return isinstance(value, dt.date | dt.time)  # a datetime is a date
+
+
 def _nonfinite(value: Any) -> bool:
     if isinstance(value, float):
         return not math.isfinite(value)
@@ -674,6 +684,12 @@ def load_config(
             origin = layers.last_origin(key, str(path))
             raise ConfigError(
                 f"{origin}: {key} = {value!r}: [model] and [train] values must be finite (records are JSON)"
+            )
+        if _not_json(value):  # config.json could not be written: the run stopped before its result record
+            origin = layers.last_origin(key, str(path))
+            raise ConfigError(
+                f"{origin}: {key} = {str(value)[:80]}: a TOML date or time has no JSON type (records are JSON); "
+                'write it as a string, e.g. "1979-05-27"'
             )
 
     def validate(*names: str) -> None:

@@ -328,3 +328,24 @@ def test_a_removed_current_folder_never_stops_the_run_before_its_record(tmp_path
     tracker.start()  # outside the pipeline's try: an exception here left the run without a result record
     finish_tracking(tracker, tmp_path, {"status": "ok"})
     assert tracker.tracked
+
+
+# ---- config.toml: what the run writes first (config.json) must be JSON ----
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "[train]\nx = 1979-05-27T07:32:00Z",
+        "[model]\nd = [1, 07:32:00]",
+        "[train]\nz = {a = 1979-05-27}",
+    ],
+)
+def test_a_toml_date_is_refused_before_the_run_folder_exists(tmp_path, body):
+    # accepted, it reached write_json_atomic(RUN_DIR/config.json) outside the pipeline's try: TypeError, a run
+    # folder and no result record, no ledger line
+    (tmp_path / "config.toml").write_text(f'[run]\ntrack = "smoke"\n{body}\n')
+    with pytest.raises(
+        ValueError, match=r"a TOML date or time has no JSON type \(records are JSON\); write it as"
+    ):
+        load_config(tmp_path)
