@@ -377,7 +377,7 @@ def _scan_shard(k: int) -> _ShardScan:
             )
             return out
         spelled = decode_documents(st["tok"], [d for _, d in batch])
-        if st.get("reencode"):
+        if st.get("re_encode"):
             # what the checks below see is the text the tokens decode to: tokens of another encoding (another
             # tokenizer's, or shifted ids a train.py undoes) decode to other text, and encode to other tokens
             for i, ((off, d), again) in enumerate(zip(batch, _encode(st["tok"], spelled), strict=True)):
@@ -569,7 +569,7 @@ def check_disjoint(
     docs = chars = 0
     covered = np.zeros(index.hashes.size if index is not None else 0, dtype=np.bool_)
     pairs: list[np.ndarray] = []  # (training document, shard, offset, validation document, shared)
-    state = {**base, "paths": train_paths, "collect": False, "sets": sets, "reencode": True}
+    state = {**base, "paths": train_paths, "collect": False, "sets": sets, "re_encode": True}
     foreign: list[str] = []
     for k, scan in enumerate(_scan(state, len(train_paths), workers)):
         shard = train_paths[k].name
