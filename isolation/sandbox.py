@@ -427,16 +427,20 @@ class SandboxPlan:
         }
 
 
-SECRET_LOCATION_ENV = ("XDG_CONFIG_HOME", "WANDB_CONFIG_DIR", "WANDB_DIR", "HF_TOKEN_PATH")
+SECRET_LOCATION_ENV = ("XDG_CONFIG_HOME", "WANDB_CONFIG_DIR", "WANDB_DIR", "HF_TOKEN_PATH", "NETRC")
 """Variables that name where the official's own credentials and settings live, beside the home folder."""
+SECRET_FILE_ENV = frozenset({"HF_TOKEN_PATH", "NETRC"})
+"""Of SECRET_LOCATION_ENV, those that name a file: its folder is left out."""
 
 
 def official_homes() -> list[str]:
-    """The official's home folder (HOME, and the account's own from the password database) and the folders
-    SECRET_LOCATION_ENV names (a file's folder for HF_TOKEN_PATH): where keys live (~/.ssh, ~/.netrc with the
-    wandb key, ~/.cache/huggingface/token, cloud credentials). A phase's broad read rules leave them out, so an
-    import root the official's PYTHONPATH names (`PYTHONPATH=.` run from home) shows a phase none of them; a
-    Python installation inside one (a venv in home) is a broad rule of its own and stays readable."""
+    """The official's home folder (HOME, the account's own from the password database, and under sudo the
+    invoking account's, SUDO_USER: its ~/.ssh and tokens are the official's too), the folders SECRET_LOCATION_ENV
+    names (a file's folder for SECRET_FILE_ENV) and the Hugging Face token's folder where XDG_CACHE_HOME moves it
+    ($XDG_CACHE_HOME/huggingface, written mode 644): where keys live (~/.ssh, ~/.netrc with the wandb key,
+    ~/.cache/huggingface/token, cloud credentials). A phase's broad read rules leave them out, so an import root
+    the official's PYTHONPATH names (`PYTHONPATH=.` run from home) shows a phase none of them; a Python
+    installation inside one (a venv in home) is a broad rule of its own and stays readable."""
     import pwd
 
     named = [os.path.expanduser("~")]
@@ -444,10 +448,19 @@ def official_homes() -> list[str]:
         named.append(pwd.getpwuid(os.getuid()).pw_dir)
     except KeyError:
         pass
+    sudo_user = os.environ.get("SUDO_USER")
+    if sudo_user:
+        try:
+            named.append(pwd.getpwnam(sudo_user).pw_dir)
+        except KeyError:
+            pass
     for key in SECRET_LOCATION_ENV:
         v = os.environ.get(key)
         if v:
-            named.append(os.path.dirname(v) if key == "HF_TOKEN_PATH" else v)
+            named.append(os.path.dirname(v) if key in SECRET_FILE_ENV else v)
+    cache = os.environ.get("XDG_CACHE_HOME")
+    if cache:
+        named.append(os.path.join(cache, "huggingface"))
     return sorted({os.path.realpath(p) for p in named if p and os.path.isdir(p)})
 
 

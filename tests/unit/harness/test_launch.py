@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -944,3 +945,40 @@ def test_the_officials_home_is_out_of_every_broad_rule(tmp_path, monkeypatch):
 
     assert not covered(home / ".ssh/id_ed25519") and not covered(home / ".netrc")
     assert covered(home / ".venv/lib")
+
+
+def test_the_officials_tokens_under_sudo_and_xdg_cache_are_out_of_every_broad_rule(tmp_path, monkeypatch):
+    """Two spellings of the official's secrets official_homes missed. Under sudo HOME is root's: the invoking
+    account's home (SUDO_USER), an import root when `sudo PYTHONPATH=. pgolf run` runs from it, stayed readable with
+    its ~/.ssh. XDG_CACHE_HOME moves the Hugging Face token ($XDG_CACHE_HOME/huggingface/token, written mode 644)
+    beneath a broad root (/opt/cache): train.py read it."""
+    import pwd
+
+    from isolation.sandbox import official_homes
+
+    opt, alice = tmp_path / "opt", tmp_path / "alice"
+    (opt / "cache/huggingface").mkdir(parents=True)
+    (opt / "cache/huggingface/token").write_text("hf_SECRET")
+    (opt / "other-tool").mkdir()
+    (alice / ".ssh").mkdir(parents=True)
+    (alice / ".ssh/id_ed25519").write_text("PRIVATE KEY")
+    (tmp_path / "root").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "root"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(opt / "cache"))
+    monkeypatch.setenv("SUDO_USER", "alice")
+    real_getpwnam = pwd.getpwnam
+    monkeypatch.setattr(
+        pwd,
+        "getpwnam",
+        lambda name: SimpleNamespace(pw_dir=str(alice)) if name == "alice" else real_getpwnam(name),
+    )
+    homes = official_homes()
+    assert str(alice.resolve()) in homes and str((opt / "cache/huggingface").resolve()) in homes
+    plan, _ = _plan(tmp_path, LANDLOCK_ROOT, import_path=[str(alice), str(opt)])
+    readable = [r.path for r in plan.rules if r.access == "ro"]
+
+    def covered(path: Path) -> bool:
+        return any(str(path) == r or str(path).startswith(r.rstrip("/") + "/") for r in readable)
+
+    assert not covered(alice / ".ssh/id_ed25519") and not covered(opt / "cache/huggingface/token")
+    assert covered(opt / "other-tool")  # the rest of the broad root is as it was
