@@ -13,7 +13,7 @@ numbers it shows, never within_cap alone), and the same result twice is one run.
 Only verified results that scored (status ok, within the cap) on a record track rank (a smoke or untimed
 track's results are listed, never ranked; an unknown --track is refused). A failed run's row and a run
 measured on a contended machine are marked beside the name, and so is every row whose name reads like
-another entry's (one skeleton: case, NFKC, zero-width and combining characters aside) or mixes Latin
+another entry's (one skeleton: case, NFKC, zero-width and combining characters aside, I l 1 as one) or mixes Latin
 with Cyrillic or Greek letters (`lookalike`: a name, author and GitHub id are free text); an empty board says "no verified results yet". They are grouped by
 (submission name, track, preset, overrides): a row's val_bpb is the mean over its verified seeds (with
 the standard deviation and the seed count), sorted ascending (bpb is the ranking metric, lower is
@@ -309,11 +309,18 @@ def _numbers_problem(r: dict[str, Any]) -> str | None:
 LOOKALIKE = "lookalike"
 
 
+_LATIN_CONFUSABLES = str.maketrans({"i": "l", "1": "l", "|": "l", "\u0131": "l", "0": "o"})
+"""Latin letters and digits drawn alike in a sans-serif page (case folded: a capital I is an i): each as one."""
+
+
 def name_skeleton(name: str) -> str:
     """A name as it reads: NFKC (fullwidth and styled letters as plain ones), case folded, without format
-    characters, combining marks or spaces. Two entries' names with one skeleton look alike on a page."""
+    characters, combining marks or spaces, and the Latin look-alikes of one script as one (I, l, 1 and |; 0 and O;
+    rn and m; vv and w: "naive_baseIine" with a capital I). Two entries' names with one skeleton look alike on a
+    page."""
     folded = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", name).casefold())
-    return "".join(ch for ch in folded if unicodedata.category(ch) not in ("Mn", "Me", "Cf", "Zs", "Cc"))
+    kept = "".join(ch for ch in folded if unicodedata.category(ch) not in ("Mn", "Me", "Cf", "Zs", "Cc"))
+    return kept.translate(_LATIN_CONFUSABLES).replace("rn", "m").replace("vv", "w")
 
 
 _LOOKALIKE_SCRIPTS = frozenset({"LATIN", "CYRILLIC", "GREEK", "ARMENIAN", "CHEROKEE"})

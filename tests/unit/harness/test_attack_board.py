@@ -159,6 +159,10 @@ def test_a_run_folder_named_like_a_url_scheme_links_as_a_path(tmp_path: Path) ->
         ("\\uff4eaive_baseline", True),  # a fullwidth n
         ("naive_base\\u200bline", True),  # a zero-width space
         ("Naive_Baseline", True),
+        # one script's look-alikes: a capital I, a digit 1 for the l; rn for m (in a sans-serif page)
+        ("naive_baseIine", True),
+        ("naive_base1ine", True),
+        ("NAIVE_BASELINE", True),
     ],
 )
 def test_an_entry_that_looks_like_another_is_marked_on_the_board(copy: str, both: bool) -> None:
