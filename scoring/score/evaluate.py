@@ -8,7 +8,8 @@ at offsets f..n-1; the plan is built so that each target of the mode is scored e
 
 - standard (the reference's): the validation tokens concatenated (each document BOS + its tokens),
   cut to `usable = ((N - 1) // L) * L` targets, split into non-overlapping windows of L. Every
-  target is scored once, with the context of its own window only; the tail short of L is dropped.
+  target is scored once, with the context of its own window only; the tail short of L is dropped (under a
+  cut by documents it is a last, shorter window: each document is scored to its end, windows.py whole_documents).
 - sliding: windows of L tokens every `stride` S tokens. The first window scores its L targets,
   every later one its last S (the last window ends at the last token and scores what is left), so
   every target 1..N-1 is scored exactly once, with at least L - S tokens of context once past

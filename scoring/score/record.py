@@ -176,7 +176,7 @@ _NON_NEGATIVE = frozenset(
 def unscored_targets_problem(score: dict[str, Any]) -> str | None:
     """Why a score left targets of its tokens out (None: it did not, or the record lacks the figures). Every mode
     scores each target 1..N-1 of the tokens it read (the first eval_subset_max_tokens + 1 of the split) once,
-    except standard mode, which drops a partial last window: fewer than eval_seq_len. A record that scored fewer
+    except standard mode, which drops a partial last window: fewer than eval_seq_len (none under a cut by documents). A record that scored fewer
     (or more: a target twice) chose which predictions count (documents mode once left out every document's end:
     the hardest targets, with no bytes, about 0.002 bpb)."""
     n, subset, scored, seq_len = (
@@ -194,7 +194,8 @@ def unscored_targets_problem(score: dict[str, Any]) -> str | None:
     # only standard mode drops a tail; the other modes' windows are per document at most, so an entrant's
     # seq_len (free, and costless there) bounds nothing: a tolerance of seq_len let every document's end go
     mode = score.get("eval_mode")
-    allowed = max(seq_len, 1) - 1 if mode == "standard" else 0
+    # a cut by documents scores each to its end in every mode (scoring/score/windows.py whole_documents)
+    allowed = max(seq_len, 1) - 1 if mode == "standard" and not score.get("eval_subset_docs") else 0
     if missing < 0:
         return (
             f"scored {scored:,} targets, more than the {n - 1:,} its tokens hold ({mode!r} mode): some twice"

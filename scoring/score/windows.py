@@ -123,9 +123,17 @@ def resolve_documents(cfg: EvalConfig, tokens: np.ndarray, bos_id: int = BOS_ID)
     return dataclasses.replace(cfg, max_tokens=cut)
 
 
+def whole_documents(cfg: WindowRules) -> bool:
+    """Whether `cfg` cuts its subset by documents (EvalConfig.max_docs), each scored to its end: standard mode
+    then scores its last partial window too. Dropping it let an entry's eval.seq_len choose the text scored: a
+    seq_len between half the cut and the cut scored exactly its first seq_len tokens, any prefix it liked."""
+    return getattr(cfg, "max_docs", None) is not None
+
+
 def eval_tokens(tokens: np.ndarray, cfg: WindowRules) -> np.ndarray:
-    """The tokens a mode may read: the first max_tokens + 1 (standard mode also drops the tail)."""
-    if cfg.mode == "standard":
+    """The tokens a mode may read: the first max_tokens + 1 (standard mode also drops the tail, but for a cut
+    by documents)."""
+    if cfg.mode == "standard" and not whole_documents(cfg):
         return standard_targets(tokens, cfg.seq_len, cfg.max_tokens)[0]
     out = tokens if cfg.max_tokens is None else tokens[: cfg.max_tokens + 1]
     if out.size < 2:
@@ -138,7 +146,14 @@ def plan_windows(tokens: np.ndarray, cfg: WindowRules, bos_id: int = BOS_ID) -> 
     L, N = cfg.seq_len, int(tokens.size)
     if cfg.mode == "standard":
         W = (N - 1) // L
-        return WindowPlan(np.arange(W, dtype=np.int64) * L, np.full(W, L, np.int64), np.zeros(W, np.int64))
+        # a cut by documents scores its last partial window too (whole_documents), with the context it holds
+        rest = N - 1 - W * L if whole_documents(cfg) else 0
+        lengths = np.append(np.full(W, L, np.int64), [rest] if rest else [])
+        return WindowPlan(
+            np.arange(lengths.size, dtype=np.int64) * L,
+            lengths.astype(np.int64),
+            np.zeros(lengths.size, np.int64),
+        )
     S = cfg.resolved_stride
     assert S is not None
     if cfg.mode == "sliding":

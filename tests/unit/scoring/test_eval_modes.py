@@ -236,6 +236,31 @@ def test_a_cut_by_documents_ends_at_a_documents_start_and_refuses_another_cut():
         documents_cut(tokens[1:], 2)
 
 
+@pytest.mark.parametrize("seq_len", [16, 37, 150, 200])
+def test_a_cut_by_documents_is_scored_to_its_end_in_standard_mode_whatever_the_seq_len(docs_tokens, seq_len):
+    """HOLE (before the fix): standard mode dropped its last partial window, cut by documents too. eval.seq_len is
+    the entry's and has no bound, so one between half the cut and the cut scored exactly its first seq_len targets:
+    any prefix of the CPU track's 1,700 documents the entry liked (its easiest, found on the public split), the
+    choice the cut by documents was made to take away. Every target of the cut is now scored in every mode."""
+    from scoring.score.record import unscored_targets_problem
+    from scoring.score.windows import resolve_documents
+
+    cfg = resolve_documents(EvalConfig(seq_len=seq_len, max_docs=8), docs_tokens)
+    cut = int(cfg.max_tokens or 0)
+    assert (
+        cut == 262
+    )  # the ninth document's BOS: a seq_len of 150 or 200 is one window, 150 or 200 targets before
+    res, seen = scored(CausalCounts(), docs_tokens, cfg)
+    assert sorted(seen) == list(range(1, cut + 1)) and res.sums.tokens == cut
+    score = {"val_tokens_available": int(docs_tokens.size), "eval_subset_max_tokens": cut, "eval_seq_len": seq_len,
+             "eval_mode": "standard", "eval_subset_docs": 8}  # fmt: skip
+    assert unscored_targets_problem({**score, "val_tokens": cut}) is None
+    assert unscored_targets_problem({**score, "val_tokens": cut - 1}) == (
+        f"scored {cut - 1:,} of the {cut:,} targets its tokens hold ('standard' mode): 1 left out, and only "
+        f"standard mode's last partial window (under {seq_len:,}) may be"
+    )
+
+
 def test_a_cut_by_documents_scores_the_same_text_whatever_the_tokenizer(tmp_path):
     """The CPU record track scores a subset. Cut by tokens, it fell elsewhere in the text for each tokenizer
     (byte260 covered 3 sample documents where sp8192 covered 26), so an entry's tokenizer chose which documents
