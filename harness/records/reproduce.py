@@ -159,8 +159,8 @@ SEED_SALT_MAX_BYTES = 4096
 
 
 def sandbox_readable(path: str | os.PathLike[str]) -> str | None:
-    """The broad read root of a sandboxed phase that holds `path`, links resolved (a system folder, the Python
-    installation, an import folder of the ranks: isolation/landlock.py); None when none does."""
+    """The broad read root of a sandboxed phase that holds `path`, links resolved (a system folder, /dev/shm, the
+    Python installation, an import folder of the ranks: isolation/landlock.py); None when none does."""
     from isolation import landlock
 
     real = os.path.realpath(path)
@@ -168,6 +168,8 @@ def sandbox_readable(path: str | os.PathLike[str]) -> str | None:
     # the ranks' import folders are this interpreter's but its first (the working folder): sys.path[1:]
     roots = [
         *landlock.SYSTEM_READ_ROOTS,
+        # every phase reads and writes it (isolation/sandbox.py plan_sandbox); the host's one, without a world
+        "/dev/shm",
         *python_prefixes(),
         *landlock.python_roots([p for p in sys.path[1:] if p], project),
     ]

@@ -4,6 +4,9 @@ touching the official's ledger or machines, and the score or record it must not 
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -288,8 +291,10 @@ def test_a_record_track_takes_only_seeds_fresh_under_the_officials_salt(tmp_path
             0o600,
             r"lies beneath .*, which every sandboxed phase reads.*HINT: keep it in your home folder",
         ),
+        # every phase has /dev/shm read-write; without a world (multi-node) it is the host's and the rank the owner
+        ("/dev/shm", 0o600, r"lies beneath /dev/shm, which every sandboxed phase reads"),
     ],
-    ids=["mode-644", "mode-640", "in-the-python-installation"],
+    ids=["mode-644", "mode-640", "in-the-python-installation", "in-dev-shm"],
 )
 def test_a_salt_a_sandboxed_phase_could_read_is_refused(tmp_path, monkeypatch, where, mode, why):
     """A salt in /opt with mode 644 was read by a training rank in its world (and one in /opt with mode 600 by a
@@ -300,11 +305,18 @@ def test_a_salt_a_sandboxed_phase_could_read_is_refused(tmp_path, monkeypatch, w
     prefix = tmp_path / "python"  # stands for the Python installation, which every sandbox reads
     prefix.mkdir()
     monkeypatch.setattr(rp, "python_prefixes", lambda: [str(prefix)])
-    salt = (tmp_path if where == "home" else prefix) / "salt"
+    if where == "/dev/shm" and not os.access("/dev/shm", os.W_OK):
+        pytest.skip("no writable /dev/shm here")
+    shm = Path(tempfile.mkdtemp(dir="/dev/shm")) if where == "/dev/shm" else None
+    salt = (shm or (tmp_path if where == "home" else prefix)) / "salt"
     salt.write_text("official secret\n")
     salt.chmod(mode)
-    with pytest.raises(ValueError, match=why):
-        rp.read_seed_salt(str(salt))
+    try:
+        with pytest.raises(ValueError, match=why):
+            rp.read_seed_salt(str(salt))
+    finally:
+        if shm is not None:
+            shutil.rmtree(shm)
 
 
 def test_a_reproduction_hides_the_other_entries_reproductions_from_its_phases(tmp_path, monkeypatch):
