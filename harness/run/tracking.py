@@ -245,11 +245,22 @@ def config_of(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _in_an_entry(path: Path, cwd: Path) -> bool:
+    """Whether `path` (resolved) lies in a folder holding a submission.json, from its own folder up to `cwd`."""
+    for d in path.resolve().parents:
+        if (d / "submission.json").exists():
+            return True
+        if d == cwd:
+            break
+    return False
+
+
 def entry_settings_file(untrusted: Path | None) -> Path | None:
     """The settings file wandb.init would read from the current folder (`wandb/settings`, `.wandb/settings`:
-    base_url, entity, mode, ...) when that folder is inside the submission's `untrusted` folder; else None.
-    wandb reads it before init's own arguments and dir apply: an entry run from its own folder chose the server
-    the official's API key went to."""
+    base_url, entity, mode, ...) when that folder is inside the submission's `untrusted` folder or any other
+    entry's (a folder holding a submission.json); else None. wandb reads it before init's own arguments and dir
+    apply: an entry run from its own folder chose the server the official's API key went to, and so did an
+    entry named wandb beside the one run, from the folder holding both."""
     if untrusted is None:
         return None
     try:
@@ -258,7 +269,9 @@ def entry_settings_file(untrusted: Path | None) -> Path | None:
             settings = cwd / name / "settings"
             # run from inside the entry, or from the folder holding it when the entry is itself named wandb
             if os.path.lexists(settings) and (
-                cwd.resolve().is_relative_to(root) or settings.resolve().is_relative_to(root)
+                cwd.resolve().is_relative_to(root)
+                or settings.resolve().is_relative_to(root)
+                or _in_an_entry(settings, cwd.resolve())
             ):
                 return settings
     except (OSError, RuntimeError):  # no current folder (removed): wandb's init fails on it in its own thread
@@ -324,8 +337,9 @@ class Tracker:
         if planted is not None:
             self.mode = "disabled"
             self.note = (
-                f"wandb: not started: {planted} is the submission's and wandb would read it (it can name the "
-                "server your key is sent to and the account); run pgolf from a folder outside the submission"
+                f"wandb: not started: {planted} is the submission's (or another entry's) and wandb would read it "
+                "(it can name the server your key is sent to and the account); run pgolf from a folder outside "
+                "the entries"
             )
             return
         self._deadline = time.monotonic() + self.cfg.init_timeout_s + DEADLINE_SLACK_S

@@ -284,6 +284,12 @@ def test_an_entrys_wandb_settings_never_choose_the_server_or_account(wandb_env, 
     tracker = Tracker(LogConfig(wandb="offline"), run_dir, untrusted=named)
     tracker.start()
     assert not tracker.active and "wandb/settings is the submission's" in tracker.note
+    # ... and so is it beside another entry run from that folder: the sibling is an entry (its submission.json)
+    (named / "submission.json").write_text("{}")
+    (named.parent / "foo").mkdir()
+    tracker = Tracker(LogConfig(wandb="offline"), run_dir, untrusted=named.parent / "foo")
+    tracker.start()
+    assert not tracker.active and "wandb/settings is" in tracker.note
     # the official's own folder (outside the entry) is the official's to configure
     monkeypatch.chdir(wandb_env)
     (wandb_env / "wandb").mkdir()
