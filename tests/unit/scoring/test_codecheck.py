@@ -166,7 +166,8 @@ def test_a_clean_score_records_its_code_check(tmp_path, tiny_dataset):
     )
     second_doc_at = int(np.flatnonzero(read_split(tiny_dataset, "val") == BOS_ID)[1])
     assert (rec["eval_subset_docs"], rec["eval_subset_max_tokens"]) == (1, second_doc_at)
-    assert rec["val_tokens"] == second_doc_at - second_doc_at % 32  # standard mode: whole windows of 32
+    # standard mode, and yet every target to the cut: its last window is a partial one (windows.py whole_documents)
+    assert rec["val_tokens"] == second_doc_at and rec["eval_windows"] == -(-second_doc_at // 32)
     cc = rec["code_check"]
     assert cc["static"] == "passed" and cc["files"] == ["model.py"] and "model.py" in cc["code_files_checked"]
     assert "static lint" in rec["enforcement"]["allowed imports, no files or monkeypatching in scored code"]

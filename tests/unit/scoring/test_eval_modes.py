@@ -278,8 +278,8 @@ def test_a_cut_by_documents_scores_the_same_text_whatever_the_tokenizer(tmp_path
         ds = build_dataset(texts, tmp_path / tok.stem, val_docs=6, tokenizer=str(tok), progress=False)
         tokens = read_split(ds, "val")
         counts = read_val_bytes(ds / "val_bytes.bin").token_bytes
-        # sliding: every target of the tokens read is scored (standard mode drops its last partial window, under
-        # seq_len tokens at the end of the last document, as every standard evaluation does)
+        # every target of the tokens read is scored, in every mode, under a cut by documents (windows.py
+        # whole_documents); sliding here
         cfg = resolve_documents(EvalConfig(seq_len=16, mode="sliding", max_docs=4), tokens)
         targets = plan_windows(eval_tokens(tokens, cfg), cfg).target_positions()
         covered[tok.stem] = (int(counts[targets].sum()), int(cfg.max_tokens or 0))
