@@ -208,6 +208,12 @@ def python_prefixes() -> list[str]:
     return [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
 
 
+def broad_read_roots(import_path: Iterable[str], project_root: Path) -> list[str]:
+    """The folders a sandboxed phase reads whole, as broad rules (less what is hidden beneath them): the system
+    folders, the Python installation and the import folders `import_path` (python_roots)."""
+    return [*SYSTEM_READ_ROOTS, *python_roots(import_path, project_root)]
+
+
 def python_roots(import_path: Iterable[str], project_root: Path) -> list[str]:
     """The interpreter's prefixes and the import folders the ranks will have (their sys.path), less the project."""
     roots = {*python_prefixes(), str(Path(os.path.realpath(sys.executable)).parents[1])}

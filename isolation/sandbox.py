@@ -68,6 +68,7 @@ from isolation.landlock import (
     SYSTEM_READ_ROOTS,
     Rule,
     apply_landlock,
+    broad_read_roots,
     broad_read_rules,
     code_rules,
     device_rules,
@@ -79,7 +80,6 @@ from isolation.landlock import (
     own_rules,
     private_tmpfs,
     python_prefixes,
-    python_roots,
 )
 from isolation.seccomp import apply_seccomp, seccomp_supported
 from isolation.world import (
@@ -568,7 +568,7 @@ def plan_sandbox(
     rules: list[Rule] = []  # planned even without Landlock: the access monitor reports against them
     hidden = sorted({*prot, *broad_hidden([*private, project_root, *official_homes()], warnings)})
     tmp = os.path.realpath(tempfile.gettempdir())
-    broad = [*SYSTEM_READ_ROOTS, *python_roots(import_path, project_root), *extra_read]
+    broad = [*broad_read_roots(import_path, project_root), *extra_read]
     if device.startswith("cuda"):  # the CUDA/NCCL libraries the ranks will load, where they are
         broad += loaded_gpu_library_dirs(broad)
     for path in dict.fromkeys(broad):

@@ -64,7 +64,7 @@ from typing import Any
 
 from data.io import read_regular
 from harness.records.verify import Check, append_ledger
-from isolation.landlock import is_beneath, python_prefixes
+from isolation.landlock import is_beneath
 from scoring.statuses import Status
 from scoring.tracks import TRACKS
 
@@ -167,11 +167,9 @@ def sandbox_readable(path: str | os.PathLike[str]) -> str | None:
     project = Path(__file__).resolve().parents[2]
     # the ranks' import folders are this interpreter's but its first (the working folder): sys.path[1:]
     roots = [
-        *landlock.SYSTEM_READ_ROOTS,
+        *landlock.broad_read_roots([p for p in sys.path[1:] if p], project),
         # every phase reads and writes it (isolation/sandbox.py plan_sandbox); the host's one, without a world
         "/dev/shm",
-        *python_prefixes(),
-        *landlock.python_roots([p for p in sys.path[1:] if p], project),
     ]
     return next(
         (r for r in roots if r not in ("/proc", "/sys") and is_beneath(real, os.path.realpath(r))), None

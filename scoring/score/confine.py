@@ -30,14 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from isolation.landlock import (
-    SYSTEM_READ_ROOTS,
     Rule,
     apply_landlock,
+    broad_read_roots,
     broad_read_rules,
     device_rules,
     landlock_abi,
     own_rules,
-    python_roots,
 )
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -86,7 +85,7 @@ def plan_rules(
     prot = sorted({os.path.realpath(p) for p in protected})
     warnings: list[str] = []
     rules: list[Rule] = []
-    for path in dict.fromkeys([*SYSTEM_READ_ROOTS, *python_roots(sys.path, PROJECT_ROOT)]):
+    for path in dict.fromkeys(broad_read_roots(sys.path, PROJECT_ROOT)):
         if os.path.exists(path):
             rules += broad_read_rules(path, prot, prot, system_tmp, warnings)
     rules += own_rules(

@@ -304,7 +304,7 @@ def test_a_salt_a_sandboxed_phase_could_read_is_refused(tmp_path, monkeypatch, w
 
     prefix = tmp_path / "python"  # stands for the Python installation, which every sandbox reads
     prefix.mkdir()
-    monkeypatch.setattr(rp, "python_prefixes", lambda: [str(prefix)])
+    monkeypatch.setattr("isolation.landlock.python_prefixes", lambda: [str(prefix)])
     if where == "/dev/shm" and not os.access("/dev/shm", os.W_OK):
         pytest.skip("no writable /dev/shm here")
     shm = Path(tempfile.mkdtemp(dir="/dev/shm")) if where == "/dev/shm" else None
