@@ -226,6 +226,27 @@ TRACKS: dict[str, Track] = {
 }
 
 
+def subset_problem(track: Track, score: dict[str, Any]) -> str | None:
+    """Why a score's validation subset is not its track's (None: it is): a cut by documents (eval_subset_docs),
+    resolved to tokens on the scored dataset, or by tokens (eval_subset_max_tokens), or the full split."""
+    subset, docs = score.get("eval_subset_max_tokens") or None, score.get("eval_subset_docs") or None
+
+    def said(tokens: Any, n_docs: Any) -> str:
+        if isinstance(n_docs, int):
+            return f"the first {n_docs:,} validation documents"
+        return f"the first {tokens:,} validation tokens" if isinstance(tokens, int) else "the full split"
+
+    if track.eval_max_docs is not None:
+        if docs == track.eval_max_docs:
+            return None
+    elif docs is None and subset == track.eval_max_tokens:
+        return None
+    return (
+        f"scored on {said(subset, docs)}; the track {track.name} scores "
+        f"{said(track.eval_max_tokens, track.eval_max_docs)}"
+    )
+
+
 def get_track(name: str) -> Track:
     if name not in TRACKS:
         raise ConfigError(

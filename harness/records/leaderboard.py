@@ -53,7 +53,7 @@ from harness.run.text import NAME_MAX_CHARS, html_text, markdown_cell, visible
 from scoring.score.bpb import METRIC_VERSION
 from scoring.score.record import unscored_targets_problem
 from scoring.statuses import OK, UNVERIFIED, VERIFIED
-from scoring.tracks import TRACKS, Track
+from scoring.tracks import TRACKS, subset_problem
 
 LEADERBOARD_FORMAT = "pg-leaderboard"
 LEADERBOARD_FORMAT_VERSION = 1
@@ -227,27 +227,6 @@ def entry_id(r: dict[str, Any]) -> str:
     ident = {k: sub.get(k) for k in ("name", "author", "github_id")}
     ident["code_files"] = (r.get("provenance") or {}).get("code_files")
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-def subset_problem(track: Track, score: dict[str, Any]) -> str | None:
-    """Why a score's validation subset is not its track's (None: it is): a cut by documents (eval_subset_docs),
-    resolved to tokens on the scored dataset, or by tokens (eval_subset_max_tokens), or the full split."""
-    subset, docs = score.get("eval_subset_max_tokens") or None, score.get("eval_subset_docs") or None
-
-    def said(tokens: Any, n_docs: Any) -> str:
-        if isinstance(n_docs, int):
-            return f"the first {n_docs:,} validation documents"
-        return f"the first {tokens:,} validation tokens" if isinstance(tokens, int) else "the full split"
-
-    if track.eval_max_docs is not None:
-        if docs == track.eval_max_docs:
-            return None
-    elif docs is None and subset == track.eval_max_tokens:
-        return None
-    return (
-        f"scored on {said(subset, docs)}; the track {track.name} scores "
-        f"{said(track.eval_max_tokens, track.eval_max_docs)}"
-    )
 
 
 def rules_problem(r: dict[str, Any]) -> str | None:

@@ -56,7 +56,7 @@ from scoring.score.cli import ScoreRequest
 from scoring.score.eval_config import EvalConfig
 from scoring.score.record import ScoreFailure, cause_line, read_score_record, unscored_targets_problem
 from scoring.statuses import FAILED, SCORED, VERIFIED, VERIFY_ERROR
-from scoring.tracks import TRACKS
+from scoring.tracks import TRACKS, subset_problem
 
 VERIFY_FORMAT = "pg-verification"
 VERIFY_FORMAT_VERSION = 1
@@ -235,13 +235,7 @@ def track_checks(result: dict[str, Any], data_dir: Path | None, data_given: bool
     _check(checks, f"cap is the track's ({track.name})", track.cap_bytes, result.get("cap_bytes"))
     if not track.record:  # an unranked track's rules may be loosened (config.json records how)
         return checks
-    _check(
-        checks,
-        f"eval subset is the track's ({track.name})",
-        (track.eval_max_tokens, track.eval_max_docs),
-        (score.get("eval_subset_max_tokens") or None if track.eval_max_docs is None else None,
-         score.get("eval_subset_docs") or None),
-    )  # fmt: skip
+    _check(checks, f"eval subset is the track's ({track.name})", None, subset_problem(track, score))
     for key, of_track in TRACK_KEYS.items():
         section, _, name = key.partition(".")
         _check(checks, f"config {key} is the track's", of_track(track), (tables.get(section) or {}).get(name))
