@@ -169,17 +169,20 @@ def candidates_from_reproductions(
 
 def candidates_from_verified(ledger: Path, order: dict[str, int]) -> list[Candidate]:
     """Verified ok results in the ledger, grouped like the leaderboard (entry id, track, preset, overrides)."""
-    from harness.records.leaderboard import digest_or_none, entry_id, read_ledger, scored_problem
+    from harness.records.leaderboard import (
+        digest_or_none,
+        entry_id,
+        read_ledger,
+        scored_problem,
+        verification_of,
+    )
 
     results, verifications = read_ledger(ledger)
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in results:
-        digest = digest_or_none(r)
-        v = verifications.get(digest) if digest else None
         if (
             r.get("status") != Status.OK
-            or not isinstance(v, dict)
-            or v.get("status") != Verification.VERIFIED
+            or verification_of(digest_or_none(r), verifications) != Verification.VERIFIED
             or r.get("within_cap") is not True
             # scored under its track's rules (no validation subset, no loosened rule), as the leaderboard ranks
             or scored_problem(r) is not None

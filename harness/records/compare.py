@@ -38,8 +38,7 @@ from typing import Any
 from scipy import stats
 
 from data.io import read_json
-from harness.records.leaderboard import SCORE_MAX, read_ledger
-from harness.records.verify import result_digest
+from harness.records.leaderboard import SCORE_MAX, digest_or_none, read_ledger, verification_of
 from harness.run.text import visible
 from scoring.statuses import VERIFIED, Status
 from scoring.tracks import get_track
@@ -164,11 +163,7 @@ def _same(v: Any) -> str:
 def _verified(r: dict[str, Any], verifications: dict[str, dict[str, Any]]) -> bool:
     """Whether the ledger's verification of exactly this result says verified (never the result's own word)."""
     core = {k: v for k, v in r.items() if k != "_path"}
-    try:
-        ver = verifications.get(result_digest(core))
-    except (TypeError, ValueError):
-        return False
-    return isinstance(ver, dict) and ver.get("status") == VERIFIED
+    return verification_of(digest_or_none(core), verifications) == VERIFIED
 
 
 def compare_results(

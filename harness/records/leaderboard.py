@@ -180,6 +180,13 @@ def digest_or_none(r: dict[str, Any]) -> str | None:
         return None
 
 
+def verification_of(digest: str | None, verifications: dict[str, dict[str, Any]]) -> str:
+    """The ledger's word on the result whose digest is `digest`: its latest verification's status, else
+    unverified (a result's own "verification" field counts for nothing)."""
+    ver = verifications.get(digest) if digest else None
+    return str(ver.get("status")) if isinstance(ver, dict) else UNVERIFIED
+
+
 def _date(r: dict[str, Any]) -> str:
     d = (r.get("submission") or {}).get("date")
     if isinstance(d, str) and d:
@@ -370,8 +377,7 @@ def build(
         seen.add(digest or "")
         r = _clean(raw)
         sub = r["submission"]
-        ver = verifications.get(digest) if digest else None
-        verification = str(ver.get("status")) if isinstance(ver, dict) else UNVERIFIED
+        verification = verification_of(digest, verifications)
         name = str(sub.get("name") or "?")
         rules = scored_problem(raw) or unranked_track(r)
         if (
