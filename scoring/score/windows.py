@@ -28,6 +28,8 @@ class WindowRules(Protocol):
     @property
     def max_tokens(self) -> int | None: ...
     @property
+    def max_docs(self) -> int | None: ...
+    @property
     def resolved_stride(self) -> int | None: ...
 
 
@@ -127,7 +129,7 @@ def whole_documents(cfg: WindowRules) -> bool:
     """Whether `cfg` cuts its subset by documents (EvalConfig.max_docs), each scored to its end: standard mode
     then scores its last partial window too. Dropping it let an entry's eval.seq_len choose the text scored: a
     seq_len between half the cut and the cut scored exactly its first seq_len tokens, any prefix it liked."""
-    return getattr(cfg, "max_docs", None) is not None
+    return cfg.max_docs is not None
 
 
 def eval_tokens(tokens: np.ndarray, cfg: WindowRules) -> np.ndarray:
