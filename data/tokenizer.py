@@ -213,6 +213,15 @@ is the official table's: with the installed one a document holding either would 
 (and the challenge's shards) make of it, and its bytes would depend on the installed sentencepiece."""
 
 
+def _charsmap(normalizer: Any) -> bytes:
+    """A SentencePiece normaliser's compiled table (`normalizer_spec.precompiled_charsmap`)."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    spec = sentencepiece_model_pb2.NormalizerSpec()  # type: ignore[attr-defined]
+    spec.ParseFromString(normalizer.serialized_normalizer_spec())
+    return bytes(spec.precompiled_charsmap)
+
+
 @functools.cache
 def official_nmt_nfkc() -> Any:
     """A normaliser with the official sp1024's table, rebuilt from the installed built-in one less its newer rules
@@ -220,22 +229,18 @@ def official_nmt_nfkc() -> Any:
     import hashlib
 
     import sentencepiece as spm
-    from sentencepiece import sentencepiece_model_pb2
 
     built_in = spm.SentencePieceNormalizer(
         rule_name="nmt_nfkc", add_dummy_prefix=False, remove_extra_whitespaces=True, escape_whitespaces=True
     )
-    spec = sentencepiece_model_pb2.NormalizerSpec()  # type: ignore[attr-defined]
-    spec.ParseFromString(built_in.serialized_normalizer_spec())
-    if hashlib.sha256(spec.precompiled_charsmap).hexdigest() == SP1024_CHARSMAP_SHA256:
+    if hashlib.sha256(_charsmap(built_in)).hexdigest() == SP1024_CHARSMAP_SHA256:
         return built_in
     rules = [(str(a), str(b)) for a, b in built_in.decompile() if not str(a).startswith(NEWER_NMT_NFKC)]
     spm.set_min_log_level(2)  # the builder's "Generated normalizer blob" is no news
     rebuilt = spm.SentencePieceNormalizer(
         norm_map=rules, add_dummy_prefix=False, remove_extra_whitespaces=True, escape_whitespaces=True
     )
-    spec.ParseFromString(rebuilt.serialized_normalizer_spec())
-    if hashlib.sha256(spec.precompiled_charsmap).hexdigest() != SP1024_CHARSMAP_SHA256:
+    if hashlib.sha256(_charsmap(rebuilt)).hexdigest() != SP1024_CHARSMAP_SHA256:
         raise ValueError(
             f"sentencepiece {spm.__version__}: its built-in nmt_nfkc differs from the official sp1024's table in ways "
             "this harness does not know, so the canonical text would depend on it. HINT: install sentencepiece 0.2.x"
@@ -254,9 +259,7 @@ def reproducible_model_bytes(model: bytes) -> bytes:
     proto.ParseFromString(model)
     proto.trainer_spec.ClearField("num_threads")
     if proto.normalizer_spec.name == "nmt_nfkc":
-        spec = sentencepiece_model_pb2.NormalizerSpec()  # type: ignore[attr-defined]
-        spec.ParseFromString(official_nmt_nfkc().serialized_normalizer_spec())
-        proto.normalizer_spec.precompiled_charsmap = spec.precompiled_charsmap
+        proto.normalizer_spec.precompiled_charsmap = _charsmap(official_nmt_nfkc())
     return proto.SerializeToString(deterministic=True)
 
 
