@@ -39,6 +39,8 @@ Guarantees:
   are plain names (`.model`, `.vocab`, `.json`) that collide with none of the folder's own; at most
   MAX_SHARDS shards per split; an official variant's tokenizer model must be the official file
   (data/official.py). The stored Hugging Face token goes to huggingface.co only, never to a mirror.
+  A file must arrive within FILE_GRACE_S plus its size at MIN_RATE_BYTES_PER_S (a hub trickling a byte
+  now and then never trips the client's silence timeout), and the disk keeps MIN_FREE_BYTES free.
 - The folder ends with this harness's own `manifest.json` (data/manifest.py), so it is used exactly
   like a built dataset: shard sha256s, document counts (BOS tokens), tokenizer entry, unigram counts.
 
@@ -47,11 +49,14 @@ Destination: `--out`, else `$PG_DATA_DIR/fineweb10B_<variant>` (default `~/.cach
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import re
 import shutil
-from collections.abc import Iterable
+import signal
+import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +88,13 @@ MAX_HUB_MANIFEST_BYTES = 16 << 20
 MAX_TOKENIZER_BYTES = 64 << 20
 MAX_SHARD_BYTES = HEADER_BYTES + 2 * (2**31 - 1)
 """Most bytes taken for a file the hub manifest gives no size for (a shard holds at most 2^31-1 tokens)."""
+MIN_RATE_BYTES_PER_S = 64 << 10
+"""A file whose transfer averages less than this (after FILE_GRACE_S) is cut off: a hub that trickles a byte
+now and then never trips the HTTP client's silence timeout, and would hold the download for ever."""
+FILE_GRACE_S = 60.0
+MIN_FREE_BYTES = 1 << 30
+"""Space the download leaves free on the destination's disk: a file that would leave less is refused before it is
+fetched (by its declared size), and a transfer is cut off when the disk falls below it."""
 SCAN_TOKENS = 1 << 24
 """Tokens read at a time when a shard is scanned (max id, BOS count, unigram counts): memory stays bounded
 whatever size a shard is (bincount widens to int64, 8 bytes per token)."""
@@ -339,9 +351,48 @@ class _TooLarge(RuntimeError):
     pass
 
 
-def _bounded_progress(limit_bytes: int) -> type:
+class _TooSlow(RuntimeError):
+    pass
+
+
+class _DiskLow(RuntimeError):
+    pass
+
+
+def _file_deadline_s(limit_bytes: int) -> float:
+    """The longest a file of at most `limit_bytes` may take: FILE_GRACE_S, then MIN_RATE_BYTES_PER_S."""
+    return FILE_GRACE_S + limit_bytes / MIN_RATE_BYTES_PER_S
+
+
+def _free_bytes(folder: Path) -> int:
+    return shutil.disk_usage(folder).free
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float) -> Iterator[None]:
+    """Raise _TooSlow in this thread once `seconds` have passed (a real-time interval timer, so a read the hub
+    keeps alive with a byte now and then is interrupted too). Only the main thread receives signals; elsewhere
+    (a library caller's worker thread) the transfer is bounded by the HTTP client's timeouts alone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum: int, frame: object) -> None:
+        raise _TooSlow(seconds)
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _bounded_progress(limit_bytes: int, disk: Path) -> type:
     """A progress-bar class for hf_hub_download that stops the transfer once more than `limit_bytes` came in
-    (huggingface_hub reports every piece it writes to it), so a file served larger than declared is cut off."""
+    (huggingface_hub reports every piece it writes to it), so a file served larger than declared is cut off, and
+    once the disk holding `disk` has less than MIN_FREE_BYTES free."""
     from huggingface_hub.utils import tqdm as hf_tqdm
 
     class Bounded(hf_tqdm):
@@ -355,6 +406,8 @@ def _bounded_progress(limit_bytes: int) -> type:
             self.received_bytes += int(n or 0)
             if self.received_bytes > limit_bytes:
                 raise _TooLarge(limit_bytes)
+            if _free_bytes(disk) < MIN_FREE_BYTES:
+                raise _DiskLow()
             return super().update(n)
 
     return Bounded
@@ -386,30 +439,50 @@ class _Hub:
             raise DownloadError(f"{url} gave X-Repo-Commit {meta.commit_hash!r}, not a commit: refused")
         return meta.commit_hash
 
-    def fetch(self, path: str, commit: str, limit_bytes: int) -> Path:
-        """The file at `path` in the staging folder, fetched (or resumed); more than `limit_bytes` is refused."""
+    def fetch(self, path: str, commit: str, limit_bytes: int, *, declared_bytes: int | None = None) -> Path:
+        """The file at `path` in the staging folder, fetched (or resumed); more than `limit_bytes` is refused, and
+        so is a transfer slower than MIN_RATE_BYTES_PER_S or one that would leave the disk short of MIN_FREE_BYTES
+        (checked first by `declared_bytes`, the size the hub manifest gives, then as the bytes come in)."""
         from huggingface_hub import hf_hub_download
 
-        try:
-            local = Path(
-                hf_hub_download(
-                    self.repo_id,
-                    path,
-                    repo_type="dataset",
-                    revision=commit,
-                    local_dir=self.staging,
-                    endpoint=self.endpoint,
-                    token=self.token,
-                    tqdm_class=_bounded_progress(limit_bytes),
-                )
+        self.staging.mkdir(parents=True, exist_ok=True)
+        free_bytes = _free_bytes(self.staging)
+        if declared_bytes is not None and free_bytes - declared_bytes < MIN_FREE_BYTES:
+            raise DownloadError(
+                f"{path}: its {declared_bytes} bytes would leave less than {MIN_FREE_BYTES} bytes free on the disk "
+                f"of {self.staging} ({free_bytes} free). HINT: free some space, or choose another --out"
             )
-        except _TooLarge:
+        deadline_s = _file_deadline_s(limit_bytes)
+        try:
+            with _deadline(deadline_s):
+                local = Path(
+                    hf_hub_download(
+                        self.repo_id,
+                        path,
+                        repo_type="dataset",
+                        revision=commit,
+                        local_dir=self.staging,
+                        endpoint=self.endpoint,
+                        token=self.token,
+                        tqdm_class=_bounded_progress(limit_bytes, self.staging),
+                    )
+                )
+        except (_TooLarge, _TooSlow, _DiskLow) as e:
             for partial in self.staging.rglob(f"{Path(path).name}*.incomplete"):
                 partial.unlink(missing_ok=True)
-            raise DownloadError(
-                f"{path}: the hub sent more than the {limit_bytes} bytes it may hold; refused and removed. "
-                "HINT: the hub or mirror is broken or hostile; use another --endpoint"
-            ) from None
+            if isinstance(e, _TooLarge):
+                why = f"the hub sent more than the {limit_bytes} bytes it may hold"
+                hint = "the hub or mirror is broken or hostile; use another --endpoint"
+            elif isinstance(e, _TooSlow):
+                why = (
+                    f"not received within {deadline_s:.0f} s ({FILE_GRACE_S:.0f} s, then "
+                    f"{MIN_RATE_BYTES_PER_S} bytes/s for its at most {limit_bytes} bytes)"
+                )
+                hint = "the hub or the network is too slow; rerun to resume, or use another --endpoint"
+            else:
+                why = f"the disk of {self.staging} fell below {MIN_FREE_BYTES} bytes free"
+                hint = "free some space, or choose another --out"
+            raise DownloadError(f"{path}: {why}; refused and removed. HINT: {hint}") from None
         except _network_errors() as e:
             raise DownloadError(
                 f"could not download {path} from {self.repo_id}@{commit[:12]} ({type(e).__name__}: {e}). "
@@ -619,7 +692,7 @@ def download_variant(
                     record = None
             if record is None:
                 state["files"].pop(f.name, None)
-                local = hub.fetch(f.path, commit, _limit_bytes(f))
+                local = hub.fetch(f.path, commit, _limit_bytes(f), declared_bytes=f.size_bytes)
                 try:
                     record = _check_file(local, f, vocab_size, bos_id)
                 except DownloadError:

@@ -5,9 +5,12 @@ serving the byte260 export that tests/unit/data/test_download.py builds."""
 from __future__ import annotations
 
 import json
+import signal
+import time
 
 import pytest
 
+from data import download
 from data.cli import main as data_main
 from data.download import (
     MAX_HUB_MANIFEST_BYTES,
@@ -363,3 +366,49 @@ def test_a_byte260_tokenizer_file_of_another_shape_is_one_line(repo_files, tmp_p
         pytest.raises(DownloadError, match=r"fineweb_pure_byte_260\.json: not the byte260 layout"),
     ):
         download_variant("byte260", tmp_path / "j", train_shards=0, endpoint=hub.endpoint)
+
+
+def test_a_hub_that_trickles_a_file_is_cut_off_at_its_deadline(repo_files, tmp_path, monkeypatch):
+    """HOLE (before the fix): a hub sending a byte every 50 ms never went silent for the HTTP client's 10 s
+    timeout, so `pgolf data download` waited for ever (a 200 kB shard at 20 bytes/s: 3 hours). A file now has
+    FILE_GRACE_S plus its size at MIN_RATE_BYTES_PER_S."""
+    monkeypatch.setattr(download, "FILE_GRACE_S", 1.0)
+    with HubServer(REPO_ID, repo_files) as hub:
+        hub.state.trickle[VAL0] = 0.05
+        start = time.monotonic()
+        with pytest.raises(DownloadError, match=r"fineweb_val_000000\.bin: not received within \d+ s"):
+            download_variant("byte260", tmp_path / "slow", train_shards=0, endpoint=hub.endpoint)
+        assert time.monotonic() - start < 15
+    assert not list((tmp_path / "slow").rglob("*.incomplete"))
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.default_int_handler, None)
+
+
+def test_a_file_that_would_fill_the_disk_is_refused_before_and_while_it_comes(
+    repo_files, tmp_path, monkeypatch
+):
+    """HOLE (before the fix): nothing compared a file with the space left, so a hub declaring (or sending
+    undeclared) shards up to 4 GiB each filled the official's disk before any check."""
+    free = [download.MIN_FREE_BYTES + 1000]
+    monkeypatch.setattr(download, "_free_bytes", lambda folder: free[0])
+    with HubServer(REPO_ID, repo_files) as hub:
+        with pytest.raises(
+            DownloadError, match=r"fineweb_val_000000\.bin: its \d+ bytes would leave less than"
+        ):
+            download_variant("byte260", tmp_path / "full", train_shards=0, endpoint=hub.endpoint)
+        assert hub.gets(VAL0) == []
+    # no size declared: refused once the bytes that came in leave too little
+    sizeless = _edit_manifest(repo_files, lambda raw: raw.pop("files"))
+    calls = []
+
+    def falling(folder):
+        calls.append(folder)
+        return download.MIN_FREE_BYTES + (1 << 40 if len(calls) <= 2 else -1)
+
+    monkeypatch.setattr(download, "_free_bytes", falling)
+    with (
+        HubServer(REPO_ID, sizeless) as hub,
+        pytest.raises(DownloadError, match=r"fell below \d+ bytes free; refused and removed"),
+    ):
+        download_variant("byte260", tmp_path / "fill", train_shards=0, endpoint=hub.endpoint)
+    assert not list((tmp_path / "fill").rglob("*.incomplete"))
