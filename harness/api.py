@@ -23,7 +23,7 @@ A submission folder holds (see submissions/README.md):
                      encode_text(str) -> str, decode_text(str) -> str (docs/RULES.md). Runs only confined,
                      one child per split (`pgolf data build --transform transform.py`).
 Counted code bytes: every file of the folder except UNCOUNTED_FILES (scoring/artifact/cap.py has the
-exact rule); bytes_code + bytes_model = bytes_total, at most the track's cap.
+exact rule), each file its bytes and its path's; bytes_code + bytes_model = bytes_total, at most the track's cap.
 Code may be shipped compressed as one `code.tar.xz` at the top of the folder (`tar -cJf code.tar.xz
 model.py train.py ...`): its bytes are the ones counted, and every process gets its members expanded
 beside the folder's other files (regular files only, counted paths, sources strict UTF-8; a member and a

@@ -7,7 +7,8 @@ files cannot loosen the rules, because they are judged by lstat before anything 
 
 - the folder rules of scoring/artifact/cap.py (`scan_folder`): regular files and folders only (no
   symbolic link, FIFO, socket or device), no hard link (st_nlink > 1), no native extension module,
-  each file and the counted files together within the cap by st_size, depth and entry count bounded,
+  each file and the counted files together (sizes and path names) within the cap by st_size, depth and
+  entry count bounded,
   uncounted folders (hidden, __pycache__, logs, results, runs) and files (README.md,
   submission.json, *.log, *.pyc) skipped: what is staged is exactly the counted files, so no bytecode
   is ever staged and nothing stale can be imported in place of a checked source;
@@ -72,7 +73,7 @@ class StagingRecord:
     files: dict[str, str]
     """{relative path: sha256} of every file written, sorted: exactly the bytes staged."""
     bytes_code: int
-    """Bytes written (the counted files staged)."""
+    """Bytes written (the staged files' contents; the cap counts paths too: scoring/artifact/cap.py code_bytes)."""
     skipped: dict[str, str]
     """{relative path: why} of what was not staged: uncounted files and folders, bytecode, exclusions."""
 

@@ -5,6 +5,9 @@ Counted code bytes (docs/RULES.md): every file in the submission folder except R
 submission.json, logs and results. Concretely excluded: those two names; any path with a part
 that is hidden (starts with "."), `__pycache__`, `logs`, `results` or `runs`; files ending in
 `.log`, `.pyc`. Everything else counts, byte for byte, including config files and tokenizers.
+Each counted file costs its bytes and the bytes of its path (relative, as the file system holds it:
+`counted_size`): the staged copy keeps every name and the scored code may list its folder, so a name is
+information the model reads (9,998 empty files with 255-byte names carried 2.5 MB past a count of sizes).
 
 The folder rules (`scan_folder`): judged with lstat alone, before any file is opened, so a folder's own
 files cannot loosen them. Nothing is ever followed.
@@ -13,8 +16,8 @@ files cannot loosen them. Nothing is ever followed.
 - A regular file has one link (st_nlink == 1): a hard link is the same file as another path, maybe a
   validation shard outside the folder (`illegal`).
 - No native extension module (`.so`): it would be imported in place of a checked source (`illegal`).
-- No file is larger than the cap, and the counted files together are not either (`over_cap`), judged
-  from st_size before a byte is read (a sparse 16 GB file is refused in milliseconds).
+- No file is larger than the cap, and the counted files together (sizes and paths) are not either
+  (`over_cap`), judged from st_size before a byte is read (a sparse 16 GB file is refused in milliseconds).
 - At most MAX_DEPTH folders deep and MAX_ENTRIES entries (`illegal`).
 - Uncounted folders (hidden, `__pycache__`, logs, results, runs) are skipped whole, never entered;
   uncounted files (README.md, submission.json, logs, bytecode) are skipped. The scan's `files` are the
@@ -25,7 +28,8 @@ train.py`). The archive's bytes are what is counted; the harness expands it (`re
 only, each path relative, counted and under the folder rules, at most MAX_BUNDLE_EXPANDED_BYTES in all)
 into every staged copy before anything is checked or imported. A member and a loose file of the same path
 must be byte-identical (a staged folder, which holds both, stages again to itself), else the folder is
-refused. `code_bytes` counts a file that is also a member of the archive as the archive's bytes only.
+refused. `code_bytes` counts a file that is also a member of the archive as the archive's bytes only (the
+archive holds the member's path too).
 `read_counted` reads one of those files without following a link at any level, checks with fstat that
 it is still the regular file of the size the scan saw, and reads at most that many bytes.
 """
@@ -93,6 +97,12 @@ class ArtifactTooLarge(ValueError):
         )
 
 
+def counted_size(rel: str, size_bytes: int) -> int:
+    """What one counted file costs against the cap: its bytes and its relative path's bytes (as the file system
+    holds the name: os.fsencode). The name reaches the scored code as surely as the contents do."""
+    return size_bytes + len(os.fsencode(rel))
+
+
 def is_counted(rel: Path) -> bool:
     if rel.name in UNCOUNTED_NAMES or rel.name.endswith(UNCOUNTED_SUFFIXES):
         return False
@@ -118,6 +128,11 @@ class FolderFile:
     size_bytes: int
     """st_size as lstat saw it: exactly this many bytes are read."""
 
+    @property
+    def counted_bytes(self) -> int:
+        """Its bytes and its path's (`counted_size`)."""
+        return counted_size(self.rel, self.size_bytes)
+
 
 @dataclass(frozen=True)
 class FolderScan:
@@ -130,7 +145,8 @@ class FolderScan:
 
     @property
     def bytes_code(self) -> int:
-        return sum(f.size_bytes for f in self.files)
+        """The counted files' bytes and paths' bytes (what `code_bytes` counts without a code bundle)."""
+        return sum(f.counted_bytes for f in self.files)
 
 
 def _kind(mode: int) -> str:
@@ -242,14 +258,14 @@ def scan_folder(root: str | os.PathLike[str], *, cap_bytes: int | None = None) -
             if not is_counted(Path(rel)):
                 skipped.append((rel, _why_skipped(entry.name)))
                 continue
-            total += st.st_size
+            total += counted_size(rel, st.st_size)
             if total > cap:
                 raise FolderRefused(
                     Status.OVER_CAP,
                     root,
-                    f"{root}: the counted files come to at least {total:,} bytes (at {rel}), over the cap of "
-                    f"{cap:,} bytes before any model bytes; remove files (README.md, submission.json and logs/ "
-                    "are not counted)",
+                    f"{root}: the counted files come to at least {total:,} bytes with their path names (at "
+                    f"{rel}), over the cap of {cap:,} bytes before any model bytes; remove files (README.md, "
+                    "submission.json and logs/ are not counted)",
                 )
             files.append(FolderFile(rel, st.st_size))
     return FolderScan(root, tuple(sorted(files, key=lambda f: f.rel)), tuple(sorted(skipped)), cap)
@@ -410,8 +426,9 @@ def _bundle_members(root: Path) -> dict[str, bytes]:
 
 
 def code_bytes(submission_dir: str | os.PathLike[str], files: dict[str, str] | None = None) -> int:
-    """Bytes shipped: the counted files' sizes (lstat: a link is never followed, and refused), a file that
-    is byte for byte a member of the code bundle counted as the bundle's bytes only."""
+    """Bytes shipped: each counted file's size (lstat: a link is never followed, and refused) and its path's
+    bytes (`counted_size`), a file that is byte for byte a member of the code bundle counted as the bundle's
+    bytes only (its path is inside the bundle)."""
     root = Path(submission_dir)
     rels = [f.rel for f in scan_folder(root).files] if files is None else list(files)
     inside = _bundle_members(root) if CODE_BUNDLE in rels else {}
@@ -422,7 +439,7 @@ def code_bytes(submission_dir: str | os.PathLike[str], files: dict[str, str] | N
             raise _refuse_entry(root / rel, st)
         member = inside.get(rel)
         if member is None or not same_as_member(root, rel, st.st_size, member):
-            total += st.st_size
+            total += counted_size(rel, st.st_size)
     return total
 
 

@@ -69,8 +69,8 @@ def test_new_then_check_passes_and_broken_folders_fail_the_right_check(tmp_path:
     art = checks["artifact"]
     assert art["bytes_total"] == art["bytes_code"] + art["bytes_model"]
     assert art["bytes_code"] == sum(
-        (entry / f).stat().st_size for f in ("model.py", "train.py", "config.toml")
-    )  # README.md and submission.json are not counted
+        (entry / f).stat().st_size + len(f) for f in ("model.py", "train.py", "config.toml")
+    )  # each file's bytes and its name's; README.md and submission.json are not counted
     assert 0 < art["bytes_model"] < art["bytes_model_dense"] < art["cap_bytes"] == 16_000_000
 
     # a forward that drops the last position: the model check, from the confined child, names the shape

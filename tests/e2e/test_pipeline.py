@@ -156,7 +156,7 @@ def test_same_seed_same_losses_and_code_shipped_compressed_changes_only_bytes_co
     assert {k: v for k, v in b.header["code_files"].items() if k != "code.tar.xz"} == a.header["code_files"]
     first, second = (json.loads((d / "result.json").read_text()) for d in (out, again))
     assert second["val_bpb"] == first["val_bpb"]
-    shipped = sum((bundled / f).stat().st_size for f in ("code.tar.xz", "config.toml"))
+    shipped = sum((bundled / f).stat().st_size + len(f) for f in ("code.tar.xz", "config.toml"))
     assert second["bytes_code"] == shipped < first["bytes_code"]
     r = pgolf("verify", str(again), "--submission", str(bundled), check=False)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scoring.artifact.cap import ArtifactTooLarge, CapCheck, code_bytes, counted_files
+from harness.run.staging import stage_model_code
+from scoring.artifact.cap import (
+    ArtifactTooLarge,
+    CapCheck,
+    FolderRefused,
+    code_bytes,
+    counted_files,
+    scan_folder,
+)
 from scoring.artifact.codecs import CODECS
 from scoring.artifact.format import ArtifactError, read_artifact
 from scoring.artifact.pack import pack_state
@@ -35,7 +43,7 @@ def state():
 def test_counted_files(submission):
     files = counted_files(submission)
     assert sorted(files) == ["config.toml", "model.py", "train.py"]
-    assert code_bytes(submission) == sum((submission / f).stat().st_size for f in files)
+    assert code_bytes(submission) == sum((submission / f).stat().st_size + len(f) for f in files)
 
 
 def test_bytes_total_is_artifact_size_plus_code(submission, tmp_path):
@@ -63,6 +71,29 @@ def test_over_the_cap_names_every_number(submission, tmp_path):
     msg = str(e.value)
     for n in (rec["bytes_total"], rec["bytes_code"], rec["bytes_model"], 1000, rec["bytes_total"] - 1000):
         assert f"{n:,}" in msg
+
+
+def test_a_file_name_is_counted_because_the_scored_code_can_list_it(submission, tmp_path):
+    """The names of the counted files reach the model worker (its staged copy keeps every one, and it may list
+    its folder): 9,998 empty files with 255-byte names carried 2,549,498 bytes the count left out (bytes_code
+    59). Each counted file costs its bytes and its path's."""
+    names = [f"{i:03d}" + "n" * 250 for i in range(40)]
+    for name in names:
+        (submission / name).write_bytes(b"")
+    (submission / "pkg").mkdir()
+    (submission / "pkg" / ("d" * 200)).write_bytes(b"x")
+    listed = {p.name for p in stage_model_code(submission, tmp_path / "model_code").iterdir()}
+    assert set(names) <= listed  # what the scored code can read
+    files = counted_files(submission)
+    want = sum((submission / rel).stat().st_size + len(rel.encode()) for rel in files)
+    assert code_bytes(submission) == want >= sum(map(len, names)) + len("pkg/" + "d" * 200)
+    assert scan_folder(submission).bytes_code == want
+    rec = pack_state(
+        state(), submission, tmp_path / "a.pgolf", codec_name="int8_zlib", model_config={}, cap_bytes=10**9
+    )
+    assert rec["bytes_code"] == want
+    with pytest.raises(FolderRefused, match="over the cap"):  # the early check counts names as well
+        scan_folder(submission, cap_bytes=want - 1)
 
 
 def test_exactly_at_the_cap_is_within():

@@ -45,7 +45,7 @@ def bundled(tmp_path):
 
 
 def test_the_bytes_counted_are_the_bytes_shipped(bundled, tmp_path):
-    shipped = (bundled / CODE_BUNDLE).stat().st_size + (bundled / "config.toml").stat().st_size
+    shipped = sum((bundled / f).stat().st_size + len(f) for f in (CODE_BUNDLE, "config.toml"))  # bytes, names
     assert code_bytes(bundled) == shipped
     assert shipped < len(MODEL) + len(TRAIN)  # the point of shipping it compressed
     staged = stage_folder(bundled, tmp_path / "staged")
@@ -99,9 +99,8 @@ def test_a_member_and_a_different_loose_file_of_its_path_are_refused(bundled, tm
         stage_folder(bundled, tmp_path / "x")
     assert not (tmp_path / "x").exists()
     (bundled / "model.py").write_text(MODEL)  # the same bytes: staged once, counted once (in the bundle)
-    assert (
-        code_bytes(bundled)
-        == (bundled / CODE_BUNDLE).stat().st_size + (bundled / "config.toml").stat().st_size
+    assert code_bytes(bundled) == sum(
+        (bundled / f).stat().st_size + len(f) for f in (CODE_BUNDLE, "config.toml")
     )
     stage_folder(bundled, tmp_path / "y")
 
@@ -216,4 +215,4 @@ def test_an_unstaged_folder_counts_a_loose_file_that_differs_from_its_member(tmp
     sub.mkdir()
     (sub / CODE_BUNDLE).write_bytes(tar_xz([("big.py", b"A = 1\n")]))
     (sub / "big.py").write_bytes(b"# " + b"x" * 1_000_000 + b"\n")
-    assert code_bytes(sub) == (sub / CODE_BUNDLE).stat().st_size + (sub / "big.py").stat().st_size
+    assert code_bytes(sub) == sum((sub / f).stat().st_size + len(f) for f in (CODE_BUNDLE, "big.py"))
