@@ -13,8 +13,11 @@ float64 loss and bpb itself, runs the probes and writes the record. The submissi
 in model workers (scoring/worker/, started through scoring/score/remote.py), confined before they
 import anything of the submission. In order:
 
-1. read the artifact's header and check that the staged code is exactly what was packed (every file
-   of `code_dir` recorded, with its sha256); lint the scored code (a friendly early verdict);
+1. read the artifact's header and copy the staged code into a folder of this process's own, under the folder
+   rules, checking that it is exactly what was packed (every counted file of `code_dir` recorded, with its
+   sha256; `copy_packed_code`): the workers get that copy, never `code_dir`, so nothing the cap did not count
+   (README.md, submission.json, folders without a counted file) reaches them; lint the scored code (a
+   friendly early verdict);
 2. start the main worker and the probe workers (fresh processes that will see one batch each), before
    this process reads any validation data and before it confines itself (a confined process cannot
    create the namespaces a worker gets);
@@ -38,6 +41,7 @@ import functools
 import math
 import os
 import platform
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
@@ -48,13 +52,14 @@ import numpy as np
 import torch
 
 from data.canonical import BYTE_SOURCE_CANONICAL, TargetBytes, canonical_entry, load_canonical_bytes
-from data.io import sha256_file
+from data.io import sha256_bytes, sha256_file
 from data.manifest import MANIFEST_NAME, Manifest, load_manifest
 from data.shards import read_split
 from data.tokenizer import Tokenizer, load_tokenizer
-from harness.api import EVAL_HOOK_FILE, UNCOUNTED_FILES
+from harness.api import EVAL_HOOK_FILE, MODEL_FILE, TRAIN_FILE
 from isolation.sandbox import raise_memlock
 from isolation.world import PageCacheReset
+from scoring.artifact.cap import CODE_BUNDLE, FolderRefused, read_counted, scan_folder
 from scoring.artifact.format import ArtifactError, read_artifact
 from scoring.codecheck import require_clean_code, scored_files
 from scoring.score.audit import KNOWN_TOKENIZER_SHA256, audit_token_stream
@@ -101,30 +106,43 @@ class DeviceUnavailable(ValueError):
     """The device asked for is not on this machine (bad input: exit 2, never a verdict on the entry)."""
 
 
-def check_staged_code(artifact_header: dict[str, Any], code_dir: Path) -> list[str]:
-    """Every file of the staged code must be one the artifact recorded, with the recorded sha256.
+NOT_FOR_SCORED_CODE = (TRAIN_FILE, CODE_BUNDLE)
+"""Counted files the workers are never given: the training code, and the bundle that may hold it."""
 
-    Returns the checked names. Recorded files may be missing (train.py is never staged for scoring).
+
+def copy_packed_code(artifact_header: dict[str, Any], code_dir: Path, dest: Path) -> list[str]:
+    """Copy into the new folder `dest` the counted files of `code_dir` but NOT_FOR_SCORED_CODE, each one the
+    artifact recorded, with the sha256 it recorded; returns their names. The workers are given `dest` alone.
+
+    `code_dir` is read under the folder rules (scoring/artifact/cap.py: lstat, no link followed, each file
+    read as the scan saw it), so the copy holds exactly what the cap counted. Given the folder as written
+    (`pgolf score A --submission DIR`), the worker read README.md and submission.json (any size, never
+    counted) and the names of folders holding no counted file. Recorded files may be missing (train.py is
+    never staged for scoring).
     """
     recorded = artifact_header.get("code_files", {})
-    checked = []
-    for p in sorted(code_dir.rglob("*")):
-        if not p.is_file() or p.name in UNCOUNTED_FILES:
-            continue
-        rel = p.relative_to(code_dir).as_posix()
+    try:
+        scan = scan_folder(code_dir)
+        files = [(f.rel, read_counted(code_dir, f)) for f in scan.files if f.rel not in NOT_FOR_SCORED_CODE]
+    except FolderRefused as e:
+        raise ArtifactError(f"the scored code's folder: {e}") from None
+    for rel, data in files:
         if rel not in recorded:
             raise ArtifactError(
-                f"{p} is not among the code files packed into the artifact; stage the packed code only"
+                f"{code_dir / rel} is not among the code files packed into the artifact; stage the packed code only"
             )
-        if sha256_file(p) != recorded[rel]:
+        if sha256_bytes(data) != recorded[rel]:
             raise ArtifactError(
-                f"{p} differs from the code packed into the artifact (sha256 {recorded[rel][:12]}…); "
+                f"{code_dir / rel} differs from the code packed into the artifact (sha256 {recorded[rel][:12]}…); "
                 "score with the submission folder the artifact was packed from"
             )
-        checked.append(rel)
-    if "model.py" not in checked:
-        raise ArtifactError(f"{code_dir} has no model.py matching the artifact")
-    return checked
+    if MODEL_FILE not in dict(files):
+        raise ArtifactError(f"{code_dir} has no {MODEL_FILE} matching the artifact")
+    dest.mkdir(parents=True)
+    for rel, data in files:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_bytes(data)
+    return [rel for rel, _ in files]
 
 
 def denominator_record(manifest_raw: dict[str, Any], denominator: TargetBytes) -> dict[str, Any]:
@@ -515,44 +533,51 @@ def score_artifact(
     dev = scoring_device(device)
     allocator = tune_cpu_allocator() if dev.type == "cpu" else "torch caching allocator"
     artifact = read_artifact(artifact_path)
-    checked = check_staged_code(artifact.header, code_dir)
-    require_clean_code(code_dir)
-    adapting = (code_dir / EVAL_HOOK_FILE).is_file()
-    protected = tuple(Path(p) for p in [data_dir, *protect])
     workdir = private_workdir() if confine else None
-    manifest = load_manifest(data_dir)
-    tokenizer = load_tokenizer(manifest.tokenizer_path)
-    table = tokenizer.byte_table()
-    worker_cfg = WorkerConfig(
-        code_dir=code_dir,
-        artifact=Path(artifact_path),
-        device=dev.type if dev.type == "cpu" else str(dev),
-        dtype=cfg.dtype,
-        threads=torch.get_num_threads(),
-        vocab_size=table.vocab_size,
-        max_tokens_per_batch=cfg.batch_seqs * cfg.seq_len,
-        adapt=adapting,
-        sandbox=sandbox,
-        protected=protected,
-        private=tuple(Path(p) for p in private),
-        memory_limit_bytes=default_memory_limit_bytes() if memory_limit_bytes is None else memory_limit_bytes,
-        workdir=workdir[0] if workdir else None,
-        allow_missing_layers=allow_missing_layers,
-    )
-    core = score_core(
-        worker_cfg,
-        data_dir,
-        manifest,
-        tokenizer,
-        cfg,
-        dev,
-        eval_budget_s=eval_budget_s,
-        probe_cfg=probe_cfg,
-        scoring_workers=scoring_workers,
-        workdir=workdir,
-        protect=protect,
-        write_dirs=write_dirs,
-    )
+    with ExitStack() as cleanup:  # the workers get a copy of the packed files alone (copy_packed_code)
+        # confined, the reaper of the scorer's temp folder removes the copy (this process may not)
+        copy_root = workdir[0] if workdir else Path(cleanup.enter_context(tempfile.TemporaryDirectory()))
+        checked = copy_packed_code(artifact.header, code_dir, copy_root / "code")
+        code_dir = copy_root / "code"
+        require_clean_code(code_dir)
+        scored = scored_files(code_dir)
+        adapting = (code_dir / EVAL_HOOK_FILE).is_file()
+        protected = tuple(Path(p) for p in [data_dir, *protect])
+        manifest = load_manifest(data_dir)
+        tokenizer = load_tokenizer(manifest.tokenizer_path)
+        table = tokenizer.byte_table()
+        worker_cfg = WorkerConfig(
+            code_dir=code_dir,
+            artifact=Path(artifact_path),
+            device=dev.type if dev.type == "cpu" else str(dev),
+            dtype=cfg.dtype,
+            threads=torch.get_num_threads(),
+            vocab_size=table.vocab_size,
+            max_tokens_per_batch=cfg.batch_seqs * cfg.seq_len,
+            adapt=adapting,
+            sandbox=sandbox,
+            protected=protected,
+            private=tuple(Path(p) for p in private),
+            memory_limit_bytes=default_memory_limit_bytes()
+            if memory_limit_bytes is None
+            else memory_limit_bytes,
+            workdir=workdir[0] if workdir else None,
+            allow_missing_layers=allow_missing_layers,
+        )
+        core = score_core(
+            worker_cfg,
+            data_dir,
+            manifest,
+            tokenizer,
+            cfg,
+            dev,
+            eval_budget_s=eval_budget_s,
+            probe_cfg=probe_cfg,
+            scoring_workers=scoring_workers,
+            workdir=workdir,
+            protect=protect,
+            write_dirs=write_dirs,
+        )
     result, sums = core.result, core.result.sums
     cfg = core.cfg or cfg
     finite = math.isfinite(eval_budget_s)
@@ -590,7 +615,7 @@ def score_artifact(
         rows_shuffled=True,
         tokenizer_audit=core.audit,
         adaptation=core.adaptation,
-        code_check={"static": "passed", "files": scored_files(code_dir), "code_files_checked": checked},
+        code_check={"static": "passed", "files": scored, "code_files_checked": checked},
         workers=core.workers,
         worker_forwards=core.forwards,
         enforcement=ENFORCEMENT,

@@ -129,6 +129,37 @@ def test_scored_code_cannot_read_the_validation_data(tmp_path, tiny_dataset, hon
     assert rec["status"] == "ok" and rec["val_bpb"] == honest_bpb  # it ran, and learned nothing
 
 
+# A model whose every prediction is uniform (log2 260 bits a token) if its folder gave it uncounted bytes.
+READS_ITS_FOLDER = TINY_MODEL.replace(
+    "        return self.head(torch.tanh(e + self.mix * prev))",
+    "        out = self.head(torch.tanh(e + self.mix * prev))\n"
+    "        if isinstance(SMUGGLED, list) and any(SMUGGLED):\n"
+    "            out = out * 0.0  # what the cap did not count reached the model\n"
+    "        return out",
+) + SMUGGLE.format(
+    code="[__import__('pathlib').Path(__file__).parent.joinpath(*n.split('/')).exists() "
+    "for n in ('README.md', 'submission.json', 'pkg/README.md', 'empty-folder-named-with-data')]"
+)
+
+
+def test_scored_code_reads_nothing_the_cap_did_not_count(tmp_path, tiny_dataset, honest_bpb):
+    """`pgolf score A --submission DIR` on the folder as written (README.md says so): the worker was given DIR
+    whole, so it read README.md and submission.json (any size: not counted) and the names of empty folders (no
+    file: not counted). The scorer gives it a copy of the packed files alone."""
+    folder = write_submission(tmp_path / "sub", model_src=READS_ITS_FOLDER)
+    (folder / "README.md").write_bytes(b"uncounted " * 100_000)
+    (folder / "pkg").mkdir()
+    (folder / "pkg" / "README.md").write_bytes(b"uncounted too")
+    (folder / "empty-folder-named-with-data").mkdir()
+    assert lint_scored_code(folder) == []
+    pack_clean(folder, tmp_path / "a.pgolf")
+    rec = score_artifact(
+        tmp_path / "a.pgolf", folder, tiny_dataset, EVAL, threads=1, probe_cfg=ProbeConfig(probes=0)
+    )
+    assert rec["status"] == "ok" and rec["val_bpb"] == honest_bpb
+    assert (folder / "README.md").is_file()  # the folder given is left as it was
+
+
 def test_scored_code_cannot_write_outside_its_temp_folder(tmp_path, tiny_dataset, honest_bpb):
     target = tmp_path / "pwned.txt"
     rec = score(

@@ -17,6 +17,7 @@ from scoring.artifact.cap import (
 from scoring.artifact.codecs import CODECS
 from scoring.artifact.format import ArtifactError, read_artifact
 from scoring.artifact.pack import pack_state
+from scoring.score.scorer import copy_packed_code
 from scoring.worker.decode import unpack_artifact
 
 
@@ -94,6 +95,28 @@ def test_a_file_name_is_counted_because_the_scored_code_can_list_it(submission, 
     assert rec["bytes_code"] == want
     with pytest.raises(FolderRefused, match="over the cap"):  # the early check counts names as well
         scan_folder(submission, cap_bytes=want - 1)
+
+
+def test_the_workers_copy_holds_the_packed_files_alone(submission, tmp_path):
+    """What a model worker reads is what the cap counted: never README.md, submission.json, a folder without a
+    counted file, train.py; a file the artifact did not record, or with other bytes, is refused."""
+    (submission / "empty-folder").mkdir()
+    (submission / "pkg").mkdir()
+    (submission / "pkg" / "README.md").write_text("not counted")
+    out = tmp_path / "a.pgolf"
+    pack_state(state(), submission, out, codec_name="int8_zlib", model_config={}, cap_bytes=10**9)
+    header = read_artifact(out).header
+    copied = copy_packed_code(header, submission, tmp_path / "copy")
+    on_disk = sorted(p.relative_to(tmp_path / "copy").as_posix() for p in (tmp_path / "copy").rglob("*"))
+    assert copied == on_disk == ["config.toml", "model.py"]
+    (submission / "extra.py").write_text("X = 1\n")
+    with pytest.raises(ArtifactError, match="extra.py is not among the code files packed"):
+        copy_packed_code(header, submission, tmp_path / "copy2")
+    (submission / "extra.py").unlink()
+    (submission / "model.py").write_text("def build_model(config):\n    return 1\n")
+    with pytest.raises(ArtifactError, match="model.py differs from the code packed"):
+        copy_packed_code(header, submission, tmp_path / "copy3")
+    assert not (tmp_path / "copy2").exists() and not (tmp_path / "copy3").exists()
 
 
 def test_exactly_at_the_cap_is_within():
