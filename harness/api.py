@@ -202,7 +202,8 @@ class BudgetClock(Protocol):
         buffers and grads of `modules`, the state and hyperparameters of `optimizers`, and the torch,
         numpy and random RNG states are copied; after it they are restored and verified bit-identical
         (a RuntimeError otherwise). Anything else the step function changes is not undone: keep it to
-        compiling. Its duration, up to budget.warmup_max_s, is off the clock; any excess counts.
+        compiling. Its duration, up to budget.warmup_max_s, is off the clock (on one node; on several,
+        none of it: a node's supervisor cannot see another node's data); any excess counts.
         """
         ...
 

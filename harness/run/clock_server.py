@@ -8,7 +8,9 @@ with this process's monotonic clock:
   submission's train.py);
 - the off-clock warm-up is the time every rank of the node spent between `warmup_begin` and
   `warmup_end` (the intersection), at most budget.warmup_max_s, and nothing when any rank had
-  received training data before it ended; data is refused while a warm-up runs;
+  received training data before it ended; data is refused while a warm-up runs. On several nodes
+  nothing is off the clock: this process sees only its own node's requests, and a rank of another node
+  that holds training data can hand it to this node's ranks over the process group inside their warm-up;
 - training data exists in a rank only after its `data` request: the shards are outside the sandbox's
   rules, and the answer carries descriptors this process opened read-only (SCM_RIGHTS);
 - the clock ends when the state is handed over (`done` with state: the file is moved out of the
@@ -40,6 +42,10 @@ from harness.train.wire import MAX_FDS_PER_MESSAGE, MAX_MESSAGE_BYTES, MAX_SOCKE
 MAX_CONNECTIONS_EXTRA = 8
 """Connections beyond one per local rank that are accepted (and then refused at hello if they lie)."""
 HASH_CHUNK_BYTES = 1 << 22
+SEVERAL_NODES = (
+    "several nodes: none of the warm-up is off the clock (a rank of another node may hold training data and "
+    "hand it over the process group; this supervisor sees only its own node's requests)"
+)
 
 
 @dataclass
@@ -83,7 +89,8 @@ class ClockServer:
     """The supervisor's end of the wire for one node's ranks (see the module docstring and harness/train/wire.py).
 
     `shards`: the training shards a `data` request gets, in stream order (headers checked here, now).
-    `local_ranks`: how many ranks this node runs. `state_src`: where global rank 0 writes the state (in
+    `local_ranks`: how many ranks this node runs; `nodes`: how many nodes the run has (on several, no warm-up
+    is off the clock: module docstring). `state_src`: where global rank 0 writes the state (in
     the folder the ranks write); `state_dest`: where the handover moves it (same filesystem, out of the
     ranks' reach). Nothing is created until `open()`; `close()` removes the socket and its folder.
     """
@@ -94,6 +101,7 @@ class ClockServer:
         shards: Sequence[Path],
         local_ranks: int,
         warmup_max_s: float,
+        nodes: int = 1,
         state_src: Path,
         state_dest: Path,
         tmp_dir: str | None = None,
@@ -110,6 +118,7 @@ class ClockServer:
         self.shards = [Path(p) for p in shards]
         self.counts = [read_header(p) for p in self.shards]
         self.local_ranks = local_ranks
+        self.nodes = nodes
         self.warmup_max_s = warmup_max_s
         self.state_src, self.state_dest = Path(state_src), Path(state_dest)
         self.start: float | None = None
@@ -247,7 +256,11 @@ class ClockServer:
             if peer.warmup_begin is None or peer.warmup_end is not None:
                 return self._refuse("warmup_end without warmup_begin"), []
             peer.warmup_end = now
-            credit = 0.0 if self.first_data is not None else min(now - peer.warmup_begin, self.warmup_max_s)
+            credit = (
+                0.0
+                if self.first_data is not None or self.nodes > 1
+                else min(now - peer.warmup_begin, self.warmup_max_s)
+            )
             return {"credit_s": credit}, []
         if kind == "data":
             if any(p.warmup_begin is not None and p.warmup_end is None for p in self._ranks()):
@@ -317,6 +330,8 @@ class ClockServer:
         ranks = [*self._ranks(), *self._gone]
         if not any(p.warmup_begin is not None for p in ranks):
             return 0.0, "no warm-up"
+        if self.nodes > 1:
+            return 0.0, SEVERAL_NODES
         if len({p.local_rank for p in ranks}) < self.local_ranks or any(
             p.warmup_begin is None or p.warmup_end is None for p in ranks
         ):
@@ -336,7 +351,12 @@ class ClockServer:
         seconds so far, at most warmup_max_s. The deadline waits for a warm-up as long as it would be
         credited (a CPU compile on a busy machine can outlast train_s + grace_s)."""
         ranks = self._ranks()
-        if self.first_data is not None or not ranks or len({p.local_rank for p in ranks}) < self.local_ranks:
+        if (
+            self.first_data is not None
+            or self.nodes > 1
+            or not ranks
+            or len({p.local_rank for p in ranks}) < self.local_ranks
+        ):
             return 0.0
         begun = [p.warmup_begin for p in ranks if p.warmup_begin is not None and p.warmup_end is None]
         if len(begun) < len(ranks):

@@ -279,6 +279,7 @@ def run_train_phase(
     wire = ClockServer(
         shards=shards,
         local_ranks=launch.nproc_per_node,
+        nodes=launch.nnodes,
         warmup_max_s=budget.warmup_max_s,
         state_src=out / STATE_FILE,
         state_dest=handed_state,

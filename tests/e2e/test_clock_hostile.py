@@ -8,6 +8,9 @@ is stopped (fixtures in tests/fixtures/submissions/):
   the gate through the loader, and by path: it gets none, and the warm-up stays off the clock;
 - `warmup_cheat` (before) takes a real batch first and trains a second model on it during the
   "warm-up": none of that warm-up is off the clock;
+- `warmup_cheat` (other_node), on two nodes: the other node's rank takes a real batch and broadcasts it to
+  rank 0 inside the warm-up: the node of rank 0 handed out no data, but none of that warm-up is off the clock
+  (each node's supervisor sees only its own ranks' requests);
 - `read_shards` opens the training shards by path at import: PermissionError (with Landlock), or
   FileNotFoundError in a world of its own (isolation/world.py), where they do not exist at all.
 Each run writes result.json and its ledger line, whatever the status.
@@ -24,6 +27,7 @@ import pytest
 from harness.run.pipeline import run_pipeline
 from isolation.landlock import landlock_abi
 from tests.e2e.test_isolation import REFUSED  # the protected path does not exist in a world
+from tests.e2e.test_runner import two_nodes
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "submissions"
 
@@ -79,6 +83,23 @@ def test_a_warmup_after_real_data_is_all_on_the_clock(tiny_dataset, tmp_path):
     assert log_line(run_dir, "WARMUP ")["off_clock_s"] == 0.0  # what the supervisor answered the rank
     assert train["off_clock_s"] == 0.0 and "received training data" in train["clock"]["off_clock_detail"]
     assert result["train_time_s"] >= 0.5  # the 5 shadow-training steps of 0.1 s count
+
+
+@pytest.mark.long
+def test_a_warmup_fed_by_another_node_is_all_on_the_clock(tiny_dataset, tmp_path):
+    """Each node's supervisor sees only its own ranks' data requests: rank 0's node handed out no data
+    before the warm-up ended, yet the other node's real batch reached rank 0 inside it over the process
+    group. On several nodes no warm-up is off the clock. (Before: rank 0's node credited the whole
+    warm-up, 0.5 s of training on real tokens off the clock, and the run was ok.)"""
+    results = two_nodes([tiny_dataset, tiny_dataset], tmp_path, "warmup_cheat", "train.cheat='other_node'")
+    (main, main_dir), (other, _) = sorted(results, key=lambda r: r[0]["role"] != "main")
+    assert main["role"] == "main" and other["role"] == "secondary_node", results
+    assert main["status"] == other["status"] == "ok", (main.get("detail"), other.get("detail"))
+    cheat = log_line(main_dir, "CHEAT ")
+    assert cheat["rank"] == 0 and cheat["max_token"] > 0  # real tokens reached rank 0 inside the warm-up
+    assert main["clock"]["first_data_after_start_s"] > main["rank_reported_warmup"]["steps"] * 0.1
+    assert main["off_clock_s"] == 0.0 and "several nodes" in main["clock"]["off_clock_detail"], main["clock"]
+    assert main["train_time_s"] >= 0.5  # the 5 steps of 0.1 s on the other node's tokens count
 
 
 @pytest.mark.skipif(landlock_abi() == 0, reason="this kernel has no Landlock: nothing can deny the read")

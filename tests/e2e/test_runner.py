@@ -106,9 +106,11 @@ def test_two_gloo_ranks_give_the_one_rank_loss_curve(one_rank, tiny_dataset, tmp
     assert_same_curve(losses(run_dir), losses(one_rank[1]))
 
 
-def two_nodes(datasets: list[Path], tmp_path: Path) -> list[tuple[dict[str, Any], Path]]:
-    """Two `pgolf run` train phases on this machine, one per node, meeting through a c10d rendezvous on
-    loopback; node i stages datasets[i]. Their (record, run folder) in node order."""
+def two_nodes(
+    datasets: list[Path], tmp_path: Path, fixture: str = "tiny_lm", *overrides: str
+) -> list[tuple[dict[str, Any], Path]]:
+    """Two `pgolf run` train phases of `fixture` on this machine, one per node, meeting through a c10d
+    rendezvous on loopback; node i stages datasets[i]. Their (record, run folder) in node order."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -116,12 +118,13 @@ def two_nodes(datasets: list[Path], tmp_path: Path) -> list[tuple[dict[str, Any]
 
     def node(i: int) -> None:
         results[i] = train_phase(
-            "tiny_lm",
+            fixture,
             datasets[i],
             tmp_path / f"node{i}",
             "launch.nnodes=2",
             f"launch.rdzv_endpoint='127.0.0.1:{port}'",
             f"launch.rdzv_id='test{port}'",
+            *overrides,
         )
 
     threads = [threading.Thread(target=node, args=(i,)) for i in range(2)]

@@ -94,11 +94,12 @@ def _shards(tmp_path: Path) -> list[Path]:
     return paths
 
 
-def _server(tmp_path: Path, budget: BudgetConfig, local_ranks: int = 1) -> ClockServer:
+def _server(tmp_path: Path, budget: BudgetConfig, local_ranks: int = 1, nodes: int = 1) -> ClockServer:
     (tmp_path / "out").mkdir(parents=True, exist_ok=True)
     return ClockServer(
         shards=_shards(tmp_path),
         local_ranks=local_ranks,
+        nodes=nodes,
         warmup_max_s=budget.warmup_max_s,
         state_src=tmp_path / "out" / "state.safetensors",
         state_dest=tmp_path / "handed-state.safetensors",
@@ -106,12 +107,17 @@ def _server(tmp_path: Path, budget: BudgetConfig, local_ranks: int = 1) -> Clock
 
 
 def _supervise(
-    tmp_path: Path, body: str, budget: BudgetConfig, token: str | None = None, local_ranks: int = 1
+    tmp_path: Path,
+    body: str,
+    budget: BudgetConfig,
+    token: str | None = None,
+    local_ranks: int = 1,
+    nodes: int = 1,
 ):
     # a token of its own: the supervisor kills whatever carries its token at the end, and the suite runs two
     # of these tests at once (a shared "t0" let one test's sweep kill the other's phase: status -9 at 0.06 s)
     token = token or f"t-{secrets.token_hex(8)}"
-    wire = _server(tmp_path, budget, local_ranks)
+    wire = _server(tmp_path, budget, local_ranks, nodes)
     script = tmp_path / "fake_torchrun.py"
     script.write_text(SCRIPT_HEAD + body)
     cmd = [sys.executable, str(script), json.dumps(wire.address()), str(tmp_path / "out")]
@@ -215,6 +221,17 @@ def test_data_before_the_warmup_leaves_none_of_it_off_the_clock(tmp_path):
     out, log = _supervise(tmp_path, body, budget)
     assert out.status == "ok" and "CREDIT 0.0" in log, log
     assert out.off_clock_s == 0.0 and "received training data" in out.clock["off_clock_detail"]
+    assert out.train_time_s >= 0.3
+
+
+def test_on_several_nodes_no_warmup_is_off_the_clock(tmp_path):
+    # this node's rank asked for no data, but a rank of another node may have, and handed it over the process
+    # group inside the warm-up: this supervisor cannot see it, so it credits nothing (before: the whole 0.3 s)
+    budget = BudgetConfig(train_s=5, startup_s=5, warmup_max_s=10)
+    body = START + "w.warmup_begin()\ntime.sleep(0.3)\nprint('CREDIT', w.warmup_end())\nfds = w.data()\n"
+    out, log = _supervise(tmp_path, body, budget, nodes=2)
+    assert out.status == "ok" and "CREDIT 0.0" in log, log
+    assert out.off_clock_s == 0.0 and "several nodes" in out.clock["off_clock_detail"], out.clock
     assert out.train_time_s >= 0.3
 
 
