@@ -614,6 +614,17 @@ def _apply_track(layers: _Layers, track: Track, path: Path) -> list[dict[str, An
         elif _looser(key, value, tv):
             loosen(key, value, tv, origin)
 
+    device = layers.value("launch.device")
+    if track.device != "auto" and device != track.device:
+        if device == "auto":  # "auto" would take a GPU where the machine has one
+            layers.tables["launch"]["device"] = track.device
+        elif track.record:
+            origin = layers.last_origin("launch.device", str(path))
+            raise ConfigError(
+                f"{origin}: launch.device = {device!r} is not the hardware of the track {track.name} "
+                f"({track.hardware}: launch.device = {track.device!r}); set launch.device = {track.device!r}, or "
+                f"run it on {unranked}"
+            )
     budget_s = track.train_budget_s
     if "budget.train_s" not in layers.origins:
         layers.tables["budget"]["train_s"] = budget_s

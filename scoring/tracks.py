@@ -155,14 +155,21 @@ class Track:
     (every isolation layer the machine offers, each missing one recorded)."""
     network: str = "auto"
     """launch.network: "auto" (one node, as root: loopback only) or "host"."""
+    device: str = "auto"
+    """launch.device where the track's hardware fixes it: "cpu" (the CPU track trains and scores on the CPU; a
+    GPU is not in its sandbox), or "auto" (the entrant's choice)."""
     version: int = 2
     """2: record tracks name documents (DocumentSet), any proven tokenizer; 1 named the sp1024 data variant."""
 
     def __post_init__(self) -> None:
-        if self.sandbox not in ("auto", "required") or self.network not in ("auto", "host"):
+        if (
+            self.sandbox not in ("auto", "required")
+            or self.network not in ("auto", "host")
+            or self.device not in ("auto", "cpu", "cuda")
+        ):
             raise ValueError(
-                f"track {self.name}: sandbox must be 'auto' or 'required' and network 'auto' or 'host', "
-                f"got {self.sandbox!r}, {self.network!r}"
+                f"track {self.name}: sandbox must be 'auto' or 'required', network 'auto' or 'host' and device "
+                f"'auto', 'cpu' or 'cuda', got {self.sandbox!r}, {self.network!r}, {self.device!r}"
             )
         if self.record and self.documents is None:
             raise ValueError(f"track {self.name}: a record track names its validation documents")
@@ -212,6 +219,7 @@ TRACKS: dict[str, Track] = {
             eval_max_docs=CPU_TRACK_DOCS,
             grace_s=60.0,  # a CPU step is slow: a rank may need longer to reach its next tick and return
             sandbox="required",
+            device="cpu",
         ),
         Track(
             name="smoke",

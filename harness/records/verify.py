@@ -239,6 +239,16 @@ def track_checks(result: dict[str, Any], data_dir: Path | None, data_given: bool
     for key, of_track in TRACK_KEYS.items():
         section, _, name = key.partition(".")
         _check(checks, f"config {key} is the track's", of_track(track), (tables.get(section) or {}).get(name))
+    if (
+        track.device != "auto"
+    ):  # the CPU track: trained (and so scored) on the CPU, as the run's launch records
+        train = (result.get("phases") or {}).get("train") or {}
+        _check(
+            checks,
+            f"trained on the track's device ({track.device})",
+            track.device,
+            (train.get("launch") or {}).get("device"),
+        )
     budget_s = (tables.get("budget") or {}).get("train_s")
     _check(
         checks,

@@ -175,6 +175,27 @@ def test_a_record_track_submission_cannot_loosen_its_track(tmp_path, line, table
     assert msg.startswith(f"{folder / 'config.toml'}: {key}") and f"set by the track {track}: " in msg, msg
 
 
+def test_the_cpu_track_trains_and_scores_on_the_cpu(tmp_path):
+    """launch.device is the entrant's, but not where the track names its hardware: on a machine with a GPU, a
+    CPU-track entry set launch.device = "cuda" (or left it "auto") and trained and scored on the GPU under the
+    CPU track's rules, ranked beside entries that had the CPU alone."""
+    for line in ('device = "cuda"', 'device = "auto"'):
+        folder = write_config(tmp_path / line.split('"')[1], "cpu_10min_16mb", "launch", line)
+        if "cuda" in line:
+            with pytest.raises(ValueError) as e:
+                load_config(folder)
+            msg = one_line_error(e)
+            assert msg.startswith(f"{folder / 'config.toml'}: launch.device = 'cuda'") and "CPU" in msg, msg
+        else:
+            assert load_config(folder).section("launch").device == "cpu"
+    with pytest.raises(ValueError) as e:  # nor the official's --set
+        load_config(BASELINE, "cpu", ["launch.device='cuda'"])
+    assert one_line_error(e).startswith("--set launch.device='cuda': launch.device = 'cuda'")
+    assert load_config(BASELINE, "cpu").section("launch").device == "cpu"
+    # an unranked track names no hardware: the entrant's choice stands
+    assert load_config(write_config(tmp_path / "smoke", "smoke", "launch", 'device = "cuda"')).loosened == []
+
+
 def test_a_record_track_preset_cannot_either(tmp_path):
     (tmp_path / "config.toml").write_text(
         '[run]\ntrack = "smoke"\n[presets.p]\nrun.track = "10min_16mb"\nbudget.grace_s = 30.0\n'

@@ -20,12 +20,17 @@ def tables_of(track: str) -> dict:
     return tables
 
 
-def result(track: str, *, tables: dict, subset: int | None = None, docs: int | None = None) -> dict:
+def result(
+    track: str, *, tables: dict, subset: int | None = None, docs: int | None = None, device: str = "cpu"
+) -> dict:
     return {
         "track": track,
         "cap_bytes": 16_000_000,
         "config": tables,
-        "phases": {"score": {"eval_subset_max_tokens": subset, "eval_subset_docs": docs}},
+        "phases": {
+            "train": {"launch": {"device": device}},
+            "score": {"eval_subset_max_tokens": subset, "eval_subset_docs": docs},
+        },
     }
 
 
@@ -56,6 +61,16 @@ def test_a_claimed_eval_subset_fails_on_a_track_without_one():
     assert failed(track_checks(by_tokens, None, data_given=True)) == [
         "eval subset is the track's (cpu_10min_16mb)"
     ]
+
+
+def test_a_cpu_track_result_trained_on_a_gpu_fails_its_track():
+    """The CPU track names its hardware: a result trained on CUDA (its launch's device) is not the track's, where
+    the 10min_16mb track leaves the device to the entrant."""
+    tables = tables_of("cpu_10min_16mb")
+    on_gpu = result("cpu_10min_16mb", tables=tables, docs=1_700, device="cuda")
+    assert failed(track_checks(on_gpu, None, data_given=True)) == ["trained on the track's device (cpu)"]
+    gpu = result("10min_16mb", tables=tables_of("10min_16mb"), device="cuda")
+    assert failed(track_checks(gpu, None, data_given=True)) == []
 
 
 def test_an_unknown_track_or_cap_fails():
