@@ -194,6 +194,10 @@ class LogConfig:
             raise ValueError(f"log.init_timeout_s = {self.init_timeout_s} must be in (0, 300] seconds")
 
 
+SEED_MAX = 2**32 - 1
+"""The largest run.seed: numpy's RNG, seeded with it on every rank (harness/train/rank.py), takes 32 bits."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunSection:
     track: str = "10min_16mb"
@@ -206,8 +210,10 @@ class RunSection:
             raise ConfigError(
                 f"run.track = {self.track!r} is not a track{did_you_mean(self.track, TRACKS)}; tracks: {', '.join(TRACKS)}"
             )
-        if self.seed < 0:
-            raise ConfigError(f"run.seed = {self.seed} must be >= 0")
+        if not 0 <= self.seed <= SEED_MAX:
+            raise ConfigError(
+                f"run.seed = {self.seed} must be in [0, {SEED_MAX}] (every rank seeds numpy with it, which takes 32 bits)"
+            )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

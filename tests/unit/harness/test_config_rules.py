@@ -152,7 +152,7 @@ def test_submission_json_data_variant_and_seed(tmp_path):
     (sub / "config.toml").write_text('[run]\ntrack = "10min_16mb"\n[model]\ndim = 8\n')
     assert validate_run(sub)[1].loosened == []
     assert validate_run(sub, None, ["run.track='non_record_16mb'"])[1].loosened == []
-    with pytest.raises(ValueError, match="--seed -1: run.seed = -1 must be >= 0"):
+    with pytest.raises(ValueError, match=r"--seed -1: run.seed = -1 must be in \[0, 4294967295\]"):
         validate_run(sub, None, ["run.track='smoke'"], seed=-1)
     meta = json.loads((sub / "submission.json").read_text())
     (sub / "submission.json").write_text(json.dumps({**meta, "data_variant": "sp1024x"}))
@@ -194,6 +194,20 @@ def test_the_cpu_track_trains_and_scores_on_the_cpu(tmp_path):
     assert load_config(BASELINE, "cpu").section("launch").device == "cpu"
     # an unranked track names no hardware: the entrant's choice stands
     assert load_config(write_config(tmp_path / "smoke", "smoke", "launch", 'device = "cuda"')).loosened == []
+
+
+def test_a_seed_the_ranks_cannot_take_is_refused_before_anything_runs(tmp_path):
+    """Every rank seeds numpy with run.seed, which takes at most 2**32 - 1: a larger seed (TOML integers have 64
+    bits) passed the config and failed every rank with a traceback once the run had started."""
+    folder = write_config(tmp_path, "smoke", "run", "seed = 4294967296")
+    with pytest.raises(ValueError) as e:
+        load_config(folder)
+    msg = one_line_error(e)
+    assert msg.startswith(f"{folder / 'config.toml'}: run.seed = 4294967296") and "4294967295" in msg, msg
+    with pytest.raises(ValueError) as e:
+        validate_run(TINY_LM, seed=2**63)
+    assert one_line_error(e).startswith("--seed 9223372036854775808: run.seed = 9223372036854775808")
+    assert load_config(TINY_LM, None, ["run.seed=4294967295"]).section("run").seed == 2**32 - 1
 
 
 def test_a_record_track_preset_cannot_either(tmp_path):
