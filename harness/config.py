@@ -544,6 +544,27 @@ class _Layers:
         return ConfigError(f"{origin}: {msg}")
 
 
+MAX_TABLE_DEPTH = 32
+"""The deepest nesting of tables and arrays a config.toml may hold: tomllib reads a dotted key or a table header
+of any depth without recursing, and every walk of the tables after it (here, the records' JSON) recurses."""
+
+
+def _nesting(value: Any) -> int:
+    """How deeply tables and arrays nest in `value` (a scalar: 0), walked without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            stack.extend((x, depth + 1) for x in v.values())
+        elif isinstance(v, list):
+            stack.extend((x, depth + 1) for x in v)
+        else:
+            deepest = max(deepest, depth)
+            continue
+        deepest = max(deepest, depth + 1)
+    return deepest
+
+
 def _flatten(table: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     out = []
     for k, v in table.items():
@@ -665,6 +686,12 @@ def load_config(
     except RecursionError:
         # tomllib recurses per nested array or inline table: the entrant's file, not our crash
         raise ConfigError(f"{path} is not valid TOML: nested too deeply") from None
+    depth = _nesting(raw)
+    if depth > MAX_TABLE_DEPTH:
+        raise ConfigError(
+            f"{path}: tables nested {depth} deep; a config holds at most {MAX_TABLE_DEPTH} levels of tables "
+            "(a dotted key or a table header names one level per part)"
+        )
     presets = raw.pop("presets", {})
     unknown = set(raw) - set(HARNESS_SECTIONS) - set(SUBMISSION_SECTIONS)
     if unknown:

@@ -210,6 +210,27 @@ def test_a_seed_the_ranks_cannot_take_is_refused_before_anything_runs(tmp_path):
     assert load_config(TINY_LM, None, ["run.seed=4294967295"]).section("run").seed == 2**32 - 1
 
 
+@pytest.mark.parametrize(
+    "where", ["[train.deep]\n{key} = 1", "[presets.p]\n{key} = 1", "[model.{key}]\nx = 1"]
+)
+def test_a_config_nested_too_deeply_is_one_line_never_a_traceback(tmp_path, where):
+    """tomllib reads a dotted key or a table header of any depth without recursing; the config's own walk of the
+    tables recursed, and a key 3,000 names deep in [train] or a preset ended `pgolf run` in a RecursionError
+    traceback (exit status 0) before anything ran."""
+    key = ".".join(["a"] * 3000)
+    text = (TINY_LM / "config.toml").read_text() + "\n" + where.format(key=key) + "\n"
+    (tmp_path / "config.toml").write_text(text)
+    with pytest.raises(ValueError) as e:
+        load_config(tmp_path)
+    msg = one_line_error(e)
+    assert msg.startswith(f"{tmp_path / 'config.toml'}: tables nested") and "at most 32" in msg, msg
+    shallow = ".".join(["a"] * 20)  # a deep but sane [train] table still reads
+    (tmp_path / "config.toml").write_text(
+        (TINY_LM / "config.toml").read_text() + f"\n[train.nested]\n{shallow} = 1\n"
+    )
+    assert load_config(tmp_path).train["nested"]["a"]["a"]
+
+
 def test_a_record_track_preset_cannot_either(tmp_path):
     (tmp_path / "config.toml").write_text(
         '[run]\ntrack = "smoke"\n[presets.p]\nrun.track = "10min_16mb"\nbudget.grace_s = 30.0\n'
