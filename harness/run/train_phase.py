@@ -581,9 +581,12 @@ def run_sealed_pack(
         except subprocess.TimeoutExpired:
             kill_session(proc, signal.SIGKILL)
             killed = True
+        # what the pack left behind is killed as it exits, before its output is drained or its folder read, and
+        # the encode's clock ends once the last of it is gone: a detached grandchild holding the output pipe
+        # otherwise lived until the pipe closed or 5 s went by, off the clock, and rewrote the artifact
+        leftovers = reap_token_processes(token, LEFTOVER_WAIT_S if "pid" in plan.namespaces else 0.0)
         t_exit = time.monotonic()
         pump.join(timeout=5)
-        leftovers = reap_token_processes(token, LEFTOVER_WAIT_S if "pid" in plan.namespaces else 0.0)
         for name in ("artifact.pgolf", "pack.json"):
             if (out / name).is_file() and not (out / name).is_symlink():
                 shutil.move(str(out / name), str(run_dir / name))

@@ -198,6 +198,73 @@ def test_control_a_quick_codec_on_the_budget_is_ok(tiny_dataset, tmp_path):
     assert rc == 0 and rec["status"] == "ok" and rec["train_plus_encode_s"] < 15.0, rec
 
 
+DETACHING_CODEC = '''"""A codec whose encode() returns at once, leaving a detached grandchild (a session of its own, the pack's
+stdout still open) that works on after the pack's process exits and then rewrites the artifact it wrote."""
+import os
+import sys
+import time
+
+from safetensors.torch import load, save
+
+NAME = "detaching"
+VERSION = 1
+
+
+def encode(state):
+    out, pack = sys.argv[sys.argv.index("--out") + 1], os.getpid()
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            while os.path.exists(f"/proc/{{pack}}"):  # until the pack process is gone (and reaped)
+                time.sleep(0.01)
+            time.sleep({late_s})  # "training" off the clock: the encode's clock stopped at the pack's exit
+            with open(out, "wb") as f:
+                f.write(b"written after the pack exited")
+            print("LATE-WRITE done", flush=True)
+            os._exit(0)
+        os._exit(0)
+    os.wait()
+    return save({{k: v.contiguous() for k, v in state.items()}})
+
+
+def decode(payload):
+    return load(payload)
+'''
+
+
+@pytest.mark.long
+def test_a_codec_that_leaves_a_process_behind_gets_no_time_off_the_clock(tiny_dataset, tmp_path):
+    """Where the pack runs without a PID namespace of its own (sandbox off here; a Landlock-only machine, whose
+    signal scoping stands in for the namespace on a record track, alike), the encode's clock stopped when the pack
+    process exited, but what it left behind was killed only after its output pipe closed or 5 s went by: a
+    grandchild holding the pipe worked 1 s after the pack's exit, off the clock, and rewrote the artifact before it
+    was taken. Now what the pack leaves is killed as it exits, before anything is read from its folder."""
+    from harness.config import LaunchConfig
+    from harness.run.train_phase import run_sealed_pack
+    from harness.train.budget import BudgetConfig
+
+    sub = _codec_folder(tmp_path / "sub", encode_s=0.0)
+    (sub / "codec.py").write_text(DETACHING_CODEC.format(late_s=1.0))
+    run_dir = tmp_path / "run"
+    _carrying_state(run_dir)
+    rc, rec = run_sealed_pack(
+        run_dir=run_dir,
+        submission_dir=sub,
+        data_root=tiny_dataset,
+        budget=BudgetConfig(train_s=10.0, grace_s=10.0),
+        launch=LaunchConfig(device="cpu", threads=1, sandbox="off"),
+        train_time_s=1.0,
+        cap_bytes=16_000_000,
+        log_path=run_dir / "pack.log",
+    )
+    log = (run_dir / "pack.log").read_text()
+    assert rc == 0 and rec["leftover_processes_killed"] == 1, (rec, log[-2000:])
+    assert (
+        "LATE-WRITE" not in log
+        and (run_dir / "artifact.pgolf").read_bytes() != b"written after the pack exited"
+    )
+
+
 @pytest.mark.long
 def test_a_run_whose_codec_trains_on_carried_tokens_is_over_budget(tiny_dataset, tmp_path):
     """End to end: train.py trains to its budget and returns real tokens in its state; the codec trains on
