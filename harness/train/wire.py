@@ -16,7 +16,8 @@ its own clock; no message carries a time, so there is no time for a rank to forg
                                                            starts at the first one
     warmup_begin                      -> {}               ctx.clock.warmup() starts (after a barrier)
     warmup_end                        -> {credit_s}       and ends: off the clock only if no rank of the node
-                                                           had received data before it ended
+                                                           had received data before it ended, and never on
+                                                           several nodes (another node's data is unseen)
     data {first}                      -> {names, counts, total} with up to MAX_FDS_PER_MESSAGE
                                                            descriptors (SCM_RIGHTS): the training shards,
                                                            opened read-only by the supervisor; refused while a
