@@ -20,13 +20,18 @@ at offsets f..n-1; the plan is built so that each target of the mode is scored e
   in sliding mode; only the context differs. (Before, the BOS targets were left out: the entrant's
   choice of mode dropped the hardest targets, which carry no bytes, from the sum.)
 
-Windows are batched (`batch_seqs` windows of L tokens per forward; shorter windows are sorted by
-length and packed to the same token budget, right-padded with token 0, which a causal model never
-sees: the causality probe in scoring/score/probes.py checks exactly that). The scorer asks for the model's
-logits at the scored positions only (a sliding window's first L - stride positions are context: their
-logits never cross from a worker), checks their shape and finiteness, and computes log-softmax and the loss itself in
-float64 (float64 sums); a model never reports its own loss. float64 makes the analytic goldens
-exact: uniform logits over 256 byte pieces score 8.0 bpb. A model that sets
+Windows are batched: `batch_seqs` windows of L tokens per forward, in plan order (a chunk's last batch may
+have fewer), a shorter window right-padded with token 0 to L, which a causal model never sees (the causality
+probe in scoring/score/probes.py checks exactly that). The scorer asks for the model's logits at the scored
+positions only: each row from its first scored offset, but never past L - stride (a sliding window's first
+L - stride positions are context, their logits never cross), to L; it keeps the positions it scores and
+discards the rest (a padded row's tail). A batch's shape and its ranges tell a
+model nothing of where a row ends: documents mode once sorted its windows by length, cut each batch to its
+longest row and asked each row up to its own length, and a model read where each document ends (its last
+target, the BOS that ends it) from them, in a way no probe's variant changes
+(tests/unit/scoring/test_window_shapes.py). The scorer checks the answer's shape and finiteness, and
+computes log-softmax and the loss itself in float64 (float64 sums); a model never reports its own loss.
+float64 makes the analytic goldens exact: uniform logits over 256 byte pieces score 8.0 bpb. A model that sets
 `pgolf_output = "log_probs"` returns log-probabilities instead; they are used as they are, and
 the normalization probe checks that they sum to one. The byte count of the target at position t is
 `table.target_bytes(t, x_t, y_t)`: the dataset's canonical count of that token (data/canonical.py), or,
@@ -59,7 +64,7 @@ from scoring.score.bpb import BpbSums
 from scoring.score.eval_config import EvalConfig
 from scoring.score.windows import WindowPlan, eval_tokens, plan_windows, standard_targets
 from scoring.worker.loading import output_kind
-from scoring.worker.wire import select_scored
+from scoring.worker.wire import scored_positions, select_scored
 
 PAD_TOKEN = 0
 
@@ -123,7 +128,7 @@ def as_scorable(model: nn.Module | Scorable, dtype: str) -> Scorable:
 
 class KeptBatch(NamedTuple):
     """A probe batch as it was scored: its inputs, real positions, scored ranges and the scorer's copy of the
-    logits at the scored positions (the only ones that crossed)."""
+    logits at the scored positions (the probes ask as the batch was asked, `ask_B2`, and compare those)."""
 
     x_BL: np.ndarray
     valid_BL: np.ndarray
@@ -132,10 +137,12 @@ class KeptBatch(NamedTuple):
     logits_NV: torch.Tensor
     """float32 [N, V]: the scored positions, row by row."""
     group: tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...] = ()
-    """With a worker pool: (x_BL, valid_BL, ranges_B2) of every batch the pool's workers held at the same time
+    """With a worker pool: (x_BL, valid_BL, ask_B2) of every batch the pool's workers held at the same time
     as this one, in worker order (this one included, at `slot`): a probe gives a fresh pool all of them."""
     slot: int = 0
     """The worker of the pool (its rank) that scored this batch."""
+    ask_B2: np.ndarray | None = None
+    """int64 [B, 2]: the ranges the model was asked for (`asked_ranges`); None: ranges_B2."""
 
 
 @dataclass(frozen=True)
@@ -322,19 +329,30 @@ def token_nats(
 
 
 def _batches(plan: WindowPlan, idx: np.ndarray, cfg: EvalConfig) -> list[np.ndarray]:
-    """Window indices grouped into forward passes of at most batch_seqs * L tokens."""
-    if idx.size == 0:
-        return []
-    lengths = plan.lengths[idx]
-    if np.all(lengths == cfg.seq_len):
-        return [idx[i : i + cfg.batch_seqs] for i in range(0, idx.size, cfg.batch_seqs)]
-    order = idx[np.argsort(-lengths, kind="stable")]
-    budget, out, i = cfg.batch_seqs * cfg.seq_len, [], 0
-    while i < order.size:
-        rows = max(1, budget // int(plan.lengths[order[i]]))
-        out.append(order[i : i + rows])
-        i += rows
-    return out
+    """Window indices grouped into forward passes of batch_seqs windows, in plan order. Never by length: a batch
+    packed by its windows' lengths, or cut to its longest, tells a model where its rows end (module docstring)."""
+    return [idx[i : i + cfg.batch_seqs] for i in range(0, idx.size, cfg.batch_seqs)]
+
+
+def asked_ranges(score_from: np.ndarray, seq_len: int, stride: int | None) -> np.ndarray:
+    """int64 [B, 2]: what each row is asked for, [first, seq_len): its whole length (a shorter window's padded
+    tail too), from its first scored offset but never past seq_len - stride (a document's last window, which
+    starts scoring later than its others, looks like any other). So a row's range says only whether it is the
+    first window of its text (first 0), which its own first token (a document's BOS) says too, and nothing of
+    where it, or its document, ends."""
+    first = np.minimum(score_from, seq_len - (stride or seq_len))
+    return np.stack([first, np.full_like(first, seq_len)], axis=1).astype(np.int64)
+
+
+def select_asked(
+    out_NV: torch.Tensor, ask_B2: np.ndarray, ranges_B2: np.ndarray, seq_len: int
+) -> torch.Tensor:
+    """An answer at the asked positions (`ask_B2`, row by row) cut to the scored ones (`ranges_B2`, each inside its
+    row's asked range): those the scorer scores and the probes compare."""
+    if np.array_equal(ask_B2, ranges_B2):
+        return out_NV
+    idx = np.searchsorted(scored_positions(ask_B2, seq_len), scored_positions(ranges_B2, seq_len))
+    return out_NV.index_select(0, torch.from_numpy(idx).to(out_NV.device))
 
 
 @dataclass
@@ -350,16 +368,23 @@ class _Batch:
     y_BL: np.ndarray
     scored_BL: np.ndarray
     ranges_B2: np.ndarray
+    ask_B2: np.ndarray
+    """What the model is asked for, row by row (asked_ranges): never where a row ends."""
+
+    def scored(self, out_NV: torch.Tensor) -> torch.Tensor:
+        """The answer at the asked positions cut to the scored ones."""
+        return select_asked(out_NV, self.ask_B2, self.ranges_B2, self.n)
 
 
 def _prepare_batch(
-    toks: np.ndarray, plan: WindowPlan, w: np.ndarray, shuffle: np.random.Generator | None
+    toks: np.ndarray, plan: WindowPlan, w: np.ndarray, shuffle: np.random.Generator | None, cfg: EvalConfig
 ) -> _Batch:
     perm = shuffle.permutation(w.size) if shuffle is not None else None
     if perm is not None:  # rows in a secret order: the next window of the text is not the next row
         w = w[perm]
     starts, lengths, score_from = plan.starts[w], plan.lengths[w], plan.score_from[w]
-    n = int(lengths.max())
+    n = cfg.seq_len  # every row padded to seq_len: the batch's length is never its longest row's
+    assert int(lengths.max()) <= n, "a window longer than seq_len"
     offs = np.arange(n, dtype=np.int64)
     valid_BL = offs[None, :] < lengths[:, None]
     pos_BL = starts[:, None] + offs[None, :]
@@ -368,7 +393,8 @@ def _prepare_batch(
     scored_BL = valid_BL & (offs[None, :] >= score_from[:, None])
     # only the scored positions are asked for (row b: score_from .. length - 1, the same rows of scored_BL)
     ranges_B2 = np.stack([score_from, lengths], axis=1).astype(np.int64)
-    return _Batch(perm, n, offs, valid_BL, pos_BL, x_BL, y_BL, scored_BL, ranges_B2)
+    ask_B2 = asked_ranges(score_from, n, cfg.resolved_stride)
+    return _Batch(perm, n, offs, valid_BL, pos_BL, x_BL, y_BL, scored_BL, ranges_B2, ask_B2)
 
 
 def _score_batch(
@@ -388,9 +414,9 @@ def _score_batch(
     snaps: _Snapshots,
     shuffle: np.random.Generator | None = None,
 ) -> None:
-    bt = _prepare_batch(toks, plan, w, shuffle)
+    bt = _prepare_batch(toks, plan, w, shuffle, cfg)
     x_dev = torch.from_numpy(bt.x_BL).to(device)
-    out_NV = model_scored_logits(model, x_dev, bt.ranges_B2, table.vocab_size, cfg.dtype)
+    out_NV = bt.scored(model_scored_logits(model, x_dev, bt.ask_B2, table.vocab_size, cfg.dtype))
     _finish_batch(bt, out_NV, table, device, output, sums, on_scored, ws, keep, batch_index, snaps)
 
 
@@ -450,7 +476,7 @@ def _finish_batch(
     # costs what any batch costs
     out_NV = snaps.take(batch_index, out_NV)
     if keep is not None and batch_index in keep:
-        keep[batch_index] = KeptBatch(x_BL, valid_BL, ranges_B2, out_NV)
+        keep[batch_index] = KeptBatch(x_BL, valid_BL, ranges_B2, out_NV, ask_B2=bt.ask_B2)
     if scored_BL.all():
         y_N, x_N, pos_N = y_BL.reshape(-1), x_BL.reshape(-1), pos_BL.reshape(-1) + 1
     else:
@@ -534,19 +560,21 @@ def evaluate(
                 batches = per_chunk[c]
                 if len(pool) > 1:  # one batch per worker at a time, answers taken and scored in batch order
                     for g in range(0, len(batches), len(pool)):
-                        group = [_prepare_batch(toks, plan, w, shuffle) for w in batches[g : g + len(pool)]]
+                        group = [
+                            _prepare_batch(toks, plan, w, shuffle, cfg) for w in batches[g : g + len(pool)]
+                        ]
                         outs = pooled.scored_group(
-                            [bt.x_BL for bt in group], [bt.ranges_B2 for bt in group], device
+                            [bt.x_BL for bt in group], [bt.ask_B2 for bt in group], device
                         )
                         for slot, (out, bt) in enumerate(zip(outs, group, strict=True)):
-                            out_NV = check_scored(out, bt.ranges_B2, table.vocab_size)
+                            out_NV = bt.scored(check_scored(out, bt.ask_B2, table.vocab_size))
                             dev_k = loss_devices[slot]  # on CUDA the worker's own GPU: the same kernels, bits
                             _finish_batch(
                                 bt, out_NV, table, dev_k, output, sums, on_scored, wss[slot], keep, b, snaps
                             )
                             if b in keep:
                                 kept_chunks[b] = c
-                                held = tuple((q.x_BL, q.valid_BL, q.ranges_B2) for q in group)
+                                held = tuple((q.x_BL, q.valid_BL, q.ask_B2) for q in group)
                                 keep[b] = keep[b]._replace(group=held, slot=slot)  # type: ignore[union-attr]
                             b += 1
                             bar.update(int(bt.x_BL.shape[0]))

@@ -64,7 +64,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from scoring.score.evaluate import KeptBatch, RuleViolation, Scorable, check_scored, model_scored_logits
+from scoring.score.evaluate import (
+    KeptBatch,
+    RuleViolation,
+    Scorable,
+    check_scored,
+    model_scored_logits,
+    select_asked,
+)
 from scoring.score.pool import WorkerPool
 from scoring.score.remote import EvalDeadline, WorkerFailure
 from scoring.worker.wire import scored_positions
@@ -452,16 +459,18 @@ def _probe_batch(
     elsewhere = [isolate_row(x, valid, -1, tokens, rng) for x, valid, _ in kept_b.group]
     V = int(scored_NV.shape[1])
     chunk = (kept_chunks or {}).get(b, 0)
+    ask_B2 = kept_b.ask_B2 if kept_b.ask_B2 is not None else ranges_B2
 
     def ask(unit: Scorable, x: np.ndarray, peers: list[np.ndarray] | None) -> torch.Tensor:
-        """The unit's logits for `x` at the batch's ranges; a pool gets every batch of the group at once
-        (`peers`: the others' inputs, None: as they were), so a probe looks like the scoring it repeats."""
+        """The unit's logits for `x` at the batch's scored positions, asked for as the batch was (`ask_B2`); a pool
+        gets every batch of the group at once (`peers`: the others' inputs, None: as they were), so a probe looks
+        like the scoring it repeats."""
         if not isinstance(unit, WorkerPool) or not kept_b.group:
-            return logits_of(unit, x, ranges_B2, V)
+            return select_asked(logits_of(unit, x, ask_B2, V), ask_B2, ranges_B2, L)
         xs = [g[0] for g in kept_b.group] if peers is None else list(peers)
         xs[kept_b.slot] = x
         outs = unit.scored_group(xs, [g[2] for g in kept_b.group])
-        return _own_copy(check_scored(outs[kept_b.slot], ranges_B2, V))
+        return select_asked(_own_copy(check_scored(outs[kept_b.slot], ask_B2, V)), ask_B2, ranges_B2, L)
 
     # one worker at a time, in this order: the causal one (variant, then the unchanged batch) is done
     # and closed before the row-isolation one, which holds row r whole, runs any submitted code (`fresh`
