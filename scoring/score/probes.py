@@ -286,14 +286,20 @@ def isolate_row(
     return flat.reshape(x_BL.shape)
 
 
+def _abs_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|a - b|, 0 where the two are the same value: equal infinities (-inf - -inf is nan, and an honest model that
+    gives a token no chance at all, a logit of -inf, failed every probe) or both nan."""
+    same = (a == b) | (torch.isnan(a) & torch.isnan(b))
+    return torch.where(same, torch.zeros_like(a), (a - b).abs())
+
+
 def _compare_row(
     base_NV: torch.Tensor, other_NV: torch.Tensor, pos_N: np.ndarray, L: int, r: int, atol: float, what: str
 ) -> float:
     """Row r's logits (at its scored positions; `pos_N`: their flat indices) must not depend on the other rows."""
     rows = np.flatnonzero(pos_N // L == r)
     idx = torch.from_numpy(rows)
-    a, b = base_NV[idx], other_NV[idx]
-    d = torch.where(torch.isnan(a) & torch.isnan(b), torch.zeros_like(a), (a - b).abs()).amax(-1)
+    d = _abs_diff(base_NV[idx], other_NV[idx]).amax(-1)
     bad = torch.isnan(d) | (d > atol)
     if bool(bad.any()):
         t = int(pos_N[rows[int(torch.nonzero(bad)[0])]] % L)
@@ -322,9 +328,7 @@ def _compare(
         )
     rows = np.flatnonzero(pos_N <= upto)
     idx = torch.from_numpy(rows)
-    a, b = base_NV[idx], other_NV[idx]
-    same_nan = torch.isnan(a) & torch.isnan(b)
-    d = torch.where(same_nan, torch.zeros_like(a), (a - b).abs()).amax(-1)  # (P,)
+    d = _abs_diff(base_NV[idx], other_NV[idx]).amax(-1)  # (P,)
     bad = torch.isnan(d) | (d > atol)
     if bool(bad.any()):
         i = int(torch.nonzero(bad)[0])

@@ -451,3 +451,30 @@ def test_a_model_that_reads_where_its_row_is_padded_is_caught():
             continue
         with pytest.raises(ProbeFailure, match="causality probe failed"):
             run_probes(plan, result.kept, fresh, tokens, pcfg, total_batches=result.batches)
+
+
+class MasksUnusedTokens(Bigram):
+    """Honest, and sure of what never comes: logits of -inf for the ids the text never holds (0, 2 and 3), which
+    the scorer allows for any token but the target (scoring/score/evaluate.py nats_of)."""
+
+    def forward(self, ids):
+        out = self.table[ids].clone()
+        out[..., [0, 2, 3]] = -torch.inf
+        return out
+
+
+@pytest.mark.parametrize("cfg", [STANDARD, SLIDING, DOCUMENTS], ids=["standard", "sliding", "documents"])
+def test_an_honest_model_with_logits_of_minus_infinity_passes_its_probes(cfg):
+    """HOLE (before the fix): the probes took |a - b| of the scored and the probe's logits, and -inf - -inf is nan:
+    an honest model that gives a token no chance at all failed every probe, its score illegal. Equal values, the
+    infinite ones included, differ by nothing; a peeker that masks so is still caught."""
+    rec = probe(MasksUnusedTokens(), cfg, probes=4)
+    assert rec["passed"] and rec["ran"] and all(p["max_abs_diff"] == 0.0 for p in rec["probes"])
+
+    class MaskingPeeker(MasksUnusedTokens):
+        def forward(self, ids):
+            nxt = torch.cat([ids[:, 1:], ids[:, -1:]], dim=1)
+            return super().forward(ids) + 5.0 * F.one_hot(nxt, V).float()
+
+    with pytest.raises(ProbeFailure, match="causality probe failed"):
+        probe(MaskingPeeker(), cfg, probes=4)
