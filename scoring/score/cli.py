@@ -35,6 +35,7 @@ from scoring.score.remote import EvalDeadline, WorkerFailure
 from scoring.score.scorer import DeviceUnavailable, score_artifact
 from scoring.statuses import ERROR, ILLEGAL, OK, OUT_OF_MEMORY, OVER_EVAL_BUDGET
 from scoring.worker.decode import unpack_artifact
+from scoring.worker.wire import BadAnswer
 
 EXIT_CODES: dict[str, int] = {OK: 0, ERROR: 1, ILLEGAL: 3, OVER_EVAL_BUDGET: 4, OUT_OF_MEMORY: 5}
 """The scorer's exit status per verdict (2 is a usage error: bad arguments or inputs)."""
@@ -146,7 +147,7 @@ def verdict_of(exc: BaseException) -> str:
 def origin_of(exc: BaseException) -> str:
     """Who a failure is on (scoring/score/record.py FAILURE_ORIGINS): the submission when its worker failed or
     a rule was broken, the input when the scorer refused what it was given, else the scorer itself."""
-    if isinstance(exc, RuleViolation | CodeCheckFailure | EvalDeadline | WorkerFailure):
+    if isinstance(exc, RuleViolation | CodeCheckFailure | EvalDeadline | WorkerFailure | BadAnswer):
         return "submission"
     if isinstance(exc, FileNotFoundError | ArtifactError | SandboxRefused | DeviceUnavailable):
         return "input"

@@ -64,7 +64,7 @@ from scoring.score.bpb import BpbSums
 from scoring.score.eval_config import EvalConfig
 from scoring.score.windows import WindowPlan, eval_tokens, plan_windows, standard_targets
 from scoring.worker.loading import output_kind
-from scoring.worker.wire import scored_positions, select_scored
+from scoring.worker.wire import BadAnswer, scored_positions, select_scored
 
 PAD_TOKEN = 0
 
@@ -184,12 +184,12 @@ def model_logits(
     """The model's output for x_BL, checked to be a [B, L, V >= vocab_size] tensor."""
     logits_BLV = as_scorable(model, dtype).logits(x_BL)
     if not isinstance(logits_BLV, torch.Tensor):
-        raise ValueError(
+        raise BadAnswer(
             f"model forward returned {type(logits_BLV).__name__}; it must return logits [batch, seq, vocab]"
         )
     B, L = x_BL.shape
     if logits_BLV.ndim != 3 or logits_BLV.shape[:2] != (B, L) or logits_BLV.shape[2] < vocab_size:
-        raise ValueError(
+        raise BadAnswer(
             f"model returned logits of shape {tuple(logits_BLV.shape)}; expected ({B}, {L}, V) with V >= {vocab_size}"
         )
     return logits_BLV
@@ -213,11 +213,11 @@ def check_scored(out_NV: Any, ranges_B2: np.ndarray, vocab_size: int) -> torch.T
     """An answer at the scored positions, checked to be a [N, V >= vocab_size] tensor."""
     N = int((ranges_B2[:, 1] - ranges_B2[:, 0]).sum())
     if not isinstance(out_NV, torch.Tensor):
-        raise ValueError(
+        raise BadAnswer(
             f"model forward returned {type(out_NV).__name__}; it must return logits [batch, seq, vocab]"
         )
     if out_NV.ndim != 2 or out_NV.shape[0] != N or out_NV.shape[1] < vocab_size:
-        raise ValueError(
+        raise BadAnswer(
             f"model returned logits of shape {tuple(out_NV.shape)} at the scored positions; expected ({N}, V) "
             f"with V >= {vocab_size}"
         )
@@ -284,7 +284,7 @@ def nats_of(
     else:
         logp_NV = out_NV.double()
         if bool(torch.isnan(logp_NV).any()) or bool((logp_NV == math.inf).any()):
-            raise ValueError("model returned non-finite log-probabilities (nan or +inf)")
+            raise BadAnswer("model returned non-finite log-probabilities (nan or +inf)")
         check_normalized(logp_NV)
         nats = -logp_NV.gather(-1, y_N.unsqueeze(-1)).squeeze(-1)
     if not bool(torch.isfinite(nats).all()):
@@ -294,7 +294,7 @@ def nats_of(
             if torch.isnan(bad)
             else "a target probability of zero (infinite loss)"
         )
-        raise ValueError(f"model returned {what}")
+        raise BadAnswer(f"model returned {what}")
     return nats
 
 
@@ -445,6 +445,11 @@ class _Snapshots:
             }
             self.buffers[out_NV.device] = bufs
         own = bufs[b if b in self.kept else None][: out_NV.shape[0]]
+        if own.shape != out_NV.shape:  # the buffers are as wide as the first answer
+            raise BadAnswer(
+                f"model returned {out_NV.shape[1]} logits a position in batch {b}, after {own.shape[1]} in the first "
+                "batch; a model must return the same number of logits at every position of every batch"
+            )
         own.copy_(out_NV.detach())
         return own
 

@@ -74,7 +74,7 @@ from scoring.score.evaluate import (
 )
 from scoring.score.pool import WorkerPool
 from scoring.score.remote import EvalDeadline, WorkerFailure
-from scoring.worker.wire import scored_positions
+from scoring.worker.wire import BadAnswer, scored_positions
 
 PROBE_VERSION = 8
 """8: the replays bounded in chunks, never seconds (`replay_bound.counted_in`); 7: a variant fills every padded position with real tokens too; 6: replays bounded (`replay_bound`, probes skipped past it); 5: logits compared at the scored positions
@@ -297,6 +297,11 @@ def _compare_row(
     base_NV: torch.Tensor, other_NV: torch.Tensor, pos_N: np.ndarray, L: int, r: int, atol: float, what: str
 ) -> float:
     """Row r's logits (at its scored positions; `pos_N`: their flat indices) must not depend on the other rows."""
+    if tuple(other_NV.shape) != tuple(base_NV.shape):
+        raise ProbeFailure(
+            f"row-independence probe failed ({what}): logits of shape {tuple(other_NV.shape)}, not "
+            f"{tuple(base_NV.shape)}; a model must answer a probe as it answers scoring"
+        )
     rows = np.flatnonzero(pos_N // L == r)
     idx = torch.from_numpy(rows)
     d = _abs_diff(base_NV[idx], other_NV[idx]).amax(-1)
@@ -409,11 +414,18 @@ def run_probes(
             raise RuntimeError(f"probe batch {b} was not kept by the evaluation")
         try:
             results.append(_probe_batch(b, kept[b], fresh, tokens, cfg, rng, replay, kept_chunks))
-        except (WorkerFailure, EvalDeadline) as e:
-            # A probe worker runs the scored model on a batch of the real shape: one that fails, dies or does
-            # not answer behaves otherwise than the model that was scored. Never a resource verdict (a peeking
-            # model could pick out_of_memory over illegal by making its probe workers fail).
-            kind = e.kind if isinstance(e, WorkerFailure) else "no answer before its deadline"
+        except (WorkerFailure, EvalDeadline, BadAnswer) as e:
+            # A probe worker runs the scored model on a batch of the real shape: one that fails, dies, does not
+            # answer or answers what the scorer refuses behaves otherwise than the model that was scored. Never a
+            # resource verdict nor the scorer's failure (a peeking model could pick out_of_memory, or "a harness
+            # failure", over illegal by making its probe workers fail so).
+            kind = (
+                e.kind
+                if isinstance(e, WorkerFailure)
+                else "an answer the scorer refuses"
+                if isinstance(e, BadAnswer)
+                else "no answer before its deadline"
+            )
             first = next((line for line in str(e).splitlines() if line.strip()), "")
             raise ProbeFailure(
                 f"probe {i + 1} of {len(order)} (batch {b}) failed: its fresh worker did not answer as the "

@@ -59,6 +59,12 @@ class ProtocolError(ValueError):
     the worker is not believed. (harness/train/wire.py's WireError is the training ranks' wire to the clock.)"""
 
 
+class BadAnswer(ValueError):
+    """A model's answer the scorer refuses (another shape than asked, another width than its earlier answers,
+    values it cannot score): the submission's failure, never the scorer's (scoring/score/cli.py origin_of); in a
+    probe worker, a failed probe (scoring/score/probes.py)."""
+
+
 def socket_pair() -> tuple[socket.socket, socket.socket]:
     """(scorer end, worker end); the worker end is inheritable so it survives exec."""
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -114,7 +120,7 @@ class Reply:
         if not (isinstance(s, list) and len(s) == 2 and all(type(v) is int for v in s)):
             raise ProtocolError(f"a forward reply without an [N, V] shape: {s!r}")
         if s[0] != positions or not vocab_size <= s[1] <= max_vocab:
-            raise ValueError(
+            raise BadAnswer(
                 f"model returned logits of shape {tuple(s)} at the scored positions; expected ({positions}, V) "
                 f"with {vocab_size} <= V <= {max_vocab}"
             )
