@@ -25,11 +25,10 @@ have fewer), a shorter window right-padded with token 0 to L, which a causal mod
 probe in scoring/score/probes.py checks exactly that). The scorer asks for the model's logits at the scored
 positions only: each row from its first scored offset, but never past L - stride (a sliding window's first
 L - stride positions are context, their logits never cross), to L; it keeps the positions it scores and
-discards the rest (a padded row's tail). A batch's shape and its ranges tell a
-model nothing of where a row ends: documents mode once sorted its windows by length, cut each batch to its
-longest row and asked each row up to its own length, and a model read where each document ends (its last
-target, the BOS that ends it) from them, in a way no probe's variant changes
-(tests/unit/scoring/test_window_shapes.py). The scorer checks the answer's shape and finiteness, and
+discards the rest (a padded row's tail). A batch's shape and its ranges tell a model nothing of where a row
+ends: documents mode once sorted its windows by length, cut each batch to its longest row and asked each row
+up to its own length, and a model read where each document ends (its last target, the BOS that ends it) from
+them, in a way no probe's variant changes (tests/unit/scoring/test_window_shapes.py). The scorer checks the answer's shape and finiteness, and
 computes log-softmax and the loss itself in float64 (float64 sums); a model never reports its own loss.
 float64 makes the analytic goldens exact: uniform logits over 256 byte pieces score 8.0 bpb. A model that sets
 `pgolf_output = "log_probs"` returns log-probabilities instead; they are used as they are, and
@@ -391,7 +390,8 @@ def _prepare_batch(
     x_BL = np.where(valid_BL, toks[np.where(valid_BL, pos_BL, 0)], PAD_TOKEN).astype(np.int64)
     y_BL = np.where(valid_BL, toks[np.where(valid_BL, pos_BL + 1, 0)], PAD_TOKEN).astype(np.int64)
     scored_BL = valid_BL & (offs[None, :] >= score_from[:, None])
-    # only the scored positions are asked for (row b: score_from .. length - 1, the same rows of scored_BL)
+    # the scored positions (row b: score_from .. length - 1, the same rows of scored_BL); the model is asked for
+    # ask_B2, which holds them and says nothing of where a row ends
     ranges_B2 = np.stack([score_from, lengths], axis=1).astype(np.int64)
     ask_B2 = asked_ranges(score_from, n, cfg.resolved_stride)
     return _Batch(perm, n, offs, valid_BL, pos_BL, x_BL, y_BL, scored_BL, ranges_B2, ask_B2)

@@ -76,8 +76,9 @@ from scoring.score.pool import WorkerPool
 from scoring.score.remote import EvalDeadline, WorkerFailure
 from scoring.worker.wire import BadAnswer, scored_positions
 
-PROBE_VERSION = 8
-"""8: the replays bounded in chunks, never seconds (`replay_bound.counted_in`); 7: a variant fills every padded position with real tokens too; 6: replays bounded (`replay_bound`, probes skipped past it); 5: logits compared at the scored positions
+PROBE_VERSION = 9
+"""9: equal logits are equal, infinite ones too (-inf - -inf is nan: an honest model failed); an answer the
+scorer refuses (its shape, its width) fails the probe; 8: the replays bounded in chunks, never seconds (`replay_bound.counted_in`); 7: a variant fills every padded position with real tokens too; 6: replays bounded (`replay_bound`, probes skipped past it); 5: logits compared at the scored positions
 only (the only ones that cross), the cut drawn among them."""
 PROBE_WORKERS_PER_PROBE = 2
 """Fresh workers a probe takes: one for the causality variant (then the unchanged batch), one for the

@@ -95,7 +95,7 @@ def test_the_replay_allowance_is_two_adaptations_whatever_the_number_of_probes()
 def test_a_probe_on_the_last_batch_always_fits_and_replays_every_earlier_chunk():
     last = batch_count(TOKENS, CFG, adapting=True) - 1
     rec, replayed = _probe(ProbePlan(seed=7, batches=(last,)), [3.0] * 8)
-    assert rec["version"] == PROBE_VERSION == 8
+    assert rec["version"] == PROBE_VERSION == 9
     assert [p["batch"] for p in rec["probes"]] == [last] and replayed == [7, 7]  # both workers, chunks 0..6
     bound = rec["replay_bound"]
     assert bound["bounded"] and not bound["reduced"] and bound["skipped"] == []
