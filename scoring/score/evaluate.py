@@ -272,7 +272,9 @@ def _target_logp_f64(out_NV: torch.Tensor, y_N: torch.Tensor, ws: LossWorkspace 
 def nats_of(
     out_NV: torch.Tensor, y_N: torch.Tensor, output: str = "logits", ws: LossWorkspace | None = None
 ) -> torch.Tensor:
-    """-log p(y) per row in float64: log-softmax of logits, or log-probabilities taken as given.
+    """-log p(y) per row in float64: the scorer's own log-softmax of what the model returned, logits or
+    log-probabilities. Log-probabilities must sum to one within NORM_ATOL_NATS (`check_normalized`), and are
+    then normalised exactly: taken as given, rows summing to exp(+1e-4) were 1e-4 nats a token of free score.
 
     nan or +inf anywhere is refused (either makes the row's log-softmax nan, so checking the gathered
     values finds it without another pass over the logits). -inf is allowed for tokens other than the
@@ -284,8 +286,8 @@ def nats_of(
         logp_NV = out_NV.double()
         if bool(torch.isnan(logp_NV).any()) or bool((logp_NV == math.inf).any()):
             raise BadAnswer("model returned non-finite log-probabilities (nan or +inf)")
-        check_normalized(logp_NV)
-        nats = -logp_NV.gather(-1, y_N.unsqueeze(-1)).squeeze(-1)
+        lse_N = check_normalized(logp_NV)
+        nats = lse_N - logp_NV.gather(-1, y_N.unsqueeze(-1)).squeeze(-1)
     if not bool(torch.isfinite(nats).all()):
         bad = nats[~torch.isfinite(nats)][0]
         what = (
@@ -297,8 +299,9 @@ def nats_of(
     return nats
 
 
-def check_normalized(logp_NV: torch.Tensor) -> None:
-    """Every row of returned log-probabilities must sum to one (|logsumexp| <= NORM_ATOL_NATS), at every position."""
+def check_normalized(logp_NV: torch.Tensor) -> torch.Tensor:
+    """Every row of returned log-probabilities must sum to one (|logsumexp| <= NORM_ATOL_NATS), at every position;
+    returns each row's logsumexp."""
     lse_N = torch.logsumexp(logp_NV, dim=-1)
     bad = lse_N.abs() > NORM_ATOL_NATS
     if bool(bad.any()):
@@ -308,6 +311,7 @@ def check_normalized(logp_NV: torch.Tensor) -> None:
             f"exp({float(lse_N[i]):.6g}) = {float(torch.exp(lse_N[i])):.6g}, not 1 (tolerance {NORM_ATOL_NATS:g} nats); "
             "a model returning log-probabilities must return a normalized distribution at every position"
         )
+    return lse_N
 
 
 def token_nats(

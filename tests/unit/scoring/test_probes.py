@@ -16,6 +16,7 @@ from torch import nn
 
 from data.tokenizer import ByteTokenizer
 from scoring.score.evaluate import (
+    NORM_ATOL_NATS,
     PAD_TOKEN,
     EvalConfig,
     LocalModel,
@@ -250,6 +251,17 @@ def test_unnormalized_log_probs_fail_at_any_batch():
         evaluate(LogProbs(offset=0.01), TOKENS, ByteTokenizer().byte_table(), STANDARD, CPU)
     with pytest.raises(NormalizationFailure):  # unnormalized only in full-size batches: still every batch
         evaluate(LogProbsWhenLarge(), TOKENS, ByteTokenizer().byte_table(), STANDARD, CPU)
+
+
+def test_log_probs_within_the_tolerance_buy_no_score():
+    """HOLE (before the fix): log-probabilities taken as given, rows summing to exp(+9.9e-5) (inside the
+    normalisation tolerance of 1e-4 nats) scored 9.9e-5 nats a token better than the same model normalised."""
+    table = ByteTokenizer().byte_table()
+    honest = evaluate(LogProbs(), TOKENS, table, STANDARD, CPU).sums
+    inflated = evaluate(LogProbs(offset=0.99 * NORM_ATOL_NATS), TOKENS, table, STANDARD, CPU).sums
+    assert inflated.tokens == honest.tokens
+    gain_nats = (honest.loss_nats - inflated.loss_nats) / honest.tokens
+    assert abs(gain_nats) < 1e-6, gain_nats  # float32 rounding of the offset only
 
 
 def test_log_probs_are_scored_as_given_and_match_logits():
