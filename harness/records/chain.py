@@ -23,6 +23,9 @@ Each track's policy (`TRACK_POLICIES`) names the rule and the evidence:
   (`pgolf queue --seeds N --seed-salt-file F`) is accepted. Claimed seeds reproduce exactly even when they are
   the best few of a hundred the entrant tried, and seeds from the entry's digest alone the entrant computes;
   either is a seed lottery the Welch test would read as independent samples. `any` (other tracks): any seeds.
+- on every track, a reproduction two of whose seeds were one run (reproduce.py same_runs: the same artifact
+  or the same score to the last bit, a train.py that fixed its own seed) is refused, read from its runs whatever
+  its verdict says: one sample counted as several.
 
 The metric is val_loss (nats/token) when both sides scored the same tokens (tokenizer and validation
 count), else val_bpb with the margin converted by the frontier's tokens per byte (as `pgolf compare`
@@ -43,7 +46,7 @@ from typing import Any
 
 from data.io import write_json_atomic
 from harness.records.compare import welch_test
-from harness.records.reproduce import REPRO_FORMAT, REPRODUCED
+from harness.records.reproduce import REPRO_FORMAT, REPRODUCED, SAME_RUN_WHY, same_runs
 from harness.run.text import NAME_MAX_CHARS, TEXT_MAX_CHARS, markdown_cell, visible
 from scoring.statuses import Status, Verification
 from scoring.tracks import TRACKS
@@ -108,6 +111,8 @@ class Candidate:
     tokenizer: str | None = None
     configs: int = 1
     seeds_chosen: str = SEEDS_CLAIMED
+    one_run: str | None = None
+    """Why two of its seeds are one sample (reproduce.py same_runs), or None."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def sort_key(self) -> tuple[int, str, str, str]:
@@ -138,7 +143,13 @@ def candidates_from_reproductions(
         sub = r.get("submission") or {}
         folder = Path(str(r.get("entry_dir"))).name
         listed = holder.get(folder) == r["entry_digest"]
-        ok = [x for x in r.get("reproduced") or [] if x.get("status") == Status.OK]
+        ok = [x for x in r.get("reproduced") or [] if isinstance(x, dict) and x.get("status") == Status.OK]
+        # read here, not only in the verdict: a record decided before the check, or by another tool
+        repeats = same_runs(ok)
+        one_run = None
+        if repeats:
+            a, b, what = repeats[0]
+            one_run = f"seeds {visible(a, 40)} and {visible(b, 40)} gave one run ({SAME_RUN_WHY[what]})"
         diffs = r.get("differences") or []
         why = (
             ""
@@ -161,6 +172,7 @@ def candidates_from_reproductions(
                 val_bytes=next((x.get("val_bytes") for x in ok), None),
                 tokenizer=next((x.get("tokenizer_sha256") for x in ok), None),
                 seeds_chosen=seeds_chosen(r.get("fresh_seeds")),
+                one_run=one_run,
                 extra={"seeds": r.get("seeds"), "preset": r.get("preset")},
             )
         )
@@ -264,6 +276,10 @@ def accept_in_order(cands: list[Candidate], rule_override: str | None = None) ->
             row["reason"] = (
                 f"seeds {c.seeds_chosen}: an entrant can choose those; {c.track} takes fresh seeds under the "
                 "official's salt (pgolf queue --seeds 3 --seed-salt-file F)"
+            )
+        elif c.one_run is not None:
+            row["reason"] = (
+                f"{c.one_run}: the seed did not reach the run, so its seeds are not independent samples"
             )
         elif len(c.val_bpb) < rule.min_seeds:
             row["reason"] = f"{len(c.val_bpb)} seed(s); rule {rule.name} needs at least {rule.min_seeds}"

@@ -23,6 +23,12 @@ the salt and the digest instead, and the record names the salt by its sha256 (`f
 argument: a process's arguments are readable by every process of the machine (/proc/PID/cmdline), and several
 nodes' ranks run without a PID namespace of their own.
 
+Seeds that reached the run. The harness seeds torch, numpy and random with the seed; a train.py that seeds them
+again with its own (the best of a hundred tried at home) makes every fresh seed its lucky run. Two seeds that
+are one run (`same_runs`: one artifact, or one score to the last bit) fail the verdict, and the chain refuses
+them too. A seed-dependent perturbation that moves the score by a few ulps passes: nothing the harness owns
+(the data order is the same for every seed) depends on the seed, so no mechanical check here sees further.
+
 The test (`compare_claim`; every number is in the record):
 - val_bpb: the claimed mean must lie within the reproduced mean ± (k · SE + floor_bpb), SE the standard
   error of the reproduced mean, s_r/sqrt(n_r) (0 for one seed; the claimed seeds' own spread never widens
@@ -35,6 +41,7 @@ The test (`compare_claim`; every number is in the record):
 - bytes_total: per seed, within 2% of the reproduced artifact's.
 - the claim itself: its val_bpb must follow from its own val_loss, val_tokens and val_bytes; it must have
   run this folder's counted code (sha256 of each file), on this track and the same tokenizer.
+- no two re-trained seeds are one run (same_runs, "Seeds that reached the run").
 - every re-trained seed ran on submission.json's track, the one `pgolf chain` files the entry under (the
   config's `[run] track` may name another: an entry that said `10min_16mb` and trained on `smoke`, scored on
   a loosened 2,048-token subset, was `reproduced` for the record track).
@@ -398,6 +405,45 @@ def _close(claimed: float, reproduced: float, rel: float, floor: float = 0.0) ->
     return abs(claimed - reproduced) <= rel * abs(reproduced) + floor
 
 
+SAME_RUN_WHY = {
+    "artifact": "the same artifact (sha256)",
+    "val_loss and val_bpb": "the same val_loss and val_bpb to the last bit",
+    "seed": "one seed counted twice",
+}
+
+
+def same_runs(runs: list[dict[str, Any]]) -> list[tuple[Any, Any, str]]:
+    """Pairs of ok runs that are one run: (first seed, second seed, what they share), each later run paired with
+    the first it repeats. What is shared: `seed` (one seed listed twice), `artifact` (the same artifact_sha256: the
+    same weights, whatever the seed) or `val_loss and val_bpb` (the same score to the last bit, a float64 sum over
+    every scored token: two trainings that differ in anything the forward reads never agree in all 53 bits).
+    Two different seeds that are one run show a train.py that ignored the harness's seed (module docstring,
+    "Chosen seeds"): its seeds are one sample, counted as many."""
+    seen: list[dict[str, Any]] = []
+    out: list[tuple[Any, Any, str]] = []
+    for r in runs:
+        if r.get("status") != Status.OK:
+            continue
+        for f in seen:
+            sha = r.get("artifact_sha256")
+            if f.get("seed") == r.get("seed"):
+                what = "seed"
+            elif isinstance(sha, str) and sha and sha == f.get("artifact_sha256"):
+                what = "artifact"
+            elif all(
+                _num(r.get(k)) is not None and _num(r.get(k)) == _num(f.get(k))
+                for k in ("val_loss", "val_bpb")
+            ):
+                what = "val_loss and val_bpb"
+            else:
+                continue
+            out.append((f.get("seed"), r.get("seed"), what))
+            break
+        else:
+            seen.append(r)
+    return out
+
+
 def compare_claim(
     entry: Entry, runs: list[dict[str, Any]], tol: Tolerance
 ) -> tuple[list[Check], dict[str, Any]]:
@@ -424,6 +470,9 @@ def compare_claim(
                 f"{stats_rec['mean_reproduced']:.6f} ± {stats_rec['bound']:.6f}",
             )
         )
+    for a, b, what in same_runs(ok_runs):  # a seed the run ignored tested nothing (module docstring)
+        checks.append(Check(f"seeds {a} and {b} gave different runs", False, "a run that depends on its seed",
+                            f"{SAME_RUN_WHY[what]}: the seed did not reach the run"))  # fmt: skip
     for run in ok_runs:  # the chain files the entry under submission.json's track; its runs must be there
         checks.append(Check(f"seed {run['seed']} ran on the entry's track", run.get("track") == entry.track,
                             entry.track, run.get("track")))  # fmt: skip
@@ -526,6 +575,7 @@ def reproduce_seed(task: dict[str, Any]) -> dict[str, Any]:
             **{k: result.get(k) for k in RUN_NUMBERS},
             pipeline_s=(result.get("phase_times_s") or {}).get("pipeline"),
             tokenizer_sha256=(result.get("provenance") or {}).get("tokenizer_sha256"),
+            artifact_sha256=(result.get("provenance") or {}).get("artifact_sha256"),
         )
     except Exception as e:  # noqa: BLE001 - refused before a run started (machine, data): no verdict on the entry
         where = traceback.extract_tb(e.__traceback__)[-1:]
@@ -587,6 +637,7 @@ def verdict_of(
                     "track",
                     *RUN_NUMBERS,
                     "tokenizer_sha256",
+                    "artifact_sha256",
                     "run_dir",
                     "job_id",
                     "job_wall_s",

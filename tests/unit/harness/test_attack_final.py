@@ -72,10 +72,6 @@ def test_an_artifact_header_nested_just_under_the_parsers_limit_is_refused(tmp_p
             read_artifact(path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a policy call: no check that fresh seeds gave different runs (an honest entry may fix its seed too)",
-)
 def test_fresh_seeds_that_changed_nothing_do_not_reproduce_a_claim():
     """Fresh seeds under the official's salt are out of the entrant's reach, but the seed only reaches the run as
     rank.py's torch.manual_seed(seed) (the data order is fixed): train.py that calls torch.manual_seed(1337), the
@@ -103,3 +99,67 @@ def test_fresh_seeds_that_changed_nothing_do_not_reproduce_a_claim():
     ]  # fmt: skip
     rec = verdict_of(entry, runs, Tolerance(), fresh_seeds_record(entry, 3, "official secret"))
     assert rec["verdict"] != REPRODUCED
+    a, b, c = entry.seeds(3, "official secret")
+    assert [d["name"] for d in rec["differences"]] == [f"seeds {a} and {b} gave different runs",
+                                                       f"seeds {a} and {c} gave different runs"]  # fmt: skip
+    why = rec["differences"][0]["actual"]
+    assert why == "the same val_loss and val_bpb to the last bit: the seed did not reach the run"
+    # the control: the same runs one ulp apart in each score are three runs, and reproduce the claim
+    for i, r in enumerate(runs):
+        r["val_loss"], r["val_bpb"] = math.nextafter(4.0, 5.0) if i else 4.0, bpb + i * 1e-15
+    assert verdict_of(entry, runs, Tolerance(), None)["verdict"] == REPRODUCED
+
+
+def _seed_runs(losses: dict[int, float], **kw: Any) -> list[dict[str, Any]]:
+    import math
+
+    return [
+        {"seed": s, "status": "ok", "val_loss": x, "val_bpb": x * 1000 / (2000 * math.log(2.0)), "val_tokens": 1000,
+         "val_bytes": 2000, "steps": 20, "train_time_s": 4.0, "bytes_total": 10_050, "track": "smoke",
+         "artifact_sha256": kw.get("sha", {}).get(s, f"{s:064x}")}
+        for s, x in losses.items()
+    ]  # fmt: skip
+
+
+def test_a_seed_ignored_behind_noise_in_an_unused_weight_is_still_the_same_run():
+    """The next step of a seed-ignoring entry: seed-dependent noise in a buffer the forward never reads gives every
+    seed an artifact of its own (other sha256) and the same score to the last bit. The score alone names it; an
+    artifact shared by two seeds does too, whatever the score says; two runs that differ in both are two runs."""
+    from harness.records.reproduce import same_runs
+
+    assert same_runs(_seed_runs({11: 4.0, 12: 4.0, 13: 4.0001})) == [(11, 12, "val_loss and val_bpb")]
+    same_sha = _seed_runs({11: 4.0, 12: 4.0001}, sha={11: "a" * 64, 12: "a" * 64})
+    assert same_runs(same_sha) == [(11, 12, "artifact")]
+    assert same_runs(_seed_runs({11: 4.0, 12: 4.0001})) == []
+    # the same seed twice is one run counted twice, named as such
+    assert same_runs(_seed_runs({11: 4.0}) * 2) == [(11, 11, "seed")]
+    # a failed run has no outcome to share
+    failed = _seed_runs({11: 4.0, 12: 4.0})
+    failed[1]["status"] = "error"
+    assert same_runs(failed) == []
+
+
+def test_the_chain_refuses_a_reproduction_whose_seeds_gave_one_run(tmp_path):
+    """A pg-reproduction decided before the check (or by hand) with fresh salted seeds that changed nothing: the
+    chain reads the runs itself, and a seed lottery won at home sets no frontier."""
+    import json
+
+    from harness.records.chain import build_chain
+
+    def rec(key: str, date: str, losses: dict[int, float]) -> dict[str, Any]:
+        runs = [{**r, "tokenizer_sha256": "t" * 64} for r in _seed_runs(losses)]
+        return {"format": "pg-reproduction", "format_version": 1, "entry_key": key, "entry_digest": key * 64,
+                "entry_dir": f"/e/{key}", "submission": {"name": key, "date": date}, "track": "smoke",
+                "verdict": "reproduced", "reproduced": runs, "differences": [], "seeds": list(losses),
+                "fresh_seeds": {"chosen": "salted", "salt_sha256": "5" * 64}}  # fmt: skip
+
+    ledger = tmp_path / "ledger.jsonl"
+    honest = rec("a", "2026-01-01", {1: 5.0, 2: 5.01, 3: 5.02})
+    lucky = rec("b", "2026-01-02", {4: 4.0, 5: 4.0, 6: 4.0})
+    ledger.write_text(json.dumps(honest) + "\n" + json.dumps(lucky) + "\n")
+    rows = build_chain(ledger, track=None, rule=None, order={})["rows"]
+    assert [r["accepted"] for r in rows] == [True, False]
+    assert rows[1]["reason"] == (
+        "seeds 4 and 5 gave one run (the same val_loss and val_bpb to the last bit): the seed did not reach the run, "
+        "so its seeds are not independent samples"
+    )

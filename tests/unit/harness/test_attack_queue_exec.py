@@ -49,8 +49,9 @@ class Inline:
 
 
 def fake_seed(task: dict[str, Any]) -> dict[str, Any]:
-    """What reproduce_seed returns for a run that trained to 1.5 bits/byte; a run folder already used is the
-    pipeline's refusal (harness/run/pipeline.py: a non-empty run folder is never written into again)."""
+    """What reproduce_seed returns for a run that trained to 1.5 bits/byte, a little off by its seed (two seeds
+    with one score are one run: reproduce.py same_runs); a run folder already used is the pipeline's refusal
+    (harness/run/pipeline.py: a non-empty run folder is never written into again)."""
     run_dir = Path(task["run_dir"])
     rec = {"format": RUN_FORMAT, "format_version": 1, "entry_key": task["entry_key"],
            "entry_digest": task["entry_digest"], "seed": task["seed"], "run_dir": str(run_dir), "track": "smoke",
@@ -63,7 +64,8 @@ def fake_seed(task: dict[str, Any]) -> dict[str, Any]:
             "harness_failed": True,
         }
     run_dir.mkdir(parents=True)
-    return {**rec, "status": Status.OK, "val_bpb": 1.5, "val_loss": 1.0}
+    off = (task["seed"] % 1000) * 1e-7
+    return {**rec, "status": Status.OK, "val_bpb": 1.5 + off, "val_loss": 1.0 + off}
 
 
 @pytest.fixture
