@@ -20,7 +20,10 @@
    when its run ends, so a queue killed meanwhile loses nothing), `pg-reproduction` (the entry's verdict)
    and `pg-queue-summary`. Run again with the same arguments, the queue skips every (entry, seed) with a
    run record and every entry with a verdict; a job that ended without one (died, cancelled, timed out) is
-   run again, into a new attempt folder. SIGINT or SIGTERM cancels the jobs in flight and exits 130.
+   run again, into a new attempt folder. Each is reused only under the flags it was made with (a run: the
+   preset, --data, --set; a triage: --preset, --sandbox; a verdict: those and the tolerance, seeds and salt):
+   under others the seed is run, the entry triaged, or its verdict decided again. SIGINT or SIGTERM cancels
+   the jobs in flight and exits 130.
 5. One broken entry never stops the batch: every failure is that entry's line and verdict. Progress: one
    line per job submitted and ended, one per verdict; then a summary (per-verdict counts, triage rate,
    GPU- and CPU-hours, the queue's overhead per job) and the accepted chain (harness/records/chain.py).
@@ -145,6 +148,7 @@ def queue_job(task_json: str) -> str:
     task = json.loads(task_json)
     task["job_id"] = _job_id()
     rec = reproduce_seed(task)
+    rec["run_flags"] = task.get("run_flags")  # what the run was made under: reused only under the same
     append_ledger(Path(task["queue_ledger"]), rec)
     return json.dumps(rec, sort_keys=True)
 
@@ -152,11 +156,19 @@ def queue_job(task_json: str) -> str:
 # ---- The state, read from the ledger ----
 
 
+def flags_key(flags: Any) -> str:
+    """A record's flags (a run's `run_flags`, a triage's `flags`) as a key; a record without them (an older
+    ledger's) keys as "null", which no flags of this queue are."""
+    return json.dumps(flags, sort_keys=True)
+
+
 @dataclass
 class State:
-    triage: dict[str, dict[str, Any]] = field(default_factory=dict)
-    runs: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
-    """(entry digest, seed) -> its finished run record (a job that died is not one)."""
+    triage: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    """(entry digest, flags_key of the triage's flags) -> its triage record."""
+    runs: dict[tuple[str, int, str], dict[str, Any]] = field(default_factory=dict)
+    """(entry digest, seed, flags_key of its run_flags) -> its finished run record (a job that died is not one).
+    A run made under other flags (--set, --data, the preset) is another run: never reused for these."""
     attempts: Counter[tuple[str, int]] = field(default_factory=Counter)
     verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -172,11 +184,11 @@ def read_state(ledger: Path) -> State:
             continue  # a torn last line of a killed writer: that record was never written
         fmt = r.get("format") if isinstance(r, dict) else None
         if fmt == TRIAGE_FORMAT:
-            st.triage[r["entry_digest"]] = r
+            st.triage[(r["entry_digest"], flags_key(r.get("flags")))] = r
         elif fmt == JOB_FORMAT:
             st.attempts[(r["entry_digest"], int(r["seed"]))] += 1
         elif fmt == RUN_FORMAT and not r.get("job_failed"):
-            st.runs.setdefault((r["entry_digest"], int(r["seed"])), r)
+            st.runs.setdefault((r["entry_digest"], int(r["seed"]), flags_key(r.get("run_flags"))), r)
         elif fmt == REPRO_FORMAT:
             st.verdicts[r["entry_digest"]] = r
     return st
@@ -254,7 +266,10 @@ def triage(
         else:
             rec["cached"] = True  # refused before, and its verdict is in the ledger
         return None, rec
-    cached = st.triage.get(entry.digest)
+    # what triage's verdict depends on beyond the folder: one passed under --sandbox auto (the build unconfined
+    # where no sandbox answers) is triaged again under required
+    flags = {"preset": preset, "sandbox": sandbox}
+    cached = st.triage.get((entry.digest, flags_key(flags)))
     if cached is not None:
         return (entry if cached["ok"] else None), {**cached, "cached": True}
     from harness.commands.preflight import CHECK_SKIPPED, PASSING, Check, run_checks
@@ -270,9 +285,10 @@ def triage(
     failed = [[c.name, f"{c.status}: {c.detail}"[:400]] for c in causes]
     rec = {"format": TRIAGE_FORMAT, "format_version": FORMAT_VERSION, "entry_digest": entry.digest,
            "entry_key": entry.key, "entry_dir": str(root), "ok": not failed, "failed": failed,
-           "checks": [[c.name, c.status] for c in checks], "time_s": time.perf_counter() - t0}  # fmt: skip
+           "checks": [[c.name, c.status] for c in checks], "flags": flags,
+           "time_s": time.perf_counter() - t0}  # fmt: skip
     append_ledger(ledger, rec)
-    st.triage[entry.digest] = rec
+    st.triage[(entry.digest, flags_key(flags))] = rec
     if failed:
         verdict = refused_record(root, entry.digest, entry.key, entry.track, entry.meta,
                                  [(n, d) for n, d in failed])  # fmt: skip
@@ -411,6 +427,34 @@ class QueueConfig:
     def seeds_of(self, entry: Entry) -> list[int]:
         return entry.seeds(self.seeds, self.seed_salt)
 
+    def run_flags(self, entry: Entry) -> dict[str, Any]:
+        """What a run of the entry is made under, beyond its folder and seed: a run is reused only under these."""
+        return {"preset": entry.preset, "data": self.data, "set": list(self.overrides)}
+
+    def run_key(self, entry: Entry, seed: int) -> tuple[str, int, str]:
+        return (entry.digest, seed, flags_key(self.run_flags(entry)))
+
+    def decided_under(self, entry: Entry) -> dict[str, Any]:
+        """What an entry's verdict depends on beyond its runs' numbers; a verdict is reused only under the same."""
+        return {
+            "tolerance": asdict(self.tol),
+            "seeds": self.seeds_of(entry),
+            "fresh_seeds": fresh_seeds_record(entry, self.seeds, self.seed_salt),
+            "run_flags": self.run_flags(entry),
+        }
+
+    def has_runs(self, st: State, entry: Entry) -> bool:
+        return all(self.run_key(entry, s) in st.runs for s in self.seeds_of(entry))
+
+    def current_verdict(self, st: State, entry: Entry) -> dict[str, Any] | None:
+        """The entry's verdict in the ledger when it was decided under these flags (a verdict under a looser
+        tolerance, other seeds or other runs is decided again), else None."""
+        v = st.verdicts.get(entry.digest)
+        if v is None or not self.has_runs(st, entry):
+            return None
+        under = json.loads(json.dumps(self.decided_under(entry)))  # as the ledger holds it
+        return v if all(v.get(k) == x for k, x in under.items()) else None
+
 
 class Interrupted(Exception):
     pass
@@ -440,7 +484,7 @@ def list_entries(root: Path) -> tuple[list[Path], list[str]]:
 
 
 def decide(entry: Entry, st: State, qcfg: QueueConfig, ledger: Path) -> dict[str, Any]:
-    runs = [st.runs[(entry.digest, s)] for s in qcfg.seeds_of(entry) if (entry.digest, s) in st.runs]
+    runs = [st.runs[k] for s in qcfg.seeds_of(entry) if (k := qcfg.run_key(entry, s)) in st.runs]
     try:
         rec = verdict_of(entry, runs, qcfg.tol, fresh_seeds_record(entry, qcfg.seeds, qcfg.seed_salt))
     except Exception as e:  # noqa: BLE001 - one entry's verdict never stops the batch (nor every resumption)
@@ -448,6 +492,7 @@ def decide(entry: Entry, st: State, qcfg: QueueConfig, ledger: Path) -> dict[str
                 "actual": f"the harness failed deciding it: {type(e).__name__}: {e}"[:400]}  # fmt: skip
         rec = refused_record(entry.root, entry.digest, entry.key, entry.track, entry.meta, [])
         rec.update(verdict=COULD_NOT_RUN, checks=[diff], differences=[diff], seeds=[r["seed"] for r in runs])
+    rec["run_flags"] = qcfg.run_flags(entry)
     append_ledger(ledger, rec)
     st.verdicts[entry.digest] = rec
     print(describe(rec), flush=True)
@@ -501,8 +546,8 @@ def run_queue(qcfg: QueueConfig, ecfg: ExecutorConfig) -> dict[str, Any]:
         # the key holds 48 bits of the digest: an entry ground to share another's name and key (2^48 hashes, hours
         # on a GPU) and claimed seeds was given its run folders, where one of the two runs was refused
         runs_name = e.key if runs_of.setdefault(e.key, e.digest) == e.digest else f"{e.key}-{e.digest}"
-        if e.digest in st.verdicts and all((e.digest, s) in st.runs for s in qcfg.seeds_of(e)):
-            print(f"done {e.key}: {st.verdicts[e.digest]['verdict']} (from the ledger)", flush=True)
+        if (done := qcfg.current_verdict(st, e)) is not None:
+            print(f"done {e.key}: {done['verdict']} (from the ledger)", flush=True)
             skipped_jobs += len(qcfg.seeds_of(e))
             continue
         track = TRACKS.get(e.track)
@@ -510,19 +555,21 @@ def run_queue(qcfg: QueueConfig, ecfg: ExecutorConfig) -> dict[str, Any]:
             continue
         res = track_resources(track, ecfg)
         for s in qcfg.seeds_of(e):
-            if (e.digest, s) in st.runs:
+            if qcfg.run_key(e, s) in st.runs:
                 skipped_jobs += 1
-                print(f"done {e.key} seed {s}: job {st.runs[(e.digest, s)].get('job_id')} (from the ledger)")
+                print(
+                    f"done {e.key} seed {s}: job {st.runs[qcfg.run_key(e, s)].get('job_id')} (from the ledger)"
+                )
                 continue
             attempt = st.attempts[(e.digest, s)] + 1
             run_dir = qcfg.out / runs_name / f"seed-{s}-a{attempt}"
             task = {"entry_dir": str(e.root), "entry_digest": e.digest, "entry_key": e.key, "seed": s,
                     "preset": e.preset, "data": qcfg.data, "run_dir": str(run_dir),
                     "ledger": str(qcfg.out / "results.jsonl"), "queue_ledger": str(ledger),
-                    "set": list(qcfg.overrides)}  # fmt: skip
+                    "set": list(qcfg.overrides), "run_flags": qcfg.run_flags(e)}  # fmt: skip
             todo.append(Job(entry=e, seed=s, run_dir=run_dir, resources=res, task=task))
     for e in entries:  # every seed already run (a queue killed before it decided): decide now
-        if e.digest not in st.verdicts and not any(j.entry is e for j in todo):
+        if qcfg.current_verdict(st, e) is None and not any(j.entry is e for j in todo):
             decide(e, st, qcfg, ledger)
     executor = _executor(ecfg, fresh_jobs_folder(ecfg.folder or qcfg.out / ".jobs")) if todo else None
     k = ecfg.max_parallel or (0 if ecfg.kind == "slurm" else max(1, (os.cpu_count() or 1) // max(
@@ -553,13 +600,13 @@ def run_queue(qcfg: QueueConfig, ecfg: ExecutorConfig) -> dict[str, Any]:
                 if rec.get("job_failed"):
                     append_ledger(ledger, rec)  # the job wrote nothing: say so (a restart runs it again)
                 session_runs.append(rec)
-                st.runs[(j.entry.digest, j.seed)] = rec
+                st.runs[qcfg.run_key(j.entry, j.seed)] = rec
                 bpb = rec.get("val_bpb")
                 print(f"job {j.handle.job_id} {rec['job_state']}: {j.entry.key} seed {j.seed} {rec.get('status')}"
                       + (f" val_bpb {bpb:.6f}" if isinstance(bpb, float) else f" ({rec.get('detail')})")
                       + f" [{len(session_runs)}/{len(todo)}]", file=sys.stderr, flush=True)  # fmt: skip
                 e = j.entry
-                if all((e.digest, s) in st.runs for s in qcfg.seeds_of(e)):
+                if qcfg.has_runs(st, e):
                     decide(e, st, qcfg, ledger)
             if in_flight:
                 time.sleep(ecfg.poll_s)

@@ -478,3 +478,72 @@ def test_a_folder_name_with_a_newline_is_no_entry_and_an_order_file_lists_each_o
     order.write_text("x\n2026-03-09_mine\n2026-03-01_fine\n2026-03-09_mine\n")
     with pytest.raises(ValueError, match=r"'2026-03-09_mine' is listed twice; list each entry once"):
         read_order(str(order))
+
+
+def _queue(root: Path, out: Path, **kw: Any) -> dict[str, Any]:
+    qcfg = queue.QueueConfig(root=root, out=out, ledger=out / "ledger.jsonl", seeds=2, **kw)
+    return queue.run_queue(qcfg, ExecutorConfig(kind="local", max_parallel=1, poll_s=0.001))
+
+
+def test_a_verdict_decided_under_looser_flags_is_not_reused_under_stricter_ones(run_inline, tmp_path):
+    """The queue resumed from its ledger took any verdict of the entry's digest whose seeds had runs as done, under
+    whatever flags decided it: a claim of 1.0 against runs of 1.5 bits/byte, reproduced under `--k 100 --floor-bpb
+    1`, stayed `reproduced` when the queue ran again under the defaults ("done ... (from the ledger)"), and that
+    latest verdict is the one the chain reads. A verdict is reused only under the tolerance, seeds and run flags
+    it was decided with; the runs are reused (they were made under the same flags), the verdict decided again."""
+    from harness.records.reproduce import Tolerance
+
+    root = tmp_path / "entries"
+    entry(root / "2026-02-01_lucky", name="lucky", claimed={"val_bpb": 1.0})
+    out = tmp_path / "q"
+    _queue(root, out, tol=Tolerance(k=100.0, floor_bpb=1.0))
+    assert [v["verdict"] for v in ledger(out, "pg-reproduction")] == ["reproduced"]
+    _queue(root, out)  # the defaults
+    verdicts = ledger(out, "pg-reproduction")
+    assert [v["verdict"] for v in verdicts] == ["reproduced", "not_reproduced"]
+    assert verdicts[-1]["tolerance"]["k"] == 3.0
+    assert len(ledger(out, RUN_FORMAT)) == 2  # the two seeds' runs, not run again
+    _queue(root, out)  # the same flags again: the verdict is reused
+    assert len(ledger(out, "pg-reproduction")) == 2
+
+
+def test_runs_made_under_other_overrides_are_not_reused(run_inline, tmp_path):
+    """The runs were the state by (entry digest, seed) alone: runs trained under one `--set` (or preset, or data)
+    were taken, with their verdict, for a queue run under another. A run is reused only under the flags it ran
+    with; a run record that does not name them (older ledgers) is run again."""
+    root = tmp_path / "entries"
+    entry(root / "2026-02-01_e", name="e")
+    out = tmp_path / "q"
+    _queue(root, out, overrides=["train.lr=0.5"])
+    first = ledger(out, RUN_FORMAT)
+    assert len(first) == 2 and all(r["run_flags"]["set"] == ["train.lr=0.5"] for r in first)
+    _queue(root, out)
+    runs = ledger(out, RUN_FORMAT)
+    assert len(runs) == 4 and [r["run_flags"]["set"] for r in runs[2:]] == [[], []]
+    assert len({r["run_dir"] for r in runs}) == 4  # new attempt folders
+    assert len(ledger(out, "pg-reproduction")) == 2
+    _queue(root, out)
+    assert len(ledger(out, RUN_FORMAT)) == 4 and len(ledger(out, "pg-reproduction")) == 2
+
+
+def test_a_triage_under_a_looser_sandbox_is_not_reused_under_a_required_one(
+    run_inline, monkeypatch, tmp_path
+):
+    """Triage was cached by digest: an entry that passed `--sandbox auto` (the model build unconfined where no
+    sandbox answers) was not triaged again under `--sandbox required`."""
+    from harness.commands import preflight
+
+    seen: list[str] = []
+
+    def checks(root: Path, preset: Any, sandbox: str) -> list[Any]:
+        seen.append(sandbox)
+        return []
+
+    monkeypatch.setattr(preflight, "run_checks", checks)
+    root = tmp_path / "entries"
+    entry(root / "2026-02-01_e", name="e")
+    out = tmp_path / "q"
+    _queue(root, out, sandbox="auto")
+    _queue(root, out, sandbox="required")
+    _queue(root, out, sandbox="required")
+    assert seen == ["auto", "required"]
