@@ -148,8 +148,9 @@ def candidates_from_reproductions(
         repeats = same_runs(ok)
         one_run = None
         if repeats:
-            a, b, what = repeats[0]
-            one_run = f"seeds {visible(a, 40)} and {visible(b, 40)} gave one run ({SAME_RUN_WHY[what]})"
+            i, j, what = repeats[0]
+            a, b = (visible(ok[k].get("seed"), 40) for k in (i, j))
+            one_run = f"seeds {a} and {b} gave one run ({SAME_RUN_WHY[what]})"
         diffs = r.get("differences") or []
         why = (
             ""

@@ -19,6 +19,9 @@ and the margin is converted to bits per byte with the old side's tokens per byte
 (margin · tokens/bytes / ln 2), the margin the record's own tokenizer implies. bpb stays the
 ranking metric of the leaderboard; this command only says whether an improvement is significant.
 
+Each side's results must be runs of their own: one seed twice, one artifact or one score to the last bit
+(reproduce.py same_runs) is one run counted twice, and refused in one line naming the two files.
+
 A result is verified only by a "verified" verification of its digest in the official's ledger
 (`--ledger`, as the leaderboard reads it); the "verification" a result.json holds is the word of whoever
 wrote the file, and a verdict on any unverified result says UNVERIFIED.
@@ -39,6 +42,7 @@ from scipy import stats
 
 from data.io import read_json
 from harness.records.leaderboard import SCORE_MAX, digest_or_none, read_ledger, verification_of
+from harness.records.reproduce import SAME_RUN_WHY, same_runs
 from harness.run.text import visible
 from scoring.statuses import VERIFIED, Status
 from scoring.tracks import get_track
@@ -160,6 +164,20 @@ def _same(v: Any) -> str:
     return json.dumps(v, sort_keys=True, default=str)
 
 
+def _one_run(rs: list[dict[str, Any]]) -> str | None:
+    """Two results of one side that are one run (reproduce.py same_runs: one seed, one artifact, or one score to
+    the last bit), said in a line; None when each is a run of its own. A repeat was a warning beside the verdict:
+    two results passed twice made p 0.073 a NEW RECORD at 0.0019."""
+    view = [
+        {"seed": _same(r.get("seed")), "status": Status.OK, "val_loss": r.get("val_loss"), "val_bpb": r.get("val_bpb"),
+         "artifact_sha256": (r.get("provenance") or {}).get("artifact_sha256")}
+        for r in rs
+    ]  # fmt: skip
+    for i, j, what in same_runs(view):
+        return f"{rs[i]['_path']} and {rs[j]['_path']} are one run ({SAME_RUN_WHY[what]})"
+    return None
+
+
 def _verified(r: dict[str, Any], verifications: dict[str, dict[str, Any]]) -> bool:
     """Whether the ledger's verification of exactly this result says verified (never the result's own word)."""
     core = {k: v for k, v in r.items() if k != "_path"}
@@ -190,9 +208,12 @@ def compare_results(
             "HINT: pass --metric val_bpb"
         )
     for side, rs in (("new", new), ("old", old)):
-        seeds = [r.get("seed") for r in rs]
-        if len(set(map(_same, seeds))) < len(seeds):
-            warnings.append(f"{side} side repeats seeds {seeds}: repeated seeds are not independent samples")
+        one_run = _one_run(rs)
+        if one_run is not None:
+            raise ValueError(
+                f"{side} side: {one_run}; the Welch test would read them as independent samples. HINT: pass "
+                "each seed's result once, of runs that used their seed"
+            )
         if any(r.get("track") != tr.name for r in rs):
             warnings.append(
                 f"{side} side has results from tracks {sorted({str(r.get('track')) for r in rs})}, testing under {tr.name}"

@@ -412,19 +412,20 @@ SAME_RUN_WHY = {
 }
 
 
-def same_runs(runs: list[dict[str, Any]]) -> list[tuple[Any, Any, str]]:
-    """Pairs of ok runs that are one run: (first seed, second seed, what they share), each later run paired with
-    the first it repeats. What is shared: `seed` (one seed listed twice), `artifact` (the same artifact_sha256: the
-    same weights, whatever the seed) or `val_loss and val_bpb` (the same score to the last bit, a float64 sum over
-    every scored token: two trainings that differ in anything the forward reads never agree in all 53 bits).
-    Two different seeds that are one run show a train.py that ignored the harness's seed (module docstring,
-    "Chosen seeds"): its seeds are one sample, counted as many."""
-    seen: list[dict[str, Any]] = []
-    out: list[tuple[Any, Any, str]] = []
-    for r in runs:
+def same_runs(runs: list[dict[str, Any]]) -> list[tuple[int, int, str]]:
+    """Pairs of ok runs that are one run: (index of the first, index of the later one, what they share), each
+    later run paired with the first it repeats. What is shared: `seed` (one seed listed twice), `artifact` (the
+    same artifact_sha256: the same weights, whatever the seed) or `val_loss and val_bpb` (the same score to the
+    last bit, a float64 sum over every scored token: two trainings that differ in anything the forward reads
+    never agree in all 53 bits). Two different seeds that are one run show a train.py that ignored the harness's
+    seed (module docstring, "Seeds that reached the run"): its seeds are one sample, counted as many."""
+    seen: list[int] = []
+    out: list[tuple[int, int, str]] = []
+    for j, r in enumerate(runs):
         if r.get("status") != Status.OK:
             continue
-        for f in seen:
+        for i in seen:
+            f = runs[i]
             sha = r.get("artifact_sha256")
             if f.get("seed") == r.get("seed"):
                 what = "seed"
@@ -437,10 +438,10 @@ def same_runs(runs: list[dict[str, Any]]) -> list[tuple[Any, Any, str]]:
                 what = "val_loss and val_bpb"
             else:
                 continue
-            out.append((f.get("seed"), r.get("seed"), what))
+            out.append((i, j, what))
             break
         else:
-            seen.append(r)
+            seen.append(j)
     return out
 
 
@@ -470,7 +471,8 @@ def compare_claim(
                 f"{stats_rec['mean_reproduced']:.6f} ± {stats_rec['bound']:.6f}",
             )
         )
-    for a, b, what in same_runs(ok_runs):  # a seed the run ignored tested nothing (module docstring)
+    for i, j, what in same_runs(ok_runs):  # a seed the run ignored tested nothing (module docstring)
+        a, b = ok_runs[i]["seed"], ok_runs[j]["seed"]
         checks.append(Check(f"seeds {a} and {b} gave different runs", False, "a run that depends on its seed",
                             f"{SAME_RUN_WHY[what]}: the seed did not reach the run"))  # fmt: skip
     for run in ok_runs:  # the chain files the entry under submission.json's track; its runs must be there

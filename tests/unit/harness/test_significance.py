@@ -264,8 +264,9 @@ def test_a_list_where_a_string_or_number_goes_is_compared_never_a_type_error(tmp
     for p in new:
         Path(p).write_text(json.dumps({**json.loads(Path(p).read_text()), key: value}))
     old = load_results(write_results(tmp_path, "o", [2.06, 2.059]))
-    if key == "seed":
-        assert "new side repeats seeds [[1], [1]]" in describe(compare_results(load_results(new), old))
+    if key == "seed":  # one seed twice: one run counted twice, refused
+        with pytest.raises(ValueError, match=r"new side: .* are one run \(one seed counted twice\)"):
+            compare_results(load_results(new), old)
     else:
         with pytest.raises(ValueError, match="score different tokens"):
             compare_results(load_results(new), old)
@@ -282,3 +283,25 @@ def test_an_object_track_on_the_old_side_or_no_bpb_is_one_line_never_a_type_erro
     Path(old_paths[0]).write_text(json.dumps({**json.loads(Path(old_paths[0]).read_text()), "val_bpb": None}))
     with pytest.raises(ValueError, match=f"^{old_paths[0]} has no val_bpb; compare results that hold it"):
         compare_results(new, load_results(old_paths), metric="val_bpb")
+
+
+def test_one_run_counted_twice_is_refused_not_a_record(tmp_path):
+    """Two verified results, each passed twice (or the copy an entrant left in both results/ and runs/): the new
+    side's n doubled and its spread shrank, p 0.073 -> 0.0019, and compare said NEW RECORD with a warning beside
+    it. Two seeds with one score to the last bit (a train.py that fixed its own seed) are one run as well."""
+    old_paths = write_results(tmp_path, "o", [2.06, 2.059, 2.061])
+    new_paths = write_results(tmp_path, "n", [2.04, 2.046])
+    ledger = read_ledger(ledger_of(tmp_path, *old_paths, *new_paths))[1]
+    old = load_results(old_paths)
+    assert (
+        compare_results(load_results(new_paths), old, verifications=ledger)["record"] is False
+    )  # the control
+    with pytest.raises(
+        ValueError, match=r"new side: .*n_0\.json and .*n_0\.json are one run \(one seed counted"
+    ):
+        compare_results(load_results(new_paths * 2), old, verifications=ledger)
+    same = write_results(tmp_path / "same", "s", [2.04, 2.04])
+    with pytest.raises(ValueError, match="the same val_loss and val_bpb to the last bit"):
+        compare_results(load_results(same), old)
+    with pytest.raises(ValueError, match="old side: .* are one run"):
+        compare_results(load_results(new_paths), load_results(old_paths + old_paths[:1]))
