@@ -42,10 +42,11 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from data.io import write_json_atomic
 from harness.records.compare import welch_test
+from harness.records.leaderboard import SCORE_MAX
 from harness.records.reproduce import REPRO_FORMAT, REPRODUCED, SAME_RUN_WHY, same_runs
 from harness.run.text import NAME_MAX_CHARS, TEXT_MAX_CHARS, markdown_cell, visible
 from scoring.statuses import Status, Verification
@@ -111,8 +112,9 @@ class Candidate:
     tokenizer: str | None = None
     configs: int = 1
     seeds_chosen: str = SEEDS_CLAIMED
-    one_run: str | None = None
-    """Why two of its seeds are one sample (reproduce.py same_runs), or None."""
+    unusable: str | None = None
+    """Why its runs are no samples for the test (a score that is no finite number, two seeds that are one run:
+    reproduce.py same_runs), whatever its verdict says; None when they are."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def sort_key(self) -> tuple[int, str, str, str]:
@@ -123,6 +125,37 @@ class Candidate:
 
 def _mean(xs: list[float]) -> float | None:
     return statistics.fmean(xs) if xs else None
+
+
+def _count(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**63 else None
+
+
+def _is_number(v: Any) -> TypeGuard[int | float]:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _unusable(ok: list[dict[str, Any]]) -> str | None:
+    """Why a reproduction's ok runs are no samples for the Welch test (Candidate.unusable), or None. Read here,
+    not only in the verdict: a record decided before a check, or written by another tool. A score the ledger
+    wrote as "nan" set a frontier at a NaN mean, and every later entry was refused against it (p = nan)."""
+    for x in ok:
+        for key in ("val_loss", "val_bpb"):
+            v = x.get(key)
+            # compared before isfinite: a 400-digit integer overflowed it
+            if not (_is_number(v) and 0 <= v <= SCORE_MAX and math.isfinite(v)):
+                return (
+                    f"seed {visible(x.get('seed'), 40)}: {key} {visible(repr(v), 40)} is not a finite score"
+                )
+    repeats = same_runs(ok)
+    if repeats:
+        i, j, what = repeats[0]
+        a, b = (visible(ok[k].get("seed"), 40) for k in (i, j))
+        return (
+            f"seeds {a} and {b} gave one run ({SAME_RUN_WHY[what]}): the seed did not reach the run, so its seeds "
+            "are not independent samples"
+        )
+    return None
 
 
 def candidates_from_reproductions(
@@ -145,12 +178,7 @@ def candidates_from_reproductions(
         listed = holder.get(folder) == r["entry_digest"]
         ok = [x for x in r.get("reproduced") or [] if isinstance(x, dict) and x.get("status") == Status.OK]
         # read here, not only in the verdict: a record decided before the check, or by another tool
-        repeats = same_runs(ok)
-        one_run = None
-        if repeats:
-            i, j, what = repeats[0]
-            a, b = (visible(ok[k].get("seed"), 40) for k in (i, j))
-            one_run = f"seeds {a} and {b} gave one run ({SAME_RUN_WHY[what]})"
+        unusable = _unusable(ok)
         diffs = r.get("differences") or []
         why = (
             ""
@@ -167,13 +195,13 @@ def candidates_from_reproductions(
                 track=str(r.get("track")),
                 verdict=str(r.get("verdict")),
                 why_verdict=visible(why, 200),
-                val_loss=[float(x["val_loss"]) for x in ok if x.get("val_loss") is not None],
-                val_bpb=[float(x["val_bpb"]) for x in ok if x.get("val_bpb") is not None],
-                val_tokens=next((x.get("val_tokens") for x in ok), None),
-                val_bytes=next((x.get("val_bytes") for x in ok), None),
+                val_loss=[] if unusable else [float(x["val_loss"]) for x in ok],
+                val_bpb=[] if unusable else [float(x["val_bpb"]) for x in ok],
+                val_tokens=next((_count(x.get("val_tokens")) for x in ok), None),
+                val_bytes=next((_count(x.get("val_bytes")) for x in ok), None),
                 tokenizer=next((x.get("tokenizer_sha256") for x in ok), None),
                 seeds_chosen=seeds_chosen(r.get("fresh_seeds")),
-                one_run=one_run,
+                unusable=unusable,
                 extra={"seeds": r.get("seeds"), "preset": r.get("preset")},
             )
         )
@@ -278,10 +306,8 @@ def accept_in_order(cands: list[Candidate], rule_override: str | None = None) ->
                 f"seeds {c.seeds_chosen}: an entrant can choose those; {c.track} takes fresh seeds under the "
                 "official's salt (pgolf queue --seeds 3 --seed-salt-file F)"
             )
-        elif c.one_run is not None:
-            row["reason"] = (
-                f"{c.one_run}: the seed did not reach the run, so its seeds are not independent samples"
-            )
+        elif c.unusable is not None:
+            row["reason"] = c.unusable
         elif len(c.val_bpb) < rule.min_seeds:
             row["reason"] = f"{len(c.val_bpb)} seed(s); rule {rule.name} needs at least {rule.min_seeds}"
         elif rule.one_config and c.configs != 1:

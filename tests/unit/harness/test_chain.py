@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from scipy import stats
@@ -171,3 +172,27 @@ def test_a_verified_result_scored_outside_its_tracks_rules_is_never_accepted(
     chain = build_chain(ledger, track="smoke", rule=None, order={})
     want = [("e1", True), ("e2", True)] if why.startswith("a bare NaN") else [("e1", True)]
     assert [(r["name"], r["accepted"]) for r in chain["rows"]] == want, why
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf", "1.0e400", "text", None, [1.0], True])
+def test_a_run_without_a_finite_score_sets_no_frontier_and_stops_no_chain(tmp_path, bad):
+    """The ledger writes a non-finite number as a string ("nan"), and the chain read each ok run's score with
+    float(): a reproduced entry with one such run set the frontier at a NaN mean, and every entry after it was
+    refused ("p = nan, not < 0.01"); text there ended `pgolf chain` (and the queue's last step) in ValueError.
+    Such a run is no sample: the entry is refused, naming it, and the next entry sets the frontier."""
+
+    def rec(key: str, date: str, losses: list[Any]) -> dict:
+        runs = [{"seed": i, "status": "ok", "val_loss": x, "val_bpb": x / 1.386 if isinstance(x, float) else x,
+                 "val_tokens": 1000, "val_bytes": 2000, "tokenizer_sha256": "t" * 64}
+                for i, x in enumerate(losses)]  # fmt: skip
+        return {"format": "pg-reproduction", "format_version": 1, "entry_key": key, "entry_digest": key * 64,
+                "entry_dir": f"/e/{key}", "submission": {"name": key, "date": date}, "track": "smoke",
+                "verdict": REPRODUCED, "reproduced": runs, "differences": [], "seeds": [0, 1, 2]}  # fmt: skip
+
+    ledger = tmp_path / "ledger.jsonl"
+    text = json.dumps(rec("a", "2026-01-01", [5.0, 5.01, "BAD"])).replace('"BAD"', json.dumps(bad))
+    text = text.replace('"1.0e400"', "1.0e400")  # a bare overflowing number, as json.loads reads it: inf
+    ledger.write_text(text + "\n" + json.dumps(rec("b", "2026-01-02", A.val_loss)) + "\n")
+    rows = build_chain(ledger, track=None, rule=None, order={})["rows"]
+    assert [r["accepted"] for r in rows] == [False, True]
+    assert rows[0]["reason"].startswith("seed 2: val_loss ") and "is not a finite score" in rows[0]["reason"]
