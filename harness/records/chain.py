@@ -23,9 +23,10 @@ Each track's policy (`TRACK_POLICIES`) names the rule and the evidence:
   (`pgolf queue --seeds N --seed-salt-file F`) is accepted. Claimed seeds reproduce exactly even when they are
   the best few of a hundred the entrant tried, and seeds from the entry's digest alone the entrant computes;
   either is a seed lottery the Welch test would read as independent samples. `any` (other tracks): any seeds.
-- on every track, a reproduction two of whose seeds were one run (reproduce.py same_runs: the same artifact
-  or the same score to the last bit, a train.py that fixed its own seed) is refused, read from its runs whatever
-  its verdict says: one sample counted as several.
+- on every track, a reproduction (or a group of verified results) two of whose seeds were one run
+  (reproduce.py same_runs: one seed twice, the same artifact or the same score to the last bit, a train.py that
+  fixed its own seed), or with a run whose score is no finite number, is refused, read from its runs whatever
+  its verdict says: one sample counted as several, or none. A verified result listed twice is one sample.
 
 The metric is val_loss (nats/token) when both sides scored the same tokens (tokenizer and validation
 count), else val_bpb with the margin converted by the frontier's tokens per byte (as `pgolf compare`
@@ -220,7 +221,12 @@ def candidates_from_verified(ledger: Path, order: dict[str, int]) -> list[Candid
 
     results, verifications = read_ledger(ledger)
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    seen: set[str] = set()
     for r in results:
+        digest = digest_or_none(r)
+        if digest is not None and digest in seen:
+            continue  # the same result twice (a line appended again) is one sample, as on the leaderboard
+        seen.add(digest or "")
         if (
             r.get("status") != Status.OK
             or verification_of(digest_or_none(r), verifications) != Verification.VERIFIED
@@ -233,6 +239,9 @@ def candidates_from_verified(ledger: Path, order: dict[str, int]) -> list[Candid
         groups.setdefault((entry_id(r), str(r.get("preset")), over), []).append(r)
     out = []
     for (eid, preset, _over), rs in groups.items():
+        unusable = _unusable(
+            [{**r, "artifact_sha256": (r.get("provenance") or {}).get("artifact_sha256")} for r in rs]
+        )
         sub = rs[0].get("submission") or {}
         folder = Path(str((rs[0].get("provenance") or {}).get("submission_dir") or sub.get("name"))).name
         out.append(
@@ -245,8 +254,9 @@ def candidates_from_verified(ledger: Path, order: dict[str, int]) -> list[Candid
                 track=str(rs[0].get("track")),
                 verdict=REPRODUCED,  # verified: the evidence this policy accepts
                 why_verdict="",
-                val_loss=[float(r["val_loss"]) for r in rs],
-                val_bpb=[float(r["val_bpb"]) for r in rs],
+                val_loss=[] if unusable else [float(r["val_loss"]) for r in rs],
+                val_bpb=[] if unusable else [float(r["val_bpb"]) for r in rs],
+                unusable=unusable,
                 val_tokens=rs[0].get("val_tokens"),
                 val_bytes=rs[0].get("val_bytes"),
                 tokenizer=(rs[0].get("provenance") or {}).get("tokenizer_sha256"),

@@ -196,3 +196,39 @@ def test_a_run_without_a_finite_score_sets_no_frontier_and_stops_no_chain(tmp_pa
     rows = build_chain(ledger, track=None, rule=None, order={})["rows"]
     assert [r["accepted"] for r in rows] == [False, True]
     assert rows[0]["reason"].startswith("seed 2: val_loss ") and "is not a finite score" in rows[0]["reason"]
+
+
+def test_verified_evidence_counts_a_result_once_and_refuses_one_seed_twice(tmp_path, monkeypatch):
+    """A track whose policy takes verified results grouped every verified ok line: a result line appended twice
+    (a ledger merged from two machines) was two samples, and so were two runs of one seed (deterministic: one
+    run). The same result is one sample, as on the leaderboard; one seed twice is refused."""
+    from harness.records import chain as chain_mod
+    from harness.records.verify import result_digest
+
+    monkeypatch.setitem(chain_mod.TRACK_POLICIES, "smoke", chain_mod.TrackPolicy(evidence="verified"))
+
+    def result(name: str, seed: int, loss: float, run: str = "") -> dict:
+        return {"format": "pg-result", "status": "ok", "within_cap": True, "track": "smoke", "preset": "tiny",
+                "seed": seed, "val_loss": loss, "val_bpb": loss / 1.386, "val_tokens": 1000, "val_bytes": 2000,
+                "run_dir": f"/runs/{name}-{seed}{run}",
+                "submission": {"name": name, "author": "x", "github_id": "x", "date": "2026-01-0" + name[-1]},
+                "provenance": {"code_files": {"model.py": name}, "tokenizer_sha256": "t"},
+                "phases": {"command": {"overrides": []}}}  # fmt: skip
+
+    e1 = [result("e1", 1, 5.0), result("e1", 2, 5.01)]
+    e2 = [result("e2", 1, 4.0), result("e2", 2, 4.01)]
+    e3 = [result("e3", 1, 3.0), result("e3", 1, 3.0, run="-again")]  # one seed run twice
+    lines_out = [json.dumps(r) for r in [*e1, *e2, e2[0], *e3]]  # e2's first line appended twice
+    lines_out += [
+        json.dumps({"format": "pg-verification", "status": "verified", "result_sha256": result_digest(r)})
+        for r in [*e1, *e2, *e3]
+    ]
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text("\n".join(lines_out) + "\n")
+    rows = build_chain(ledger, track="smoke", rule=None, order={})["rows"]
+    assert [(r["name"], r["n_seeds"], r["accepted"]) for r in rows] == [
+        ("e1", 2, True),
+        ("e2", 2, True),
+        ("e3", 0, False),
+    ]
+    assert rows[2]["reason"].startswith("seeds 1 and 1 gave one run (one seed counted twice)")
