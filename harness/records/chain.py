@@ -27,6 +27,9 @@ Each track's policy (`TRACK_POLICIES`) names the rule and the evidence:
   (reproduce.py same_runs: one seed twice, the same artifact or the same score to the last bit, a train.py that
   fixed its own seed), or with a run whose score is no finite number, is refused, read from its runs whatever
   its verdict says: one sample counted as several, or none. A verified result listed twice is one sample.
+- a verdict decided under a looser tolerance than the track's (`TrackPolicy.tolerance`, reproduce.py's defaults:
+  `--k 3`, `--floor-bpb 0.003`) is refused: the queue decides a verdict again under new flags, and the chain
+  reads the latest.
 
 The metric is val_loss (nats/token) when both sides scored the same tokens (tokenizer and validation
 count), else val_bpb with the margin converted by the frontier's tokens per byte (as `pgolf compare`
@@ -48,7 +51,7 @@ from typing import Any, TypeGuard
 from data.io import write_json_atomic
 from harness.records.compare import welch_test
 from harness.records.leaderboard import SCORE_MAX
-from harness.records.reproduce import REPRO_FORMAT, REPRODUCED, SAME_RUN_WHY, same_runs
+from harness.records.reproduce import REPRO_FORMAT, REPRODUCED, SAME_RUN_WHY, Tolerance, same_runs
 from harness.run.text import NAME_MAX_CHARS, TEXT_MAX_CHARS, markdown_cell, visible
 from scoring.statuses import Status, Verification
 from scoring.tracks import TRACKS
@@ -78,6 +81,8 @@ class TrackPolicy:
     evidence: str = "reproduced"
     seeds: str = "any"
     """"salted": only seeds fresh under the official's salt are evidence; "any": claimed ones too."""
+    tolerance: Tolerance = Tolerance()
+    """The loosest reproduction tolerance whose verdict counts (every field at most this)."""
 
 
 TRACK_POLICIES: dict[str, TrackPolicy] = {
@@ -113,6 +118,8 @@ class Candidate:
     tokenizer: str | None = None
     configs: int = 1
     seeds_chosen: str = SEEDS_CLAIMED
+    tolerance: Any = None
+    """The tolerance its verdict was decided under (a pg-reproduction's `tolerance`); None: not said."""
     unusable: str | None = None
     """Why its runs are no samples for the test (a score that is no finite number, two seeds that are one run:
     reproduce.py same_runs), whatever its verdict says; None when they are."""
@@ -203,6 +210,7 @@ def candidates_from_reproductions(
                 tokenizer=next((x.get("tokenizer_sha256") for x in ok), None),
                 seeds_chosen=seeds_chosen(r.get("fresh_seeds")),
                 unusable=unusable,
+                tolerance=r.get("tolerance"),
                 extra={"seeds": r.get("seeds"), "preset": r.get("preset")},
             )
         )
@@ -266,6 +274,23 @@ def candidates_from_verified(ledger: Path, order: dict[str, int]) -> list[Candid
     return out
 
 
+def looser_than(tolerance: Any, limit: Tolerance) -> str | None:
+    """How a verdict's `tolerance` (as the record holds it) is looser than `limit`, in a line; None when it is
+    not (None: the record does not say, a record of another tool)."""
+    if tolerance is None:
+        return None
+    if not isinstance(tolerance, dict):
+        return f"tolerance {visible(repr(tolerance), 40)} is not one"
+    out = []
+    for name, most in asdict(limit).items():
+        v = tolerance.get(name)
+        if not _is_number(v) or not math.isfinite(v):
+            out.append(f"{name} {visible(repr(v), 20)} is no number")
+        elif v > most:
+            out.append(f"{name} {v:g} > {most:g}")
+    return ", ".join(out) or None
+
+
 def improvement_test(new: Candidate, old: Candidate, margin_nats: float, alpha: float) -> dict[str, Any]:
     """The one-sided Welch test of old - new > margin, on val_loss or (other tokens) val_bpb."""
     same_tokens = new.tokenizer == old.tokenizer and new.val_tokens == old.val_tokens and new.tokenizer
@@ -318,6 +343,11 @@ def accept_in_order(cands: list[Candidate], rule_override: str | None = None) ->
             )
         elif c.unusable is not None:
             row["reason"] = c.unusable
+        elif (loose := looser_than(c.tolerance, policy.tolerance)) is not None:
+            row["reason"] = (
+                f"decided under a looser tolerance than {c.track}'s ({loose}): decide it again under the track's "
+                "(pgolf queue without --k and --floor-bpb)"
+            )
         elif len(c.val_bpb) < rule.min_seeds:
             row["reason"] = f"{len(c.val_bpb)} seed(s); rule {rule.name} needs at least {rule.min_seeds}"
         elif rule.one_config and c.configs != 1:

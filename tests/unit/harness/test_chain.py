@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import Any
 
 import pytest
@@ -232,3 +233,34 @@ def test_verified_evidence_counts_a_result_once_and_refuses_one_seed_twice(tmp_p
         ("e3", 0, False),
     ]
     assert rows[2]["reason"].startswith("seeds 1 and 1 gave one run (one seed counted twice)")
+
+
+def test_a_verdict_decided_under_a_looser_tolerance_than_its_tracks_is_refused(tmp_path):
+    """The chain read the latest verdict of each entry whatever tolerance decided it: a queue run again with
+    `--k 100 --floor-bpb 1` into the same ledger (the queue decides a verdict again under new flags) turned an
+    entry not reproduced under the defaults into a record. Only a verdict under the track's tolerance or a
+    stricter one counts."""
+    from harness.records.reproduce import Tolerance
+
+    def rec(key: str, date: str, losses: list[float], tol: dict | None) -> dict:
+        runs = [{"seed": i, "status": "ok", "val_loss": x, "val_bpb": x / 1.386, "val_tokens": 1000,
+                 "val_bytes": 2000, "tokenizer_sha256": "t" * 64} for i, x in enumerate(losses)]  # fmt: skip
+        out = {"format": "pg-reproduction", "format_version": 1, "entry_key": key, "entry_digest": key * 64,
+               "entry_dir": f"/e/{key}", "submission": {"name": key, "date": date}, "track": "smoke",
+               "verdict": REPRODUCED, "reproduced": runs, "differences": [], "seeds": [0, 1, 2]}  # fmt: skip
+        return out if tol is None else {**out, "tolerance": tol}
+
+    default = asdict(Tolerance())
+    ledger = tmp_path / "ledger.jsonl"
+    recs = [
+        rec("a", "2026-01-01", A.val_loss, default),
+        rec("b", "2026-01-02", B.val_loss, {**default, "k": 100.0, "floor_bpb": 1.0}),
+        rec("c", "2026-01-03", C.val_loss, {**default, "floor_bpb": 0.001}),  # stricter: counts
+    ]
+    ledger.write_text("".join(json.dumps(x) + "\n" for x in recs))
+    rows = build_chain(ledger, track=None, rule=None, order={})["rows"]
+    assert [r["accepted"] for r in rows] == [True, False, True]
+    assert rows[1]["reason"] == (
+        "decided under a looser tolerance than smoke's (k 100 > 3, floor_bpb 1 > 0.003): decide it again under "
+        "the track's (pgolf queue without --k and --floor-bpb)"
+    )
