@@ -26,8 +26,9 @@ nodes' ranks run without a PID namespace of their own.
 Seeds that reached the run. The harness seeds torch, numpy and random with the seed; a train.py that seeds them
 again with its own (the best of a hundred tried at home) makes every fresh seed its lucky run. Two seeds that
 are one run (`same_runs`: one artifact, or one score to the last bit) fail the verdict, and the chain refuses
-them too. A seed-dependent perturbation that moves the score by a few ulps passes: nothing the harness owns
-(the data order is the same for every seed) depends on the seed, so no mechanical check here sees further.
+them too. A seed-dependent perturbation that moves the score by a few ulps passes: nothing past the seeding
+carries the seed across a process boundary (the token stream runs in the rank's process with every training
+shard mapped, so even a seed-dependent data order would be train.py's to undo), and no check here sees further.
 
 The test (`compare_claim`; every number is in the record):
 - val_bpb: the claimed mean must lie within the reproduced mean ± (k · SE + floor_bpb), SE the standard

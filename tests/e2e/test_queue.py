@@ -164,3 +164,42 @@ def test_queue_on_a_real_single_node_slurm(entries, tmp_path, slurm):  # noqa: F
         for st in summary["job_states"].values()
     )
     assert "submitted slurm job " in r.stderr and summary["executor"] == "slurm"
+
+
+@pytest.mark.long
+@pytest.mark.slow
+def test_a_train_py_that_fixes_its_own_seed_is_not_reproduced_on_fresh_seeds(tiny_dataset, tmp_path):
+    """The seed-lottery entry, really trained: tiny_lm whose train() first calls torch.manual_seed(1337) (the best
+    of many tried at home). Two fresh seeds under the official's salt train the same weights, so the same artifact,
+    and the verdict names the pair instead of reading one run as two samples."""
+    import shutil
+
+    from tests.fixtures.entries import TINY, set_meta
+
+    entry = tmp_path / "entries" / "2026-04-01_lottery"
+    shutil.copytree(TINY, entry, ignore=shutil.ignore_patterns("__pycache__"))
+    train = entry / "train.py"
+    text = train.read_text(encoding="utf-8")
+    train.write_text(text.replace("    hp = Hparams(**ctx.hparams)\n",
+                                  "    torch.manual_seed(1337)\n    hp = Hparams(**ctx.hparams)\n", 1))  # fmt: skip
+    assert "torch.manual_seed(1337)" in train.read_text(encoding="utf-8")
+    set_meta(entry, claimed={"val_bpb": 3.0})
+    salt = Path.home() / f".pgolf-test-salt-{os.getpid()}"
+    salt.write_text("official secret\n")
+    salt.chmod(0o600)
+    try:
+        r = pgolf("reproduce", str(entry), "--seeds", "2", "--seed-salt-file", str(salt), "--data",
+                  str(tiny_dataset), "--out", str(tmp_path / "r"), "--json")  # fmt: skip
+    finally:
+        salt.unlink()
+    assert r.returncode == 1, r.stdout + r.stderr
+    rec = json.loads(r.stdout)
+    a, b = rec["seeds"]
+    runs = rec["reproduced"]
+    assert [x["status"] for x in runs] == ["ok", "ok"] and a != b
+    assert (
+        runs[0]["artifact_sha256"] == runs[1]["artifact_sha256"]
+        and runs[0]["val_loss"] == runs[1]["val_loss"]
+    )
+    same = [d for d in rec["differences"] if d["name"] == f"seeds {a} and {b} gave different runs"]
+    assert same and same[0]["actual"] == "the same artifact (sha256): the seed did not reach the run"
