@@ -14,7 +14,9 @@ Only verified results that scored (status ok, within the cap) on a record track 
 track's results are listed, never ranked; an unknown --track is refused). A failed run's row and a run
 measured on a contended machine are marked beside the name, and so is every row whose name reads like
 another entry's (one skeleton: case, NFKC, zero-width and combining characters aside, I l 1 as one) or mixes Latin
-with Cyrillic or Greek letters (`lookalike`: a name, author and GitHub id are free text); an empty board says "no verified results yet". They are grouped by
+with Cyrillic or Greek letters (`lookalike`: a name, author and GitHub id are free text), and every row two of whose
+seeds were one run (`one_run`: one seed twice, one artifact or one score to the last bit, harness/records/reproduce.py
+same_runs: a train.py that fixed its own seed); an empty board says "no verified results yet". They are grouped by
 (submission name, track, preset, overrides): a row's val_bpb is the mean over its verified seeds (with
 the standard deviation and the seed count), sorted ascending (bpb is the ranking metric, lower is
 better). Every other result (unverified, failed verification, errors, over budget) is listed apart,
@@ -346,6 +348,22 @@ def marks(r: dict[str, Any]) -> list[str]:
     return out
 
 
+ONE_RUN = "one_run"
+
+
+def _one_run(rs: list[dict[str, Any]]) -> bool:
+    """Whether two of a row's seeds were one run (reproduce.py same_runs: one seed twice, one artifact, one score
+    to the last bit: a train.py that fixed its own seed); the row is marked `one_run`, its seeds one sample."""
+    from harness.records.reproduce import same_runs
+
+    view = [
+        {"seed": r.get("seed"), "status": r.get("status"), "val_loss": r.get("val_loss"), "val_bpb": r.get("val_bpb"),
+         "artifact_sha256": (r.get("provenance") or {}).get("artifact_sha256")}
+        for r in rs
+    ]  # fmt: skip
+    return bool(same_runs(view))
+
+
 def _why_unranked(r: dict[str, Any], verification: str, rules: str | None) -> str:
     if r.get("status") != OK:
         return f"status {visible(r.get('status'), 40)}"
@@ -441,7 +459,7 @@ def build(
                 "builds_on": sub.get("builds_on") or "",
                 "runs": [r.get("run_dir") for r in rs],
                 "seed_list": [r.get("seed") for r in rs],
-                "marks": sorted({m for r in rs for m in marks(r)}),
+                "marks": sorted({m for r in rs for m in marks(r)} | ({ONE_RUN} if _one_run(rs) else set())),
             }
         )
     # ranks within a track: a board without --track holds several rule sets, each ranked on its own
@@ -646,7 +664,7 @@ def time_axis(lo_s: float, hi_s: float, n: int = 6) -> tuple[list[float], Callab
 _CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#1b1f24}h1{font-size:22px}h2{font-size:17px;margin-top:28px}
 table{border-collapse:collapse;font-size:13px;margin:8px 0}th,td{border-bottom:1px solid #d0d7de;padding:4px 6px;text-align:left;white-space:nowrap}
 td.wrap{white-space:normal;min-width:6em;max-width:16em;overflow-wrap:anywhere}.mark{font-size:11px;padding:0 4px;border-radius:3px;color:#fff}
-.mark.failed{background:#cf222e}.mark.contended{background:#9a6700}.mark.lookalike{background:#8250df}tr.failed td{color:#6e7781}tr.empty td{color:#57606a;font-style:italic}
+.mark.failed{background:#cf222e}.mark.contended{background:#9a6700}.mark.lookalike{background:#8250df}.mark.one_run{background:#bc4c00}tr.failed td{color:#6e7781}tr.empty td{color:#57606a;font-style:italic}
 th{cursor:pointer;background:#f6f8fa;user-select:none}th[aria-sort=ascending]::after{content:" ▲"}th[aria-sort=descending]::after{content:" ▼"}
 td.num{text-align:right;font-variant-numeric:tabular-nums}.plots{display:flex;flex-wrap:wrap;gap:16px}
 .plot{border:1px solid #d0d7de;background:#fff}.frame{fill:none;stroke:#8c959f}.grid{stroke:#eaeef2}.tick{font-size:10px;fill:#57606a}

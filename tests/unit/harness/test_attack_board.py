@@ -217,3 +217,19 @@ def test_a_board_of_one_huge_bpb_draws_and_verified_huge_bpbs_never_rank(tmp_pat
     ledger.write_text("\n".join(json.dumps(x) for x in (a, b, verification(a), verification(b))) + "\n")
     board = write_leaderboard(ledger, tmp_path / "site")
     assert board["ranked"] == [] and {r["why"] for r in board["unranked"]} == {"val_bpb 1e+308 is over 1e+06"}
+
+
+def test_seeds_that_were_one_run_are_marked_on_the_board() -> None:
+    """Three verified runs of an entry whose train.py fixed its own seed: three seeds, one artifact and one score to
+    the last bit, shown as "3 seeds, std 0" beside an entry whose seeds really varied. The row is marked
+    `one_run` (reproduce.py same_runs): its seeds are one sample."""
+    sha = {"artifact_sha256": "a" * 64}
+    lucky = [entry("lucky", seed=s, val_bpb=1.0, val_loss=2.0, run_dir=f"/runs/l{s}") for s in (1, 2, 3)]
+    honest = [entry("honest", seed=s, val_bpb=1.0 + s / 1000, run_dir=f"/runs/h{s}") for s in (1, 2)]
+    for r in lucky:
+        r["provenance"] = {**r["provenance"], **sha}
+    vs = {result_digest(r): verification(r) for r in (*lucky, *honest)}
+    rows = {r["name"]: r for r in build([*lucky, *honest], vs, None)["ranked"]}
+    assert rows["lucky"]["seeds"] == 3 and "one_run" in rows["lucky"]["marks"]
+    assert "one_run" not in rows["honest"]["marks"]
+    assert "one_run" in markdown(build(lucky, vs, None))
