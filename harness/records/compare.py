@@ -19,7 +19,8 @@ and the margin is converted to bits per byte with the old side's tokens per byte
 (margin · tokens/bytes / ln 2), the margin the record's own tokenizer implies. bpb stays the
 ranking metric of the leaderboard; this command only says whether an improvement is significant.
 
-Each side's results must be runs of their own: one seed twice, one artifact or one score to the last bit
+Every result given must have run on one track (each track has its own budget, data subset and rules). Each
+side's results must be runs of their own: one seed twice, one artifact or one score to the last bit
 (reproduce.py same_runs) is one run counted twice, and refused in one line naming the two files.
 
 A result is verified only by a "verified" verification of its digest in the official's ledger
@@ -197,6 +198,14 @@ def compare_results(
     "verification" a result.json holds is the word of whoever wrote the file."""
     if metric not in METRICS:
         raise ValueError(f"--metric must be one of {METRICS}, got {metric!r}")
+    ran_on = sorted({_same(r.get("track")) for r in new + old})
+    if len(ran_on) > 1:
+        # each track has its own budget, data subset and rules: runs of two are no samples of one distribution
+        names = ", ".join(repr(visible(json.loads(t), 40)) for t in ran_on)
+        raise ValueError(
+            f"the results ran on tracks [{names}]; a record is tested between results of one track. HINT: "
+            "compare results of the track the record holds"
+        )
     track_name = track or new[0].get("track")
     tr = get_track(str(track_name))
     warnings = []
@@ -216,7 +225,7 @@ def compare_results(
             )
         if any(r.get("track") != tr.name for r in rs):
             warnings.append(
-                f"{side} side has results from tracks {sorted({str(r.get('track')) for r in rs})}, testing under {tr.name}"
+                f"{side} side's results ran on {visible(rs[0].get('track'), 40)!r}, testing under {tr.name}"
             )
     if not tr.record:
         warnings.append(f"track {tr.name} does not hold records; the verdict is informational")

@@ -279,7 +279,11 @@ def test_an_object_track_on_the_old_side_or_no_bpb_is_one_line_never_a_type_erro
     old_paths = write_results(tmp_path, "o", [2.06, 2.059])
     for p in old_paths:
         Path(p).write_text(json.dumps({**json.loads(Path(p).read_text()), "track": {"a": 1}}))
-    assert "old side has results from tracks" in describe(compare_results(new, load_results(old_paths)))
+    with pytest.raises(
+        ValueError, match=r"^the results ran on tracks \['10min_16mb', \"\{'a': 1\}\"\]; a record"
+    ):
+        compare_results(new, load_results(old_paths))
+    old_paths = write_results(tmp_path, "o", [2.06, 2.059])
     Path(old_paths[0]).write_text(json.dumps({**json.loads(Path(old_paths[0]).read_text()), "val_bpb": None}))
     with pytest.raises(ValueError, match=f"^{old_paths[0]} has no val_bpb; compare results that hold it"):
         compare_results(new, load_results(old_paths), metric="val_bpb")
@@ -305,3 +309,20 @@ def test_one_run_counted_twice_is_refused_not_a_record(tmp_path):
         compare_results(load_results(same), old)
     with pytest.raises(ValueError, match="old side: .* are one run"):
         compare_results(load_results(new_paths), load_results(old_paths + old_paths[:1]))
+
+
+def test_results_of_two_tracks_are_refused_not_a_record_with_a_warning(tmp_path):
+    """The new entry's runs on 10min_16mb against "the record" run on `smoke` (a loosened budget and validation
+    subset; a count of 1,000 tokens on both sides here), every result verified in the ledger: compare said NEW
+    RECORD with a warning line beside it. Results of two tracks are refused; the track's margin and p-value apply
+    to its own results (`--track` still chooses them)."""
+    new, old = CASES["clear record"]
+    new_paths = write_results(tmp_path, "n", new)
+    old_paths = write_results(tmp_path, "o", old, track="smoke")
+    ledger = read_ledger(ledger_of(tmp_path, *new_paths, *old_paths))[1]
+    mixed = new_paths[:2] + write_results(tmp_path / "r", "m", new[2:], track="smoke")
+    for n_paths, o_paths in ((new_paths, old_paths), (mixed, write_results(tmp_path / "o2", "o", old))):
+        with pytest.raises(ValueError, match=r"the results ran on tracks \['10min_16mb', 'smoke'\]"):
+            compare_results(load_results(n_paths), load_results(o_paths), verifications=ledger)
+    control = write_results(tmp_path / "c", "o", old)
+    assert compare_results(load_results(new_paths), load_results(control))["record"] is True
