@@ -25,8 +25,9 @@ Each track's policy (`TRACK_POLICIES`) names the rule and the evidence:
   either is a seed lottery the Welch test would read as independent samples. `any` (other tracks): any seeds.
 - on every track, a reproduction (or a group of verified results) two of whose seeds were one run
   (reproduce.py same_runs: one seed twice, the same artifact or the same score to the last bit, a train.py that
-  fixed its own seed), or with a run whose score is no finite number, is refused, read from its runs whatever
-  its verdict says: one sample counted as several, or none. A verified result listed twice is one sample.
+  fixed its own seed), with a run whose score is no finite number, or whose runs scored other tokens, is
+  refused, read from its runs whatever its verdict says: one sample counted as several, or none, or samples of
+  two validation sets. A verified result listed twice is one sample.
 - a verdict decided under a looser tolerance than the track's (`TrackPolicy.tolerance`, reproduce.py's defaults:
   `--k 3`, `--floor-bpb 0.003`) is refused: the queue decides a verdict again under new flags, and the chain
   reads the latest.
@@ -155,6 +156,11 @@ def _unusable(ok: list[dict[str, Any]]) -> str | None:
                 return (
                     f"seed {visible(x.get('seed'), 40)}: {key} {visible(repr(v), 40)} is not a finite score"
                 )
+    tokens = [json.dumps([x.get(k) for k in ("tokenizer_sha256", "val_tokens", "val_bytes")]) for x in ok]
+    other = next((j for j, t in enumerate(tokens) if t != tokens[0]), None)
+    if other is not None:
+        a, b = (visible(ok[k].get("seed"), 40) for k in (0, other))
+        return f"seeds {a} and {b} scored other tokens (tokenizer, val_tokens or val_bytes differ)"
     repeats = same_runs(ok)
     if repeats:
         i, j, what = repeats[0]
@@ -248,7 +254,15 @@ def candidates_from_verified(ledger: Path, order: dict[str, int]) -> list[Candid
     out = []
     for (eid, preset, _over), rs in groups.items():
         unusable = _unusable(
-            [{**r, "artifact_sha256": (r.get("provenance") or {}).get("artifact_sha256")} for r in rs]
+            [
+                {
+                    **r,
+                    **{
+                        k: (r.get("provenance") or {}).get(k) for k in ("artifact_sha256", "tokenizer_sha256")
+                    },
+                }
+                for r in rs
+            ]
         )
         sub = rs[0].get("submission") or {}
         folder = Path(str((rs[0].get("provenance") or {}).get("submission_dir") or sub.get("name"))).name

@@ -264,3 +264,29 @@ def test_a_verdict_decided_under_a_looser_tolerance_than_its_tracks_is_refused(t
         "decided under a looser tolerance than smoke's (k 100 > 3, floor_bpb 1 > 0.003): decide it again under "
         "the track's (pgolf queue without --k and --floor-bpb)"
     )
+
+
+def test_runs_that_scored_other_tokens_are_not_one_sample_set(tmp_path):
+    """The chain took the first ok run's tokenizer and counts for the whole entry and compared val_loss: a
+    reproduction whose runs scored other tokens (a dataset changed in place between two queue runs, the same
+    --data path) mixed nats per token of two validation sets in one side of the test. Refused, naming them."""
+
+    def rec(key: str, date: str, losses: list[float], tokens: list[int]) -> dict:
+        runs = [{"seed": i, "status": "ok", "val_loss": x, "val_bpb": x / 1.386, "val_tokens": n,
+                 "val_bytes": 2000, "tokenizer_sha256": "t" * 64}
+                for i, (x, n) in enumerate(zip(losses, tokens, strict=True))]  # fmt: skip
+        return {"format": "pg-reproduction", "format_version": 1, "entry_key": key, "entry_digest": key * 64,
+                "entry_dir": f"/e/{key}", "submission": {"name": key, "date": date}, "track": "smoke",
+                "verdict": REPRODUCED, "reproduced": runs, "differences": [], "seeds": [0, 1, 2]}  # fmt: skip
+
+    ledger = tmp_path / "ledger.jsonl"
+    recs = [
+        rec("a", "2026-01-01", A.val_loss, [1000] * 3),
+        rec("b", "2026-01-02", B.val_loss, [1000, 1000, 900]),
+    ]
+    ledger.write_text("".join(json.dumps(x) + "\n" for x in recs))
+    rows = build_chain(ledger, track=None, rule=None, order={})["rows"]
+    assert [r["accepted"] for r in rows] == [True, False]
+    assert (
+        rows[1]["reason"] == "seeds 0 and 2 scored other tokens (tokenizer, val_tokens or val_bytes differ)"
+    )
