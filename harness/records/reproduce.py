@@ -26,7 +26,11 @@ nodes' ranks run without a PID namespace of their own.
 Seeds that reached the run. The harness seeds torch, numpy and random with the seed; a train.py that seeds them
 again with its own (the best of a hundred tried at home) makes every fresh seed its lucky run. Two seeds that
 are one run (`same_runs`: one artifact, or one score to the last bit) fail the verdict, and the chain refuses
-them too. A seed-dependent perturbation that moves the score by a few ulps passes: nothing past the seeding
+them too. Fresh seeds are drawn each on its own (never base, base + 1, ...): a train.py that seeds torch with
+LUCKY[seed % k], k lucky seeds of its own, gives two of n fresh seeds one run with probability
+1 - (k-1)!/((k-n)! k^(n-1)): 7 in 9 for k = n = 3 (consecutive seeds gave each lucky seed once, never caught),
+about half for k = 5, 28% for k = 10, 15% for k = 20 (each lucky seed then the best fifth, not the best of all).
+A seed-dependent perturbation that moves the score by a few ulps passes: nothing past the seeding
 carries the seed across a process boundary (the token stream runs in the rank's process with every training
 shard mapped, so even a seed-dependent data order would be train.py's to undo), and no check here sees further.
 
@@ -159,8 +163,16 @@ class Entry:
             return list(dict.fromkeys(int(c.seed) for c in self.claims if c.seed is not None))
         n = 3 if fresh is None else fresh
         key = self.digest if not salt else hashlib.sha256(f"{salt}\0{self.digest}".encode()).hexdigest()
-        base = int(key[:8], 16) % 1_000_000
-        return [base + i for i in range(n)]
+        # each drawn on its own (never base, base + 1, ...: consecutive seeds hand a train.py that seeds torch with
+        # LUCKY[seed % n] each of its n lucky seeds once), below 2**31 (numpy's seed), no seed twice
+        out: list[int] = []
+        i = 0
+        while len(out) < n:
+            seed = int(hashlib.sha256(f"{key}\0{i}".encode()).hexdigest()[:16], 16) % 2**31
+            i += 1
+            if seed not in out:
+                out.append(seed)
+        return out
 
 
 SEED_SALT_MAX_BYTES = 4096

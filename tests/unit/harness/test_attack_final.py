@@ -163,3 +163,23 @@ def test_the_chain_refuses_a_reproduction_whose_seeds_gave_one_run(tmp_path):
         "seeds 4 and 5 gave one run (the same val_loss and val_bpb to the last bit): the seed did not reach the run, "
         "so its seeds are not independent samples"
     )
+
+
+def test_fresh_seeds_do_not_hand_a_lookup_of_lucky_seeds_one_each():
+    """The next step of the seed lottery once one run is refused: train.py seeds torch with LUCKY[ctx.seed % 3],
+    its best three seeds of a hundred. Fresh seeds were base, base + 1, base + 2: every residue mod 3 exactly once,
+    so every reproduction drew the three lucky runs, three different runs, and same_runs saw nothing. Drawn each on
+    its own from the salt, two of three fresh seeds share a residue (one run twice, refused) 7 times in 9."""
+    from pathlib import Path
+
+    from harness.records.reproduce import Entry
+
+    code = {"train.py": "b" * 64}
+    distinct = 0
+    for i in range(900):
+        entry = Entry(root=Path("/x/e"), meta={"track": "smoke"}, claims=(), claimed_mean_bpb=1.0, preset=None,
+                      digest=f"{i:064x}", code_files=code)  # fmt: skip
+        seeds = entry.seeds(3, "official secret")
+        assert len(set(seeds)) == 3 and all(0 <= s < 2**31 for s in seeds)
+        distinct += len({s % 3 for s in seeds}) == 3
+    assert 150 <= distinct <= 250  # 2/9 of 900 is 200

@@ -64,7 +64,7 @@ def fake_seed(task: dict[str, Any]) -> dict[str, Any]:
             "harness_failed": True,
         }
     run_dir.mkdir(parents=True)
-    off = (task["seed"] % 1000) * 1e-7
+    off = task["seed"] * 1e-12  # seeds below 2**31: under 0.0022, and two seeds never one score
     return {**rec, "status": Status.OK, "val_bpb": 1.5 + off, "val_loss": 1.0 + off}
 
 

@@ -177,7 +177,10 @@ def test_fresh_seeds_under_the_official_salt_are_not_the_entrants_to_compute():
     entry = rp.Entry(root=Path("/x/e"), meta=meta, claims=(), claimed_mean_bpb=1.0, preset=None,
                      digest="d" * 64, code_files={})  # fmt: skip
     from_digest = entry.seeds(3)
-    assert from_digest == [int("d" * 8, 16) % 1_000_000 + i for i in range(3)]  # anyone holding the folder
+    # anyone holding the folder computes them
+    assert from_digest == [
+        int(hashlib.sha256(f"{'d' * 64}\0{i}".encode()).hexdigest()[:16], 16) % 2**31 for i in range(3)
+    ]
     salted = entry.seeds(3, "official secret")
     assert salted != from_digest and salted == entry.seeds(3, "official secret")  # stable: a queue resumes
     assert entry.seeds(3, "another secret") != salted
