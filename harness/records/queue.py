@@ -491,7 +491,9 @@ def decide(entry: Entry, st: State, qcfg: QueueConfig, ledger: Path) -> dict[str
         diff = {"name": "verdict", "ok": False, "expected": "decided",
                 "actual": f"the harness failed deciding it: {type(e).__name__}: {e}"[:400]}  # fmt: skip
         rec = refused_record(entry.root, entry.digest, entry.key, entry.track, entry.meta, [])
-        rec.update(verdict=COULD_NOT_RUN, checks=[diff], differences=[diff], seeds=[r["seed"] for r in runs])
+        rec.update(verdict=COULD_NOT_RUN, checks=[diff], differences=[diff], seeds=[r["seed"] for r in runs],
+                   tolerance=asdict(qcfg.tol), fresh_seeds=fresh_seeds_record(entry, qcfg.seeds, qcfg.seed_salt))  # fmt: skip
+    # with its tolerance, seeds and fresh_seeds: what it was decided under (QueueConfig.current_verdict)
     rec["run_flags"] = qcfg.run_flags(entry)
     append_ledger(ledger, rec)
     st.verdicts[entry.digest] = rec

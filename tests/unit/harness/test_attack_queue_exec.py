@@ -360,6 +360,8 @@ def test_an_entry_whose_verdict_crashes_the_harness_never_stops_the_batch(run_in
     (diff,) = verdicts["crash"]["differences"]
     assert diff["actual"] == "the harness failed deciding it: OverflowError: intermediate overflow in fsum"
     assert len(verdicts["crash"]["seeds"]) == 2 and summary["verdicts"]["pending"] == 0
+    run_inline(root, tmp_path / "q")  # resumed under the same flags: both verdicts reused, none decided again
+    assert len(ledger(tmp_path / "q", "pg-reproduction")) == 2
 
 
 def test_a_job_result_of_another_entry_is_not_this_entrys_run(run_inline, monkeypatch, tmp_path):
