@@ -17,7 +17,8 @@ another entry's (one skeleton: case, NFKC, zero-width and combining characters a
 with Cyrillic or Greek letters (`lookalike`: a name, author and GitHub id are free text), and every row two of whose
 seeds were one run (`one_run`: one seed twice, one artifact or one score to the last bit, harness/records/reproduce.py
 same_runs: a train.py that fixed its own seed); an empty board says "no verified results yet". They are grouped by
-(submission name, track, preset, overrides): a row's val_bpb is the mean over its verified seeds (with
+(submission name, track, preset, overrides): a row's val_bpb is the mean over its verified seeds, each at the
+worse of its own figure and its verification's re-score (`rescored`: a loose --tol-bpb buys nothing) (with
 the standard deviation and the seed count), sorted ascending (bpb is the ranking metric, lower is
 better). Every other result (unverified, failed verification, errors, over budget) is listed apart,
 one row per run. Every row says what ran: preset, track, the `--set` overrides (shortened; in full on
@@ -42,6 +43,7 @@ import html
 import json
 import math
 import os
+import re
 import statistics
 import time
 import unicodedata
@@ -187,6 +189,36 @@ def verification_of(digest: str | None, verifications: dict[str, dict[str, Any]]
     unverified (a result's own "verification" field counts for nothing)."""
     ver = verifications.get(digest) if digest else None
     return str(ver.get("status")) if isinstance(ver, dict) else UNVERIFIED
+
+
+_RESCORE_CHECK = re.compile(r"^re-score (val_bpb|val_loss) \(tolerance ")
+
+
+def rescored(digest: str | None, verifications: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """The val_bpb and val_loss the latest verification of `digest` found in its fresh re-score (its checks named
+    "re-score val_bpb (tolerance …)"), each a finite number or left out."""
+    ver = verifications.get(digest) if digest else None
+    checks = ver.get("checks") if isinstance(ver, dict) else None
+    found: dict[str, float] = {}
+    for c in checks if isinstance(checks, list) else ():
+        m = (
+            _RESCORE_CHECK.match(c.get("name", ""))
+            if isinstance(c, dict) and isinstance(c.get("name"), str)
+            else None
+        )
+        value = _number(c.get("actual")) if m else None
+        if m and value is not None:
+            found[m.group(1)] = float(value)
+    return found
+
+
+def _ranked_numbers(r: dict[str, Any], again: dict[str, float]) -> dict[str, Any]:
+    """`r` with val_bpb and val_loss each the worse of its own and the verification's re-score: a verify run
+    under a loose --tol-bpb accepts a result's edited figure, which then ranked it; now the re-score bounds it."""
+    return {
+        **r,
+        **{k: max(r[k], again[k]) for k in ("val_bpb", "val_loss") if k in again and r.get(k) is not None},
+    }
 
 
 def _date(r: dict[str, Any]) -> str:
@@ -408,7 +440,7 @@ def build(
             and rules is None
         ):
             key = (entry_id(r), str(r.get("track")), str(r.get("preset")), _overrides(r))
-            groups.setdefault(key, []).append(r)
+            groups.setdefault(key, []).append(_ranked_numbers(r, rescored(digest, verifications)))
             continue
         plot = _plot(r)
         unranked.append(

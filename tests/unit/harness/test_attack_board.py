@@ -233,3 +233,29 @@ def test_seeds_that_were_one_run_are_marked_on_the_board() -> None:
     assert rows["lucky"]["seeds"] == 3 and "one_run" in rows["lucky"]["marks"]
     assert "one_run" not in rows["honest"]["marks"]
     assert "one_run" in markdown(build(lucky, vs, None))
+
+
+def test_a_verification_under_a_loose_tolerance_ranks_the_re_score_not_the_claim() -> None:
+    """HOLE (before the fix): the board ranked a verified result at its own val_bpb whatever --tol-bpb its
+    verification ran under: a result edited from 1.30 to 1.20, verified with --tol-bpb 0.2, out-ranked an honest
+    1.25. It now ranks at the worse of its own figure and the re-score the verification recorded."""
+    honest, edited = entry("honest", val_bpb=1.25, val_loss=2.0), entry("edited", val_bpb=1.20, val_loss=1.9)
+    loose = {
+        **verification(edited),
+        "tol_bpb": 0.2,
+        "checks": [
+            {"name": "re-score val_loss (tolerance 0.2)", "ok": True, "expected": 1.9, "actual": 2.1},
+            {"name": "re-score val_bpb (tolerance 0.2)", "ok": True, "expected": 1.20, "actual": 1.30},
+        ],
+    }
+    board = build(
+        [honest, edited], {result_digest(honest): verification(honest), result_digest(edited): loose}, None
+    )
+    assert [(r["name"], r["val_bpb"]) for r in board["ranked"]] == [("honest", 1.25), ("edited", 1.30)]
+    # a re-score that came out better than the claim changes nothing; a hostile check is read as no number
+    kind = {
+        **loose,
+        "checks": [{"name": "re-score val_bpb (tolerance 0.2)", "actual": 1.0}, {"name": 5}, "x"],
+    }
+    board = build([edited], {result_digest(edited): kind}, None)
+    assert [r["val_bpb"] for r in board["ranked"]] == [1.20]
