@@ -3,8 +3,9 @@
 The model worker (scoring/worker/) applies it, through `isolation.sandbox enter`, before it imports
 any submitted code. Denied with EPERM: ptrace, reading or writing another process's memory
 (process_vm_readv/writev), kcmp, perf_event_open, bpf, userfaultfd, mounting, namespaces (unshare,
-setns), open_by_handle_at, kernel modules, kexec, keyrings, reboot, swap and process accounting.
-On x86-64 the x32 system-call range is denied whole. Everything else is allowed: this is a
+setns), open_by_handle_at, kernel modules, kexec, keyrings, reboot, swap and process accounting;
+in every world (profile "world", training included) also page-cache queries, keyrings and reading the
+kernel log (WORLD_DENIED). On x86-64 the x32 system-call range is denied whole. Everything else is allowed: this is a
 deny-list of the calls a model never needs, a layer on top of Landlock (which already refuses
 ptrace of processes outside the domain) and the PID namespace (which hides them), not a
 replacement for them. Architectures other than x86-64 and aarch64: not applied (recorded).
@@ -27,11 +28,13 @@ X32_SYSCALL_BIT = 0x4000_0000
 
 WORLD_DENIED = (
     "mincore", "cachestat", "fadvise64", "readahead", "io_uring_setup", "io_uring_enter", "io_uring_register",
-    "io_setup", "io_submit", "keyctl", "add_key", "request_key",
+    "io_setup", "io_submit", "keyctl", "add_key", "request_key", "syslog",
 )  # fmt: skip
 """Refused in every world (training included): the calls that read or change which pages of a shared file
 are in the page cache (a channel between worlds and into later runs: docs/ARCHITECTURE.md "Channels"),
-asynchronous I/O whose flags the filter cannot read, and the kernel keyrings (root's are shared)."""
+asynchronous I/O whose flags the filter cannot read, the kernel keyrings (root's are shared), and reading
+the kernel log (syslog(2)): any process writes lines of its choosing there by crashing (its name, the
+faulting address), kept until reboot, and where kernel.dmesg_restrict is 0 any process may read them back."""
 WORLD_DENIED_ARGS = {"madvise": (2, (20, 21)), "preadv2": (5, ()), "pwritev2": (5, ())}
 """name -> (argument index, values refused): madvise(MADV_COLD=20, MADV_PAGEOUT=21) evicts shared pages;
 preadv2/pwritev2 with RWF_NOWAIT (bit 8) tell a cached page from one that is not (the empty tuple: a flag test)."""
@@ -87,6 +90,7 @@ ARCHES: dict[str, tuple[int, dict[str, int]]] = {
             "madvise": 28,
             "preadv2": 327,
             "pwritev2": 328,
+            "syslog": 103,
         },  # fmt: skip
     ),
     "aarch64": (
@@ -129,6 +133,7 @@ ARCHES: dict[str, tuple[int, dict[str, int]]] = {
             "madvise": 233,
             "preadv2": 286,
             "pwritev2": 287,
+            "syslog": 116,
         },  # fmt: skip
     ),
 }

@@ -605,3 +605,65 @@ def test_a_group_shares_one_loopback_of_its_own_and_reaches_nothing_else(tmp_pat
             assert _run(joined, out, CONNECT, str(host.getsockname()[1]))["reached"] is False
     finally:
         net.close()
+
+
+KLOG_SEND = """
+import ctypes, os, sys
+for word in sys.argv[1:]:  # a crash of its own choosing, once per word: the kernel logs the name and the address
+    pid = os.fork()
+    if pid == 0:
+        ctypes.CDLL(None).prctl(15, ("pg" + word).encode(), 0, 0, 0)  # PR_SET_NAME: 15 bytes of the sender's
+        ctypes.string_at(1 << 44 | int(word, 16), 1)  # a fault at an unmapped address of the sender's choice
+        os._exit(0)
+    os.waitpid(pid, 0)
+print('{"sent": true}')
+"""
+KLOG_READ = """
+import ctypes, errno, json, re, sys
+libc = ctypes.CDLL(None, use_errno=True)
+buf = ctypes.create_string_buffer(1 << 20)
+n = libc.syscall(103 if sys.argv[1] == "x86_64" else 116, 3, buf, 1 << 20)  # syslog(SYSLOG_ACTION_READ_ALL)
+if n < 0:
+    print(json.dumps({"read": errno.errorcode[ctypes.get_errno()], "words": []}))
+else:
+    text = buf.raw[:n].decode(errors="replace")
+    print(json.dumps({"read": "ok", "words": re.findall(r"pg([0-9a-f]{11})\\[\\d+\\]: segfault at", text)}))
+"""
+
+
+@pytest.fixture
+def kernel_log_open_to_all():
+    """kernel.dmesg_restrict = 0 for the test (a kernel built without CONFIG_SECURITY_DMESG_RESTRICT starts so):
+    then every process may read the kernel log with syslog(2). Put back as it was."""
+    knob = Path("/proc/sys/kernel/dmesg_restrict")
+    try:
+        before = knob.read_text().strip()
+        knob.write_text("0")
+    except OSError as e:
+        pytest.skip(f"cannot set kernel.dmesg_restrict here ({e}): needs root outside a container")
+    try:
+        yield
+    finally:
+        knob.write_text(before)
+
+
+@pytest.mark.skipif(
+    os.uname().machine not in ("x86_64", "aarch64"),
+    reason="syslog(2)'s number is known for x86-64 and aarch64",
+)
+@pytest.mark.parametrize("world", [True, False], ids=["world", "control-unsandboxed-reader"])
+def test_the_kernel_log_carries_nothing_to_a_later_world(tmp_path, kernel_log_open_to_all, world):
+    """A world writes into the kernel log without any right: a crash logs its process name (15 bytes it sets)
+    and the faulting address (47 bits it picks), 10 such lines per 5 s, kept until the machine reboots. Where
+    the log is open to all (dmesg_restrict 0), a later world (a probe worker, the next run's ranks) read them."""
+    words = [secrets.token_hex(6)[:11] for _ in range(2)]  # 44 bits each: a canonical address, below 1 << 45
+    sender, _, out_a = _plan(tmp_path, world=True)
+    assert _run(sender, out_a, KLOG_SEND, *words) == {"sent": True}
+    reader, _, out_b = _plan(tmp_path, world=True)
+    if not world:  # the control: the same reader outside every sandbox gets the words
+        reader = dataclasses.replace(reader, mode="off")
+    got = _run(reader, out_b, KLOG_READ, os.uname().machine)
+    if world:
+        assert got == {"read": "EPERM", "words": []}
+    else:
+        assert got["read"] == "ok" and set(words) <= set(got["words"]), (words, got)
