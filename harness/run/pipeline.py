@@ -134,11 +134,19 @@ def _run_phase(
             raise
 
 
+TAIL_LINE_MAX_CHARS = 1000
+"""What `_tail` shows of one line of a phase's log."""
+
+
 def _tail(path: Path, lines: int = 15) -> str:
+    """The last `lines` lines of a phase's log, for the official's terminal: the log is the ranks' own output, so
+    each line is shown as text (text.visible: an ESC sequence would move the cursor over the card, set the window's
+    title or, through OSC 52, the official's clipboard)."""
     try:
-        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+        text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return ""
+    return "\n".join(visible(line, TAIL_LINE_MAX_CHARS) for line in text.splitlines()[-lines:])
 
 
 def keep_packed_code(submission_dir: Path, code_files: dict[str, str], dest: Path) -> None:

@@ -220,3 +220,33 @@ def test_training_past_its_memory_limit_is_out_of_memory(tiny_dataset, tmp_path)
     assert result["status"] == lines[-1]["status"] == "out_of_memory", train
     assert "2,500,000,000 bytes of address space" in train["detail"]
     assert train["isolation"]["memory_limit_bytes_per_process"] == 2_500_000_000
+
+
+TERMINAL = """
+
+_quiet_train = train
+
+
+def train(ctx):  # noqa: F811 - writes to the official's terminal; the forged record below fails the phase
+    import sys
+
+    state = _quiet_train(ctx)
+    sys.stdout.write("\\x1b]52;c;cm0gLXJmIH4K\\x07")  # OSC 52: the official's clipboard
+    sys.stdout.write("\\x1b[2A\\x1b[2K\\x1b]0;pgolf: ok\\x07\\rstatus ok, val_bpb 0.5012\\n")  # the card rewritten
+    sys.stdout.flush()
+    return state
+"""
+
+
+@pytest.mark.long  # a whole tiny run: 30 s on 2 cores (the fast one: test_text_as_data.py)
+def test_a_rank_s_output_reaches_the_official_s_terminal_as_text(tiny_dataset, tmp_path, capfd):
+    """A failed training phase shows the last lines of its log (the ranks' own output) under the card: each
+    control character shown as an escape, so no rank moves the cursor over the verdict, sets the official's
+    clipboard (OSC 52) or the window's title."""
+    folder = hostile(tmp_path, FORGE + 'FORGED = {"steps": float("nan")}\n' + TERMINAL)
+    result, _ = run(folder, tiny_dataset, tmp_path)
+    out, err = capfd.readouterr()
+    assert result["status"] == "error"
+    assert "last lines of" in err and "status ok, val_bpb 0.5012" in err  # the lines are shown, as text
+    assert "\x1b" not in out + err and "\x07" not in out + err
+    assert "\\x1b]52;c;" in err

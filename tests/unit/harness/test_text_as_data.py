@@ -13,6 +13,7 @@ from typing import Any
 
 from harness.records.leaderboard import build, markdown, page
 from harness.records.verify import result_digest
+from harness.run.pipeline import _tail
 from harness.run.result import card
 from harness.run.text import NAME_MAX_CHARS, markdown_cell, visible
 
@@ -204,3 +205,22 @@ def test_submission_json_refuses_control_characters_and_huge_text_before_anythin
     ]:
         with pytest.raises(ValueError, match=re.escape(why)):
             validate_metadata({**meta, key: value}, "submission.json")
+
+
+def test_the_last_lines_of_a_failed_phase_s_log_reach_the_terminal_as_text(tmp_path):
+    """`pgolf run` prints the last lines of a failed training phase's log under the card; the log is the ranks'
+    output, which rewrote the card above it and set the official's clipboard (OSC 52). Each line is shown
+    escaped and bounded, one line of the log per line shown."""
+    log = tmp_path / "train.log"
+    over_card = "\x1b[2K\x1b[1A│ status        ok  (verified)\x1b[0m"  # up a line, over the card's verdict
+    lines = [f"step {i}" for i in range(20)] + [over_card, "\x1b]52;c;cm0gLXJmIH4K\x07", "z" * 50_000]
+    log.write_bytes("\n".join(lines).encode() + b"\n")
+    shown = _tail(log).split("\n")
+    assert len(shown) == 15 and shown[:12] == [f"step {i}" for i in range(8, 20)]
+    assert all(c.isprintable() for line in shown for c in line)
+    assert (
+        shown[12] == "\\x1b[2K\\x1b[1A│ status        ok  (verified)\\x1b[0m"
+        and shown[13] == "\\x1b]52;c;cm0gLXJmIH4K\\x07"
+    )
+    assert shown[14].endswith("…") and len(shown[14]) <= 1000
+    assert _tail(tmp_path / "absent.log") == ""
