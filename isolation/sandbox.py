@@ -28,7 +28,7 @@ used when the machine allows it and recorded either way (`SandboxPlan.describe()
   copied files, device nodes made anew, a fresh /proc, a sized /dev/shm) and becomes a random uid of
   its own before anything of the submission runs: no lock, mode, time or extended attribute of a file
   it can read is shared with another sandbox or a later run. Every world also gets the "world"
-  seccomp profile (no page-cache queries or eviction, no async I/O, no keyrings, no kernel log).
+  seccomp profile (no page-cache queries or eviction, no async I/O, no keyrings, no kernel log, no new namespace).
 
 Not covered: namespaces and worlds on several nodes (ranks must reach each other, and torchrun's
 rendezvous tells nodes apart by hostname and pid); data that is public
@@ -100,7 +100,7 @@ KERNEL_LAYERS: dict[str, str] = {
     "namespaces": "PID, mount and IPC namespaces (root, util-linux `unshare` >= 2.32, not refused by a container; one node)",
     "network_namespace": "a network namespace with loopback only (`unshare --net`; one node)",
     "signal_scoping": "Landlock ABI >= 6: no signal reaches a process outside the sandbox (Linux >= 6.12)",
-    "seccomp": "the seccomp filter (every world: no page-cache queries or eviction, no keyrings, no kernel log; the model worker: no ptrace, no other process's memory)",
+    "seccomp": "the seccomp filter (every world: no page-cache queries or eviction, no keyrings, no kernel log, no new namespace; the model worker: no ptrace, no other process's memory)",
     "world": "a world of its own (root, a mount namespace, overlayfs): private root and inodes, its own uid (isolation/world.py)",
 }
 """The isolation layers a sandbox may use, by the name an official uses to allow one missing."""

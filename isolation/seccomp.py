@@ -2,10 +2,11 @@
 
 The model worker (scoring/worker/) applies it, through `isolation.sandbox enter`, before it imports
 any submitted code. Denied with EPERM: ptrace, reading or writing another process's memory
-(process_vm_readv/writev), kcmp, perf_event_open, bpf, userfaultfd, mounting, namespaces (unshare,
-setns), open_by_handle_at, kernel modules, kexec, keyrings, reboot, swap and process accounting;
-in every world (profile "world", training included) also page-cache queries, keyrings and reading the
-kernel log (WORLD_DENIED). On x86-64 the x32 system-call range is denied whole. Everything else is allowed: this is a
+(process_vm_readv/writev), kcmp, perf_event_open, bpf, userfaultfd, mounting, open_by_handle_at,
+kernel modules, kexec, keyrings, reboot, swap and process accounting. Every world (profile "world",
+training included) gets WORLD_DENIED: no page-cache queries or eviction, no keyrings, no reading the
+kernel log, no new namespace (unshare, setns, clone with a CLONE_NEW* flag; clone3 answers ENOSYS).
+On x86-64 the x32 system-call range is denied whole. Everything else is allowed: this is a
 deny-list of the calls a model never needs, a layer on top of Landlock (which already refuses
 ptrace of processes outside the domain) and the PID namespace (which hides them), not a
 replacement for them. Architectures other than x86-64 and aarch64: not applied (recorded).
@@ -28,23 +29,38 @@ X32_SYSCALL_BIT = 0x4000_0000
 
 WORLD_DENIED = (
     "mincore", "cachestat", "fadvise64", "readahead", "io_uring_setup", "io_uring_enter", "io_uring_register",
-    "io_setup", "io_submit", "keyctl", "add_key", "request_key", "syslog",
+    "io_setup", "io_submit", "keyctl", "add_key", "request_key", "syslog", "unshare", "setns",
 )  # fmt: skip
 """Refused in every world (training included): the calls that read or change which pages of a shared file
 are in the page cache (a channel between worlds and into later runs: docs/ARCHITECTURE.md "Channels"),
 asynchronous I/O whose flags the filter cannot read, the kernel keyrings (root's are shared), and reading
 the kernel log (syslog(2)): any process writes lines of its choosing there by crashing (its name, the
-faulting address), kept until reboot, and where kernel.dmesg_restrict is 0 any process may read them back."""
-WORLD_DENIED_ARGS = {"madvise": (2, (20, 21)), "preadv2": (5, ()), "pwritev2": (5, ())}
-"""name -> (argument index, values refused): madvise(MADV_COLD=20, MADV_PAGEOUT=21) evicts shared pages;
-preadv2/pwritev2 with RWF_NOWAIT (bit 8) tell a cached page from one that is not (the empty tuple: a flag test)."""
+faulting address), kept until reboot, and where kernel.dmesg_restrict is 0 any process may read them back.
+And new namespaces (unshare, setns; clone with a CLONE_NEW* flag below): a user namespace gives its maker every
+capability inside it, over a network namespace of its own too (nftables and the rest of the kernel that most
+privilege escalations go through)."""
 RWF_NOWAIT = 8
+CLONE_NEW_FLAGS = 0x7E02_0000
+"""CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET (CLONE_NEWTIME, 0x80, is no flag of clone's:
+those bits are its exit signal)."""
+WORLD_DENIED_ARGS: dict[str, tuple[int, tuple[int, ...] | int]] = {
+    "madvise": (2, (20, 21)),
+    "preadv2": (5, RWF_NOWAIT),
+    "pwritev2": (5, RWF_NOWAIT),
+    "clone": (0, CLONE_NEW_FLAGS),
+}
+"""name -> (argument index, the values refused, or an int: the bits any of which refuses it): madvise(MADV_COLD=20,
+MADV_PAGEOUT=21) evicts shared pages; preadv2/pwritev2 with RWF_NOWAIT tell a cached page from one that is not;
+clone with a namespace flag makes a namespace."""
+WORLD_NO_SUCH_CALL = ("clone3",)
+"""Answered ENOSYS in every world: clone3 takes its flags in memory the filter cannot read, and ENOSYS (not EPERM)
+is what makes glibc start a thread or a process with clone instead, whose flags it reads (as container runtimes do)."""
 NO_CGROUP_DENIED = ("memfd_create",)
 """Refused where the world has no memory cgroup: a memfd's pages would escape RLIMIT_AS uncounted."""
 
 DENIED = (
     "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "perf_event_open", "bpf", "userfaultfd",
-    "mount", "umount2", "pivot_root", "unshare", "setns", "open_by_handle_at", "init_module",
+    "mount", "umount2", "pivot_root", "open_by_handle_at", "init_module",
     "finit_module", "delete_module", "kexec_load", "keyctl", "add_key", "request_key", "reboot",
     "swapon", "swapoff", "acct",
 )  # fmt: skip
@@ -91,6 +107,8 @@ ARCHES: dict[str, tuple[int, dict[str, int]]] = {
             "preadv2": 327,
             "pwritev2": 328,
             "syslog": 103,
+            "clone": 56,
+            "clone3": 435,
         },  # fmt: skip
     ),
     "aarch64": (
@@ -134,6 +152,8 @@ ARCHES: dict[str, tuple[int, dict[str, int]]] = {
             "preadv2": 286,
             "pwritev2": 287,
             "syslog": 116,
+            "clone": 220,
+            "clone3": 435,
         },  # fmt: skip
     ),
 }
@@ -153,6 +173,7 @@ def build_filter(machine: str, profile: str = "worker", *, memfd: bool = True) -
     arch, numbers = ARCHES[machine]
     deny = SECCOMP_RET_ERRNO | errno.EPERM
     allow = SECCOMP_RET_ALLOW
+    absent = SECCOMP_RET_ERRNO | errno.ENOSYS
     names = [*WORLD_DENIED, *(DENIED if profile == "worker" else ()), *(() if memfd else NO_CGROUP_DENIED)]
     body = [_insn(BPF_LD_W_ABS, 0, 0, 0)]  # seccomp_data.nr
     if machine == "x86_64":
@@ -161,14 +182,17 @@ def build_filter(machine: str, profile: str = "worker", *, memfd: bool = True) -
     for name in dict.fromkeys(names):
         body.append(_insn(BPF_JEQ_K, 0, 1, numbers[name]))
         body.append(_insn(BPF_RET_K, 0, 0, deny))
+    for name in WORLD_NO_SUCH_CALL:
+        body.append(_insn(BPF_JEQ_K, 0, 1, numbers[name]))
+        body.append(_insn(BPF_RET_K, 0, 0, absent))
     for name, (arg, values) in WORLD_DENIED_ARGS.items():
-        # if nr == name: load the argument's low 32 bits, refuse the values (or the RWF_NOWAIT bit), allow
+        # if nr == name: load the argument's low 32 bits, refuse the values (or any of the bits), allow
         tests = [_insn(BPF_LD_W_ABS, 0, 0, 16 + 8 * arg)]
-        if values:
+        if isinstance(values, tuple):
             for v in values:
                 tests += [_insn(BPF_JEQ_K, 0, 1, v), _insn(BPF_RET_K, 0, 0, deny)]
         else:
-            tests += [_insn(BPF_JSET_K, 0, 1, RWF_NOWAIT), _insn(BPF_RET_K, 0, 0, deny)]
+            tests += [_insn(BPF_JSET_K, 0, 1, values), _insn(BPF_RET_K, 0, 0, deny)]
         tests.append(_insn(BPF_RET_K, 0, 0, allow))
         body.append(_insn(BPF_JEQ_K, 0, len(tests), numbers[name]))
         body += tests

@@ -667,3 +667,53 @@ def test_the_kernel_log_carries_nothing_to_a_later_world(tmp_path, kernel_log_op
         assert got == {"read": "EPERM", "words": []}
     else:
         assert got["read"] == "ok" and set(words) <= set(got["words"]), (words, got)
+
+
+NAMESPACES = """
+import ctypes, errno, json, os, subprocess, sys, threading
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+NEWUSER, NEWNET = 0x10000000, 0x40000000
+clone = 56 if os.uname().machine == "x86_64" else 220
+res = {}
+def child_caps(flags):  # a child in a new user namespace holds every capability there
+    pid = libc.syscall(clone, flags | 17, 0, 0, 0, 0)  # clone(flags | SIGCHLD)
+    if pid == 0:
+        os._exit(7 if "CapEff:\\t000001ffffffffff" in open("/proc/self/status").read() else 8)
+    if pid < 0:
+        return errno.errorcode[ctypes.get_errno()]
+    return "every capability" if os.WEXITSTATUS(os.waitpid(pid, 0)[1]) == 7 else "made"
+res["clone_user"] = child_caps(NEWUSER)
+res["clone_user_net"] = child_caps(NEWUSER | NEWNET)
+pid = os.fork()
+if pid == 0:  # unshare in a child: the process itself goes on in the namespace it started in
+    os._exit(0 if libc.unshare(NEWUSER) == 0 else 100 + ctypes.get_errno())
+code = os.WEXITSTATUS(os.waitpid(pid, 0)[1])
+res["unshare_user"] = "made" if code == 0 else errno.errorcode[code - 100]
+# what must still work: threads (glibc tries clone3 first), fork, a subprocess
+box = []
+t = threading.Thread(target=lambda: box.append(1)); t.start(); t.join()
+res["thread"] = "ok" if box else "no"
+res["subprocess"] = subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True, text=True).stdout.strip()
+print(json.dumps(res))
+"""
+
+
+@pytest.mark.parametrize("profile", ["world", "worker", "control-unsandboxed"])
+def test_no_world_makes_a_namespace_of_its_own(tmp_path, profile):
+    """A user namespace gives its maker every capability inside it (CAP_NET_ADMIN over a network namespace of its
+    own: nftables and the rest of the kernel most privilege escalations go through). The worker's filter refused
+    unshare and setns, but clone(CLONE_NEWUSER) made one all the same, in training and in the model worker alike."""
+    plan, _, out = _plan(tmp_path, world=True)
+    if profile == "world":  # a training rank's filter
+        plan = dataclasses.replace(plan, seccomp=False)
+    elif profile.startswith("control"):
+        plan = dataclasses.replace(plan, mode="off")
+    got = _run(plan, out, NAMESPACES)
+    assert (got["thread"], got["subprocess"]) == ("ok", "1"), got
+    if profile.startswith("control"):
+        if got["clone_user"] != "every capability":
+            pytest.skip(f"this machine makes no user namespace even outside a sandbox: {got}")
+        assert got["unshare_user"] == "made", got
+    else:
+        assert (got["clone_user"], got["clone_user_net"], got["unshare_user"]) == ("EPERM",) * 3, got
