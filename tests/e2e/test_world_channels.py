@@ -717,3 +717,54 @@ def test_no_world_makes_a_namespace_of_its_own(tmp_path, profile):
         assert got["unshare_user"] == "made", got
     else:
         assert (got["clone_user"], got["clone_user_net"], got["unshare_user"]) == ("EPERM",) * 3, got
+
+
+WATCH = """
+import ctypes, json, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.inotify_init1(os.O_NONBLOCK)
+for path in sys.argv[1:]:
+    assert libc.inotify_add_watch(fd, path.encode(), 0xFFF) >= 0, path  # IN_ALL_EVENTS: opens, reads, closes
+print(json.dumps({"watching": True}), flush=True)
+sys.stdin.readline()
+events = []
+try:
+    data = os.read(fd, 1 << 16)
+except BlockingIOError:
+    data = b""
+while data:
+    _, mask, _, size = struct.unpack_from("iIII", data)
+    events.append(mask)
+    data = data[16 + size:]
+print(json.dumps({"events": events}))
+"""
+READ_ALL = """
+import json, sys
+for path in sys.argv[1:]:
+    with open(path, "rb") as f:
+        f.read()
+print(json.dumps({"read": len(sys.argv) - 1}))
+"""
+
+
+@pytest.mark.parametrize("world", [True, False], ids=["world", "control-no-world"])
+def test_a_world_s_reads_raise_no_event_in_another_world(tmp_path, world):
+    """inotify (and fanotify's inode marks, which any process may place) on a file every sandbox can read
+    report each open and read of it: which files a worker opened, when, as a channel to a worker alive beside
+    it. In a world each readable file is an inode of its own superblock: no other world's access reaches it."""
+    plan_a, code, out_a = _plan(tmp_path, world=world)
+    plan_b, _, out_b = _plan(tmp_path, world=world)
+    paths = [INSTALLED, str(code / "model.py")]
+    watcher = _start(plan_a, out_a, WATCH, *paths)
+    try:
+        assert json.loads(watcher.stdout.readline()) == {"watching": True}
+        assert _run(plan_b, out_b, READ_ALL, *paths) == {"read": 2}
+        stdout, stderr = watcher.communicate("\n", timeout=30)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+    events = json.loads(stdout.strip().splitlines()[-1])["events"]
+    if world:
+        assert events == [], events
+    else:  # the control: each open, read and close in the other sandbox is seen
+        assert len(events) >= 6, events
