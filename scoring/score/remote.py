@@ -41,6 +41,7 @@ from data.manifest import dataset_locations
 from isolation.processes import die_with_parent, kill_group_reaped
 from isolation.sandbox import SandboxPlan, plan_sandbox
 from scoring.statuses import Status
+from scoring.worker.child import printable_lines
 from scoring.worker.confined import (
     PRIVATE_DIRS,
     PROJECT_ROOT,
@@ -278,7 +279,8 @@ class WorkerModel:
             self.kill()
             code = self.proc.returncode
         self._drain.join(timeout=2)
-        tail = self.output.text()[-2000:]
+        # the worker's own words, shown as text wherever they go (a record, the scorer's stderr, a terminal)
+        tail = printable_lines(self.output.text()[-2000:])
         if code is not None and code < 0 and -code == signal.SIGKILL:
             # the kernel's OOM killer ends a process with SIGKILL, but so can the worker itself: out_of_memory
             # only when the kernel's own count of OOM kills rose meanwhile (this side's reading, not the worker's)

@@ -45,6 +45,12 @@ class Unsupported(ValueError):
     """The submitted code lacks what the requested mode needs (exit status EXIT_UNSUPPORTED)."""
 
 
+def printable_lines(text: str) -> str:
+    """`text` line by line, each character that is not printable as "?" (the text may be a hostile process's: an
+    ESC sequence in it would rewrite the terminal it is printed on, or set the official's clipboard)."""
+    return "\n".join("".join(c if c.isprintable() else "?" for c in line) for line in text.splitlines())
+
+
 def one_line(text: str, limit: int = 600) -> str:
     """The last non-empty line of `text`, printable characters only (the text may be a hostile process's)."""
     lines = [ln for ln in text.splitlines() if ln.strip()]
