@@ -5,8 +5,9 @@ it speaks (0: none); `apply_landlock(rules, abi, scope_signals)` builds a rulese
 filesystem right that ABI knows, adds one path-beneath rule per allowed path, sets no_new_privs and
 restricts the calling thread, irreversibly, for itself and everything it later starts. Rights a rule
 grants beneath a folder: ro = execute + read files + list; rw = every right; list = list only;
-dev = read/write/ioctl (for device files). With ABI >= 6 the ruleset also scopes signals: no signal
-reaches a process outside the sandbox. Used by isolation/sandbox.py (the training phase, applied before
+dev = read/write/ioctl (for device files). With ABI >= 6 the ruleset also scopes signals (no signal
+reaches a process outside the sandbox) and, asked with `scope_abstract_sockets`, abstract Unix sockets (no
+connection to one bound outside the sandbox: a phase on the host's network reaches none of the machine's). Used by isolation/sandbox.py (the training phase, applied before
 exec) and scoring/score/confine.py (the scorer, applied to itself once it has read the validation data).
 
 Path planning shared by both: `carve(root, protected)` (the children of a folder that cover all of
@@ -50,7 +51,7 @@ LANDLOCK_CREATE_RULESET_VERSION = 1
 LANDLOCK_RULE_PATH_BENEATH = 1
 FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 FS_TRUNCATE, FS_IOCTL_DEV = 1 << 14, 1 << 15
-SCOPE_SIGNAL = 1 << 1
+SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1
 PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 24, 47, 4
 SYS_CAPGET, SYS_CAPSET, LINUX_CAPABILITY_VERSION_3 = 125, 126, 0x20080522
 
@@ -101,10 +102,15 @@ def landlock_abi() -> int:
     return max(int(v), 0)
 
 
-def apply_landlock(rules: Sequence[PathRule], abi: int, scope_signals: bool) -> None:
+def apply_landlock(
+    rules: Sequence[PathRule], abi: int, scope_signals: bool, scope_abstract_sockets: bool = False
+) -> None:
     """Restrict this process (and all it will start) to `rules`. Irreversible."""
     libc = _libc()
-    attr = (ctypes.c_uint64 * 3)(_fs_handled(abi), 0, SCOPE_SIGNAL if scope_signals else 0)
+    scoped = (SCOPE_SIGNAL if scope_signals else 0) | (
+        SCOPE_ABSTRACT_UNIX_SOCKET if scope_abstract_sockets else 0
+    )
+    attr = (ctypes.c_uint64 * 3)(_fs_handled(abi), 0, scoped)
     size = 24 if abi >= 6 else (16 if abi >= 4 else 8)
     fd = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), 0)
     if fd < 0:

@@ -377,6 +377,13 @@ class SandboxPlan:
         return [*enter_net, str(self.unshare), *ns, "--", *inner]
 
     @property
+    def scope_abstract_sockets(self) -> bool:
+        """Landlock refuses connections to abstract Unix sockets bound outside the sandbox (with the signal scope:
+        ABI >= 6): on the host's network (launch.network 'host') a phase reached every one of the machine's. Not
+        for a group's worker, whose namespace is the group's own and whose peers are sandboxes of their own."""
+        return self.scope_signals and self.joined_net is None
+
+    @property
     def joined_net(self) -> int | None:
         """`join_net` where this sandbox has a network namespace at all (else there is nothing to join)."""
         return self.join_net if "net" in self.namespaces else None
@@ -389,6 +396,7 @@ class SandboxPlan:
             "rules": [asdict(r) for r in self.rules],
             "drop_caps": self.drop_caps,
             "scope_signals": self.scope_signals,
+            "scope_abstract_sockets": self.scope_abstract_sockets,
             "loopback_up": "net" in self.namespaces,
             "private_shm": "mount" in self.namespaces and os.path.isdir("/dev/shm"),
             "required": self.mode == "required",
@@ -410,6 +418,7 @@ class SandboxPlan:
             "network_namespace_shared": self.joined_net is not None,
             "capabilities_dropped": self.drop_caps,
             "signals_scoped": self.scope_signals,
+            "abstract_sockets_scoped": self.scope_abstract_sockets,
             # enter() gives every sandbox the "world" profile wherever seccomp exists, world or not
             "seccomp": "worker"
             if self.seccomp
@@ -679,7 +688,12 @@ def enter(policy_path: str, argv: Sequence[str]) -> NoReturn:
             "Landlock",
             "landlock",
             policy["landlock_abi"] and policy["rules"],
-            lambda: apply_landlock(rules, policy["landlock_abi"], policy["scope_signals"]),
+            lambda: apply_landlock(
+                rules,
+                policy["landlock_abi"],
+                policy["scope_signals"],
+                bool(policy.get("scope_abstract_sockets")),
+            ),
         ),
         (
             "seccomp",

@@ -768,3 +768,41 @@ def test_a_world_s_reads_raise_no_event_in_another_world(tmp_path, world):
         assert events == [], events
     else:  # the control: each open, read and close in the other sandbox is seen
         assert len(events) >= 6, events
+
+
+CONNECT_ABSTRACT = """
+import errno, json, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    s.connect(b"\\0" + sys.argv[1].encode())
+    s.sendall(b"from the sandbox")
+    got = "connected"
+except OSError as e:
+    got = errno.errorcode[e.errno]
+print(json.dumps({"connect": got}))
+"""
+
+
+@pytest.mark.skipif(
+    CAPS.landlock_abi < 6, reason="Landlock ABI >= 6 scopes abstract Unix sockets (Linux >= 6.12)"
+)
+@pytest.mark.parametrize("scoped", [True, False], ids=["scoped", "control-unscoped"])
+def test_a_phase_on_the_host_s_network_reaches_no_abstract_socket_of_the_host(tmp_path, scoped):
+    """launch.network 'host' (several nodes) leaves a phase the host's network namespace, and with it every
+    abstract Unix socket bound on the machine: a container runtime's shim, an X server, the official's own tools.
+    Landlock's scope (ABI >= 6) refuses a connection to one bound outside the sandbox."""
+    code, out = tmp_path / "code", tmp_path / "out"
+    code.mkdir()
+    out.mkdir()
+    plan = plan_sandbox(mode="auto", network="host", device="cpu", multi_node=False, project_root=PROJECT,
+                        read_paths=[code], write_paths=[out], protected=(),
+                        import_path=[p for p in sys.path[1:] if p], caps=CAPS)  # fmt: skip
+    assert "net" not in plan.namespaces
+    if not scoped:  # the control: the same sandbox without Landlock's scopes
+        plan = dataclasses.replace(plan, scope_signals=False)
+    name = f"pgolf-official-{secrets.token_hex(4)}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as official:
+        official.bind(b"\0" + name.encode())
+        official.listen(1)
+        got = _run(plan, out, CONNECT_ABSTRACT, name)
+    assert got == ({"connect": "EPERM"} if scoped else {"connect": "connected"}), got
