@@ -117,7 +117,7 @@ GUARANTEES: dict[str, tuple[str, tuple[tuple[str, ...], ...]]] = {
         (("namespaces", "network_namespace"),),
     ),
     "nothing_shared": (
-        "no inode, lock, uid, page-cache state or keyring shared with the host",
+        "no inode, lock, uid, page-cache state, keyring or kernel log shared with the host",
         (("world", "seccomp"),),
     ),
 }
