@@ -55,8 +55,9 @@ clone with a namespace flag makes a namespace."""
 WORLD_NO_SUCH_CALL = ("clone3",)
 """Answered ENOSYS in every world: clone3 takes its flags in memory the filter cannot read, and ENOSYS (not EPERM)
 is what makes glibc start a thread or a process with clone instead, whose flags it reads (as container runtimes do)."""
-NO_CGROUP_DENIED = ("memfd_create",)
-"""Refused where the world has no memory cgroup: a memfd's pages would escape RLIMIT_AS uncounted."""
+NO_CGROUP_DENIED = ("memfd_create", "memfd_secret")
+"""Refused where the world has no memory cgroup: a memfd's pages would escape RLIMIT_AS uncounted (a secret memfd's
+too: mapped a few MiB at a time under RLIMIT_MEMLOCK, each unmapped again, its pages stay in the file)."""
 
 DENIED = (
     "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "perf_event_open", "bpf", "userfaultfd",
@@ -103,6 +104,7 @@ ARCHES: dict[str, tuple[int, dict[str, int]]] = {
             "io_setup": 206,
             "io_submit": 209,
             "memfd_create": 319,
+            "memfd_secret": 447,
             "madvise": 28,
             "preadv2": 327,
             "pwritev2": 328,
@@ -148,6 +150,7 @@ ARCHES: dict[str, tuple[int, dict[str, int]]] = {
             "io_setup": 0,
             "io_submit": 2,
             "memfd_create": 279,
+            "memfd_secret": 447,
             "madvise": 233,
             "preadv2": 286,
             "pwritev2": 287,

@@ -24,7 +24,7 @@ trusted side wrote):
 - **Its memory counted.** Where a memory cgroup can be made (cgroup v1 `memory` or v2 with the
   controller delegated), the world's first process joins a cgroup of its own whose limit is the
   sandbox's memory limit: anonymous memory, tmpfs and /dev/shm pages and memfds are all charged to
-  it. Without one, the tmpfs mounts are sized and memfd_create is refused by the seccomp filter
+  it. Without one, the tmpfs mounts are sized and memfd_create and memfd_secret are refused by the seccomp filter
   (isolation/seccomp.py), so no memory escapes RLIMIT_AS uncounted.
 
 What is still shared, and why it carries no useful bit, is in docs/ARCHITECTURE.md ("A world of its
