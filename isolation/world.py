@@ -72,6 +72,12 @@ NO_SUBMOUNTS = ("/proc", "/sys", "/dev", "/etc")
 /etc, where a host mounts its configuration and secrets (a Kubernetes Secret or ConfigMap, a container's
 resolv.conf): a world sees /etc as the image has it, which is all a single node needs (no DNS, loopback only)."""
 EMPTY = "/.pgolf-empty-layer"
+EMPTY_FILE = "/.pgolf-empty-file"
+MASKED_PROC_FILES = ("locks",)
+"""Files of a world's /proc shown empty (an empty read-only file bound over each, as container runtimes mask
+/proc/kcore): /proc/locks lists an OFD lock (F_OFD_SETLK) of every process of the machine, since such a lock
+belongs to no process and so to no PID namespace, each with a byte range its holder chose: a channel of
+kilobits per read between worlds alive at the same time (a scoring run's worker and another run's ranks)."""
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
@@ -405,6 +411,7 @@ def _place(
     elif path == "/proc":
         _ensure_dir(path)
         _mount("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        _mask_proc_files(path)
     elif path == "/dev/shm":
         _ensure_dir(path)
         _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={shm_bytes},mode=1777")
@@ -430,6 +437,17 @@ def _place(
     else:  # a large file (or something odd): read-only bind, recorded
         Path(path).touch(0o444)
         _bind_host_read_only(old, path, facts)
+
+
+def _mask_proc_files(proc: str) -> None:
+    """MASKED_PROC_FILES of the world's fresh /proc, each an empty read-only file."""
+    if not os.path.exists(EMPTY_FILE):
+        with open(EMPTY_FILE, "x"):
+            pass
+        os.chmod(EMPTY_FILE, 0o444)
+    for name in MASKED_PROC_FILES:
+        if os.path.exists(f"{proc}/{name}"):
+            _bind_read_only(EMPTY_FILE, f"{proc}/{name}")
 
 
 def _hand_over(folder: str, uid: int) -> None:
