@@ -15,8 +15,9 @@ trusted side wrote):
   or its overlay would show an empty folder (the first H200 run: no libcuda in the world). A single
   file it may read (the artifact, a spec) is copied into the tmpfs: a private inode. Device files
   are made anew (mknod) on the tmpfs, so even /dev/null is this world's own inode. /proc is a fresh
-  mount of the world's PID namespace; /sys a read-only overlay; /dev/shm a tmpfs of its own, with a
-  size; the root itself is remounted read-only once built.
+  mount of the world's PID namespace (its /proc/locks an empty file: MASKED_PROC_FILES); /sys a
+  read-only overlay; /dev/shm a tmpfs of its own, with a size; the root itself is remounted read-only
+  once built.
 - **Its own uid.** The world's processes run as a uid and gid drawn at random per world from a range
   no account uses (WORLD_UID_BASE + [0, WORLD_UID_SPAN)), with no supplementary groups: they own no
   file of the host, hold no capability, share no user keyring, and cannot signal another world.
