@@ -6,8 +6,9 @@ filesystem right that ABI knows, adds one path-beneath rule per allowed path, se
 restricts the calling thread, irreversibly, for itself and everything it later starts. Rights a rule
 grants beneath a folder: ro = execute + read files + list; rw = every right; list = list only;
 dev = read/write/ioctl (for device files). With ABI >= 6 the ruleset also scopes signals (no signal
-reaches a process outside the sandbox) and, asked with `scope_abstract_sockets`, abstract Unix sockets (no
-connection to one bound outside the sandbox: a phase on the host's network reaches none of the machine's). Used by isolation/sandbox.py (the training phase, applied before
+reaches a process outside the sandbox) and, asked with `scope_abstract_sockets`, abstract Unix sockets
+(no connection to one bound outside the sandbox: a phase on the host's network reaches none of the
+machine's). Used by isolation/sandbox.py (the training phase, applied before
 exec) and scoring/score/confine.py (the scorer, applied to itself once it has read the validation data).
 
 Path planning shared by both: `carve(root, protected)` (the children of a folder that cover all of

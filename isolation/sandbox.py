@@ -12,9 +12,9 @@ used when the machine allows it and recorded either way (`SandboxPlan.describe()
   folder; a few device files.
   Any allowed folder that holds the dataset is replaced by its other children, so the original
   dataset folder (both splits) and every validation shard are outside every rule. With ABI >= 6,
-  signals to processes outside the sandbox are refused too, and connections to abstract Unix sockets
-  bound outside it (which matter on the host's network, launch.network 'host'). Landlock also refuses ptrace and
-  /proc/PID/mem of processes outside the sandbox (not their /proc/PID/cmdline or environ: the PID
+  signals to processes outside the sandbox are refused too, and connections to abstract Unix
+  sockets bound outside it (which matter on the host's network, launch.network 'host'). Landlock also
+  refuses ptrace and /proc/PID/mem of processes outside the sandbox (not their /proc/PID/cmdline or environ: the PID
   namespace hides those), and any mount.
 - Namespaces (root, one node): a mount + PID namespace with a fresh /proc (the supervisor and every
   other process of the machine are invisible; when the namespace's first process dies the kernel
@@ -29,7 +29,8 @@ used when the machine allows it and recorded either way (`SandboxPlan.describe()
   copied files, device nodes made anew, a fresh /proc, a sized /dev/shm) and becomes a random uid of
   its own before anything of the submission runs: no lock, mode, time or extended attribute of a file
   it can read is shared with another sandbox or a later run. Every world also gets the "world"
-  seccomp profile (no page-cache queries or eviction, no async I/O, no keyrings, no kernel log, no new namespace).
+  seccomp profile (no page-cache queries or eviction, no async I/O, no keyrings, no kernel log, no
+  new namespace).
 
 Not covered: namespaces and worlds on several nodes (ranks must reach each other, and torchrun's
 rendezvous tells nodes apart by hostname and pid); data that is public
