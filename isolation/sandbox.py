@@ -14,8 +14,8 @@ used when the machine allows it and recorded either way (`SandboxPlan.describe()
   dataset folder (both splits) and every validation shard are outside every rule. With ABI >= 6,
   signals to processes outside the sandbox are refused too, and connections to abstract Unix
   sockets bound outside it (which matter on the host's network, launch.network 'host'). Landlock also
-  refuses ptrace and /proc/PID/mem of processes outside the sandbox (not their /proc/PID/cmdline or environ: the PID
-  namespace hides those), and any mount.
+  refuses ptrace and /proc/PID/mem of processes outside the sandbox (not their /proc/PID/cmdline or
+  environ: the PID namespace hides those), and any mount.
 - Namespaces (root, one node): a mount + PID namespace with a fresh /proc (the supervisor and every
   other process of the machine are invisible; when the namespace's first process dies the kernel
   kills every process left in it, so no rank can outlive the phase) and a private /dev/shm (the one
