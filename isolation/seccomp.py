@@ -5,7 +5,8 @@ any submitted code. Denied with EPERM: ptrace, reading or writing another proces
 (process_vm_readv/writev), kcmp, perf_event_open, bpf, userfaultfd, mounting, open_by_handle_at,
 kernel modules, kexec, keyrings, reboot, swap and process accounting. Every world (profile "world",
 training included) gets WORLD_DENIED: no page-cache queries or eviction, no keyrings, no reading the
-kernel log, no new namespace (unshare, setns, clone with a CLONE_NEW* flag; clone3 answers ENOSYS).
+kernel log, no new namespace (unshare, setns, clone with a CLONE_NEW* flag; clone3 answers ENOSYS), no
+perf_event_open, bpf or userfaultfd.
 On x86-64 the x32 system-call range is denied whole. Everything else is allowed: this is a
 deny-list of the calls a model never needs, a layer on top of Landlock (which already refuses
 ptrace of processes outside the domain) and the PID namespace (which hides them), not a
@@ -30,6 +31,7 @@ X32_SYSCALL_BIT = 0x4000_0000
 WORLD_DENIED = (
     "mincore", "cachestat", "fadvise64", "readahead", "io_uring_setup", "io_uring_enter", "io_uring_register",
     "io_setup", "io_submit", "keyctl", "add_key", "request_key", "syslog", "unshare", "setns",
+    "perf_event_open", "bpf", "userfaultfd",
 )  # fmt: skip
 """Refused in every world (training included): the calls that read or change which pages of a shared file
 are in the page cache (a channel between worlds and into later runs: docs/ARCHITECTURE.md "Channels"),
@@ -38,7 +40,9 @@ the kernel log (syslog(2)): any process writes lines of its choosing there by cr
 faulting address), kept until reboot, and where kernel.dmesg_restrict is 0 any process may read them back.
 And new namespaces (unshare, setns; clone with a CLONE_NEW* flag below): a user namespace gives its maker every
 capability inside it, over a network namespace of its own too (nftables and the rest of the kernel that most
-privilege escalations go through)."""
+privilege escalations go through). And perf_event_open, bpf and userfaultfd, which no training needs: where the
+machine's settings relax them (perf_event_paranoid, unprivileged_bpf_disabled) they watch other processes' CPUs or
+load programs into the kernel, channels and attack surface the model worker was already kept from."""
 RWF_NOWAIT = 8
 CLONE_NEW_FLAGS = 0x7E02_0000
 """CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET (CLONE_NEWTIME, 0x80, is no flag of clone's:
