@@ -2,8 +2,10 @@
 
 `torchrun_command` makes the command for N ranks per node and M nodes (and `pack_command` the pack's):
 
-    python -m torch.distributed.run --nproc-per-node=N (--standalone | --nnodes=M --rdzv-backend=c10d
-        --rdzv-endpoint=HOST:PORT --rdzv-id=ID) --max-restarts=0 -m harness.train.rank SPEC
+    python -m torch.distributed.run --nproc-per-node=N --nnodes=M --rdzv-backend=c10d
+        --rdzv-endpoint=HOST:PORT --rdzv-id=ID [--local-addr=127.0.0.1] --max-restarts=0 -m harness.train.rank SPEC
+
+(one node: the endpoint 127.0.0.1:0, an address, never a name: see torchrun_command)
 
 (NCCL with one GPU per rank on CUDA, gloo on CPU: harness/train/rank.py). `supervise` runs a command
 (wrapped in the sandbox by harness/run/train_phase.py) in its own session, outside the sandbox, and
@@ -31,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,10 +62,18 @@ POLL_S = 0.5
 def torchrun_command(cfg: LaunchConfig, spec_path: Path) -> list[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={cfg.nproc_per_node}"]
     if cfg.nnodes == 1 and not cfg.rdzv_endpoint:
-        # the ranks meet on loopback: inside the sandbox's network namespace only 127.0.0.1 exists, and
-        # torchrun's default address for them is the host's FQDN, which resolves there only where
-        # /etc/hosts happens to map it to 127.x (many GPU hosts do not)
-        cmd += ["--standalone", "--local-addr=127.0.0.1"]
+        # the ranks meet on loopback, by address: inside the sandbox's network namespace only 127.0.0.1 exists;
+        # torchrun's default address for rank 0 is the host's FQDN, and its --standalone rendezvous is at the name
+        # localhost, and a world's /etc/hosts is the image's (in a container an empty file, the runtime's bound
+        # over it: isolation/world.py NO_SUBMOUNTS), where no name resolves and the rendezvous waited out its
+        # timeout. Port 0: the agent's store takes a free port, as --standalone's does.
+        cmd += [
+            "--nnodes=1",
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=127.0.0.1:0",
+            f"--rdzv-id={uuid.uuid4().hex}",
+            "--local-addr=127.0.0.1",
+        ]
     else:
         cmd += [
             f"--nnodes={cfg.nnodes}",

@@ -53,7 +53,7 @@ def test_launch_config_validates():
 def test_torchrun_command_standalone_and_multi_node(tmp_path):
     cmd = torchrun_command(LaunchConfig(nproc_per_node=8), tmp_path / "spec.json")
     assert (
-        "--standalone" in cmd
+        "--rdzv-endpoint=127.0.0.1:0" in cmd
         and "--local-addr=127.0.0.1" in cmd  # the ranks meet on loopback, never on the host's FQDN
         and "--nproc-per-node=8" in cmd
         and cmd[-2:] == ["harness.train.rank", str(tmp_path / "spec.json")]
@@ -69,6 +69,55 @@ def test_torchrun_command_standalone_and_multi_node(tmp_path):
         "--max-restarts=0",
     } <= set(cmd)
     assert "--standalone" not in cmd
+
+
+def _torchrun_args(cmd: list[str]) -> list[str]:
+    """torchrun's own arguments of a command torchrun_command made (between the module and the rank's `-m`)."""
+    return cmd[cmd.index("torch.distributed.run") + 1 : cmd.index("harness.train.rank") - 1]
+
+
+def test_one_node_meets_on_an_address_that_needs_no_name_lookup(tmp_path):
+    """A world shows /etc as the image has it: in a container, the image's /etc/hosts is empty (the runtime binds
+    its own over it), so no name resolves, "localhost" included, and torchrun's `--standalone` (which sets the
+    rendezvous to localhost:0 in its run()) hung until its timeout. As torchrun's own parser reads the command: no
+    --standalone, and a rendezvous endpoint and an address for rank 0 that are IP literals on loopback."""
+    import ipaddress
+
+    from torch.distributed.run import config_from_args, parse_args
+
+    args = parse_args(
+        [*_torchrun_args(torchrun_command(LaunchConfig(nproc_per_node=8), tmp_path / "s")), "x.py"]
+    )
+    assert not args.standalone, "torchrun --standalone meets at the name localhost"
+    config, _, _ = config_from_args(args)
+    host, port = config.rdzv_endpoint.rsplit(":", 1)
+    assert ipaddress.ip_address(host).is_loopback and port == "0", config.rdzv_endpoint
+    assert config.rdzv_backend == "c10d" and config.max_nodes == 1
+    assert ipaddress.ip_address(config.local_addr).is_loopback
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_ranks_meet_where_no_name_resolves(tmp_path):
+    """The same for real: in a mount and network namespace (loopback only, as the sandbox's) with an empty
+    /etc/hosts bound over the host's, torchrun as the launcher runs it starts its ranks (`python -m platform`
+    stands in for the rank) in seconds, instead of waiting on a name that never resolves."""
+    empty = tmp_path / "hosts"
+    empty.write_text("")
+    cmd = torchrun_command(LaunchConfig(nproc_per_node=2, device="cpu"), tmp_path / "spec.json")
+    cmd = [*cmd[: cmd.index("harness.train.rank")], "platform"]
+    script = f'ip link set lo up 2>/dev/null; mount --bind {empty} /etc/hosts && exec "$@"'
+    if subprocess.run(["unshare", "--mount", "--net", "true"], capture_output=True).returncode != 0:
+        pytest.skip("unshare --mount --net is refused here")
+    try:
+        out = subprocess.run(
+            ["unshare", "--mount", "--net", "sh", "-c", script, "sh", *cmd],
+            capture_output=True, text=True, timeout=30, env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"},
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail("torchrun's rendezvous waited 30 s on a name that does not resolve")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.count("Linux") == 2, out.stdout
 
 
 # ---- supervise and its clock, with scripts standing in for torchrun ----
