@@ -33,17 +33,22 @@ case "${1:-}" in
     export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD"
     {
       nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
-      uname -r
-      python3 -c "import sys, torch; print(sys.executable, sys.version.split()[0], torch.__version__, torch.version.cuda)"
-      python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl && echo "wheels installed"
-      python3 -m pip install -q --no-deps --no-build-isolation -e . && echo "pgolf installed (editable)"
-    } 2>&1 | tee "$out/setup.log"
+      uname -r || true
+      python3 -c "import sys, torch; print(sys.executable, sys.version.split()[0], torch.__version__, torch.version.cuda)" \
+        || echo "SETUP FAILED: python3 cannot import torch"
+      # each step's failure is a line here, never the end of the session: the check imports the project from
+      # PYTHONPATH, and a missing wheel shows as its own one-line failure there
+      python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl && echo "wheels installed" \
+        || echo "SETUP FAILED: the wheels of .whl/ did not install (the check runs without them)"
+      python3 -m pip install -q --no-deps --no-build-isolation -e . && echo "pgolf installed (editable)" \
+        || echo "SETUP FAILED: the editable install of pgolf (the check runs from PYTHONPATH)"
+    } 2>&1 | tee "$out/setup.log" || true
     rc=0
     python3 scripts/gpu_check.py --data .gpucheck/sp1024 --workdir /tmp/pgolf-gpu-check \
       --json-out "$out/gpu_check.json" "$@" > "$out/gpu_check.log" 2>&1 || rc=$?
     tar czf "$out/runs.tgz" --exclude='*.safetensors' --exclude='*.pgolf' --exclude='*.bin' \
       -C /tmp/pgolf-gpu-check . 2>/dev/null || true
-    grep -v '^│\|^┌\|^└' "$out/gpu_check.log" | tail -c 9000
+    grep -v '^│\|^┌\|^└' "$out/gpu_check.log" | tail -c 9000 || true
     echo "gpu_check exit $rc"
     exit "$rc"
     ;;

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -387,3 +388,35 @@ def test_sp8192_trains_its_train_s_beside_the_reserves_its_train_py_keeps(monkey
     )
     assert gc.reserved_s(plain.train) == 0.0
     assert gc.estimate_s(["sp8192_era"], 60.0, "cuda", reserves={"sp8192_era": 70.0}) == 10 + 60 + 70 + 360
+
+
+def _fake_python(bin_dir: Path, pip_rc: int) -> None:
+    """A `python3` on PATH for scripts/gpu_session.sh: `-m pip` exits with `pip_rc`, `-c` prints a version line,
+    and scripts/gpu_check.py records that it ran (its arguments in ran.txt beside it) and exits 0."""
+    bin_dir.mkdir()
+    fake = bin_dir / "python3"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'case "$1 $2" in\n  "-m pip") exit {pip_rc} ;;\n  -c*) echo "python 3.12 torch 2.11.0+cu130"; exit 0 ;;\nesac\n'
+        f'echo "$@" > {bin_dir}/ran.txt\necho "gpu_check ran"\nexit 0\n'
+    )
+    fake.chmod(0o755)
+
+
+@pytest.mark.parametrize("pip_rc", [0, 1])
+def test_the_session_script_runs_the_check_whatever_its_setup_did(tmp_path: Path, pip_rc: int) -> None:
+    """`gpu_session.sh run` on the lent machine: the wheels' or the editable install's failure (an image whose pip
+    refuses, no setuptools to build with offline) is a line of setup.log, and the check still runs (it imports the
+    project from PYTHONPATH, not from the install); it used to end the script before the check, under set -e and
+    pipefail, so a lent GPU's minutes gave nothing."""
+    _fake_python(tmp_path / "bin", pip_rc)
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"}
+    r = subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu_session.sh"), "run", str(out), "--train-s", "5"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert (tmp_path / "bin" / "ran.txt").is_file(), r.stdout + r.stderr
+    assert "--train-s 5" in (tmp_path / "bin" / "ran.txt").read_text()
+    assert r.returncode == 0 and "gpu_check exit 0" in r.stdout, r.stdout + r.stderr
+    assert (out / "setup.log").is_file() and (out / "gpu_check.log").read_text().strip() == "gpu_check ran"
