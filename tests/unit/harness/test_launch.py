@@ -106,13 +106,14 @@ def test_ranks_meet_where_no_name_resolves(tmp_path):
     empty.write_text("")
     cmd = torchrun_command(LaunchConfig(nproc_per_node=2, device="cpu"), tmp_path / "spec.json")
     cmd = [*cmd[: cmd.index("harness.train.rank")], "platform"]
-    script = f'ip link set lo up 2>/dev/null; mount --bind {empty} /etc/hosts && exec "$@"'
+    lo_up = f"{sys.executable} -c 'from isolation.landlock import loopback_up; loopback_up()'"  # as the sandbox does
+    script = f'{lo_up} && mount --bind {empty} /etc/hosts && exec "$@"'
     if subprocess.run(["unshare", "--mount", "--net", "true"], capture_output=True).returncode != 0:
         pytest.skip("unshare --mount --net is refused here")
     try:
         out = subprocess.run(
             ["unshare", "--mount", "--net", "sh", "-c", script, "sh", *cmd],
-            capture_output=True, text=True, timeout=30, env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"},
+            capture_output=True, text=True, timeout=30, env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": str(REPO)},
         )  # fmt: skip
     except subprocess.TimeoutExpired:
         pytest.fail("torchrun's rendezvous waited 30 s on a name that does not resolve")
