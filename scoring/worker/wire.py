@@ -79,6 +79,10 @@ def send(sock: socket.socket, msg: dict[str, Any]) -> None:
     sock.sendall(data)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def recv(sock: socket.socket, timeout_s: float | None = None) -> dict[str, Any]:
     """One message; TimeoutError past `timeout_s`, WorkerGone at end of stream, ProtocolError if malformed."""
     sock.settimeout(timeout_s)
@@ -88,7 +92,9 @@ def recv(sock: socket.socket, timeout_s: float | None = None) -> dict[str, Any]:
     if len(data) > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"a message over {MAX_MESSAGE_BYTES} bytes")
     try:
-        msg = json.loads(data)
+        # NaN and Infinity are no JSON (`send` never writes one): taken, a worker's NaN reached the score record,
+        # whose writer (allow_nan=False) then failed, the run "a harness failure" whatever its probes found
+        msg = json.loads(data, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError, RecursionError) as e:  # deep nesting: RecursionError
         raise ProtocolError(f"a message that is not JSON: {data[:80]!r}") from e
     if not isinstance(msg, dict):

@@ -107,3 +107,29 @@ def test_control_the_honest_probe_workers_pass():
     fresh = (LocalModel(copy.deepcopy(honest)) for _ in iter(int, 1))
     assert run_probes(plan, result.kept, fresh, TOKENS, pcfg, total_batches=result.batches)["passed"]
     assert V == 260
+
+
+@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity"])
+def test_a_workers_message_with_a_non_json_number_breaks_the_protocol(constant):
+    """HOLE (before the fix): recv parsed NaN and Infinity (Python's json.loads takes them), so a worker whose model
+    patched its `send` reported {"reply": "ready", "output": "logits", "memory": NaN}; the scorer kept what the
+    worker said of itself (WorkerModel.facts, the record's `workers[].reported`) and, having scored, failed to write
+    its record (json.dumps(allow_nan=False): `ValueError: Out of range float values`): no record, a traceback, and the
+    run read "a harness failure (scorer)", whatever the probes found. The scorer never sends such a number (send:
+    allow_nan=False): a message holding one is no message of the protocol, the worker's error (WorkerFailure)."""
+    import json
+    import socket
+
+    from scoring.worker.wire import ProtocolError, recv
+
+    raw = b'{"reply": "ready", "output": "logits", "memory": {"rss_bytes": ' + constant + b"}}"
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with a, b:
+        a.sendall(raw)
+        with pytest.raises(ProtocolError, match="not JSON"):
+            recv(b, timeout_s=5)
+        a.sendall(b'{"reply": "ready", "output": "logits", "memory": {"rss_bytes": 1.5e300}}')
+        msg = recv(b, timeout_s=5)  # control: a large finite number is one
+    assert json.loads(json.dumps(msg, allow_nan=False)) == msg
+    with pytest.raises(ValueError, match="Out of range"):  # what the record's writer (data.io) does with one
+        json.dumps({"reported": json.loads(raw)}, allow_nan=False)
