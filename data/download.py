@@ -39,8 +39,10 @@ Guarantees:
   are plain names (`.model`, `.vocab`, `.json`) that collide with none of the folder's own; at most
   MAX_SHARDS shards per split; an official variant's tokenizer model must be the official file
   (data/official.py). The stored Hugging Face token goes to huggingface.co only, never to a mirror.
-  A file must arrive within FILE_GRACE_S plus its size at MIN_RATE_BYTES_PER_S (a hub trickling a byte
-  now and then never trips the client's silence timeout), and the disk keeps MIN_FREE_BYTES free.
+  A file must come at MIN_RATE_BYTES_PER_S or more after FILE_GRACE_S (measured on the bytes that came
+  in, give or take the client's PROGRESS_PIECE_BYTES piece, never on the size the hub declares), and all of
+  it within FILE_GRACE_S plus its limit at that rate (a hub trickling a byte now and then never trips the
+  client's silence timeout), and the disk keeps MIN_FREE_BYTES free.
 - The folder ends with this harness's own `manifest.json` (data/manifest.py), so it is used exactly
   like a built dataset: shard sha256s, document counts (BOS tokens), tokenizer entry, unigram counts.
 
@@ -56,6 +58,7 @@ import re
 import shutil
 import signal
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +95,9 @@ MIN_RATE_BYTES_PER_S = 64 << 10
 """A file whose transfer averages less than this (after FILE_GRACE_S) is cut off: a hub that trickles a byte
 now and then never trips the HTTP client's silence timeout, and would hold the download for ever."""
 FILE_GRACE_S = 60.0
+PROGRESS_PIECE_BYTES = 10 << 20
+"""The most bytes the HTTP client reads before it reports them (huggingface_hub's DOWNLOAD_CHUNK_SIZE, 10 MiB): a
+file's deadline, moved by the bytes reported, allows one piece more than came in (`_Deadline`)."""
 MIN_FREE_BYTES = 1 << 30
 """Space the download leaves free on the destination's disk: a file that would leave less is refused before it is
 fetched (by its declared size), and a transfer is cut off when the disk falls below it."""
@@ -368,36 +374,65 @@ def _free_bytes(folder: Path) -> int:
     return shutil.disk_usage(folder).free
 
 
+class _Deadline:
+    """A file's deadline, moved by the bytes that come in: at any time the transfer must have taken at least
+    MIN_RATE_BYTES_PER_S since FILE_GRACE_S, give or take one PROGRESS_PIECE_BYTES piece, and the whole file must come
+    within `_file_deadline_s(limit_bytes)`. The hub's word (the size it declares, or none: the kind's limit) sets only
+    that last bound: a deadline of the limit alone gave a trickling hub that declared no size 18 hours a shard."""
+
+    def __init__(self, limit_bytes: int, armed: bool):
+        self.limit_s = _file_deadline_s(limit_bytes)
+        self.armed = armed
+        self.t0 = time.monotonic()
+
+    def allowed_s(self, received_bytes: int) -> float:
+        """Seconds from the start the transfer may run, `received_bytes` in."""
+        at_rate_s = FILE_GRACE_S + (received_bytes + PROGRESS_PIECE_BYTES) / MIN_RATE_BYTES_PER_S
+        return min(self.limit_s, at_rate_s)
+
+    def progress(self, received_bytes: int) -> None:
+        """The bytes so far of this transfer (the client reports them): the timer set to the deadline they earn."""
+        if self.armed:
+            left_s = self.t0 + self.allowed_s(received_bytes) - time.monotonic()
+            signal.setitimer(signal.ITIMER_REAL, max(left_s, 1e-3))
+
+
 @contextlib.contextmanager
-def _deadline(seconds: float) -> Iterator[None]:
-    """Raise _TooSlow in this thread once `seconds` have passed (a real-time interval timer, so a read the hub
-    keeps alive with a byte now and then is interrupted too). Only the main thread receives signals; elsewhere
-    (a library caller's worker thread) the transfer is bounded by the HTTP client's timeouts alone."""
+def _deadline(limit_bytes: int) -> Iterator[_Deadline]:
+    """Raise _TooSlow in this thread once the file's `_Deadline` has passed (a real-time interval timer, so a read
+    the hub keeps alive with a byte now and then is interrupted too). Only the main thread receives signals;
+    elsewhere (a library caller's worker thread) the transfer is bounded by the HTTP client's timeouts alone. A
+    caller's own SIGALRM handler is put back after, and its timer too, less the time the file took (one due
+    meanwhile fires as the file ends)."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield _Deadline(limit_bytes, armed=False)
         return
+    deadline = _Deadline(limit_bytes, armed=True)
 
     def expire(signum: int, frame: object) -> None:
-        raise _TooSlow(seconds)
+        raise _TooSlow(time.monotonic() - deadline.t0)
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    theirs_s, theirs_every_s = signal.setitimer(signal.ITIMER_REAL, deadline.allowed_s(0))
     try:
-        yield
+        yield deadline
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
+        if theirs_s > 0:
+            left_s = theirs_s - (time.monotonic() - deadline.t0)
+            signal.setitimer(signal.ITIMER_REAL, max(left_s, 1e-6), theirs_every_s)
 
 
-def _bounded_progress(limit_bytes: int, disk: Path) -> type:
+def _bounded_progress(limit_bytes: int, disk: Path, deadline: _Deadline | None = None) -> type:
     """A progress-bar class for hf_hub_download that stops the transfer once more than `limit_bytes` came in
     (huggingface_hub reports every piece it writes to it), so a file served larger than declared is cut off, and
-    once the disk holding `disk` has less than MIN_FREE_BYTES free."""
+    once the disk holding `disk` has less than MIN_FREE_BYTES free; each piece moves the file's `deadline`."""
     from huggingface_hub.utils import tqdm as hf_tqdm
 
     class Bounded(hf_tqdm):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            self.received_bytes = int(kwargs.get("initial") or 0)
+            self.received_bytes = self.resumed_bytes = int(kwargs.get("initial") or 0)
             super().__init__(*args, **kwargs)
             if self.received_bytes > limit_bytes:
                 raise _TooLarge(limit_bytes)
@@ -408,6 +443,8 @@ def _bounded_progress(limit_bytes: int, disk: Path) -> type:
                 raise _TooLarge(limit_bytes)
             if _free_bytes(disk) < MIN_FREE_BYTES:
                 raise _DiskLow()
+            if deadline is not None:  # this transfer's bytes: a partial file resumed came before its clock
+                deadline.progress(self.received_bytes - self.resumed_bytes)
             return super().update(n)
 
     return Bounded
@@ -452,9 +489,8 @@ class _Hub:
                 f"{path}: its {declared_bytes} bytes would leave less than {MIN_FREE_BYTES} bytes free on the disk "
                 f"of {self.staging} ({free_bytes} free). HINT: free some space, or choose another --out"
             )
-        deadline_s = _file_deadline_s(limit_bytes)
         try:
-            with _deadline(deadline_s):
+            with _deadline(limit_bytes) as deadline:
                 local = Path(
                     hf_hub_download(
                         self.repo_id,
@@ -464,7 +500,7 @@ class _Hub:
                         local_dir=self.staging,
                         endpoint=self.endpoint,
                         token=self.token,
-                        tqdm_class=_bounded_progress(limit_bytes, self.staging),
+                        tqdm_class=_bounded_progress(limit_bytes, self.staging, deadline),
                     )
                 )
         except (_TooLarge, _TooSlow, _DiskLow) as e:
@@ -475,10 +511,11 @@ class _Hub:
                 hint = "the hub or mirror is broken or hostile; use another --endpoint"
             elif isinstance(e, _TooSlow):
                 why = (
-                    f"not received within {deadline_s:.0f} s ({FILE_GRACE_S:.0f} s, then "
-                    f"{MIN_RATE_BYTES_PER_S} bytes/s for its at most {limit_bytes} bytes)"
+                    f"not received within {float(e.args[0]):.0f} s (after {FILE_GRACE_S:.0f} s it must come at "
+                    f"{MIN_RATE_BYTES_PER_S} bytes/s or more, and all of its at most {limit_bytes} bytes within "
+                    f"{_file_deadline_s(limit_bytes):.0f} s)"
                 )
-                hint = "the hub or the network is too slow; rerun to resume, or use another --endpoint"
+                hint = "the hub or the network is too slow; rerun, or use another --endpoint"
             else:
                 why = f"the disk of {self.staging} fell below {MIN_FREE_BYTES} bytes free"
                 hint = "free some space, or choose another --out"

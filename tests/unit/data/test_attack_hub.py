@@ -412,3 +412,56 @@ def test_a_file_that_would_fill_the_disk_is_refused_before_and_while_it_comes(
     ):
         download_variant("byte260", tmp_path / "fill", train_shards=0, endpoint=hub.endpoint)
     assert not list((tmp_path / "fill").rglob("*.incomplete"))
+
+
+def test_a_hub_that_trickles_a_file_of_no_declared_size_is_cut_off_by_its_rate(
+    repo_files, tmp_path, monkeypatch
+):
+    """HOLE (before the fix): a file's deadline was FILE_GRACE_S plus its *limit* at MIN_RATE_BYTES_PER_S, and a
+    hub that declares no size (or 4 GB) sets the limit: a shard's deadline was 60 s + MAX_SHARD_BYTES / 64 KiB/s =
+    65,596 s (18 hours), a file, up to MAX_SHARDS files. A hub trickling a byte every 20 ms held the download for
+    that long. Now the bytes that came in set the deadline (the rate the constant names, after the grace and one
+    piece of the client's), so a trickle is cut off after the grace whatever the hub declares. Here the trickle is
+    lifted after 20 s: before the fix the download then completed, no refusal."""
+    import threading
+
+    monkeypatch.setattr(download, "FILE_GRACE_S", 1.0)
+    monkeypatch.setattr(download, "PROGRESS_PIECE_BYTES", 1024)
+    sizeless = _edit_manifest(repo_files, lambda raw: raw.pop("files"))
+    with HubServer(REPO_ID, sizeless) as hub:
+        hub.state.trickle[VAL0] = 0.02
+        lift = threading.Timer(20.0, lambda: hub.state.trickle.pop(VAL0, None))
+        lift.start()
+        start = time.monotonic()
+        try:
+            with pytest.raises(
+                DownloadError, match=r"fineweb_val_000000\.bin: not received .*refused and removed"
+            ):
+                download_variant("byte260", tmp_path / "slow", train_shards=0, endpoint=hub.endpoint)
+            took_s = time.monotonic() - start
+        finally:
+            lift.cancel()
+            hub.state.trickle.pop(VAL0, None)
+    assert took_s < 15
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_a_callers_own_alarm_survives_a_download(repo_files, tmp_path):
+    """HOLE (before the fix): the per-file deadline (SIGALRM) restored the caller's handler but not its timer: a
+    library caller's own alarm (pytest-timeout's signal method, a tool's overall deadline) was cancelled by the
+    first file fetched and never fired. Its timer now runs on, less the time the download took."""
+    fired = []
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: fired.append(signum))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 120.0)
+        with HubServer(REPO_ID, repo_files) as hub:
+            download_variant("byte260", tmp_path / "ok", train_shards=0, endpoint=hub.endpoint)
+        left_s, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 60.0 < left_s <= 120.0, left_s
+        assert not fired
+        signal.setitimer(signal.ITIMER_REAL, 0.01)  # and its handler is the caller's again
+        time.sleep(0.2)
+        assert fired == [signal.SIGALRM]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
