@@ -18,7 +18,8 @@ Each track's policy (`TRACK_POLICIES`) names the rule and the evidence:
 - evidence `reproduced` (default): an entry's numbers are the seeds `pgolf reproduce` re-trained, and only
   a `reproduced` verdict can be accepted; `verified`: the entry's own runs in the ledger that `pgolf
   verify` marked verified (a track whose officials re-score rather than re-train), each scored under
-  its track's rules as the leaderboard ranks them (harness/records/leaderboard.py scored_problem);
+  its track's rules as the leaderboard ranks them (harness/records/leaderboard.py scored_problem), each seed
+  at the worse of its own figure and its verification's re-score (leaderboard.py at_rescore);
 - seeds `salted` (every record track): only a reproduction whose seeds were fresh under the official's salt
   (`pgolf queue --seeds N --seed-salt-file F`) is accepted. Claimed seeds reproduce exactly even when they are
   the best few of a hundred the entrant tried, and seeds from the entry's digest alone the entrant computes;
@@ -226,6 +227,7 @@ def candidates_from_reproductions(
 def candidates_from_verified(ledger: Path, order: dict[str, int]) -> list[Candidate]:
     """Verified ok results in the ledger, grouped like the leaderboard (entry id, track, preset, overrides)."""
     from harness.records.leaderboard import (
+        at_rescore,
         digest_or_none,
         entry_id,
         read_ledger,
@@ -250,7 +252,8 @@ def candidates_from_verified(ledger: Path, order: dict[str, int]) -> list[Candid
         ):
             continue
         over = json.dumps(((r.get("phases") or {}).get("command") or {}).get("overrides") or [])
-        groups.setdefault((entry_id(r), str(r.get("preset")), over), []).append(r)
+        # each seed no better than its verification's re-score, as the board ranks it (a loose --tol-bpb)
+        groups.setdefault((entry_id(r), str(r.get("preset")), over), []).append(at_rescore(r, verifications))
     out = []
     for (eid, preset, _over), rs in groups.items():
         unusable = _unusable(

@@ -25,7 +25,9 @@ side's results must be runs of their own: one seed twice, one artifact or one sc
 
 A result is verified only by a "verified" verification of its digest in the official's ledger
 (`--ledger`, as the leaderboard reads it); the "verification" a result.json holds is the word of whoever
-wrote the file, and a verdict on any unverified result says UNVERIFIED.
+wrote the file, and a verdict on any unverified result says UNVERIFIED. Given the ledger, the test reads each
+result at the worse of its own figure and its verification's re-score (leaderboard.py at_rescore, as the board
+ranks it): a verify run under a loose --tol-bpb accepts an edited figure.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from typing import Any
 from scipy import stats
 
 from data.io import read_json
-from harness.records.leaderboard import SCORE_MAX, digest_or_none, read_ledger, verification_of
+from harness.records.leaderboard import SCORE_MAX, at_rescore, digest_or_none, read_ledger, verification_of
 from harness.records.reproduce import SAME_RUN_WHY, same_runs
 from harness.run.text import visible
 from scoring.statuses import VERIFIED, Status
@@ -185,6 +187,14 @@ def _verified(r: dict[str, Any], verifications: dict[str, dict[str, Any]]) -> bo
     return verification_of(digest_or_none(core), verifications) == VERIFIED
 
 
+def _tested(r: dict[str, Any], metric: str, verifications: dict[str, dict[str, Any]] | None) -> float:
+    """The figure the test reads of `r`: its own, or the worse of it and its verification's re-score (leaderboard.py
+    at_rescore, as the board ranks it): a verify run under a loose --tol-bpb accepted an edited figure, which the
+    test then read as the seed's."""
+    core = {k: v for k, v in r.items() if k != "_path"}
+    return float((core if verifications is None else at_rescore(core, verifications))[metric])
+
+
 def compare_results(
     new: list[dict[str, Any]],
     old: list[dict[str, Any]],
@@ -240,7 +250,11 @@ def compare_results(
             f"{unscored} has no {metric}; compare results that hold it (or pass the other --metric)"
         )
     w = welch_test(
-        [float(r[metric]) for r in new], [float(r[metric]) for r in old], margin, tr.p_value, metric
+        [_tested(r, metric, verifications) for r in new],
+        [_tested(r, metric, verifications) for r in old],
+        margin,
+        tr.p_value,
+        metric,
     )
     unverified = [r["_path"] for r in new + old if not _verified(r, verifications or {})]
     if unverified:

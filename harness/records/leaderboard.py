@@ -214,11 +214,22 @@ def rescored(digest: str | None, verifications: dict[str, dict[str, Any]]) -> di
 
 def _ranked_numbers(r: dict[str, Any], again: dict[str, float]) -> dict[str, Any]:
     """`r` with val_bpb and val_loss each the worse of its own and the verification's re-score: a verify run
-    under a loose --tol-bpb accepts a result's edited figure, which then ranked it; now the re-score bounds it."""
+    under a loose --tol-bpb accepts a result's edited figure, which then ranked it; now the re-score bounds it.
+    A figure that is no number (`_number`) is left as it is, for the caller's own refusal."""
     return {
         **r,
-        **{k: max(r[k], again[k]) for k in ("val_bpb", "val_loss") if k in again and r.get(k) is not None},
+        **{
+            k: max(r[k], again[k])
+            for k in ("val_bpb", "val_loss")
+            if k in again and _number(r.get(k)) is not None
+        },
     }
+
+
+def at_rescore(r: dict[str, Any], verifications: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """`r` (a result as its file holds it) with val_bpb and val_loss each the worse of its own and its latest
+    verification's re-score (`rescored`): what the board ranks, `pgolf compare` tests and the chain counts."""
+    return _ranked_numbers(r, rescored(digest_or_none(r), verifications))
 
 
 def _date(r: dict[str, Any]) -> str:

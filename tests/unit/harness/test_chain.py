@@ -131,6 +131,38 @@ def test_a_track_whose_policy_takes_verified_results(tmp_path, monkeypatch):
     ]
 
 
+def test_verified_evidence_counts_each_seed_no_better_than_its_re_score(tmp_path, monkeypatch):
+    """HOLE (before the fix): the board ranks a verified seed at the worse of its own figure and its verification's
+    re-score, but the chain's verified evidence counted the figure the result holds: e2's seeds, edited from 5.0
+    to 4.0 and verified under --tol-bpb 1.5 (the re-scores said 5.0), beat e1 as a record."""
+    from harness.records import chain as chain_mod
+    from harness.records.verify import result_digest
+
+    monkeypatch.setitem(chain_mod.TRACK_POLICIES, "smoke", chain_mod.TrackPolicy(evidence="verified"))
+
+    def result(name: str, seed: int, loss: float) -> dict:
+        return {"format": "pg-result", "status": "ok", "within_cap": True, "track": "smoke", "preset": "tiny",
+                "seed": seed, "val_loss": loss, "val_bpb": loss / 1.386, "val_tokens": 1000, "val_bytes": 2000,
+                "submission": {"name": name, "author": "x", "github_id": "x", "date": "2026-01-0" + name[-1]},
+                "provenance": {"code_files": {"model.py": name}, "tokenizer_sha256": "t"},
+                "phases": {"command": {"overrides": []}}}  # fmt: skip
+
+    def verified(r: dict, again: float) -> dict:
+        return {"format": "pg-verification", "status": "verified", "result_sha256": result_digest(r),
+                "checks": [{"name": "re-score val_loss (tolerance 1.5)", "ok": True, "actual": again},
+                           {"name": "re-score val_bpb (tolerance 1.5)", "ok": True, "actual": again / 1.386}]}  # fmt: skip
+
+    honest = [result("e1", s, x) for s, x in ((1, 5.0), (2, 5.01))]
+    edited = [result("e2", s, x) for s, x in ((1, 4.0), (2, 4.01))]
+    lines_out = [json.dumps(r) for r in honest + edited]
+    lines_out += [json.dumps(verified(r, r["val_loss"])) for r in honest]
+    lines_out += [json.dumps(verified(r, r["val_loss"] + 1.0)) for r in edited]
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text("\n".join(lines_out) + "\n")
+    chain = build_chain(ledger, track="smoke", rule=None, order={})
+    assert [(r["name"], r["accepted"]) for r in chain["rows"]] == [("e1", True), ("e2", False)]
+
+
 @pytest.mark.parametrize(
     ("over", "why"),
     [

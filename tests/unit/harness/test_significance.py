@@ -326,3 +326,34 @@ def test_results_of_two_tracks_are_refused_not_a_record_with_a_warning(tmp_path)
             compare_results(load_results(n_paths), load_results(o_paths), verifications=ledger)
     control = write_results(tmp_path / "c", "o", old)
     assert compare_results(load_results(new_paths), load_results(control))["record"] is True
+
+
+def test_a_verification_under_a_loose_tolerance_compares_the_re_score_not_the_claim(tmp_path):
+    """HOLE (before the fix): the leaderboard ranks a verified seed at the worse of its own figure and its
+    verification's re-score (a verify run under a loose --tol-bpb accepts an edited figure), but `pgolf compare`
+    tested the figures the result files hold: seeds that re-scored at 2.06, like the record's, edited to 2.04 and
+    verified with --tol-bpb 0.03, were a NEW RECORD with no warning (every result verified). The test now runs on
+    the worse of each seed's figure and its re-score."""
+    old_paths = write_results(tmp_path, "o", [2.06, 2.059, 2.061])
+    new_paths = write_results(tmp_path, "n", [2.040, 2.041, 2.0395, 2.0405])
+    ledger = ledger_of(tmp_path, *old_paths, *new_paths)
+    lines = [json.loads(x) for x in ledger.read_text().splitlines()]
+    for line, p in zip(lines[3:], new_paths, strict=True):  # each new seed re-scored as the old ones score
+        r = json.loads(Path(p).read_text())
+        again = r["val_loss"] + 0.0205
+        line["checks"] = [
+            {"name": "re-score val_loss (tolerance 0.03)", "ok": True, "expected": r["val_loss"], "actual": again},
+            {"name": "re-score val_bpb (tolerance 0.03)", "ok": True, "expected": r["val_bpb"],
+             "actual": again * r["val_tokens"] / (math.log(2) * r["val_bytes"])},
+        ]  # fmt: skip
+    ledger.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    verifications = read_ledger(ledger)[1]
+    rec = compare_results(load_results(new_paths), load_results(old_paths), verifications=verifications)
+    assert rec["unverified"] == [] and rec["record"] is False, rec
+    # control: re-scores that agree with the claims leave the record one
+    (tmp_path / "agree").mkdir()
+    ledger = ledger_of(tmp_path / "agree", *old_paths, *new_paths)
+    rec = compare_results(
+        load_results(new_paths), load_results(old_paths), verifications=read_ledger(ledger)[1]
+    )
+    assert rec["record"] is True
