@@ -31,8 +31,8 @@ up to its own length, and a model read where each document ends (its last target
 them, in a way no probe's variant changes (tests/unit/scoring/test_window_shapes.py). The scorer checks the answer's shape and finiteness, and
 computes log-softmax and the loss itself in float64 (float64 sums); a model never reports its own loss.
 float64 makes the analytic goldens exact: uniform logits over 256 byte pieces score 8.0 bpb. A model that sets
-`pgolf_output = "log_probs"` returns log-probabilities instead; they are used as they are, and
-the normalization probe checks that they sum to one. The byte count of the target at position t is
+`pgolf_output = "log_probs"` returns log-probabilities instead; each position's must sum to one within
+NORM_ATOL_NATS (`check_normalized`), and the scorer normalises them exactly itself (`nats_of`). The byte count of the target at position t is
 `table.target_bytes(t, x_t, y_t)`: the dataset's canonical count of that token (data/canonical.py), or,
 for a dataset built without one, the tokenizer's byte table (docs/RULES.md, "Exact byte accounting").
 
