@@ -16,8 +16,8 @@ import anything of the submission. In order:
 1. read the artifact's header and copy the staged code into a folder of this process's own, under the folder
    rules, checking that it is exactly what was packed (every counted file of `code_dir` recorded, with its
    sha256; `copy_packed_code`): the workers get that copy, never `code_dir`, so nothing the cap did not count
-   (README.md, submission.json, folders without a counted file) reaches them; lint the scored code (a
-   friendly early verdict);
+   (README.md, submission.json, folders without a counted file) reaches them, and a copy of the artifact's
+   bytes alone (`copy_artifact`: never its xattrs); lint the scored code (a friendly early verdict);
 2. start the main worker and the probe workers (fresh processes that will see one batch each), before
    this process reads any validation data and before it confines itself (a confined process cannot
    create the namespaces a worker gets);
@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from data.canonical import BYTE_SOURCE_CANONICAL, TargetBytes, canonical_entry, load_canonical_bytes
-from data.io import sha256_bytes, sha256_file
+from data.io import read_regular, sha256_bytes, sha256_file
 from data.manifest import MANIFEST_NAME, Manifest, load_manifest
 from data.shards import read_split
 from data.tokenizer import Tokenizer, load_tokenizer
@@ -143,6 +143,23 @@ def copy_packed_code(artifact_header: dict[str, Any], code_dir: Path, dest: Path
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         (dest / rel).write_bytes(data)
     return [rel for rel, _ in files]
+
+
+ARTIFACT_COPY = "artifact.pgolf"
+
+
+def copy_artifact(src: Path, dest: Path) -> Path:
+    """The artifact's bytes alone in the new file `dest` (read without following a link, a regular file only): the
+    workers read that copy, never `src`. In place they read what the file holds beside its bytes too: user xattrs,
+    which the process that wrote it may set (about 3 kB on ext4, 26 MB measured on tmpfs, unbounded on XFS) and no
+    cap counts. A world copies a file it may read; a machine without worlds showed the workers the file itself."""
+    try:
+        data = read_regular(src)
+    except (OSError, ValueError) as e:
+        raise ArtifactError(f"{src}: the artifact cannot be read as a regular file ({e})") from None
+    with open(dest, "xb") as f:
+        f.write(data)
+    return dest
 
 
 def denominator_record(manifest_raw: dict[str, Any], denominator: TargetBytes) -> dict[str, Any]:
@@ -539,6 +556,8 @@ def score_artifact(
         copy_root = workdir[0] if workdir else Path(cleanup.enter_context(tempfile.TemporaryDirectory()))
         checked = copy_packed_code(artifact.header, code_dir, copy_root / "code")
         code_dir = copy_root / "code"
+        artifact_path = copy_artifact(artifact_path, copy_root / ARTIFACT_COPY)
+        artifact = read_artifact(artifact_path)
         require_clean_code(code_dir)
         scored = scored_files(code_dir)
         adapting = (code_dir / EVAL_HOOK_FILE).is_file()

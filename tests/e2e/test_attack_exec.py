@@ -365,3 +365,71 @@ def test_control_the_honest_model_passes_the_same_probes(short_docs, tmp_path):
         tmp_path / "a.pgolf", folder, short_docs, ev, threads=1, probe_cfg=ProbeConfig(probes=4, seed=7)
     )
     assert record["probes"]["passed"] and record["probes"]["coverage"]["batches_probed"] == 4
+
+
+XATTR_CODEC = '''"""A codec that carries bytes past the cap in the artifact's extended attributes: the pack writes the artifact
+after encode() returns, and an exit hook of the pack's process (its own folder is writable, and neither Landlock
+nor the seccomp filter governs xattrs) tags the file with them. A rename keeps a file's xattrs, and a model worker
+reads them (os.getxattr on the artifact's path, which its spec names): on tmpfs or XFS, megabytes no cap counted."""
+import atexit
+import os
+import sys
+
+from safetensors.torch import load, save
+
+NAME = "xattrs"
+VERSION = 1
+
+
+def _tag():
+    out = sys.argv[sys.argv.index("--out") + 1]
+    try:
+        os.setxattr(out, "user.pgolf.weights", b"w" * 1000)
+        print("XATTR set", flush=True)
+    except OSError as e:
+        print(f"XATTR refused: {{e}}", flush=True)
+
+
+def encode(state):
+    atexit.register(_tag)
+    return save({{k: v.contiguous() for k, v in state.items()}})
+
+
+def decode(payload):
+    return load(payload)
+'''
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("sandbox", ["off", "auto"])
+def test_a_codec_that_tags_its_artifact_with_xattrs_ships_none_of_them(tiny_dataset, tmp_path, sandbox):
+    """HOLE (before the fix): the sealed pack's artifact was taken by a rename (shutil.move), which keeps what the
+    codec's process set on the file beside its bytes: user xattrs (on ext4 about 3 kB, on tmpfs 26 MB measured for a
+    0-byte file, on XFS unbounded), its mode and times. The scorer's workers read the artifact in place, so a model
+    could load weights no cap counted. Now the harness takes the artifact's bytes alone into a file of its own."""
+    import os
+
+    from harness.config import LaunchConfig
+    from harness.run.train_phase import run_sealed_pack
+    from harness.train.budget import BudgetConfig
+
+    sub = _codec_folder(tmp_path / "sub", encode_s=0.0)
+    (sub / "codec.py").write_text(XATTR_CODEC.format())
+    run_dir = tmp_path / "run"
+    _carrying_state(run_dir)
+    rc, rec = run_sealed_pack(
+        run_dir=run_dir,
+        submission_dir=sub,
+        data_root=tiny_dataset,
+        budget=BudgetConfig(train_s=10.0, grace_s=10.0),
+        launch=LaunchConfig(device="cpu", threads=1, sandbox=sandbox),
+        train_time_s=1.0,
+        cap_bytes=16_000_000,
+        log_path=run_dir / "pack.log",
+    )
+    log = (run_dir / "pack.log").read_text()
+    assert rc == 0 and rec["status"] == "ok", (rec, log[-2000:])
+    assert "XATTR set" in log, log[-2000:]  # the codec did tag the file it wrote
+    artifact = run_dir / "artifact.pgolf"
+    assert [a for a in os.listxattr(artifact) if a.startswith("user.")] == []
+    assert (run_dir / "pack.json").is_file() and os.listxattr(run_dir / "pack.json") == []

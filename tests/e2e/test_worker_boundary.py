@@ -160,6 +160,47 @@ def test_scored_code_reads_nothing_the_cap_did_not_count(tmp_path, tiny_dataset,
     assert (folder / "README.md").is_file()  # the folder given is left as it was
 
 
+# A model whose every prediction is uniform unless it found the artifact it reads free of extended attributes.
+READS_ITS_ARTIFACT_XATTRS = TINY_MODEL.replace(
+    "        return self.head(torch.tanh(e + self.mix * prev))",
+    "        out = self.head(torch.tanh(e + self.mix * prev))\n"
+    "        if SMUGGLED != [[]]:\n"
+    "            out = out * 0.0  # bytes beside the artifact's reached the model (or the look failed)\n"
+    "        return out",
+) + SMUGGLE.format(
+    code="[[a for a in __import__('os').listxattr(__import__('json').loads(__import__('sys').argv[1])['artifact']) "
+    "if a.startswith('user.')]]"
+)
+
+
+@pytest.mark.parametrize("world", [True, False], ids=["world", "no-world"])
+def test_scored_code_reads_no_extended_attribute_of_the_artifact(
+    tmp_path, tiny_dataset, honest_bpb, monkeypatch, world
+):
+    """HOLE (before the fix): the workers read the artifact in place, so what a file holds beside its bytes reached
+    the model: user xattrs (a codec's process sets them on the artifact it wrote; about 3 kB on ext4, 26 MB measured
+    on tmpfs for an empty file, unbounded on XFS), which no cap counts. The scorer gives the workers a copy of the
+    artifact's bytes alone (and the sealed pack takes the codec's artifact so: harness/run/train_phase.py
+    take_bytes). A world copies a small file it may read (isolation/world.py); a machine without one (no root or
+    no overlayfs: Landlock alone) showed the worker the file itself."""
+    if not world:
+        import dataclasses
+
+        import isolation.sandbox as sandbox
+
+        caps = sandbox.probe_machine()
+        monkeypatch.setattr(sandbox, "probe_machine", lambda: dataclasses.replace(caps, overlay=False))
+    folder = write_submission(tmp_path / "sub", model_src=READS_ITS_ARTIFACT_XATTRS)
+    assert lint_scored_code(folder) == []
+    pack_clean(folder, tmp_path / "a.pgolf")
+    os.setxattr(tmp_path / "a.pgolf", "user.pgolf.weights", b"w" * 1000)
+    rec = score_artifact(
+        tmp_path / "a.pgolf", folder, tiny_dataset, EVAL, threads=1, probe_cfg=ProbeConfig(probes=0)
+    )
+    assert rec["status"] == "ok" and rec["val_bpb"] == honest_bpb, rec.get("val_bpb")
+    assert os.listxattr(tmp_path / "a.pgolf") == ["user.pgolf.weights"]  # the file given is left as it was
+
+
 def test_scored_code_cannot_write_outside_its_temp_folder(tmp_path, tiny_dataset, honest_bpb):
     target = tmp_path / "pwned.txt"
     rec = score(
