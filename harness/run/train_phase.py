@@ -505,9 +505,11 @@ def ran_out_of_memory(record: dict[str, Any]) -> bool:
 # ---- A submission's codec: encoded on the clock, in the sandbox ----
 
 
-def take_bytes(src: Path, dest: Path) -> bool:
+def take_bytes(src: Path, dest: Path, max_bytes: int) -> bool:
     """Copy the regular file `src` (never through a link, nor a FIFO) to `dest` as bytes alone, into a new file of
-    this process's own, and remove `src`; False (nothing taken) when `src` is no regular file.
+    this process's own, and remove `src`; False (nothing taken) when `src` is no regular file. A file over
+    `max_bytes` (the cap: it is never scored, its size is its verdict) is renamed instead, never copied (a sparse
+    terabyte would fill the disk).
 
     What the sealed pack wrote is taken so, never renamed: a rename kept all a codec's process set on the file
     beside its bytes, its user xattrs (about 3 kB on ext4, 26 MB measured on tmpfs for an empty file, unbounded on
@@ -517,8 +519,12 @@ def take_bytes(src: Path, dest: Path) -> bool:
     except OSError:
         return False
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             return False
+        if st.st_size > max_bytes:
+            os.replace(src, dest)
+            return True
         tmp = dest.with_name(f".{dest.name}.{secrets.token_hex(4)}.taking")
         try:
             with os.fdopen(os.dup(fd), "rb") as fin, open(tmp, "xb") as fout:
@@ -615,7 +621,7 @@ def run_sealed_pack(
         t_exit = time.monotonic()
         pump.join(timeout=5)
         for name in ("artifact.pgolf", "pack.json"):
-            take_bytes(out / name, run_dir / name)
+            take_bytes(out / name, run_dir / name, cap_bytes)
     # the encode's clock: from the line the pack printed before importing codec.py to the process's exit, both
     # this process's readings (without the line: from the launch); what pack.json says is recorded, not used
     clock_s = t_exit - (codec_start[0] if codec_start else t0)
