@@ -385,7 +385,9 @@ class TrainContext:
     clock: BudgetClock
     log: Logger
     seed: int
-    """The run's seed; the harness has already seeded torch, numpy and random with it."""
+    """The run's seed; the harness has already seeded torch, numpy and random with it. The run must depend on it
+    (initialisation, data order): reproductions re-train under fresh seeds the official draws, and two seeds that
+    give one artifact or one score to the last bit fail the reproduction (harness/records/reproduce.py same_runs)."""
     vocab_size: int
     """The tokenizer's vocabulary size (token ids are < vocab_size)."""
     submission_dir: Path

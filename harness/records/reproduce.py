@@ -487,7 +487,8 @@ def compare_claim(
     for i, j, what in same_runs(ok_runs):  # a seed the run ignored tested nothing (module docstring)
         a, b = ok_runs[i]["seed"], ok_runs[j]["seed"]
         checks.append(Check(f"seeds {a} and {b} gave different runs", False, "a run that depends on its seed",
-                            f"{SAME_RUN_WHY[what]}: the seed did not reach the run"))  # fmt: skip
+                            f"{SAME_RUN_WHY[what]}: the seed did not reach the run (train.py must seed from ctx.seed: "
+                            "a run that ignores it, lucky or deterministic, is one sample however many seeds)"))  # fmt: skip
     for run in ok_runs:  # the chain files the entry under submission.json's track; its runs must be there
         checks.append(Check(f"seed {run['seed']} ran on the entry's track", run.get("track") == entry.track,
                             entry.track, run.get("track")))  # fmt: skip
