@@ -14,8 +14,8 @@ This module is the command only; the parts live in scoring/:
   the record's own numerics;
 - **the scorer** (scoring/score/legacy.py over scoring/score/scorer.py's score_core, the one
   `pgolf score` and `pgolf verify` run): windows, the float64 loss over the byte table's bytes, the
-  probes in fresh workers, the "pg-legacy-score" record. Bytes are the script file's as shipped plus
-  the artifact file's size, as the reference counts them.
+  probes in fresh workers, the "pg-legacy-score" record. Bytes are the script file's as shipped (and
+  the file beside it that a stub exec()s: all of a record's code counts) plus the artifact file's size.
 
 Measured on records of openai/parameter-golf (bpb of verify-legacy against each record's own
 eval_val, 19 records): docs/measurements/2026-12-02-verify-legacy.md, made by scripts/measure_legacy.py.

@@ -5,7 +5,8 @@ model worker's legacy build mode (scoring/worker/legacy.py), confined like any s
 rest is the normal scorer's core (scoring/score/scorer.py score_core): the same workers, windows,
 float64 loss and probes in fresh workers, one at a time. Two things differ, both the reference's:
 bpb divides by the tokenizer's byte table (what the record's own eval_val counts), and the bytes are
-the script file's as shipped (compressed, for a self-extracting one) plus the artifact file's size.
+the script file's as shipped (compressed, for a self-extracting one; with the file beside it that a stub
+exec()s, whose code is the one scored) plus the artifact file's size.
 The record is "pg-legacy-score". `pgolf verify-legacy` (harness/records/legacy.py) is its command.
 """
 
@@ -114,7 +115,7 @@ def score_legacy(
         except WorkerFailure as e:
             raise _worker_error(e) from e
     res = core.result
-    code_bytes = len(rs.path.read_text(encoding="utf-8").encode("utf-8"))  # as the reference counts
+    code_bytes = sum(rs.code_files.values())  # the files the scored code came from, as shipped
     model_bytes = artifact.stat().st_size
     claimed = (
         read_json(record_dir / "submission.json", what="record metadata")
@@ -142,6 +143,7 @@ def score_legacy(
         "record_eval_settings": settings,
         "ttt_applied": False,
         "bytes_code": code_bytes,
+        "code_files": rs.code_files,
         "bytes_model": model_bytes,
         "cap_bytes": cap_bytes,
         "within_cap": code_bytes + model_bytes <= cap_bytes,

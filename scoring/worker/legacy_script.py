@@ -87,8 +87,9 @@ def _const_str(node: ast.AST) -> str | None:
     return None
 
 
-def _self_extracting(tree: ast.Module, script: Path) -> tuple[str, str] | None:
-    """(source, how) when the script's only work is exec() of a decoded payload or of a sibling file."""
+def _self_extracting(tree: ast.Module, script: Path) -> tuple[str, str, tuple[str, int] | None] | None:
+    """(source, how, (the sibling file's name, its bytes) or None) when the script's only work is exec() of a
+    decoded payload or of a sibling file."""
     execs = [
         s.value
         for s in tree.body
@@ -112,9 +113,8 @@ def _self_extracting(tree: ast.Module, script: Path) -> tuple[str, str] | None:
     if payload is not None and payload.args and (data := _const_str(payload.args[0])) is not None:
         outer = arg if isinstance(arg, ast.Call) else None
         kw = {k.arg: ast.unparse(k.value) for k in outer.keywords} if outer else {}
-        return _decode_payload(data, "FORMAT_RAW" in kw.get("format", ""), script), (
-            "self-extracting (lzma + base85)"
-        )
+        source = _decode_payload(data, "FORMAT_RAW" in kw.get("format", ""), script)
+        return source, "self-extracting (lzma + base85)", None
     # exec(open(__file__.replace("train_gpt.py", "X.py")).read())
     rep = next(
         (
@@ -137,7 +137,8 @@ def _self_extracting(tree: ast.Module, script: Path) -> tuple[str, str] | None:
                 raise LegacyError(f"{script}: exec()s {name!r}, not a file beside it; only a sibling is read")
             sibling = script.with_name(name)
             if sibling.is_file():
-                return _read_text(sibling), f"exec of {sibling.name}"
+                text, nbytes = _read_shipped(sibling)
+                return text, f"exec of {sibling.name}", (sibling.name, nbytes)
     return None
 
 
@@ -162,10 +163,12 @@ def _decode_payload(data: str, raw_format: bool, script: Path) -> str:
         raise LegacyError(f"{script}: its self-extracting payload does not decode ({e})") from None
 
 
-def _read_text(path: Path) -> str:
-    """A script file's text: a regular file of at most SOURCE_MAX_BYTES, in UTF-8, inside the record's folder
-    (a link is followed only within it); else a LegacyError (a FIFO would block the scorer, /dev/zero would
-    fill its memory, a link out would hand the worker a file of the verifier's it may not read itself)."""
+def _read_shipped(path: Path) -> tuple[str, int]:
+    """A script file's text (newlines read as Python reads a source file) and its bytes as shipped, from one
+    read, so what is counted is what was decoded: a regular file of at most SOURCE_MAX_BYTES, in UTF-8, inside
+    the record's folder (a link is followed only within it); else a LegacyError (a FIFO would block the
+    scorer, /dev/zero would fill its memory, a link out would hand the worker a file of the verifier's it may
+    not read itself)."""
     if not path.resolve().is_relative_to(path.parent.resolve()):
         raise LegacyError(
             f"{path} links outside the record's folder (to {path.resolve()}); not a record's script"
@@ -174,23 +177,37 @@ def _read_text(path: Path) -> str:
         raise LegacyError(
             f"{path} is not a regular file of at most {SOURCE_MAX_BYTES:,} bytes; not a record's script"
         )
+    with path.open("rb") as f:
+        raw = f.read(SOURCE_MAX_BYTES + 1)
+    if len(raw) > SOURCE_MAX_BYTES:  # it grew since its stat
+        raise LegacyError(f"{path} is over {SOURCE_MAX_BYTES:,} bytes; not a record's script")
     try:
-        return path.read_text(encoding="utf-8")
+        return raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n"), len(raw)
     except UnicodeDecodeError as e:
         raise LegacyError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 def script_source(script: Path) -> tuple[str, list[str]]:
     """The script's Python source, decoding self-extracting wrappers (as data: nothing is executed)."""
-    source = _read_text(script)
+    source, packaging, _ = _decoded(script)
+    return source, packaging
+
+
+def _decoded(script: Path) -> tuple[str, list[str], dict[str, int]]:
+    """script_source's (source, packaging) and the bytes as shipped of every file the source was read from
+    (the script, and each sibling a stub exec()s: its name -> bytes)."""
+    source, nbytes = _read_shipped(script)
+    files = {script.name: nbytes}
     packaging: list[str] = []
     for _ in range(3):
         found = _self_extracting(parse_script(source, script), script)
         if found is None:
             break
-        source, how = found
+        source, how, sibling = found
         packaging.append(how)
-    return source, packaging
+        if sibling is not None:
+            files[sibling[0]] = sibling[1]
+    return source, packaging, files
 
 
 def missing_modules(tree: ast.Module) -> list[str]:
@@ -507,7 +524,11 @@ class RecordScript:
     """What the reader took from a record's script: all the scorer sends the worker's legacy build mode."""
 
     path: Path
-    """The script as shipped (its bytes are what the reference counts)."""
+    """The script as shipped."""
+    code_files: dict[str, int]
+    """Every file the scored code was read from, as shipped (the script; a sibling a stub exec()s), name ->
+    bytes: their sum is the record's code bytes (the reference counts the script's bytes, and all of a
+    record's code lives in it)."""
     source: str
     """The Python source, self-extracting wrappers decoded."""
     packaging: list[str]
@@ -526,7 +547,7 @@ def read_record_script(
     """Find, decode and read a record's script; LegacyError (one line) for one this machine cannot run."""
     path = find_script(record_dir, script)
     try:
-        source, packaging = script_source(path)
+        source, packaging, code_files = _decoded(path)
         tree = parse_script(source, path)
         refuse_missing(tree, path, fallbacks)
         hp = hyperparameters_of(tree, path, overrides)
@@ -535,6 +556,7 @@ def read_record_script(
         raise _too_deep(path) from None
     return RecordScript(
         path=path,
+        code_files=code_files,
         source=source,
         packaging=packaging,
         hyperparameters=hp,

@@ -69,7 +69,9 @@ def test_a_record_is_scored_without_running_its_script(tmp_path, tiny_dataset, s
     assert (
         ns["flash_attn_func"] is None and "SignSGD" in ns
     )  # the except branch ran; decorated methods are kept
-    assert rec["bytes_code"] == len(SCRIPT.read_text(encoding="utf-8").encode("utf-8"))
+    assert rec["bytes_code"] == SCRIPT.stat().st_size and rec["code_files"] == {
+        "train_gpt.py": rec["bytes_code"]
+    }
     assert rec["bytes_model"] == (tmp_path / "final_model.int8.ptz").stat().st_size
     assert rec["bytes_total"] == rec["bytes_code"] + rec["bytes_model"] and rec["within_cap"]
     assert rec["probes"]["passed"] and rec["artifact_compressor"] == "zlib"
@@ -176,3 +178,24 @@ def test_cli(tmp_path, tiny_dataset, sentinel):
     assert "val_bpb" in r.stdout and "claimed val_bpb 7.2 vs scored" in r.stdout and "bytes_total" in r.stdout
     assert "seq_len 32" in r.stdout  # the script's own TRAIN_SEQ_LEN
     assert not sentinel.exists()
+
+
+@pytest.mark.long  # a whole scored run (~12 s)
+def test_the_code_a_stub_execs_from_a_sibling_counts_against_the_cap(tmp_path, tiny_dataset, sentinel):
+    """A record's script may be `exec(open(__file__.replace(...)).read())` of a file beside it: the model that
+    is scored is that file's. Before the fix only the 75-byte stub was counted, so a record could carry its
+    code (or weights written as Python literals) in the sibling past the cap, and verify-legacy said
+    within_cap. The bytes are every file the scored code came from, as shipped."""
+    make_artifact(tmp_path / "a.ptz")
+    rec_dir = tmp_path / "rec"
+    rec_dir.mkdir()
+    sibling = rec_dir / "model_def.py"
+    sibling.write_bytes(SCRIPT.read_bytes() + b"\nWEIGHTS = '" + b"7" * 200_000 + b"'\n")
+    stub = b'exec(open(__file__.replace("train_gpt.py", "model_def.py")).read())\n'
+    (rec_dir / "train_gpt.py").write_bytes(stub)
+    cap = len(stub) + 100_000 + (tmp_path / "a.ptz").stat().st_size
+    rec = score_legacy(rec_dir, tmp_path / "a.ptz", tiny_dataset, cfg=CFG, cap_bytes=cap)
+    assert rec["script_packaging"] == ["exec of model_def.py"]
+    assert rec["bytes_code"] == len(stub) + sibling.stat().st_size
+    assert rec["bytes_total"] == rec["bytes_code"] + rec["bytes_model"]
+    assert not rec["within_cap"]

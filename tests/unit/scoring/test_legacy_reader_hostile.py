@@ -253,3 +253,31 @@ def test_a_script_or_sibling_linking_outside_the_record_is_refused(tmp_path):
     (rec / "train_gpt.py").unlink()
     (rec / "train_gpt.py").symlink_to("inner.py")
     assert read_record_script(rec, None, {}).hyperparameters == {"secret": "hunter2"}
+
+
+def test_the_code_bytes_are_every_file_the_scored_code_came_from_as_shipped(tmp_path):
+    """verify-legacy's bytes_code is the sum of `code_files`. Before the fix it was the script's text re-encoded:
+    a stub that exec()s a sibling counted the stub alone, and CRLF line ends were counted one byte each."""
+    body = f"class Hyperparameters:\n    n = 2\n{GPT}W = '{'7' * 5000}'\n".replace("\n", "\r\n").encode()
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "train_gpt.py").write_bytes(body)
+    rs = read_record_script(plain, None, {})
+    assert rs.hyperparameters == {"n": 2} and rs.packaging == []
+    assert rs.code_files == {"train_gpt.py": len(body)}
+
+    stubbed = tmp_path / "stubbed"
+    stubbed.mkdir()
+    stub = b'exec(open(__file__.replace("train_gpt.py", "model_def.py")).read())\r\n'
+    (stubbed / "train_gpt.py").write_bytes(stub)
+    (stubbed / "model_def.py").write_bytes(body)
+    rs = read_record_script(stubbed, None, {})
+    assert rs.hyperparameters == {"n": 2} and rs.packaging == ["exec of model_def.py"]
+    assert rs.code_files == {"train_gpt.py": len(stub), "model_def.py": len(body)}
+
+    # a sibling that is itself a self-extracting script: both files count, the payload (inside one) does not again
+    wrapped = _wrapper(_b85(lzma.compress(body))).encode()
+    (stubbed / "model_def.py").write_bytes(wrapped)
+    rs = read_record_script(stubbed, None, {})
+    assert rs.packaging == ["exec of model_def.py", "self-extracting (lzma + base85)"]
+    assert rs.code_files == {"train_gpt.py": len(stub), "model_def.py": len(wrapped)}
