@@ -21,7 +21,8 @@ reads the script with this module and sends what it read to the model worker's l
   starts: a module imported unconditionally and used by the model that is not installed, syntax of a
   newer Python; so is one it cannot read as data (a payload that does not decode or expands past
   SOURCE_MAX_BYTES; a file that is not regular, over that bound, not UTF-8 or a link out of the record's
-  folder; an expression nested past the recursion limit; window settings that are not whole numbers).
+  folder; a source of over SOURCE_MAX_TOKENS tokens, whose tree would hold gigabytes of the scorer; an
+  expression nested past the recursion limit; window settings that are not whole numbers).
 
 It imports nothing of the scorer (scoring/score/): the worker side's rule (tests/unit/test_architecture.py).
 """
@@ -30,10 +31,12 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import io
 import lzma
 import math
 import stat
 import sys
+import tokenize
 from base64 import b85decode
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -58,6 +61,10 @@ TRAINING_ONLY = {"main", "train", "train_model"}
 """Functions whose use of a missing module does not matter to scoring."""
 SOURCE_MAX_BYTES = 64 << 20
 """Most bytes a self-extracting payload may decompress to (a record's script is ~100 KB): a bomb is refused, not held."""
+SOURCE_MAX_TOKENS = 500_000
+"""Most tokens a source may hold to be parsed here: ast.parse holds some 400 to 650 bytes of this process's
+memory a token (a 4 KB payload of `0,` decompressed to 16 MiB held 8 GB), a record's script ~40,000. A
+source of fewer characters has fewer tokens and is parsed without counting."""
 JSON_SCALARS = (bool, int, float, str, type(None))
 """What a value read statically may be: the worker's spec is JSON (bytes, complex, Ellipsis are left unread)."""
 
@@ -65,8 +72,26 @@ JSON_SCALARS = (bool, int, float, str, type(None))
 # ---- The script as shipped, decoded as data ----
 
 
+def _refuse_too_many_tokens(source: str, script: Path) -> None:
+    """A LegacyError for a source of over SOURCE_MAX_TOKENS tokens (or one the tokenizer refuses), counted
+    without building a tree; a source of fewer characters passes without counting."""
+    if len(source) <= SOURCE_MAX_TOKENS:
+        return
+    try:
+        for n, _ in enumerate(tokenize.generate_tokens(io.StringIO(source).readline), 1):
+            if n > SOURCE_MAX_TOKENS:
+                raise LegacyError(
+                    f"{script}: its source holds over {SOURCE_MAX_TOKENS:,} tokens (a record's script: some "
+                    "40,000); not read, parsing it would hold gigabytes"
+                )
+    except (tokenize.TokenError, SyntaxError) as e:  # past the bound in characters: no parse to name it
+        raise LegacyError(f"{script} does not tokenize: {e}") from None
+
+
 def parse_script(source: str, script: Path) -> ast.Module:
-    """The source's syntax tree; a LegacyError naming the line where it needs a newer Python."""
+    """The source's syntax tree; a LegacyError naming the line where it needs a newer Python, or for a
+    source too large to parse here (SOURCE_MAX_TOKENS)."""
+    _refuse_too_many_tokens(source, script)
     try:
         return ast.parse(source, filename=str(script))
     except SyntaxError as e:

@@ -281,3 +281,43 @@ def test_the_code_bytes_are_every_file_the_scored_code_came_from_as_shipped(tmp_
     rs = read_record_script(stubbed, None, {})
     assert rs.packaging == ["exec of model_def.py", "self-extracting (lzma + base85)"]
     assert rs.code_files == {"train_gpt.py": len(stub), "model_def.py": len(wrapped)}
+
+
+_HELD = """
+import resource, sys
+from pathlib import Path
+from scoring.worker.legacy import LegacyError
+from scoring.worker.legacy_script import read_record_script
+vm_bytes = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm_bytes + (256 << 20), resource.RLIM_INFINITY))
+for rec in sys.argv[1:]:
+    try:
+        print("read", read_record_script(Path(rec), None, {}).hyperparameters)
+    except LegacyError as e:
+        print("refused", e)
+    except MemoryError:
+        print("MemoryError")
+"""
+
+
+def test_a_payload_of_tiny_expressions_is_refused_before_it_is_parsed(tmp_path):
+    """ast.parse holds some 500 bytes of the scorer's memory a token: a 4 KB script whose payload decompresses
+    to 16 MiB of `0,` held 8 GB of the verifier's process before the fix (26 s), under the bound on decompressed
+    bytes. Read here with 256 MiB of address space to spare (2 MiB of `0,`, a GB before the fix): refused in
+    one line, not a MemoryError; the control, as many characters in a string (few tokens, as a payload), read."""
+    tail = "\nclass Hyperparameters:\n    n = 2\n" + GPT
+    bomb = lzma.compress(("X = [" + "0," * (1 << 20) + "]" + tail).encode(), preset=9)
+    ok = lzma.compress(("X = '" + "0," * (1 << 20) + "'" + tail).encode(), preset=9)
+    assert len(bomb) < 8192
+    (tmp_path / "bomb").mkdir()
+    (tmp_path / "ok").mkdir()
+    _record(tmp_path / "bomb", _wrapper(_b85(bomb)))
+    _record(tmp_path / "ok", _wrapper(_b85(ok)))
+    r = subprocess.run(
+        [sys.executable, "-c", _HELD, str(tmp_path / "bomb"), str(tmp_path / "ok")],
+        capture_output=True, text=True, cwd=REPO, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    said = r.stdout.splitlines()
+    assert said[0].startswith("refused") and "over 500,000 tokens" in said[0], said
+    assert said[1:] == ["read {'n': 2}"], said
