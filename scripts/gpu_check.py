@@ -819,6 +819,7 @@ def run_part(st: CheckState, bname: str, side: str) -> None:
                 threads=cfg.section("launch").threads_per_rank(),
                 device=args.device,
                 workdir=wd,
+                confined=False,  # a baseline of the project's: the bare loop, no sandbox
             )
             st.tps[label] = res["tokens_seen"] / max(res["train_time_s"], 1e-9)
             status = "ok"

@@ -5,12 +5,23 @@
 Both sides run the same submission's train(ctx) (the naive baseline by default), with the same
 config, seed, data, thread count and budget, one rank each:
 - bare: `python -m harness.bench.runner bare SPEC` calls train(ctx) in a plain process, with a clock that
-  only reads time.perf_counter() and the data loader itself: no torchrun, no sandbox, no monitor;
+  only reads time.perf_counter() and the data loader itself: no torchrun, no supervisor, no monitor; no
+  sandbox either for the project's own baselines, while any other submission's bare process is confined
+  as a model worker is (below);
 - harness: the real train phase (harness/run/train_phase.py): staging, sandbox, torchrun, worker, clock.
 tokens/s = tokens trained / seconds on that side's clock when train() returned (the budget ends
 both; the last step ends at the stop reading, so whole steps are timed). Steady tokens/s is taken
 between the 2nd and the last logged step (metrics.jsonl), leaving out start-up. The rounds
 alternate which side goes first; the ratio is of the medians. Figures are printed, never asserted.
+
+A bare process runs submitted code, and `pgolf tune` (harness/commands/tune.py) runs one per trial, a command
+an official may run on an entry: unless the code is one of the project's baselines (`confined=False`, the
+GPU check and the bench's own default), the process runs in the model worker's sandbox (scoring/worker/
+confined.py: its folder, the Python installation and the project's code to read, its trial folder to write,
+namespaces, Landlock, seccomp, the allow-listed environment and the trial's own settings), and is handed the
+training shards as read-only descriptors: nothing of the dataset's folder (the validation shards), nothing
+of the official's environment or files. What it writes (metrics.jsonl, its stdout) is read back as a
+hostile file is. The bench's in-process per-step timing imports a baseline's model.py only.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -33,12 +45,23 @@ import numpy as np
 import torch
 from torch import nn
 
+from data.io import read_regular
 from harness.api import ClockReading, DistInfo, TrainContext, TrainingComplete, WarmupReport
 from harness.train.clock import Snapshot
 from harness.train.cpu import CpuTuner
 from scoring.statuses import Status
 
 BASELINE = Path(__file__).resolve().parents[2] / "baselines" / "naive_baseline"
+BASELINES_DIR = BASELINE.parent
+METRICS_MAX_BYTES = 64 << 20
+"""The most of a bare process's metrics.jsonl read back (a line a step: a trial logs thousands, not millions)."""
+BARE_ALLOWANCE_S = 900.0
+"""A bare process is killed this long after its budget (start-up and a compilation off the clock included)."""
+
+
+def is_baseline(submission: Path) -> bool:
+    """The folder is one of the project's own baselines (code the project ships, not an entry's)."""
+    return submission.resolve().parent == BASELINES_DIR.resolve()
 
 
 class BareClock:
@@ -89,14 +112,15 @@ class BareClock:
         return WarmupReport(steps, time.perf_counter() - t0, snap.verify())
 
 
-def bare_main(spec_path: str) -> int:
-    """One bare run (a subprocess of the bench, or of scripts/gpu_check.py). Prints one JSON line."""
-    from data.loader import DistributedTokenLoader
+def bare_main(spec_path: str, inline: bool = False) -> int:
+    """One bare run (a subprocess of the bench, of `pgolf tune` or of scripts/gpu_check.py). Prints one JSON
+    line. `inline`: `spec_path` is the spec's JSON itself."""
+    from data.loader import DistributedTokenLoader, ShardStream
     from data.manifest import load_manifest
     from harness.train.rank import RankLogger, state_of
     from harness.train.submitted import import_submission_file
 
-    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    spec = json.loads(spec_path if inline else Path(spec_path).read_text(encoding="utf-8"))
     torch.set_num_threads(spec["threads"])
     if spec.get("interop_threads"):  # before any inter-op work (pgolf tune measures it)
         torch.set_num_interop_threads(spec["interop_threads"])
@@ -109,8 +133,14 @@ def bare_main(spec_path: str) -> int:
     random.seed(spec["seed"])
     np.random.seed(spec["seed"])
     torch.manual_seed(spec["seed"])
-    manifest = load_manifest(spec["data_dir"])
-    loader = DistributedTokenLoader(manifest.shard_paths("train"), 0, 1, device, pin_memory=True)
+    if "shards" in spec:  # confined: the training shards as descriptors, no dataset folder to read
+        stream = ShardStream.from_descriptors([(n, int(c), int(fd)) for n, c, fd in spec["shards"]])
+        loader = DistributedTokenLoader(stream, 0, 1, device, pin_memory=True)
+        vocab_size = int(spec["vocab_size"])
+    else:
+        manifest = load_manifest(spec["data_dir"])
+        loader = DistributedTokenLoader(manifest.shard_paths("train"), 0, 1, device, pin_memory=True)
+        vocab_size = manifest.vocab_size
     out = Path(spec["out_dir"])
     clock = BareClock(spec["budget_s"], device, from_first_tick=spec.get("from_first_tick", False))
     log = RankLogger(True, out)
@@ -123,7 +153,7 @@ def bare_main(spec_path: str) -> int:
         clock=clock,
         log=log,
         seed=spec["seed"],
-        vocab_size=manifest.vocab_size,
+        vocab_size=vocab_size,
         submission_dir=Path(spec["submission_dir"]),
         scratch_dir=out,
         cpu=cpu,
@@ -160,10 +190,25 @@ def steady_tokens_per_s(metrics_path: Path, tokens_per_step: int, from_step: int
 
     A step's logged `elapsed_s` is the clock at its start, so this leaves out start-up (imports, model
     build, the first step) and the last step."""
-    if not metrics_path.is_file():
+    try:  # the submission's file: no link followed, no FIFO waited on, bounded
+        text = read_regular(metrics_path, METRICS_MAX_BYTES).decode("utf-8", errors="replace")
+    except (OSError, ValueError):
         return None
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if "elapsed_s" in r and r["step"] >= from_step]
+    rows = []
+    for line in text.splitlines():
+        try:
+            r = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if (
+            isinstance(r, dict)
+            and all(
+                isinstance(r.get(k), int | float) and not isinstance(r.get(k), bool)
+                for k in ("step", "elapsed_s")
+            )
+            and r["step"] >= from_step
+        ):
+            rows.append(r)
     if len(rows) < 2 or rows[-1]["elapsed_s"] <= rows[0]["elapsed_s"]:
         return None
     return (
@@ -186,9 +231,15 @@ def run_bare(
     interop_threads: int = 0,
     hparams: dict[str, Any] | None = None,
     from_first_tick: bool = False,
+    confined: bool = True,
+    sandbox: str = "auto",
 ) -> dict[str, Any]:
+    """One bare process of `submission`'s train(ctx); its last stdout line (a JSON record) with "metrics" added.
+    `env` is the process's environment (default this one's) unconfined; confined (the default: see the module
+    docstring), the allow-listed one with `env`'s entries (a trial's settings: OMP_PROC_BIND, LD_PRELOAD) over
+    it."""
     workdir.mkdir(parents=True, exist_ok=True)
-    spec = {
+    spec: dict[str, Any] = {
         "submission_dir": str(submission),
         "data_dir": str(data_root),
         "out_dir": str(workdir),
@@ -201,6 +252,8 @@ def run_bare(
         "from_first_tick": from_first_tick,
         "device": device,
     }
+    if confined:
+        return _run_bare_confined(spec, workdir, device, threads, env or {}, budget_s, sandbox)
     (workdir / "spec.json").write_text(json.dumps(spec))
     env = dict(env if env is not None else os.environ)
     env.update(OMP_NUM_THREADS=str(threads), PYTHONPATH=str(Path(__file__).resolve().parents[2]))
@@ -214,6 +267,103 @@ def run_bare(
     if r.returncode != 0:
         raise RuntimeError(f"the bare run failed:\n{r.stderr[-3000:]}")
     rec = json.loads(r.stdout.strip().splitlines()[-1])
+    rec["metrics"] = str(workdir / "metrics.jsonl")
+    return rec
+
+
+def _run_bare_confined(
+    spec: dict[str, Any],
+    workdir: Path,
+    device: str,
+    threads: int,
+    env: dict[str, str],
+    budget_s: float,
+    sandbox: str,
+) -> dict[str, Any]:
+    """run_bare in the model worker's sandbox: the training shards as descriptors, `workdir` its one write folder."""
+    from data.manifest import dataset_locations, load_manifest
+    from data.shards import read_header
+    from isolation.processes import kill_group_reaped
+    from isolation.sandbox import plan_sandbox
+    from scoring.worker.confined import (
+        PRIVATE_DIRS,
+        PROJECT_ROOT,
+        WORKER_ISOLATION,
+        OutputTail,
+        confined_import_path,
+        worker_env,
+    )
+
+    manifest = load_manifest(spec.pop("data_dir"))
+    for d in PRIVATE_DIRS:
+        (workdir / d).mkdir(parents=True, exist_ok=True)
+    submission = Path(spec["submission_dir"])
+    plan = plan_sandbox(
+        mode=sandbox,
+        device=device,
+        project_root=PROJECT_ROOT,
+        read_paths=[submission],
+        write_paths=[workdir],
+        protected=(Path(manifest.root),),
+        private=dataset_locations(),
+        import_path=confined_import_path(),
+        phase="bare training",
+        **WORKER_ISOLATION,
+    )
+    fds: list[int] = []
+    try:
+        shards = []
+        for path in manifest.shard_paths("train"):
+            count = read_header(path)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fds.append(fd)
+            shards.append([path.name, count, fd])
+        spec.update(shards=shards, vocab_size=manifest.vocab_size)
+        full_env = worker_env(workdir, threads)
+        full_env.update(env)  # the trial's own settings
+        cmd = [sys.executable, "-P", "-B", "-m", "harness.bench.runner", "bare-json", json.dumps(spec)]
+        policy = workdir.with_name(workdir.name + "-policy.json")  # outside the process's own folder
+        proc = subprocess.Popen(
+            plan.wrap(cmd, policy),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            pass_fds=tuple(fds),
+            env=full_env,
+            cwd=workdir / "home",
+            start_new_session=True,
+        )
+    finally:
+        for fd in fds:
+            os.close(fd)
+    output = OutputTail()
+    drain = threading.Thread(target=output.drain, args=(proc.stdout,), daemon=True)
+    drain.start()
+    try:
+        code: int | None = proc.wait(timeout=budget_s + BARE_ALLOWANCE_S)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        kill_group_reaped(proc)
+        drain.join(timeout=2)
+    said = output.text()
+    if code != 0:
+        how = f"ran past {budget_s + BARE_ALLOWANCE_S:.0f} s" if code is None else f"exit status {code}"
+        raise RuntimeError(f"the bare run failed ({how}, in its sandbox):\n{said[-3000:]}")
+    rec: dict[str, Any] | None = None
+    for line in reversed(said.splitlines()):
+        try:
+            found = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(found, dict) and all(
+            isinstance(found.get(k), int | float) and not isinstance(found.get(k), bool)
+            for k in ("train_time_s", "tokens_seen", "steps")
+        ):
+            rec = found
+            break
+    if rec is None:
+        raise RuntimeError(f"the bare run printed no record (in its sandbox):\n{said[-3000:]}")
     rec["metrics"] = str(workdir / "metrics.jsonl")
     return rec
 
@@ -342,6 +492,7 @@ def cmd_runner(args: argparse.Namespace) -> int:
                         threads=threads,
                         device=device,
                         workdir=wd,
+                        confined=not is_baseline(submission),
                     )
                 else:
                     rec = run_harness(
@@ -373,7 +524,9 @@ def cmd_runner(args: argparse.Namespace) -> int:
             f"steady-state ratio (medians, from the 2nd logged step): {statistics.median(steady_h) / statistics.median(steady_b):.4f}"
         )
     print(f"per-round ratios: {' '.join(f'{r:.4f}' for r in pairs)}  (median {statistics.median(pairs):.4f})")
-    if tokens_per_step:
+    if tokens_per_step and not is_baseline(submission):
+        print("per-step harness work, in-process: not timed (it imports the model.py of a baseline only)")
+    elif tokens_per_step:
         cost = per_step_cost_us(cfg.model, submission, tokens_per_step, int(cfg.train["train_seq_len"]))
         step_us = 1e6 * tokens_per_step / med["bare"]
         print(
@@ -407,4 +560,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "bare":
         sys.exit(bare_main(sys.argv[2]))
+    if len(sys.argv) == 3 and sys.argv[1] == "bare-json":  # confined: the spec itself, no file to read
+        sys.exit(bare_main(sys.argv[2], inline=True))
     sys.exit("usage: python -m harness.bench.runner bare SPEC.json  (started by `pgolf bench runner`)")

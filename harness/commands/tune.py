@@ -13,7 +13,8 @@ For this shape on this machine it measures, one at a time against the preset as 
 - thread pinning (OMP_PROC_BIND=close, OMP_PLACES=cores); the allocator (jemalloc or tcmalloc by
   LD_PRELOAD, where the machine has one: listed as unavailable otherwise);
 then the settings that helped, together. Each measurement is one short bare training process (the
-submission's own train(ctx), harness/bench/runner.py `bare`; start-up and compilation excluded): its
+submission's own train(ctx), harness/bench/runner.py `bare`, confined as a model worker is: submitted code,
+given the training shards alone and none of the official's environment; start-up and compilation excluded): its
 steady tokens/s between the 2nd and the last logged step. Rounds interleave the settings, so a load
 that comes and goes touches all of them. The table prints the median, the spread (min-max over the
 repeats) and the change against the reference row; a setting is kept only when its median beats the
@@ -306,8 +307,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
                     hp[name] = value
                 elif key == "launch.threads":
                     th = int(value)
-            env = dict(os.environ)
-            env.update(s.env)
             wd = Path(tmp) / f"t{count[0]}"
             rec = run_bare(
                 submission=submission,
@@ -317,7 +316,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 threads=th,
                 device="cpu",
                 workdir=wd,
-                env=env,
+                env=dict(s.env),  # over the sandbox's allow-listed environment: the trial runs confined
                 interop_threads=s.interop_threads,
                 hparams=hp,
                 from_first_tick=True,  # trial_s seconds of training: start-up and compilation left out
