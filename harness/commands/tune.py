@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import ctypes.util
 import os
+import stat
 import statistics
 import tempfile
 import time
@@ -39,9 +40,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scoring.errors import SubmissionError
+
 NOISE_FLOOR = 0.03
 """A setting must beat the reference row's median tokens/s by at least this fraction (or the spread)."""
 PRESET_KEYS = ("train.cpu_mode", "train.grad_accum_steps", "launch.threads")
+CONFIG_MAX_BYTES = 1 << 20
+"""The most of a config.toml tune reads (a config is a few KB)."""
 
 
 @dataclass(frozen=True)
@@ -226,9 +231,31 @@ def _toml_value(v: Any) -> str:
         return "true" if v else "false"
     if isinstance(v, int | float):
         return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, str):  # a basic string: quote, backslash and every control character escaped
+        return '"' + "".join(_toml_char(c) for c in v) + '"'
     raise ValueError(f"cannot write {v!r} into a preset")
+
+
+def _toml_char(c: str) -> str:
+    if c in '"\\':
+        return "\\" + c
+    return f"\\u{ord(c):04x}" if ord(c) < 0x20 or ord(c) == 0x7F else c
+
+
+def _config_fd(path: Path, flags: int) -> int:
+    """The submission's config.toml opened without following a link or waiting on a FIFO, a regular file; else
+    a SubmissionError (`pgolf run` refuses such a folder: tune must not read or append to the file it names)."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise SubmissionError(
+            f"{path}: cannot open it as the submission's own file ({e.strerror}); a link, FIFO or device is "
+            "refused: make config.toml a regular file of the folder"
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise SubmissionError(f"{path} is not a regular file; make config.toml a regular file of the folder")
+    return fd
 
 
 def _flat(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -250,7 +277,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     submission = Path(args.submission).resolve()
     config_path = submission / "config.toml"
-    raw = tomllib.loads(config_path.read_text(encoding="utf-8"))
+    fd = _config_fd(config_path, os.O_RDONLY)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(CONFIG_MAX_BYTES + 1)
+    if len(data) > CONFIG_MAX_BYTES:
+        raise SubmissionError(f"{config_path} is over {CONFIG_MAX_BYTES:,} bytes; not a submission's config")
+    raw = tomllib.loads(data.decode("utf-8"))
     presets = raw.get("presets") or {}
     if args.write_preset and args.write_preset in presets:
         raise FileExistsError(
@@ -371,8 +403,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.write_preset:
         base_table = _flat(presets.get(args.preset) or {})
         block = preset_text(args.write_preset, args.preset, base_table, kept, text)
-        with open(config_path, "a", encoding="utf-8") as f:
-            f.write(block)
+        with os.fdopen(_config_fd(config_path, os.O_WRONLY | os.O_APPEND), "wb") as out:
+            out.write(block.encode("utf-8"))
         load_config(submission, args.write_preset, [])  # the new preset must load
         print(f"wrote preset {args.write_preset!r} to {config_path}")
     return 0

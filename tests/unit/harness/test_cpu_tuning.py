@@ -28,6 +28,7 @@ from harness.train.cpu import (
     parse_cpuinfo,
     read_facts,
 )
+from scoring.errors import SubmissionError
 from tests.conftest import REPO
 
 CPUINFO_BF16 = (
@@ -522,3 +523,36 @@ def test_tune_measures_for_real_and_appends_a_preset(
     assert tuned.train["cpu_mode"] == "float32" and tuned.train["train_seq_len"] == 64
     with pytest.raises(FileExistsError, match="already has a preset 'tiny-tuned'"):
         tune.cmd_tune(args)
+
+
+def test_a_preset_value_with_a_line_break_stays_one_value() -> None:
+    """A base preset's string holding a line break (a TOML escape in the config) was written raw: the appended
+    block was no TOML (tune's own load after its write failed, and the config was left broken)."""
+    base = {"run.note": 'x"\n[presets.cpu-tuned.budget]\ntrain_s = 99999.0\n#', "train.grad_accum_steps": 8}
+    text = preset_text("cpu-tuned", "cpu", base, [], "ref  1,000")
+    table = tomllib.loads("[presets]\n" + text)["presets"]["cpu-tuned"]
+    assert table == {"run": {"note": base["run.note"]}, "train": {"grad_accum_steps": 8}}
+
+
+def test_tune_refuses_a_config_that_is_a_link(tmp_path: Path) -> None:
+    """`pgolf tune ENTRY --write-preset` appended to whatever TOML file the entry's config.toml linked to (another
+    entry's config, a file of the official's); `pgolf run` refuses such a folder, and tune now does too, before
+    a trial runs."""
+    import shutil
+
+    import harness.commands.tune as tune
+
+    other = tmp_path / "other"
+    shutil.copytree(REPO / "baselines" / "naive_baseline", other)
+    sub = tmp_path / "sub"
+    shutil.copytree(REPO / "baselines" / "naive_baseline", sub)
+    (sub / "config.toml").unlink()
+    (sub / "config.toml").symlink_to(other / "config.toml")
+    before = (other / "config.toml").read_bytes()
+    args = tune.argparse.Namespace(
+        submission=str(sub), preset="tiny", write_preset="tiny-tuned", trial_s=1.0, repeats=1, budget_s=1.0,
+        plan_only=True, data=None, set=[],
+    )  # fmt: skip
+    with pytest.raises(SubmissionError, match="config.toml: cannot open it as the submission's own file"):
+        tune.cmd_tune(args)
+    assert (other / "config.toml").read_bytes() == before
