@@ -8,6 +8,9 @@ with seed 0: speed does not depend on them; the submission's codec; by default t
 baseline's shape, 4 x 192, seq_len 256, batch 32). Both sides then score it over the same
 standard-mode windows of the same validation tokens, with the same batch and thread count:
 
+The plain side, and the packing here, run the submission's model.py unconfined: a folder outside the
+project's baselines is refused unless `--trust-submission` says it is the official's own code.
+
 - plain: what anyone would write, in a plain Python process: the model decoded from the artifact
   and built in-process, `torch.no_grad()`, logits = model(x), `F.cross_entropy(logits.float(), y,
   reduction="sum")`.
@@ -579,11 +582,20 @@ def format_report(rec: dict[str, Any]) -> list[str]:
 
 def cmd_bench_score(args: argparse.Namespace) -> int:
     from data.embedded import ensure_embedded_dataset
+    from scoring.errors import SubmissionError
+
+    submission = Path(args.submission)
+    if submission.resolve().parent != DEFAULT_SUBMISSION.resolve().parent and not args.trust_submission:
+        raise SubmissionError(
+            f"{submission}: pgolf bench score builds its model.py in this process and in a plain one beside the "
+            "validation tokens, unconfined; only for code you trust (yours, never an entry's): pass "
+            "--trust-submission, or use `pgolf bench model` (the model confined)"
+        )
 
     data_dir = Path(args.data) if args.data else ensure_embedded_dataset()
     cfg = json.loads(args.model_config) if args.model_config else dict(DEFAULT_MODEL_CONFIG)
     rec = run_bench(
-        Path(args.submission),
+        submission,
         cfg,
         data_dir,
         seq_len=args.seq_len,
@@ -642,6 +654,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--profile", action="store_true", help="per-batch parts of the scorer's path (one more process)"
+    )
+    p.add_argument(
+        "--trust-submission",
+        action="store_true",
+        help="run a --submission outside the project's baselines unconfined (its model.py, in this process and "
+        "a plain one beside the validation tokens): your own code only",
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench_score)

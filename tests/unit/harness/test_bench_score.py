@@ -78,3 +78,23 @@ def test_bench_default_shape_is_the_cpu_track_preset():
     assert preset["model"] == DEFAULT_MODEL_CONFIG
     assert (preset["eval"]["seq_len"], preset["eval"]["batch_seqs"]) == (DEFAULT_SEQ_LEN, DEFAULT_BATCH_SEQS)
     assert bench.DEFAULT_PROBES == ProbeConfig().probes  # the bench probes as a score does
+
+
+def test_an_entrys_model_is_not_run_unconfined_without_the_officials_word(tmp_path, tiny_dataset, capsys):
+    """The bench builds the model in its own process (to pack it) and in a plain one beside the validation tokens:
+    an entry's model.py ran there with the official's environment and files. A folder outside the project's
+    baselines now needs --trust-submission; without it the command refuses before any of its code runs."""
+    import shutil
+
+    from harness.cli import main
+
+    sentinel = tmp_path / "ran"
+    entry = tmp_path / "entry"
+    shutil.copytree(DEFAULT_SUBMISSION, entry)
+    model = entry / "model.py"
+    model.write_text(f"open({str(sentinel)!r}, 'w').write('ran')\n" + model.read_text(), encoding="utf-8")
+    args = ["bench", "score", "--submission", str(entry), "--data", str(tiny_dataset), "--rounds", "1"]
+    assert main([*args, "--model-config", json.dumps(TINY), "--repeats", "1", "--max-tokens", "500"]) == 2
+    assert not sentinel.exists()
+    err = capsys.readouterr().err
+    assert "--trust-submission" in err and str(entry) in err and len(err.strip().splitlines()) == 1
