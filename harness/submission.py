@@ -26,6 +26,7 @@ from typing import Any
 from data.io import read_regular
 from harness.api import SUBMISSION_JSON
 from scoring.artifact.cap import ARTIFACT_CAP_BYTES, CODE_BUNDLE, read_bundle
+from scoring.codecheck import source_tokens_problem
 from scoring.errors import SubmissionError, did_you_mean
 from scoring.tracks import TRACKS
 
@@ -164,6 +165,9 @@ def check_submission(submission_dir: str | Path) -> dict[str, Any]:
                 f"in the folder or in its {CODE_BUNDLE}"
             )
         where, text = found
+        too_big = source_tokens_problem(text)
+        if too_big is not None:
+            raise SubmissionError(f"{where}: {too_big}")
         try:
             ok = _defines(text, where, func)
         except SyntaxError as e:

@@ -30,7 +30,9 @@ the worker's confinement holds (tests/e2e/test_worker_boundary.py).
 from __future__ import annotations
 
 import ast
+import io
 import re
+import tokenize
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,6 +193,34 @@ def source_encoding_problem(data: bytes) -> tuple[int, str] | None:
     return None
 
 
+SOURCE_MAX_TOKENS = 500_000
+"""Most tokens a Python source may hold to be parsed by a trusted process (the lint, `pgolf check`, a reference
+record's script): ast.parse holds some 400 to 650 bytes a token, so a 14 MB model.py of small literals, within
+the cap, held 6.6 GB of the scorer for 74 s. A model's code is some thousands of tokens, a reference record's
+script some 40,000; weights belong in the artifact. A source of fewer characters is parsed without counting."""
+
+
+def source_tokens_problem(source: str | bytes) -> str | None:
+    """Why `source` is not parsed here (over SOURCE_MAX_TOKENS tokens, counted without building a tree, or not
+    tokenizable past that many characters); None when it may be."""
+    if len(source) <= SOURCE_MAX_TOKENS:
+        return None
+    try:
+        if isinstance(source, bytes):
+            tokens = tokenize.tokenize(io.BytesIO(source).readline)
+        else:
+            tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+        for n, _ in enumerate(tokens, 1):
+            if n > SOURCE_MAX_TOKENS:
+                return (
+                    f"its source holds over {SOURCE_MAX_TOKENS:,} Python tokens, more than any model's code "
+                    "(parsing it would hold gigabytes); ship weights and tables in the artifact, not as literals"
+                )
+    except (tokenize.TokenError, SyntaxError) as e:
+        return f"does not tokenize ({e})"
+    return None
+
+
 def _module_files(name: str, names: tuple[str, ...], sources: Mapping[str, object]) -> list[str]:
     """The folder's files an import of `name` (and, for `from name import a, b`, of name.a, name.b) loads."""
     found: list[str] = []
@@ -329,6 +359,10 @@ def lint_scored_code(submission_dir: str | Path) -> list[str]:
         bad = source_encoding_problem(data)
         if bad is not None:
             problems.append(f"{f.rel}:{bad[0]}: {bad[1]}")
+            continue
+        too_big = source_tokens_problem(data)
+        if too_big is not None:
+            problems.append(f"{f.rel}:?: {too_big}")
             continue
         try:
             trees[f.rel] = ast.parse(data, filename=f.rel)  # bytes: decoded exactly as an import would

@@ -31,18 +31,17 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import io
 import lzma
 import math
 import stat
 import sys
-import tokenize
 from base64 import b85decode
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scoring.codecheck import source_tokens_problem
 from scoring.worker.legacy import FALLBACKS, LegacyError
 
 SCRIPT_NAME = "train_gpt.py"
@@ -61,10 +60,6 @@ TRAINING_ONLY = {"main", "train", "train_model"}
 """Functions whose use of a missing module does not matter to scoring."""
 SOURCE_MAX_BYTES = 64 << 20
 """Most bytes a self-extracting payload may decompress to (a record's script is ~100 KB): a bomb is refused, not held."""
-SOURCE_MAX_TOKENS = 500_000
-"""Most tokens a source may hold to be parsed here: ast.parse holds some 400 to 650 bytes of this process's
-memory a token (a 4 KB payload of `0,` decompressed to 16 MiB held 8 GB), a record's script ~40,000. A
-source of fewer characters has fewer tokens and is parsed without counting."""
 JSON_SCALARS = (bool, int, float, str, type(None))
 """What a value read statically may be: the worker's spec is JSON (bytes, complex, Ellipsis are left unread)."""
 
@@ -73,19 +68,10 @@ JSON_SCALARS = (bool, int, float, str, type(None))
 
 
 def _refuse_too_many_tokens(source: str, script: Path) -> None:
-    """A LegacyError for a source of over SOURCE_MAX_TOKENS tokens (or one the tokenizer refuses), counted
-    without building a tree; a source of fewer characters passes without counting."""
-    if len(source) <= SOURCE_MAX_TOKENS:
-        return
-    try:
-        for n, _ in enumerate(tokenize.generate_tokens(io.StringIO(source).readline), 1):
-            if n > SOURCE_MAX_TOKENS:
-                raise LegacyError(
-                    f"{script}: its source holds over {SOURCE_MAX_TOKENS:,} tokens (a record's script: some "
-                    "40,000); not read, parsing it would hold gigabytes"
-                )
-    except (tokenize.TokenError, SyntaxError) as e:  # past the bound in characters: no parse to name it
-        raise LegacyError(f"{script} does not tokenize: {e}") from None
+    """A LegacyError for a source too large to parse here (scoring/codecheck.py SOURCE_MAX_TOKENS)."""
+    problem = source_tokens_problem(source)
+    if problem is not None:
+        raise LegacyError(f"{script}: {problem}; not read")
 
 
 def parse_script(source: str, script: Path) -> ast.Module:

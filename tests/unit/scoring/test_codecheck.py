@@ -258,3 +258,33 @@ def test_a_folder_the_folder_rules_refuse_is_one_problem(tmp_path):
     (folder / "helper.py").symlink_to(tmp_path / "elsewhere.py")
     (problem,) = lint_scored_code(folder)
     assert problem.startswith("illegal: ") and "helper.py is a symbolic link" in problem
+
+
+def test_a_model_py_of_too_many_tokens_is_refused_unparsed(tmp_path):
+    """HOLE (before the fix): the lint and `check_submission` parsed every counted source in the trusted process;
+    ast.parse holds 400-650 bytes a token, so a 14 MB model.py of `0,` (within the cap) held 6.6 GB of the scorer
+    for 74 s. A source of over SOURCE_MAX_TOKENS tokens is now refused, counted without a tree; under
+    RLIMIT_AS of 1 GiB above what the process holds, a 14 MB source would have run out."""
+    weights = "W = [" + "0," * 260_000 + "]\n"
+    folder = write_submission(tmp_path / "big", model_src=TINY_MODEL + weights)
+    script = f"""
+import resource, sys
+sys.path.insert(0, {str(REPO)!r})
+from harness.submission import check_submission
+from scoring.codecheck import lint_scored_code
+from scoring.errors import SubmissionError
+rss = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (rss + (1 << 30), rss + (1 << 30)))
+print(lint_scored_code({str(folder)!r}))
+try:
+    check_submission({str(folder)!r})
+except SubmissionError as e:
+    print("refused:", e)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lint, refused = done.stdout.splitlines()
+    assert "model.py:?: its source holds over 500,000 Python tokens" in lint, lint
+    assert (
+        refused.startswith("refused:") and "model.py: its source holds over 500,000 Python tokens" in refused
+    )
