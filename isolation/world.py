@@ -15,9 +15,9 @@ trusted side wrote):
   or its overlay would show an empty folder (the first H200 run: no libcuda in the world). A single
   file it may read (the artifact, a spec) is copied into the tmpfs: a private inode. Device files
   are made anew (mknod) on the tmpfs, so even /dev/null is this world's own inode. /proc is a fresh
-  mount of the world's PID namespace (its /proc/locks an empty file: MASKED_PROC_FILES); /sys a
-  read-only overlay; /dev/shm a tmpfs of its own, with a size; the root itself is remounted read-only
-  once built.
+  mount of the world's PID namespace; /sys a read-only overlay (in both, /proc/locks and the machine's
+  event counters are empty files: MASKED_FILES); /dev/shm a tmpfs of its own, with a size; the root
+  itself is remounted read-only once built.
 - **Its own uid.** The world's processes run as a uid and gid drawn at random per world from a range
   no account uses (WORLD_UID_BASE + [0, WORLD_UID_SPAN)), with no supplementary groups: they own no
   file of the host, hold no capability, share no user keyring, and cannot signal another world.
@@ -39,6 +39,7 @@ side plans a world with `plan_world` and records
 from __future__ import annotations
 
 import ctypes
+import glob
 import os
 import re
 import secrets
@@ -74,11 +75,21 @@ NO_SUBMOUNTS = ("/proc", "/sys", "/dev", "/etc")
 resolv.conf): a world sees /etc as the image has it, which is all a single node needs (no DNS, loopback only)."""
 EMPTY = "/.pgolf-empty-layer"
 EMPTY_FILE = "/.pgolf-empty-file"
-MASKED_PROC_FILES = ("locks",)
-"""Files of a world's /proc shown empty (an empty read-only file bound over each, as container runtimes mask
-/proc/kcore): /proc/locks lists an OFD lock (F_OFD_SETLK) of every process of the machine, since such a lock
-belongs to no process and so to no PID namespace, each with a byte range its holder chose: a channel of
-kilobits per read between worlds alive at the same time (a scoring run's worker and another run's ranks)."""
+MASKED_FILES = (
+    "/proc/locks",
+    "/proc/vmstat",
+    "/proc/zoneinfo",
+    "/sys/devices/system/node/node*/vmstat",
+    "/sys/devices/system/node/node*/numastat",
+)
+"""Files of a world's /proc and /sys shown empty (an empty read-only file bound over each path the pattern matches,
+as container runtimes mask /proc/kcore). /proc/locks lists an OFD lock (F_OFD_SETLK) of every process of the
+machine, since such a lock belongs to no process and so to no PID namespace, each with a byte range its holder
+chose: a channel of kilobits per read between worlds alive at the same time (a scoring run's worker and another
+run's ranks). The others hold the kernel's event and page counters for the whole machine, which only grow and
+which a world moves at will: each mlock of a page is one more unevictable_pgs_mlocked, THP faults, pages dirtied,
+NUMA hits; a closed world left a number there that the next world read back exactly (16 bits a counter, dozens
+of counters), where nothing but the world's own work moves most of them."""
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
@@ -412,7 +423,6 @@ def _place(
     elif path == "/proc":
         _ensure_dir(path)
         _mount("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        _mask_proc_files(path)
     elif path == "/dev/shm":
         _ensure_dir(path)
         _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={shm_bytes},mode=1777")
@@ -440,15 +450,14 @@ def _place(
         _bind_host_read_only(old, path, facts)
 
 
-def _mask_proc_files(proc: str) -> None:
-    """MASKED_PROC_FILES of the world's fresh /proc, each an empty read-only file."""
-    if not os.path.exists(EMPTY_FILE):
-        with open(EMPTY_FILE, "x"):
-            pass
-        os.chmod(EMPTY_FILE, 0o444)
-    for name in MASKED_PROC_FILES:
-        if os.path.exists(f"{proc}/{name}"):
-            _bind_read_only(EMPTY_FILE, f"{proc}/{name}")
+def _mask_files() -> None:
+    """MASKED_FILES of the world's /proc and /sys (once both are placed), each an empty read-only file."""
+    with open(EMPTY_FILE, "x"):
+        pass
+    os.chmod(EMPTY_FILE, 0o444)
+    for pattern in MASKED_FILES:
+        for path in sorted(glob.glob(pattern)):
+            _bind_read_only(EMPTY_FILE, path)
 
 
 def _hand_over(folder: str, uid: int) -> None:
@@ -507,6 +516,7 @@ def build_world(rules: Iterable[_PathRule], plan: dict[str, Any]) -> dict[str, A
     mounts = _OldMounts.read(protected)
     for rule in rules:
         _place(os.path.normpath(rule.path), rule.access, facts, int(plan["shm_bytes"]), uid, mounts)
+    _mask_files()
     _ensure_dir("/tmp")
     _ensure_dir("/dev")
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),

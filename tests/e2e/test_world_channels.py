@@ -906,3 +906,52 @@ def test_no_world_reads_the_byte_ranges_another_world_locks(tmp_path, world):
         assert seen == {"starts": [], "empty": True}, seen
     else:  # the control: the other sandbox's words, read back
         assert {int(w, 16) for w in words} <= set(seen["starts"]), (words, seen)
+
+
+MLOCK_SEND = """
+import ctypes, json, mmap, sys
+libc = ctypes.CDLL(None, use_errno=True)
+page = mmap.mmap(-1, 4096)
+addr = ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(page)))
+for _ in range(int(sys.argv[1])):  # each lock of the page is one more in the machine's running total
+    libc.mlock(addr, 4096)
+    libc.munlock(addr, 4096)
+print(json.dumps({"sent": True}))
+"""
+EVENT_COUNTS = """
+import glob, json
+shown = {}
+for path in ["/proc/vmstat", "/proc/zoneinfo", *glob.glob("/sys/devices/system/node/node*/vmstat"),
+             *glob.glob("/sys/devices/system/node/node*/numastat")]:
+    try:
+        shown[path] = len(open(path).read())
+    except OSError as e:
+        shown[path] = type(e).__name__
+counts = dict(line.split() for line in open("/proc/vmstat") if line.strip()) if shown["/proc/vmstat"] else {}
+print(json.dumps({"shown": shown, "mlocked": int(counts.get("unevictable_pgs_mlocked", -1))}))
+"""
+
+
+def _machine_mlock_count() -> int:
+    return int(dict(line.split() for line in open("/proc/vmstat"))["unevictable_pgs_mlocked"])
+
+
+@pytest.mark.parametrize("world", [True, False], ids=["world", "control-unsandboxed-reader"])
+def test_no_world_reads_the_kernel_s_event_counts_a_closed_world_left(tmp_path, world):
+    """The kernel's event counters (/proc/vmstat, the nodes' vmstat and numastat) only grow, for the whole machine,
+    and a world sets them at will: each mlock of a page adds one to unevictable_pgs_mlocked, which nothing else on
+    a quiet machine moves. A closed world added K (54,321 and 30,000 read back exactly by the next world: some 16
+    bits a boundary in one counter, and there are dozens: THP faults, pages dirtied, NUMA hits), read by a probe
+    worker after the main worker, or by the next run. A world's copies of those files are empty."""
+    sent = 20_000 + secrets.randbelow(20_000)
+    before = _machine_mlock_count()
+    sender, _, out_a = _plan(tmp_path, world=True)
+    assert _run(sender, out_a, MLOCK_SEND, str(sent)) == {"sent": True}
+    reader, _, out_b = _plan(tmp_path, world=True)
+    if not world:  # the control: the same reader outside every sandbox reads what the closed world left
+        reader = dataclasses.replace(reader, mode="off")
+    got = _run(reader, out_b, EVENT_COUNTS)
+    if world:
+        assert got["mlocked"] == -1 and set(got["shown"].values()) == {0}, got
+    else:
+        assert sent // 2 <= got["mlocked"] - before <= 2 * sent, (sent, before, got)
