@@ -81,15 +81,17 @@ MASKED_FILES = (
     "/proc/zoneinfo",
     "/sys/devices/system/node/node*/vmstat",
     "/sys/devices/system/node/node*/numastat",
+    "/sys/kernel/mm/transparent_hugepage/hugepages-*/stats",
 )
-"""Files of a world's /proc and /sys shown empty (an empty read-only file bound over each path the pattern matches,
-as container runtimes mask /proc/kcore). /proc/locks lists an OFD lock (F_OFD_SETLK) of every process of the
-machine, since such a lock belongs to no process and so to no PID namespace, each with a byte range its holder
-chose: a channel of kilobits per read between worlds alive at the same time (a scoring run's worker and another
-run's ranks). The others hold the kernel's event and page counters for the whole machine, which only grow and
-which a world moves at will: each mlock of a page is one more unevictable_pgs_mlocked, THP faults, pages dirtied,
-NUMA hits; a closed world left a number there that the next world read back exactly (16 bits a counter, dozens
-of counters), where nothing but the world's own work moves most of them."""
+"""Files of a world's /proc and /sys shown empty (an empty read-only file bound over each path the pattern
+matches, an empty folder over a folder, as container runtimes mask /proc/kcore). /proc/locks lists an OFD lock
+(F_OFD_SETLK) of every process of the machine, since such a lock belongs to no process and so to no PID
+namespace, each with a byte range its holder chose: a channel of kilobits per read between worlds alive at the
+same time (a scoring run's worker and another run's ranks). The others hold the kernel's event and page counters
+for the whole machine, which only grow and which a world moves at will: each mlock of a page is one more
+unevictable_pgs_mlocked, each huge page faulted in one more anon_fault_alloc (and pages dirtied, NUMA hits); a
+closed world left a number there that the next world read back exactly (16 bits a counter, dozens of counters),
+where nothing but the world's own work moves most of them."""
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
@@ -451,13 +453,13 @@ def _place(
 
 
 def _mask_files() -> None:
-    """MASKED_FILES of the world's /proc and /sys (once both are placed), each an empty read-only file."""
+    """MASKED_FILES of the world's /proc and /sys (once both are placed), each an empty read-only file or folder."""
     with open(EMPTY_FILE, "x"):
         pass
     os.chmod(EMPTY_FILE, 0o444)
     for pattern in MASKED_FILES:
         for path in sorted(glob.glob(pattern)):
-            _bind_read_only(EMPTY_FILE, path)
+            _bind_read_only(EMPTY if os.path.isdir(path) else EMPTY_FILE, path)
 
 
 def _hand_over(folder: str, uid: int) -> None:

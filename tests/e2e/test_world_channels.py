@@ -908,50 +908,73 @@ def test_no_world_reads_the_byte_ranges_another_world_locks(tmp_path, world):
         assert {int(w, 16) for w in words} <= set(seen["starts"]), (words, seen)
 
 
-MLOCK_SEND = """
+COUNT_SEND = """
 import ctypes, json, mmap, sys
 libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 page = mmap.mmap(-1, 4096)
 addr = ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(page)))
 for _ in range(int(sys.argv[1])):  # each lock of the page is one more in the machine's running total
     libc.mlock(addr, 4096)
     libc.munlock(addr, 4096)
+huge = 2 << 20
+for _ in range(int(sys.argv[2])):  # each huge page faulted in is one more anon_fault_alloc
+    p = libc.mmap(None, 2 * huge, 3, 0x22, -1, 0)  # PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS
+    start = (p + huge - 1) // huge * huge
+    libc.madvise(start, huge, 14)  # MADV_HUGEPAGE
+    ctypes.c_char.from_address(start).value = b"x"
+    libc.munmap(p, 2 * huge)
 print(json.dumps({"sent": True}))
 """
 EVENT_COUNTS = """
 import glob, json
+THP = "/sys/kernel/mm/transparent_hugepage/hugepages-2048kB/stats/anon_fault_alloc"
 shown = {}
 for path in ["/proc/vmstat", "/proc/zoneinfo", *glob.glob("/sys/devices/system/node/node*/vmstat"),
-             *glob.glob("/sys/devices/system/node/node*/numastat")]:
+             *glob.glob("/sys/devices/system/node/node*/numastat"), THP]:
     try:
         shown[path] = len(open(path).read())
     except OSError as e:
         shown[path] = type(e).__name__
 counts = dict(line.split() for line in open("/proc/vmstat") if line.strip()) if shown["/proc/vmstat"] else {}
-print(json.dumps({"shown": shown, "mlocked": int(counts.get("unevictable_pgs_mlocked", -1))}))
+thp = open(THP).read().strip() if isinstance(shown[THP], int) else ""
+print(json.dumps({"shown": shown, "mlocked": int(counts.get("unevictable_pgs_mlocked", -1)), "thp": int(thp or -1)}))
 """
+THP_STATS = "/sys/kernel/mm/transparent_hugepage/hugepages-2048kB/stats/anon_fault_alloc"
 
 
-def _machine_mlock_count() -> int:
-    return int(dict(line.split() for line in open("/proc/vmstat"))["unevictable_pgs_mlocked"])
+def _machine_counts() -> tuple[int, int]:
+    mlocked = int(dict(line.split() for line in open("/proc/vmstat"))["unevictable_pgs_mlocked"])
+    return mlocked, int(Path(THP_STATS).read_text())
 
 
+@pytest.mark.skipif(
+    not os.path.exists(THP_STATS)
+    or "[never]" in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text(),
+    reason="needs transparent huge pages with per-size statistics (Linux >= 6.9)",
+)
 @pytest.mark.parametrize("world", [True, False], ids=["world", "control-unsandboxed-reader"])
 def test_no_world_reads_the_kernel_s_event_counts_a_closed_world_left(tmp_path, world):
-    """The kernel's event counters (/proc/vmstat, the nodes' vmstat and numastat) only grow, for the whole machine,
-    and a world sets them at will: each mlock of a page adds one to unevictable_pgs_mlocked, which nothing else on
-    a quiet machine moves. A closed world added K (54,321 and 30,000 read back exactly by the next world: some 16
-    bits a boundary in one counter, and there are dozens: THP faults, pages dirtied, NUMA hits), read by a probe
-    worker after the main worker, or by the next run. A world's copies of those files are empty."""
-    sent = 20_000 + secrets.randbelow(20_000)
-    before = _machine_mlock_count()
+    """The kernel's event counters (/proc/vmstat, the nodes' vmstat and numastat, the huge pages' statistics) only
+    grow, for the whole machine, and a world sets them at will: each mlock of a page adds one to
+    unevictable_pgs_mlocked, each huge page faulted in one to anon_fault_alloc, which nothing else on a quiet
+    machine moves. A closed world added K (54,321 and 30,000 locks, 3,000 huge pages, each read back exactly by
+    the next world: some 16 bits a boundary in each counter, and there are dozens: pages dirtied, NUMA hits),
+    read by a probe worker after the main worker, or by the next run. A world's copies of those files are empty."""
+    locks, huge = 20_000 + secrets.randbelow(20_000), 500 + secrets.randbelow(500)
+    before = _machine_counts()
     sender, _, out_a = _plan(tmp_path, world=True)
-    assert _run(sender, out_a, MLOCK_SEND, str(sent)) == {"sent": True}
+    assert _run(sender, out_a, COUNT_SEND, str(locks), str(huge)) == {"sent": True}
     reader, _, out_b = _plan(tmp_path, world=True)
     if not world:  # the control: the same reader outside every sandbox reads what the closed world left
         reader = dataclasses.replace(reader, mode="off")
     got = _run(reader, out_b, EVENT_COUNTS)
     if world:
-        assert got["mlocked"] == -1 and set(got["shown"].values()) == {0}, got
+        assert (got["mlocked"], got["thp"]) == (-1, -1), got
+        assert set(got["shown"].values()) <= {0, "FileNotFoundError"}, got
     else:
-        assert sent // 2 <= got["mlocked"] - before <= 2 * sent, (sent, before, got)
+        assert locks // 2 <= got["mlocked"] - before[0] <= 2 * locks, (locks, before, got)
+        assert huge // 2 <= got["thp"] - before[1] <= 2 * huge, (huge, before, got)
