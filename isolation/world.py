@@ -79,6 +79,8 @@ MASKED_FILES = (
     "/proc/locks",
     "/proc/vmstat",
     "/proc/zoneinfo",
+    "/proc/softirqs",
+    "/proc/interrupts",
     "/sys/devices/system/node/node*/vmstat",
     "/sys/devices/system/node/node*/numastat",
     "/sys/kernel/mm/transparent_hugepage/hugepages-*/stats",
@@ -89,9 +91,14 @@ matches, an empty folder over a folder, as container runtimes mask /proc/kcore).
 namespace, each with a byte range its holder chose: a channel of kilobits per read between worlds alive at the
 same time (a scoring run's worker and another run's ranks). The others hold the kernel's event and page counters
 for the whole machine, which only grow and which a world moves at will: each mlock of a page is one more
-unevictable_pgs_mlocked, each huge page faulted in one more anon_fault_alloc (and pages dirtied, NUMA hits); a
-closed world left a number there that the next world read back exactly (16 bits a counter, dozens of counters),
-where nothing but the world's own work moves most of them."""
+unevictable_pgs_mlocked, each huge page faulted in one more anon_fault_alloc, each packet on its own loopback one
+more NET_RX softirq (and pages dirtied, NUMA hits, interrupts); a closed world left a number there that the next
+world read back exactly (16 bits a counter, dozens of counters), where nothing but the world's own work moves most
+of them. /proc/stat holds the same softirq counts and the machine's fork count: ZEROED_PROC_STAT."""
+ZEROED_PROC_STAT = "/.pgolf-proc-stat"
+"""The world's /proc/stat: the machine's, read as the world is built, with every count zero but the boot time (and
+one process running): the lines programs read there (a line per CPU, btime) stay, and no count of the machine's
+(forks, interrupts, softirqs, context switches, CPU time) reaches the world."""
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
@@ -460,6 +467,27 @@ def _mask_files() -> None:
     for pattern in MASKED_FILES:
         for path in sorted(glob.glob(pattern)):
             _bind_read_only(EMPTY if os.path.isdir(path) else EMPTY_FILE, path)
+    if os.path.exists("/proc/stat"):
+        with open("/proc/stat", encoding="ascii", errors="replace") as f:
+            zeroed = _zeroed_stat(f.read())
+        with open(ZEROED_PROC_STAT, "x", encoding="ascii") as f:
+            f.write(zeroed)
+        os.chmod(ZEROED_PROC_STAT, 0o444)
+        _bind_read_only(ZEROED_PROC_STAT, "/proc/stat")
+
+
+def _zeroed_stat(text: str) -> str:
+    """/proc/stat's `text` with every number zero, the boot time kept and one process running (ZEROED_PROC_STAT)."""
+    lines = []
+    for line in text.splitlines():
+        name, *fields = line.split() or [""]
+        if name in ("btime", ""):
+            lines.append(line)
+        elif name == "procs_running":
+            lines.append("procs_running 1")
+        else:
+            lines.append(" ".join([name, *("0" for _ in fields)]))
+    return "\n".join(lines) + "\n"
 
 
 def _hand_over(folder: str, uid: int) -> None:

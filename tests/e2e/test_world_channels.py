@@ -978,3 +978,63 @@ def test_no_world_reads_the_kernel_s_event_counts_a_closed_world_left(tmp_path, 
     else:
         assert locks // 2 <= got["mlocked"] - before[0] <= 2 * locks, (locks, before, got)
         assert huge // 2 <= got["thp"] - before[1] <= 2 * huge, (huge, before, got)
+
+
+PACKETS_SEND = """
+import json, os, socket, sys
+receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+receiver.bind(("127.0.0.1", 0))
+sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for _ in range(int(sys.argv[1])):  # each packet on the world's own loopback is one more NET_RX softirq
+    sender.sendto(b"x", receiver.getsockname())
+for _ in range(int(sys.argv[2])):  # each fork one more in the machine's count of processes
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+print(json.dumps({"sent": True}))
+"""
+INTERRUPT_COUNTS = """
+import json, os
+def stat_line(name):
+    return next((line.split()[1:] for line in open("/proc/stat") if line.split()[:1] == [name]), [])
+softirqs = {line.split()[0]: line.split()[1:] for line in open("/proc/softirqs").read().splitlines()[1:]}
+print(json.dumps({
+    "net_rx": sum(map(int, softirqs.get("NET_RX:", ["-1"]))),
+    "stat_net_rx": int((stat_line("softirq") or ["-1"] * 5)[4]),  # total, HI, TIMER, NET_TX, NET_RX
+    "processes": int((stat_line("processes") or ["-1"])[0]),
+    "counts": sorted({int(v) for name in ("intr", "ctxt", "softirq", "cpu") for v in stat_line(name)}),
+    "interrupts": len(open("/proc/interrupts").read()),
+    "btime": int(stat_line("btime")[0]),  # what readers of /proc/stat need still there: the boot time, the CPUs
+    "cpus": sum(1 for line in open("/proc/stat") if line.startswith("cpu") and line[3].isdigit()),
+}))
+"""
+
+
+def _machine_interrupt_counts() -> dict[str, int]:
+    stat = {line.split()[0]: line.split()[1:] for line in open("/proc/stat")}
+    return {"stat_net_rx": int(stat["softirq"][4]), "processes": int(stat["processes"][0])}
+
+
+@pytest.mark.parametrize("world", [True, False], ids=["world", "control-unsandboxed-reader"])
+def test_no_world_reads_the_interrupt_and_fork_counts_a_closed_world_left(tmp_path, world):
+    """The machine's softirq counts (/proc/softirqs, and per kind in /proc/stat) only grow, and a world moves them
+    at will: each packet on its own loopback is one more NET_RX, which nothing else on a quiet machine moves (5,000
+    packets, 5,000 more, none in the 3 s before); each fork is one more `processes`. A closed world's count was
+    read back by the next world. A world's /proc/softirqs and /proc/interrupts are empty, and its /proc/stat
+    keeps what programs read there (the CPUs, the boot time) with every count zero."""
+    packets, forks = 20_000 + secrets.randbelow(20_000), 300 + secrets.randbelow(300)
+    before = _machine_interrupt_counts()
+    sender, _, out_a = _plan(tmp_path, world=True)
+    assert _run(sender, out_a, PACKETS_SEND, str(packets), str(forks)) == {"sent": True}
+    reader, _, out_b = _plan(tmp_path, world=True)
+    if not world:  # the control: the same reader outside every sandbox reads what the closed world left
+        reader = dataclasses.replace(reader, mode="off")
+    got = _run(reader, out_b, INTERRUPT_COUNTS)
+    assert got["cpus"] == os.cpu_count() and got["btime"] > 0, got
+    if world:
+        assert (got["net_rx"], got["stat_net_rx"], got["processes"]) == (-1, 0, 0), got
+        assert got["counts"] == [0] and got["interrupts"] == 0, got
+    else:
+        assert packets // 2 <= got["stat_net_rx"] - before["stat_net_rx"] <= 3 * packets, (packets, before, got)
+        assert forks <= got["processes"] - before["processes"], (forks, before, got)
