@@ -30,7 +30,8 @@ used when the machine allows it and recorded either way (`SandboxPlan.describe()
   its own before anything of the submission runs: no lock, mode, time or extended attribute of a file
   it can read is shared with another sandbox or a later run. Every world also gets the "world"
   seccomp profile (no page-cache queries or eviction, no async I/O, no keyrings, no kernel log, no
-  new namespace).
+  new namespace); a sandbox without an IPC namespace of its own also gets no SysV IPC and no POSIX message
+  queue (they outlive the run: isolation/seccomp.py NO_IPC_NAMESPACE_DENIED).
 
 Not covered: namespaces and worlds on several nodes (ranks must reach each other, and torchrun's
 rendezvous tells nodes apart by hostname and pid); data that is public
@@ -401,6 +402,7 @@ class SandboxPlan:
             "scope_abstract_sockets": self.scope_abstract_sockets,
             "loopback_up": "net" in self.namespaces,
             "private_shm": "mount" in self.namespaces and os.path.isdir("/dev/shm"),
+            "ipc_namespace": "ipc" in self.namespaces,
             "required": self.mode == "required",
             "allow_missing": list(self.allowed_missing),
             "seccomp": self.seccomp,
@@ -702,7 +704,9 @@ def enter(policy_path: str, argv: Sequence[str]) -> NoReturn:
             "seccomp",
             seccomp_supported(),  # every world gets the "world" profile; scored code the "worker" one
             lambda: apply_seccomp(
-                "worker" if policy.get("seccomp") else "world", memfd=bool(policy.get("memory_cgroup"))
+                "worker" if policy.get("seccomp") else "world",
+                memfd=bool(policy.get("memory_cgroup")),
+                ipc=bool(policy.get("ipc_namespace")),
             ),
         ),
     ]

@@ -6,7 +6,7 @@ any submitted code. Denied with EPERM: ptrace, reading or writing another proces
 kernel modules, kexec, keyrings, reboot, swap and process accounting. Every world (profile "world",
 training included) gets WORLD_DENIED: no page-cache queries or eviction, no keyrings, no reading the
 kernel log, no new namespace (unshare, setns, clone with a CLONE_NEW* flag; clone3 answers ENOSYS), no
-perf_event_open, bpf or userfaultfd.
+perf_event_open, bpf or userfaultfd; where the sandbox has no IPC namespace, no SysV IPC or POSIX message queue).
 On x86-64 the x32 system-call range is denied whole. Everything else is allowed: this is a
 deny-list of the calls a model never needs, a layer on top of Landlock (which already refuses
 ptrace of processes outside the domain) and the PID namespace (which hides them), not a
@@ -63,6 +63,15 @@ NO_CGROUP_DENIED = ("memfd_create", "memfd_secret")
 """Refused where the world has no memory cgroup: a memfd's pages would escape RLIMIT_AS uncounted (a secret memfd's
 too: mapped a few MiB at a time under RLIMIT_MEMLOCK, each unmapped again, its pages stay in the file)."""
 
+NO_IPC_NAMESPACE_DENIED = (
+    "shmget", "shmat", "shmctl", "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop", "semtimedop", "semctl",
+    "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
+)  # fmt: skip
+"""Refused where the sandbox has no IPC namespace of its own (not root, several nodes): a SysV shared memory
+segment, message queue or semaphore set, or a POSIX message queue, is the host's and outlives the run that made it
+until the machine reboots (one seed's run left a segment the next seed's run read whole), and Landlock covers none
+of them. No training needs them: torch, NCCL and Python's multiprocessing share memory through /dev/shm."""
+
 DENIED = (
     "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "perf_event_open", "bpf", "userfaultfd",
     "mount", "umount2", "pivot_root", "open_by_handle_at", "init_module",
@@ -113,6 +122,23 @@ ARCHES: dict[str, tuple[int, dict[str, int]]] = {
             "preadv2": 327,
             "pwritev2": 328,
             "syslog": 103,
+            "shmget": 29,
+            "shmat": 30,
+            "shmctl": 31,
+            "msgget": 68,
+            "msgsnd": 69,
+            "msgrcv": 70,
+            "msgctl": 71,
+            "semget": 64,
+            "semop": 65,
+            "semtimedop": 220,
+            "semctl": 66,
+            "mq_open": 240,
+            "mq_unlink": 241,
+            "mq_timedsend": 242,
+            "mq_timedreceive": 243,
+            "mq_notify": 244,
+            "mq_getsetattr": 245,
             "clone": 56,
             "clone3": 435,
         },  # fmt: skip
@@ -159,6 +185,23 @@ ARCHES: dict[str, tuple[int, dict[str, int]]] = {
             "preadv2": 286,
             "pwritev2": 287,
             "syslog": 116,
+            "shmget": 194,
+            "shmat": 196,
+            "shmctl": 195,
+            "msgget": 186,
+            "msgsnd": 189,
+            "msgrcv": 188,
+            "msgctl": 187,
+            "semget": 190,
+            "semop": 193,
+            "semtimedop": 192,
+            "semctl": 191,
+            "mq_open": 180,
+            "mq_unlink": 181,
+            "mq_timedsend": 182,
+            "mq_timedreceive": 183,
+            "mq_notify": 184,
+            "mq_getsetattr": 185,
             "clone": 220,
             "clone3": 435,
         },  # fmt: skip
@@ -171,17 +214,23 @@ def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
-def build_filter(machine: str, profile: str = "worker", *, memfd: bool = True) -> bytes:
+def build_filter(machine: str, profile: str = "worker", *, memfd: bool = True, ipc: bool = True) -> bytes:
     """The BPF program for `machine` (platform.machine()); the refused calls get EPERM.
 
     profile "world" (every sandboxed process): WORLD_DENIED and WORLD_DENIED_ARGS; "worker" (processes
-    that run scored code): those and DENIED. `memfd=False` also refuses NO_CGROUP_DENIED.
+    that run scored code): those and DENIED. `memfd=False` also refuses NO_CGROUP_DENIED; `ipc=False` (no IPC
+    namespace of the sandbox's own) NO_IPC_NAMESPACE_DENIED.
     """
     arch, numbers = ARCHES[machine]
     deny = SECCOMP_RET_ERRNO | errno.EPERM
     allow = SECCOMP_RET_ALLOW
     absent = SECCOMP_RET_ERRNO | errno.ENOSYS
-    names = [*WORLD_DENIED, *(DENIED if profile == "worker" else ()), *(() if memfd else NO_CGROUP_DENIED)]
+    names = [
+        *WORLD_DENIED,
+        *(DENIED if profile == "worker" else ()),
+        *(() if memfd else NO_CGROUP_DENIED),
+        *(() if ipc else NO_IPC_NAMESPACE_DENIED),
+    ]
     body = [_insn(BPF_LD_W_ABS, 0, 0, 0)]  # seccomp_data.nr
     if machine == "x86_64":
         body.append(_insn(BPF_JGE_K, 0, 1, X32_SYSCALL_BIT))
@@ -213,11 +262,11 @@ def seccomp_supported() -> bool:
     return platform.system() == "Linux" and platform.machine() in ARCHES
 
 
-def apply_seccomp(profile: str = "worker", *, memfd: bool = True) -> None:
+def apply_seccomp(profile: str = "worker", *, memfd: bool = True, ipc: bool = True) -> None:
     """Install the filter on this process (and all it starts). Irreversible; sets no_new_privs first."""
     if not seccomp_supported():
         raise OSError(errno.ENOSYS, f"no seccomp filter for {platform.system()} {platform.machine()}")
-    prog = build_filter(platform.machine(), profile, memfd=memfd)
+    prog = build_filter(platform.machine(), profile, memfd=memfd, ipc=ipc)
     n = len(prog) // 8
     buf = ctypes.create_string_buffer(prog, len(prog))
 

@@ -680,7 +680,7 @@ def test_enter_skips_a_refused_layer_with_a_warning_unless_required(tmp_path, mo
     monkeypatch.setattr(sandbox, "apply_landlock", refused)
     monkeypatch.setattr(sandbox.os, "execvp", lambda prog, argv: ran.append(argv))
     # never in this process: a real filter would refuse memfd_create to every later test of the worker
-    monkeypatch.setattr(sandbox, "apply_seccomp", lambda profile, memfd: filters.append(profile))
+    monkeypatch.setattr(sandbox, "apply_seccomp", lambda profile, **_: filters.append(profile))
     plan, _ = _plan(tmp_path, MachineCaps(landlock_abi=7, root=False, unshare=None))
     plan.wrap(["x"], tmp_path / "policy.json")
     sandbox.enter(str(tmp_path / "policy.json"), ["torchrun", "--x"])
