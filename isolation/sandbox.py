@@ -104,7 +104,7 @@ KERNEL_LAYERS: dict[str, str] = {
     "network_namespace": "a network namespace with loopback only (`unshare --net`; one node)",
     "signal_scoping": "Landlock ABI >= 6: no signal reaches a process outside the sandbox (Linux >= 6.12)",
     "seccomp": "the seccomp filter (every world: no page-cache queries or eviction, no keyrings, no kernel log, no new namespace; the model worker: no ptrace, no other process's memory)",
-    "world": "a world of its own (root, a mount namespace, overlayfs): private root and inodes, its own uid (isolation/world.py)",
+    "world": "a world of its own (root, a mount namespace, overlayfs): private root and inodes, its own uid (isolation/world.py); without it a phase runs as the supervisor's uid and connects to every Unix socket of the host that uid may (a root tmux's or docker's: commands run outside the sandbox)",
 }
 """The isolation layers a sandbox may use, by the name an official uses to allow one missing."""
 GUARANTEES: dict[str, tuple[str, tuple[tuple[str, ...], ...]]] = {
@@ -119,7 +119,7 @@ GUARANTEES: dict[str, tuple[str, tuple[tuple[str, ...], ...]]] = {
         (("namespaces", "network_namespace"),),
     ),
     "nothing_shared": (
-        "no inode, lock, uid, page-cache state, keyring or kernel log shared with the host",
+        "no inode, lock, uid (so no Unix socket of the host's reached by its path), page-cache state, keyring or kernel log shared with the host",
         (("world", "seccomp"),),
     ),
 }
@@ -611,7 +611,8 @@ def plan_sandbox(
     else:
         warnings.append(
             "no world of its own (needs root, a mount namespace and overlayfs): the phase shares inodes, "
-            "locks and file metadata with the host and runs as uid 0 without capabilities"
+            "locks and file metadata with the host and runs as uid 0 without capabilities (Landlock does not govern "
+            "connect(): it reaches every Unix socket of the host root may, a root tmux's or docker's)"
         )
     return SandboxPlan(
         mode=mode,

