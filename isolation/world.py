@@ -81,20 +81,25 @@ MASKED_FILES = (
     "/proc/zoneinfo",
     "/proc/softirqs",
     "/proc/interrupts",
+    "/proc/diskstats",
     "/sys/devices/system/node/node*/vmstat",
     "/sys/devices/system/node/node*/numastat",
     "/sys/kernel/mm/transparent_hugepage/hugepages-*/stats",
+    "/sys/block/*/stat",
+    "/sys/block/*/*/stat",
+    "/sys/fs/ext4/*/*_write_kbytes",
 )
 """Files of a world's /proc and /sys shown empty (an empty read-only file bound over each path the pattern
 matches, an empty folder over a folder, as container runtimes mask /proc/kcore). /proc/locks lists an OFD lock
 (F_OFD_SETLK) of every process of the machine, since such a lock belongs to no process and so to no PID
 namespace, each with a byte range its holder chose: a channel of kilobits per read between worlds alive at the
-same time (a scoring run's worker and another run's ranks). The others hold the kernel's event and page counters
-for the whole machine, which only grow and which a world moves at will: each mlock of a page is one more
-unevictable_pgs_mlocked, each huge page faulted in one more anon_fault_alloc, each packet on its own loopback one
-more NET_RX softirq (and pages dirtied, NUMA hits, interrupts); a closed world left a number there that the next
-world read back exactly (16 bits a counter, dozens of counters), where nothing but the world's own work moves most
-of them. /proc/stat holds the same softirq counts and the machine's fork count: ZEROED_PROC_STAT."""
+same time (a scoring run's worker and another run's ranks). The others hold counts for the whole machine that
+only grow and that a world moves at will: each mlock of a page is one more unevictable_pgs_mlocked, each huge
+page faulted in one more anon_fault_alloc, each packet on its own loopback one more NET_RX softirq, each write it
+forces to its disk one more of the device's (and pages dirtied, NUMA hits, interrupts, bytes written). A closed
+world left a number there that the next world read back, exactly where nothing but the world's own work moves
+the count (16 bits a counter, dozens of counters). /proc/stat holds the softirq counts again and the machine's
+fork count: ZEROED_PROC_STAT."""
 ZEROED_PROC_STAT = "/.pgolf-proc-stat"
 """The world's /proc/stat: the machine's, read as the world is built, with every count zero but the boot time (and
 one process running): the lines programs read there (a line per CPU, btime) stay, and no count of the machine's

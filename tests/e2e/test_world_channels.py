@@ -1166,3 +1166,57 @@ def test_no_world_reaches_a_unix_socket_of_the_host_by_its_path(tmp_path, world)
         assert "connected" not in got.values() and heard == [], (got, heard)
     else:
         assert set(got.values()) == {"connected"} and len(heard) == 2, (got, heard)
+
+
+DISK_SEND = """
+import json, os, sys
+for i in range(int(sys.argv[1])):  # each write forced to the disk is one more the device completed
+    fd = os.open(f"w{i % 8}", os.O_WRONLY | os.O_CREAT, 0o600)
+    os.pwrite(fd, os.urandom(4096), 0)
+    os.fsync(fd)
+    os.close(fd)
+print(json.dumps({"sent": True}))
+"""
+DISK_COUNTS = """
+import glob, json, sys
+def writes(path):
+    try:
+        fields = open(path).read().split()
+    except OSError as e:
+        return type(e).__name__
+    return int(fields[4]) if len(fields) > 4 else -1  # writes completed
+print(json.dumps({
+    "device": writes(sys.argv[1]),
+    "diskstats": len(open("/proc/diskstats").read()),
+    "ext4": sorted({len(open(p).read()) for p in glob.glob("/sys/fs/ext4/*/*_write_kbytes")}),
+}))
+"""
+
+
+def _device_stat(folder: Path) -> str | None:
+    dev = folder.stat().st_dev
+    stat = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat")
+    return str(stat) if stat.exists() else None
+
+
+@pytest.mark.parametrize("world", [True, False], ids=["world", "control-unsandboxed-reader"])
+def test_no_world_reads_the_disk_s_counts_a_closed_world_left(tmp_path, world):
+    """A disk's counts of completed reads and writes (/sys/block/*/stat, /proc/diskstats) and a file system's bytes
+    written (/sys/fs/ext4/*/lifetime_write_kbytes) only grow, and a world moves them at will: each write it forces
+    to the disk in its own folder is one more (and a journal write with it), against a dozen in 5 s of the
+    machine's own here. A world's copies of those files are empty."""
+    plan, _, out = _plan(tmp_path, world=True)
+    stat = _device_stat(out)
+    if stat is None:
+        pytest.skip(f"{out} is on no block device (a tmpfs): no write of its reaches a disk's counts")
+    sent = 2_000 + secrets.randbelow(1_000)
+    before = int(Path(stat).read_text().split()[4])
+    assert _run(plan, out, DISK_SEND, str(sent)) == {"sent": True}
+    reader, _, out_b = _plan(tmp_path, world=True)
+    if not world:  # the control: the same reader outside every sandbox reads what the closed world left
+        reader = dataclasses.replace(reader, mode="off")
+    got = _run(reader, out_b, DISK_COUNTS, stat)
+    if world:
+        assert got == {"device": -1, "diskstats": 0, "ext4": [0] if got["ext4"] else []}, got
+    else:
+        assert sent <= got["device"] - before <= 4 * sent + 2_000, (sent, before, got)
