@@ -82,6 +82,7 @@ MASKED_FILES = (
     "/proc/softirqs",
     "/proc/interrupts",
     "/proc/diskstats",
+    "/proc/pressure",
     "/sys/devices/system/node/node*/vmstat",
     "/sys/devices/system/node/node*/numastat",
     "/sys/kernel/mm/transparent_hugepage/hugepages-*/stats",
@@ -96,7 +97,8 @@ namespace, each with a byte range its holder chose: a channel of kilobits per re
 same time (a scoring run's worker and another run's ranks). The others hold counts for the whole machine that
 only grow and that a world moves at will: each mlock of a page is one more unevictable_pgs_mlocked, each huge
 page faulted in one more anon_fault_alloc, each packet on its own loopback one more NET_RX softirq, each write it
-forces to its disk one more of the device's (and pages dirtied, NUMA hits, interrupts, bytes written). A closed
+forces to its disk one more of the device's, each second two of its processes share a CPU a second more of the
+CPU's pressure total (and pages dirtied, NUMA hits, interrupts, bytes written). A closed
 world left a number there that the next world read back, exactly where nothing but the world's own work moves
 the count (16 bits a counter, dozens of counters). /proc/stat holds the softirq counts again and the machine's
 fork count: ZEROED_PROC_STAT."""

@@ -982,7 +982,7 @@ def test_no_world_reads_the_kernel_s_event_counts_a_closed_world_left(tmp_path, 
 
 
 PACKETS_SEND = """
-import json, os, socket, sys
+import json, os, socket, sys, time
 receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 receiver.bind(("127.0.0.1", 0))
 sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -992,6 +992,18 @@ for _ in range(int(sys.argv[2])):  # each fork one more in the machine's count o
     pid = os.fork()
     if pid == 0:
         os._exit(0)
+    os.waitpid(pid, 0)
+busy = []
+for _ in range(2):  # two processes on one CPU for half a second: half a second more of the CPU's pressure total
+    pid = os.fork()
+    if pid == 0:
+        os.sched_setaffinity(0, [min(os.sched_getaffinity(0))])
+        end = time.monotonic() + 0.5
+        while time.monotonic() < end:
+            pass
+        os._exit(0)
+    busy.append(pid)
+for pid in busy:
     os.waitpid(pid, 0)
 print(json.dumps({"sent": True}))
 """
@@ -1006,6 +1018,8 @@ print(json.dumps({
     "processes": int((stat_line("processes") or ["-1"])[0]),
     "counts": sorted({int(v) for name in ("intr", "ctxt", "softirq", "cpu") for v in stat_line(name)}),
     "interrupts": len(open("/proc/interrupts").read()),
+    "cpu_stalled_us": int(open("/proc/pressure/cpu").readline().split()[-1].split("=")[1])
+    if os.path.exists("/proc/pressure/cpu") else -1,
     "btime": int(stat_line("btime")[0]),  # what readers of /proc/stat need still there: the boot time, the CPUs
     "cpus": sum(1 for line in open("/proc/stat") if line.startswith("cpu") and line[3].isdigit()),
 }))
@@ -1014,16 +1028,24 @@ print(json.dumps({
 
 def _machine_interrupt_counts() -> dict[str, int]:
     stat = {line.split()[0]: line.split()[1:] for line in open("/proc/stat")}
-    return {"stat_net_rx": int(stat["softirq"][4]), "processes": int(stat["processes"][0])}
+    pressure = Path("/proc/pressure/cpu")
+    stalled = int(pressure.read_text().splitlines()[0].split()[-1].split("=")[1]) if pressure.exists() else -1
+    return {
+        "stat_net_rx": int(stat["softirq"][4]),
+        "processes": int(stat["processes"][0]),
+        "cpu_stalled_us": stalled,
+    }
 
 
 @pytest.mark.parametrize("world", [True, False], ids=["world", "control-unsandboxed-reader"])
-def test_no_world_reads_the_interrupt_and_fork_counts_a_closed_world_left(tmp_path, world):
+def test_no_world_reads_the_interrupt_fork_and_stall_counts_a_closed_world_left(tmp_path, world):
     """The machine's softirq counts (/proc/softirqs, and per kind in /proc/stat) only grow, and a world moves them
     at will: each packet on its own loopback is one more NET_RX, which nothing else on a quiet machine moves (5,000
-    packets, 5,000 more, none in the 3 s before); each fork is one more `processes`. A closed world's count was
-    read back by the next world. A world's /proc/softirqs and /proc/interrupts are empty, and its /proc/stat
-    keeps what programs read there (the CPUs, the boot time) with every count zero."""
+    packets, 5,000 more, none in the 3 s before); each fork is one more `processes`; two processes on one CPU for
+    a time add that time to the CPU's pressure total (/proc/pressure/cpu: 2,003,214 us for 2 s, none in the 3 s
+    before). A closed world's count was read back by the next world. A world's /proc/softirqs and
+    /proc/interrupts are empty, its /proc/pressure an empty folder, and its /proc/stat keeps what programs read
+    there (the CPUs, the boot time) with every count zero."""
     packets, forks = 20_000 + secrets.randbelow(20_000), 300 + secrets.randbelow(300)
     before = _machine_interrupt_counts()
     sender, _, out_a = _plan(tmp_path, world=True)
@@ -1035,7 +1057,7 @@ def test_no_world_reads_the_interrupt_and_fork_counts_a_closed_world_left(tmp_pa
     assert got["cpus"] == os.cpu_count() and got["btime"] > 0, got
     if world:
         assert (got["net_rx"], got["stat_net_rx"], got["processes"]) == (-1, 0, 0), got
-        assert got["counts"] == [0] and got["interrupts"] == 0, got
+        assert got["counts"] == [0] and got["interrupts"] == 0 and got["cpu_stalled_us"] == -1, got
     else:
         assert packets // 2 <= got["stat_net_rx"] - before["stat_net_rx"] <= 3 * packets, (
             packets,
@@ -1043,6 +1065,8 @@ def test_no_world_reads_the_interrupt_and_fork_counts_a_closed_world_left(tmp_pa
             got,
         )
         assert forks <= got["processes"] - before["processes"], (forks, before, got)
+        if before["cpu_stalled_us"] >= 0:  # a kernel with pressure stall information (CONFIG_PSI)
+            assert got["cpu_stalled_us"] - before["cpu_stalled_us"] >= 200_000, (before, got)
 
 
 IPC_LEAVE = """
