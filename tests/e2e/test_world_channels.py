@@ -1269,9 +1269,8 @@ def test_pages_a_world_wrote_are_on_the_disk_before_the_next_world(tmp_path, res
     reset writes every dirty page back first (sync), so nothing of the world's writes is left to count."""
     from isolation.world import PageCacheReset
 
-    sent_mib = 80 + secrets.randbelow(
-        40
-    )  # below the background threshold (a tenth of free memory) of most machines
+    # below the background writeback threshold (a tenth of free memory) of most machines
+    sent_mib = 80 + secrets.randbelow(40)
     plan, code, out = _plan(tmp_path, world=True)
     if _device_stat(out) is None:
         pytest.skip(f"{out} is on no block device (a tmpfs): its pages are never written back")
