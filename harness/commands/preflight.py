@@ -39,7 +39,7 @@ built-in codec itself. What the child reports is advice, not a verdict: the real
 
 Two estimates: the initial weights packed (over the cap: FAIL), and the same tensors filled with N(0, 1)
 noise (`dense_state`), since trained weights are dense and a fresh model's are not (the naive baseline,
-`pgolf check` bytes_total: initial 4,935,330, dense 15,902,888; the reference's trained artifact:
+`pgolf check` bytes_total: initial 4,935,372, dense 15,902,930; the reference's trained artifact:
 15,863,489, its submission.json's claim); dense over the cap: `warn` (exit 0). An initial state over
 STATE_ESTIMATE_MAX_BYTES is not read back at all (`warn`, not estimated): reading and packing it here costs
 about 12 times its bytes of this process's memory, and its size is the submitted code's choice.
