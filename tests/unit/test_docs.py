@@ -147,6 +147,7 @@ def format_versions() -> dict[str, int]:
     from harness.train.rank import TRAIN_FORMAT, TRAIN_FORMAT_VERSION
     from scoring.artifact.format import ARTIFACT_FORMAT, ARTIFACT_VERSION
     from scoring.artifact.pack import PACK_FORMAT, PACK_FORMAT_VERSION
+    from scoring.score.legacy import LEGACY_SCORE_FORMAT, LEGACY_SCORE_VERSION
     from scoring.score.record import SCORE_FORMAT, SCORE_FORMAT_VERSION
 
     return {
@@ -154,6 +155,7 @@ def format_versions() -> dict[str, int]:
         TRAIN_FORMAT: TRAIN_FORMAT_VERSION,
         PACK_FORMAT: PACK_FORMAT_VERSION,
         SCORE_FORMAT: SCORE_FORMAT_VERSION,
+        LEGACY_SCORE_FORMAT: LEGACY_SCORE_VERSION,
         RESULT_FORMAT: RESULT_FORMAT_VERSION,
         VERIFY_FORMAT: VERIFY_FORMAT_VERSION,
         ARTIFACT_FORMAT: ARTIFACT_VERSION,
