@@ -45,6 +45,8 @@ What scored code (model.py, eval.py, codec.py and the local modules they import)
       artifact and the Python installation, write a private temp folder, nothing else.
     - import the standard library modules and packages of SCORED_IMPORTS (codec.py also CODEC_IMPORTS).
       The static check (scoring/codecheck.py) says so early and friendly; the process is the boundary.
+      A source of over 500,000 Python tokens is refused unparsed (SOURCE_MAX_TOKENS): weights belong in
+      the artifact, not in literals.
 """
 
 from __future__ import annotations
@@ -103,7 +105,8 @@ MODEL_OUTPUT_ATTR = "pgolf_output"
 """Optional attribute of the built model: one of MODEL_OUTPUTS (default "logits")."""
 MODEL_OUTPUTS = ("logits", "log_probs")
 """What forward returns: raw logits (the scorer applies log-softmax in float64), or log-probabilities
-(used as they are; the normalization probe checks that they sum to one at every position)."""
+(checked to sum to one within 1e-4 nats at every position, else illegal, then normalised exactly by the
+scorer's own log-softmax: scoring/score/evaluate.py check_normalized)."""
 EVAL_HOOK_NAME = "adapt"
 """eval.py: adapt(model, tokens) -> None. Called after a chunk of validation tokens was scored, with a
 fresh int64 tensor of exactly those tokens; it may update the model (score-first test-time training).
