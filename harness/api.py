@@ -35,7 +35,8 @@ What train(ctx) may do, and must not:
       when reading.stop is True every rank must return (or raise TrainingComplete) at once. Taking a
       batch or ticking again after a stop reading makes the run over_budget.
       A run that is still going at budget + grace is killed and reported over_budget, never scored.
-    - The only time off the clock is ctx.clock.warmup(...) (compile on synthetic tokens, undone after).
+    - The only time off the clock is ctx.clock.warmup(...) (compile on synthetic tokens, undone after; on
+      one node only: on several nodes it runs on the clock).
     - It returns the trained model (or its state dict). Rank 0's return value is what gets packed.
     - It logs through ctx.log (rank 0 prints; metrics go to the run's metrics file).
 
@@ -168,7 +169,8 @@ class WarmupReport(NamedTuple):
     steps: int
     """Warm-up steps run on synthetic tokens."""
     off_clock_s: float
-    """Seconds left off the clock (the warm-up's duration, at most budget.warmup_max_s; the same on every rank)."""
+    """Seconds left off the clock (the warm-up's duration, at most budget.warmup_max_s, none on several nodes; the
+    same on every rank)."""
     verified: bool
     """The named modules' weights and the optimizers' state were bit-identical to before it, after restoring them."""
 
