@@ -158,8 +158,11 @@ class Track:
     device: str = "auto"
     """launch.device where the track's hardware fixes it: "cpu" (the CPU track trains and scores on the CPU; a
     GPU is not in its sandbox), or "auto" (the entrant's choice)."""
-    version: int = 2
-    """2: record tracks name documents (DocumentSet), any proven tokenizer; 1 named the sp1024 data variant."""
+    version: int = 3
+    """3: code bytes count each counted file's path too (scoring/artifact/cap.py counted_size), the CPU track
+    trains and scores on the CPU, returned log-probabilities are normalised by the scorer, documents mode asks
+    fixed ranges of padded rows; 2: record tracks name documents (DocumentSet), any proven tokenizer; 1 named the
+    sp1024 data variant."""
 
     def __post_init__(self) -> None:
         if (
