@@ -49,6 +49,7 @@ def log_line(run_dir: Path, prefix: str) -> dict[str, Any]:
     return json.loads(next(line[len(prefix) :] for line in text.splitlines() if line.startswith(prefix)))
 
 
+@pytest.mark.long
 def test_a_slowed_clock_in_the_rank_does_not_change_the_recorded_time(tiny_dataset, tmp_path):
     result, run_dir = pgolf_run("fake_clock", tiny_dataset, tmp_path)
     train = result["phases"]["train"]
@@ -61,6 +62,7 @@ def test_a_slowed_clock_in_the_rank_does_not_change_the_recorded_time(tiny_datas
     assert train["clock"]["ended_by"] == "state_handover" and train["off_clock_s"] == 0.0
 
 
+@pytest.mark.long
 def test_no_real_tokens_reach_a_warmup(tiny_dataset, tmp_path):
     result, run_dir = pgolf_run("warmup_cheat", tiny_dataset, tmp_path, "train.cheat='inside'")
     train = result["phases"]["train"]

@@ -67,6 +67,7 @@ def train(ctx):  # noqa: F811 - forges the rank's own record on the way out
 """
 
 
+@pytest.mark.long
 def test_a_forged_rank_record_changes_nothing(tiny_dataset, tmp_path):
     """A forged role cannot skip the result, and the rank's own claims of time, score and status are
     dropped (one run for both: the forgeries are independent fields of the one record)."""
@@ -89,6 +90,7 @@ def test_a_nan_in_the_rank_record_is_an_error_with_a_result(tiny_dataset, tmp_pa
     assert lines[-1]["val_bpb"] is None
 
 
+@pytest.mark.long
 def test_training_into_the_grace_without_ticking_is_over_budget(tiny_dataset, tmp_path):
     """The clock is never consulted: the entry trains on its own timer until just before the kill."""
     loop = (

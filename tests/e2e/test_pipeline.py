@@ -246,6 +246,7 @@ def test_bad_user_input_is_one_clear_line(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
 
 
+@pytest.mark.long
 def test_sample_runs_the_packed_model(tiny_run, sp_dataset):
     out, _ = tiny_run
     args = [

@@ -135,6 +135,7 @@ def two_nodes(
     return [results[i] for i in range(2)]
 
 
+@pytest.mark.long
 def test_two_nodes_through_the_rendezvous_give_the_same_curve(one_rank, tiny_dataset, tmp_path):
     results = two_nodes([tiny_dataset, tiny_dataset], tmp_path)
     recs = [r for r, _ in results]

@@ -274,6 +274,7 @@ def test_a_tensor_subclass_output_changes_nothing(tmp_path, tiny_dataset, honest
     assert rec["status"] == "ok" and rec["val_bpb"] == honest_bpb
 
 
+@pytest.mark.long
 def test_a_runaway_allocation_is_out_of_memory(tmp_path, tiny_dataset):
     model = TINY_MODEL.replace(
         "        e = self.emb(ids)\n", "        e = self.emb(ids)\n        torch.empty(1 << 42)\n"

@@ -248,6 +248,7 @@ def test_a_host_missing_layers_is_one_line() -> None:
     )
 
 
+@pytest.mark.long
 def test_the_check_runs_on_a_host_that_lacks_layers(monkeypatch, capsys, tmp_path) -> None:
     """The CPU track's preset (a record track: sandbox 'required') on a machine without namespaces, worlds or
     signal scoping: refused before (SandboxRefused is a ValueError the check did not catch, then sandbox 'off'

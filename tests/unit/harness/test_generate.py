@@ -264,6 +264,7 @@ def pgolf(*argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.long
 def test_generate_confined_greedy_speculative_is_plain_and_deterministic(tmp_path, tiny_dataset):
     folder = REPO / "baselines" / "cpu_mtp"
     art = pack_random(folder, tmp_path / "mtp.pgolf", tmp_path, {"keep_mtp_heads": True})

@@ -87,6 +87,7 @@ def test_record_code_cannot_reach_the_data_or_the_scorer(tmp_path, tiny_dataset,
         score_legacy(rec, tmp_path / "a.ptz", tiny_dataset, cfg=CFG, probe_cfg=ProbeConfig(probes=0))
 
 
+@pytest.mark.long
 def test_the_hostile_record_scores_when_it_reads_nothing(tmp_path, tiny_dataset):
     """The control: the same record reading its own script scores, so the refusals above are the sandbox's."""
     rec = hostile_record(tmp_path, tmp_path / "record" / "train_gpt.py")

@@ -74,6 +74,7 @@ def test_changed_code_and_edited_numbers_fail(run, tiny_dataset):
     assert rec["status"] == "failed"
 
 
+@pytest.mark.long
 def test_an_edited_score_fails_the_rescore(run):
     run_dir, *_ = run
     res = json.loads((run_dir / "result.json").read_text())

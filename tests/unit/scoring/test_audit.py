@@ -155,6 +155,7 @@ def test_cli_passes_on_a_good_tokenizer_and_prints_json(tmp_path):
     assert r.returncode == 2 and "tokenizer model not found" in r.stderr
 
 
+@pytest.mark.long
 def test_the_scorer_audits_a_tokenizer_brought_with_the_data(tmp_path, monkeypatch):
     """A dataset with canonical byte counts (manifest v3) is scored on them: a byte table that over-counts
     changes nothing, and no audit is needed. A dataset without them, tokenized with a tokenizer that is not

@@ -198,6 +198,7 @@ def make_run(
     return result
 
 
+@pytest.mark.long
 def test_make_run_writes_a_scored_consistent_result(tmp_path, tiny_dataset):
     folder = write_submission(tmp_path / "sub")
     res = make_run(tmp_path / "runs" / "r0", folder, tiny_dataset)

@@ -255,6 +255,7 @@ def _adapt_once(pool):
     pool.after_chunk(None, 0, np.arange(4, 68, dtype=np.int64), 0)
 
 
+@pytest.mark.long
 def test_a_group_reaches_its_own_workers_and_neither_the_host_nor_another_group(tmp_path):
     """The host's loopback (a store this process serves) and another group's store (same port, its own
     namespace) stay out of reach, while the group's own workers meet (the control: rank 1 reads rank 0's)."""
