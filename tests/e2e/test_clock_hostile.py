@@ -62,7 +62,6 @@ def test_a_slowed_clock_in_the_rank_does_not_change_the_recorded_time(tiny_datas
     assert train["clock"]["ended_by"] == "state_handover" and train["off_clock_s"] == 0.0
 
 
-@pytest.mark.long
 def test_no_real_tokens_reach_a_warmup(tiny_dataset, tmp_path):
     result, run_dir = pgolf_run("warmup_cheat", tiny_dataset, tmp_path, "train.cheat='inside'")
     train = result["phases"]["train"]
@@ -78,6 +77,7 @@ def test_no_real_tokens_reach_a_warmup(tiny_dataset, tmp_path):
     assert 0.3 <= train["off_clock_s"] < 2.0 and train["clock"]["first_data_after_start_s"] > 0.3
 
 
+@pytest.mark.long
 def test_a_warmup_after_real_data_is_all_on_the_clock(tiny_dataset, tmp_path):
     result, run_dir = pgolf_run("warmup_cheat", tiny_dataset, tmp_path, "train.cheat='before'")
     train = result["phases"]["train"]

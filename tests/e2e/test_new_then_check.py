@@ -52,6 +52,7 @@ def _checks(proc: subprocess.CompletedProcess[str]) -> dict[str, dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_new_then_check_passes_and_broken_folders_fail_the_right_check(tmp_path: Path) -> None:
     (tmp_path / "submissions").mkdir()
     made = _pgolf("new", "probe", "--out", "entry", cwd=tmp_path)

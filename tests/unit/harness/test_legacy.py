@@ -57,6 +57,7 @@ def make_artifact(path, overrides=None, seed=0):
     return gpt.state_dict(), ns
 
 
+@pytest.mark.long
 def test_a_record_is_scored_without_running_its_script(tmp_path, tiny_dataset, sentinel):
     state, ns = make_artifact(tmp_path / "final_model.int8.ptz")
     rec = score_legacy(RECORD, tmp_path / "final_model.int8.ptz", tiny_dataset, cfg=CFG)

@@ -158,6 +158,7 @@ def _score_cli(artifact: Path, folder: Path, data: Path, out: Path, *extra: str)
     return json.loads(out.read_text())
 
 
+@pytest.mark.long
 def test_the_score_command_confines_itself_and_scores_the_same(tmp_path, tiny_dataset):
     from scoring.score.scorer import score_artifact
 

@@ -187,6 +187,7 @@ def adapt(model, tokens):
 '''
 
 
+@pytest.mark.long
 def test_score_artifact_runs_the_submission_hook(tmp_path, tiny_dataset):
     folder = write_submission(tmp_path / "ttt", eval_src=GOOD_HOOK)
     assert lint_scored_code(folder) == []

@@ -185,6 +185,7 @@ def _score_and_probe(tmp_path, model_src, tokens, *, seed, probes=1):
     return honest, grouped, outcome, plan, res
 
 
+@pytest.mark.long
 def test_a_future_peek_over_the_group_that_hides_from_probes_is_caught(tmp_path):
     """Worker 0 reads worker 1's batch (the next windows) and peeks at the future only when the other batches
     continue its own text. It scores far better than honest; the probe's variant gives the others text from
@@ -278,6 +279,7 @@ def test_a_group_reaches_its_own_workers_and_neither_the_host_nor_another_group(
         _adapt_once(b)  # B reaches neither the host nor A
 
 
+@pytest.mark.long
 def test_control_without_namespaces_a_group_reaches_the_host(tmp_path):
     """The control: with the group on the host's loopback (no namespace of its own), the same hook reaches the
     host's store, so the test above can fail."""

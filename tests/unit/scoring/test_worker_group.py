@@ -165,6 +165,7 @@ def _probe_peeking(peeking_scored) -> dict:
         return run_probes(plan, kept, _fresh(cfg, stack), TOKENS, ProbeConfig(probes=1, seed=11))
 
 
+@pytest.mark.long
 def test_probes_of_a_group_catch_a_model_that_reads_the_other_workers_batches(peeking_scored):
     with pytest.raises(ProbeFailure, match="causality probe failed"):
         _probe_peeking(peeking_scored)

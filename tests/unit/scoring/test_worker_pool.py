@@ -71,6 +71,7 @@ def test_two_workers_score_the_same_bits_as_one(tmp_path):
             w.close()
 
 
+@pytest.mark.long
 def test_two_adapting_workers_score_the_same_bits_as_one(tmp_path):
     folder = write_submission(tmp_path / "sub", eval_src=HOOK)
     cfg = EvalConfig(
