@@ -64,6 +64,22 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
+@contextlib.contextmanager
+def open_regular(path: str | os.PathLike[str]) -> Iterator[tuple[int, os.stat_result] | None]:
+    """(descriptor, fstat) of a file another process wrote or an entrant made, opened without following a link and
+    without blocking (a FIFO), closed on leaving; None when it cannot be opened so or is no regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        yield None
+        return
+    try:
+        st = os.fstat(fd)
+        yield (fd, st) if stat.S_ISREG(st.st_mode) else None
+    finally:
+        os.close(fd)
+
+
 def read_regular(path: Path, max_bytes: int | None = None) -> bytes:
     """The bytes of a file another process wrote or an entrant made: opened without following a link (OSError on
     one) and without blocking (a FIFO), refused unless a regular file (ValueError), and one larger than `max_bytes`

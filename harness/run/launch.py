@@ -28,7 +28,6 @@ import json
 import math
 import os
 import signal
-import stat
 import subprocess
 import sys
 import threading
@@ -40,6 +39,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from data.io import open_regular
 from harness.config import LaunchConfig
 from harness.run.clock_server import ClockServer
 from harness.run.load import load_between, read_load
@@ -191,19 +191,14 @@ def last_metrics(path: Path) -> dict[str, Any] | None:
     The ranks can write the file while this reads it: opened without following a link and without blocking, and
     read only if it is a regular file (a FIFO put there blocked the supervisor in open(), deadline and all)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open_regular(path) as opened:
+            if opened is None:
+                return None
+            fd, st = opened
+            os.lseek(fd, max(st.st_size - METRICS_TAIL_BYTES, 0), os.SEEK_SET)
+            tail = os.read(fd, METRICS_TAIL_BYTES).decode("utf-8", errors="replace")
     except OSError:
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None
-        os.lseek(fd, max(st.st_size - METRICS_TAIL_BYTES, 0), os.SEEK_SET)
-        tail = os.read(fd, METRICS_TAIL_BYTES).decode("utf-8", errors="replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
     for line in reversed(tail.splitlines()[1:] if len(tail) == METRICS_TAIL_BYTES else tail.splitlines()):
         try:
             rec = json.loads(line)

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from data.io import remove_tree, temp_folder
+from data.io import open_regular, remove_tree, temp_folder
 from data.loader import train_shard_paths
 from data.manifest import MANIFEST_NAME, Manifest, dataset_locations, load_manifest, make_split_view
 from harness.config import LaunchConfig
@@ -514,14 +514,10 @@ def take_bytes(src: Path, dest: Path, max_bytes: int) -> bool:
     What the sealed pack wrote is taken so, never renamed: a rename kept all a codec's process set on the file
     beside its bytes, its user xattrs (about 3 kB on ext4, 26 MB measured on tmpfs for an empty file, unbounded on
     XFS), its mode and times, and the scorer's workers read the artifact in place: bytes no cap counted."""
-    try:
-        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+    with open_regular(src) as opened:
+        if opened is None:
             return False
+        fd, st = opened
         if st.st_size > max_bytes:
             os.replace(src, dest)
             return True
@@ -532,8 +528,6 @@ def take_bytes(src: Path, dest: Path, max_bytes: int) -> bool:
             os.replace(tmp, dest)
         finally:
             tmp.unlink(missing_ok=True)
-    finally:
-        os.close(fd)
     src.unlink(missing_ok=True)
     return True
 
