@@ -212,10 +212,14 @@ def rescored(digest: str | None, verifications: dict[str, dict[str, Any]]) -> di
     return found
 
 
-def _ranked_numbers(r: dict[str, Any], again: dict[str, float]) -> dict[str, Any]:
-    """`r` with val_bpb and val_loss each the worse of its own and the verification's re-score: a verify run
-    under a loose --tol-bpb accepts a result's edited figure, which then ranked it; now the re-score bounds it.
-    A figure that is no number (`_number`) is left as it is, for the caller's own refusal."""
+def at_rescore(
+    r: dict[str, Any], verifications: dict[str, dict[str, Any]], digest: str | None = None
+) -> dict[str, Any]:
+    """`r` with val_bpb and val_loss each the worse of its own and its latest verification's re-score (`rescored`;
+    `digest` the result's as its file holds it, else `r`'s): what the board ranks, `pgolf compare` tests and the
+    chain counts. A verify run under a loose --tol-bpb accepts a result's edited figure, which then ranked it; the
+    re-score bounds it. A figure that is no number (`_number`) is left as it is, for the caller's own refusal."""
+    again = rescored(digest if digest is not None else digest_or_none(r), verifications)
     return {
         **r,
         **{
@@ -224,12 +228,6 @@ def _ranked_numbers(r: dict[str, Any], again: dict[str, float]) -> dict[str, Any
             if k in again and _number(r.get(k)) is not None
         },
     }
-
-
-def at_rescore(r: dict[str, Any], verifications: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """`r` (a result as its file holds it) with val_bpb and val_loss each the worse of its own and its latest
-    verification's re-score (`rescored`): what the board ranks, `pgolf compare` tests and the chain counts."""
-    return _ranked_numbers(r, rescored(digest_or_none(r), verifications))
 
 
 def _date(r: dict[str, Any]) -> str:
@@ -451,7 +449,7 @@ def build(
             and rules is None
         ):
             key = (entry_id(r), str(r.get("track")), str(r.get("preset")), _overrides(r))
-            groups.setdefault(key, []).append(_ranked_numbers(r, rescored(digest, verifications)))
+            groups.setdefault(key, []).append(at_rescore(r, verifications, digest))
             continue
         plot = _plot(r)
         unranked.append(
